@@ -1,0 +1,47 @@
+// qkv/io.h — files: safetensors checkpoints and atomic writes.
+//
+// safetensors layout: 8-byte little-endian header length N, N bytes of UTF-8
+// JSON {"name": {"dtype": "F32", "shape": [..], "data_offsets": [begin, end]},
+// "__metadata__": {"key": "value"}}, then the raw little-endian tensor bytes,
+// packed without gaps in offset order.
+#pragma once
+
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "qkv/tensor.h"
+
+namespace qkv {
+
+using Metadata = std::map<std::string, std::string>;
+
+struct SafetensorsFile {
+  std::vector<std::pair<std::string, Tensor>> tensors;  // in the order of their data
+  Metadata metadata;
+  const Tensor* find(const std::string& name) const;
+  std::map<std::string, Tensor> as_map() const;
+};
+
+// Reads and validates a file. Any problem is a qkv::Error naming the file:
+// "safetensors: model.safetensors: tensor 'w' data_offsets [0,12] hold 12 bytes, shape [2,2] x F32 needs 16".
+SafetensorsFile load_safetensors(const std::string& path);
+// The same checks on bytes already in memory; `source` names them in errors.
+SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& source);
+
+// Writes atomically: a temporary file in the same folder, flushed and renamed
+// into place. Tensors of any layout are written contiguous.
+void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                      const Metadata& metadata = {});
+void save_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors,
+                      const Metadata& metadata = {});
+std::string serialize_safetensors(const std::vector<std::pair<std::string, Tensor>>& tensors,
+                                  const Metadata& metadata);
+
+// Replaces `path` with `bytes` atomically (temporary file, fsync, rename).
+void write_file_atomic(const std::string& path, const std::string& bytes);
+// The whole file; a missing or unreadable file is a qkv::Error naming it.
+std::string read_file(const std::string& path);
+
+}  // namespace qkv

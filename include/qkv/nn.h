@@ -1,0 +1,134 @@
+// qkv/nn.h — modules: parameters with hierarchical names, train/eval mode,
+// state dicts, and the basic layers (Linear, Embedding, LayerNorm, RMSNorm,
+// Dropout, MLP).
+//
+// A model is a tree of Modules. Parameter names join the child names with
+// dots, as in PyTorch: "encoder.layers.0.self_attn.q_proj.weight". A state
+// dict is the flat name -> tensor map that checkpoints store.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "qkv/ops.h"
+#include "qkv/rng.h"
+#include "qkv/tensor.h"
+
+namespace qkv {
+
+using StateDict = std::map<std::string, Tensor>;
+
+class Module {
+public:
+  virtual ~Module() = default;
+  Module() = default;
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+
+  // Every parameter of this module and its children, in registration order.
+  std::vector<std::pair<std::string, Tensor>> named_parameters() const;
+  std::vector<Tensor> parameters() const;
+  int64_t parameter_count() const;
+
+  // Train mode turns dropout on; eval mode turns it off. Applies to children.
+  void train();
+  void eval();
+  bool is_training() const { return training_; }
+
+  StateDict state_dict() const;
+  // Copies values into the existing parameters (so optimizers keep their
+  // references). Every parameter must be present with its exact shape; a
+  // name in `state` that the module does not have is an error too.
+  void load_state_dict(const StateDict& state);
+
+protected:
+  Tensor register_parameter(const std::string& name, Tensor value);
+  template <class M>
+  std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> child) {
+    children_.emplace_back(name, child);
+    return child;
+  }
+
+private:
+  void collect(const std::string& prefix, std::vector<std::pair<std::string, Tensor>>* out) const;
+  void set_training(bool on);
+  std::vector<std::pair<std::string, Tensor>> params_;
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+  bool training_ = true;
+};
+
+// --- initializers (in place, not recorded) ---
+// U(-bound, bound) with bound = sqrt(6 / (fan_in + fan_out)) (Glorot & Bengio 2010).
+void xavier_uniform_(Tensor& w, Rng& rng);
+// PyTorch's nn.Linear default: U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
+void uniform_fan_in_(Tensor& w, int64_t fan_in, Rng& rng);
+void normal_(Tensor& w, Rng& rng, float stddev);
+
+struct LinearOptions {
+  int64_t in_features = 0;
+  int64_t out_features = 0;
+  bool bias = true;
+};
+// y = x W^T + b; weight [out, in], bias [out].
+class Linear : public Module {
+public:
+  Linear(LinearOptions options, Rng& rng);
+  Tensor forward(const Tensor& x) const { return linear(x, weight, bias); }
+  Tensor weight, bias;
+};
+
+// weight [V, D], initialized N(0, 1) as torch.nn.Embedding.
+class Embedding : public Module {
+public:
+  Embedding(int64_t num_embeddings, int64_t embedding_dim, Rng& rng);
+  Tensor forward(const Tensor& ids) const { return embedding(weight, ids); }
+  Tensor weight;
+};
+
+class LayerNorm : public Module {
+public:
+  explicit LayerNorm(int64_t dim, float eps = 1e-5f);
+  Tensor forward(const Tensor& x) const { return layer_norm(x, weight, bias, eps); }
+  Tensor weight, bias;
+  float eps;
+};
+
+class RMSNorm : public Module {
+public:
+  explicit RMSNorm(int64_t dim, float eps = 1e-6f);
+  Tensor forward(const Tensor& x) const { return rms_norm(x, weight, eps); }
+  Tensor weight;
+  float eps;
+};
+
+// Holds its own RNG stream so that runs are reproducible from the seed.
+class Dropout : public Module {
+public:
+  Dropout(float p, uint64_t seed) : p(p), rng(seed) {}
+  Tensor forward(const Tensor& x) { return dropout(x, rng, {.p = p, .training = is_training()}); }
+  float p;
+  Rng rng;
+};
+
+enum class Activation { Relu, Gelu, GeluTanh, Silu, Tanh };
+Tensor activate(const Tensor& x, Activation activation);
+
+struct MLPOptions {
+  int64_t in_features = 0;
+  int64_t hidden_features = 0;
+  int64_t out_features = 0;
+  Activation activation = Activation::Relu;
+};
+// fc2(act(fc1(x))): expand, nonlinearity, contract.
+class MLP : public Module {
+public:
+  MLP(MLPOptions options, Rng& rng);
+  Tensor forward(const Tensor& x) const { return fc2->forward(activate(fc1->forward(x), activation)); }
+  std::shared_ptr<Linear> fc1, fc2;
+  Activation activation;
+};
+
+}  // namespace qkv

@@ -1,0 +1,99 @@
+// qkv/ops.h — differentiable operations on Tensors.
+//
+// Every op checks its inputs (one clear qkv::Error on a wrong shape or dtype),
+// computes with the fast CPU kernels (or the reference kernels inside a
+// ReferenceKernelsGuard), and records its backward on the tape when an input
+// requires a gradient. Compute ops take F32 tensors of any layout.
+//
+// Shape names: B batch, T length, D width, V vocabulary, M/K/N matrix sizes;
+// "..." is any number of leading dimensions.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "qkv/tensor.h"
+
+namespace qkv {
+
+// --- element-wise with broadcasting (NumPy rules) ---
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);
+Tensor scale(const Tensor& x, float s);       // x * s
+Tensor add_scalar(const Tensor& x, float s);  // x + s
+inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
+inline Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
+inline Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
+inline Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }
+inline Tensor operator*(const Tensor& x, float s) { return scale(x, s); }
+// In place, not recorded: acc += x (x broadcast to acc's shape). For gradients and optimizers.
+void add_(Tensor& acc, const Tensor& x);
+Shape broadcast_shapes(const Shape& a, const Shape& b);
+// Sums `g` down to `shape` (the reverse of broadcasting `shape` up to g's shape).
+Tensor sum_to(const Tensor& g, const Shape& shape);
+
+// --- activations and other unary maps ---
+Tensor exp(const Tensor& x);
+Tensor log(const Tensor& x);
+Tensor tanh(const Tensor& x);
+Tensor sigmoid(const Tensor& x);
+Tensor relu(const Tensor& x);
+enum class GeluApproximation { None, Tanh };  // PyTorch's approximate="none" | "tanh"
+Tensor gelu(const Tensor& x, GeluApproximation approximation = GeluApproximation::None);
+Tensor silu(const Tensor& x);  // x * sigmoid(x)
+
+// --- reductions ---
+struct ReduceOptions {
+  bool keepdim = false;
+};
+Tensor sum(const Tensor& x);  // all elements -> scalar []
+Tensor sum(const Tensor& x, const std::vector<int64_t>& axes, ReduceOptions options = {});
+Tensor mean(const Tensor& x);
+Tensor mean(const Tensor& x, const std::vector<int64_t>& axes, ReduceOptions options = {});
+
+// --- matrix products ---
+// a [..., M, K] @ b [..., K, N] -> [..., M, N]; batch dims broadcast. A 2-D b
+// is shared by every batch. Transposed views go to BLAS as transpose flags.
+Tensor matmul(const Tensor& a, const Tensor& b);
+// y = x W^T + b, as torch.nn.functional.linear: x [..., in], weight [out, in],
+// bias [out] or undefined -> [..., out]. The bias is the GEMM's initial C.
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+
+// --- softmax family (last axis) ---
+Tensor softmax(const Tensor& x);
+Tensor log_softmax(const Tensor& x);
+
+// --- normalization over the last axis ---
+// weight and bias [D] may be undefined (no affine transform).
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps = 1e-5f);
+Tensor rms_norm(const Tensor& x, const Tensor& weight, float eps = 1e-6f);
+
+// --- lookup, regularization, masking ---
+// weight [V, D], ids (I64 or I32) [...] -> [..., D]; an id outside [0, V) is an error.
+Tensor embedding(const Tensor& weight, const Tensor& ids);
+// Zeroes each element with probability p and scales the rest by 1/(1-p);
+// identity when `training` is false or p == 0. Numbers come from `rng`.
+struct DropoutOptions {
+  float p = 0.1f;
+  bool training = true;
+};
+Tensor dropout(const Tensor& x, Rng& rng, DropoutOptions options);
+// out = mask ? value : x; mask is U8 (nonzero = fill) broadcastable to x.
+Tensor masked_fill(const Tensor& x, const Tensor& mask, float value);
+
+// --- joining and splitting ---
+Tensor concat(const std::vector<Tensor>& parts, int64_t dim);
+// Views of consecutive pieces along `dim` with the given sizes (summing to the size of dim).
+std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, int64_t dim);
+
+// --- loss ---
+struct CrossEntropyOptions {
+  int64_t ignore_index = -100;   // targets equal to it contribute nothing
+  float label_smoothing = 0.0f;  // as torch: (1-eps) one-hot + eps / V
+};
+// logits [N, V], targets (I64) [N] -> scalar: mean over targets that are not ignored.
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, CrossEntropyOptions options = {});
+
+}  // namespace qkv

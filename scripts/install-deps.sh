@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Installs the Debian packages qkv builds with, only those that are missing.
+# Idempotent: on a machine that has them all it installs nothing.
+set -euo pipefail
+
+packages=(
+  build-essential cmake           # compiler, CMake + CTest
+  libopenblas-dev libopenblas0-openmp  # GEMM, OpenMP build (shares our thread pool)
+  nlohmann-json3-dev              # configs, safetensors headers
+  libcli11-dev                    # subcommands and flags with help text
+  libstb-dev zlib1g-dev           # images (PNG out), gzipped IDX files
+  libsentencepiece-dev            # subword tokenizer
+  libgtest-dev                    # unit tests
+  libbenchmark-dev                # micro benchmarks
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
+  [ "$status" = "install ok installed" ] || missing+=("$p")
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#packages[@]} packages present"
+  exit 0
+fi
+
+echo "install-deps: installing ${missing[*]}"
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then
+  command -v sudo >/dev/null || { echo "install-deps: need root or sudo to install ${missing[*]}" >&2; exit 1; }
+  sudo="sudo"
+fi
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -1,0 +1,97 @@
+#include "qkv/allocator.h"
+
+#include <cstdlib>
+#include <mutex>
+#include <new>
+#include <unordered_map>
+#include <vector>
+
+namespace qkv {
+namespace {
+
+constexpr size_t kAlign = 64;
+// Blocks above this are not cached once the cache already holds this much.
+constexpr uint64_t kMaxCachedBytes = 4ull << 30;
+
+struct Allocator {
+  std::mutex mutex;
+  std::unordered_map<size_t, std::vector<void*>> free_lists;  // rounded size -> blocks
+  AllocatorStats stats;
+};
+
+Allocator& allocator() {
+  static Allocator* a = new Allocator();  // never destroyed: storages may outlive statics
+  return *a;
+}
+
+size_t round_size(size_t n) { return n == 0 ? kAlign : (n + kAlign - 1) / kAlign * kAlign; }
+
+#ifdef QKV_NO_ALLOC_CACHE
+constexpr bool kCache = false;
+#else
+constexpr bool kCache = true;
+#endif
+
+}  // namespace
+
+void* allocate_bytes(size_t nbytes) {
+  size_t n = round_size(nbytes);
+  Allocator& a = allocator();
+  {
+    std::lock_guard<std::mutex> lock(a.mutex);
+    a.stats.bytes_in_use += n;
+    if (a.stats.bytes_in_use > a.stats.peak_bytes_in_use) a.stats.peak_bytes_in_use = a.stats.bytes_in_use;
+    auto it = a.free_lists.find(n);
+    if (it != a.free_lists.end() && !it->second.empty()) {
+      void* p = it->second.back();
+      it->second.pop_back();
+      a.stats.cache_hits++;
+      a.stats.bytes_cached -= n;
+      return p;
+    }
+    a.stats.system_allocs++;
+  }
+  void* p = std::aligned_alloc(kAlign, n);
+  if (!p) throw std::bad_alloc();
+  return p;
+}
+
+void free_bytes(void* ptr, size_t nbytes) {
+  if (!ptr) return;
+  size_t n = round_size(nbytes);
+  Allocator& a = allocator();
+  {
+    std::lock_guard<std::mutex> lock(a.mutex);
+    a.stats.bytes_in_use -= n;
+    if (kCache && a.stats.bytes_cached + n <= kMaxCachedBytes) {
+      a.free_lists[n].push_back(ptr);
+      a.stats.bytes_cached += n;
+      return;
+    }
+  }
+  std::free(ptr);
+}
+
+AllocatorStats allocator_stats() {
+  Allocator& a = allocator();
+  std::lock_guard<std::mutex> lock(a.mutex);
+  return a.stats;
+}
+
+void reset_peak_bytes() {
+  Allocator& a = allocator();
+  std::lock_guard<std::mutex> lock(a.mutex);
+  a.stats.peak_bytes_in_use = a.stats.bytes_in_use;
+}
+
+void release_cached_memory() {
+  Allocator& a = allocator();
+  std::lock_guard<std::mutex> lock(a.mutex);
+  for (auto& [size, blocks] : a.free_lists) {
+    for (void* p : blocks) std::free(p);
+    blocks.clear();
+  }
+  a.stats.bytes_cached = 0;
+}
+
+}  // namespace qkv

@@ -1,0 +1,66 @@
+// Whole-file reads and atomic writes.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "qkv/io.h"
+
+namespace qkv {
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  QKV_CHECK(in.good(), path, ": cannot open: ", std::strerror(errno));
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  QKV_CHECK(!in.bad(), path, ": read failed");
+  return ss.str();
+}
+
+void write_file_atomic(const std::string& path, const std::string& bytes) {
+  std::string tmpl = path + ".tmp-XXXXXX";
+  std::vector<char> name(tmpl.begin(), tmpl.end());
+  name.push_back('\0');
+  int fd = mkstemp(name.data());
+  QKV_CHECK(fd >= 0, path, ": cannot create a temporary file beside it: ", std::strerror(errno));
+  std::string tmp(name.data());
+  auto fail_with = [&](const char* what) {
+    int err = errno;
+    close(fd);
+    unlink(tmp.c_str());
+    fail(path, ": ", what, ": ", std::strerror(err));
+  };
+  size_t done = 0;
+  while (done < bytes.size()) {
+    ssize_t n = write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      fail_with("write failed");
+    }
+    done += (size_t)n;
+  }
+  if (fchmod(fd, 0644) != 0) fail_with("chmod failed");
+  if (fsync(fd) != 0) fail_with("fsync failed");
+  if (close(fd) != 0) {
+    unlink(tmp.c_str());
+    fail(path, ": close failed: ", std::strerror(errno));
+  }
+  if (rename(tmp.c_str(), path.c_str()) != 0) {
+    int err = errno;
+    unlink(tmp.c_str());
+    fail(path, ": rename into place failed: ", std::strerror(err));
+  }
+  // Make the rename itself durable.
+  std::string dir = path.find('/') == std::string::npos ? "." : path.substr(0, path.rfind('/'));
+  int dfd = open(dir.empty() ? "/" : dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (dfd >= 0) {
+    fsync(dfd);
+    close(dfd);
+  }
+}
+
+}  // namespace qkv

@@ -1,0 +1,182 @@
+// Fast element-wise kernels: contiguous fast paths, the innermost dimension as
+// a plain loop the compiler vectorizes, rows split across OpenMP threads.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "src/kernels/kernels.h"
+
+namespace qkv::cpu {
+
+constexpr int64_t kParallelGrain = 1 << 15;  // elements below which one thread is faster
+
+template <class F>
+static void binary_inner(F f, const float* a, int64_t sa, const float* b, int64_t sb, float* out, int64_t n) {
+  if (sa == 1 && sb == 1) {
+    for (int64_t i = 0; i < n; ++i) out[i] = f(a[i], b[i]);
+  } else if (sa == 1 && sb == 0) {
+    const float y = *b;
+    for (int64_t i = 0; i < n; ++i) out[i] = f(a[i], y);
+  } else if (sa == 0 && sb == 1) {
+    const float x = *a;
+    for (int64_t i = 0; i < n; ++i) out[i] = f(x, b[i]);
+  } else {
+    for (int64_t i = 0; i < n; ++i) out[i] = f(a[i * sa], b[i * sb]);
+  }
+}
+
+// Runs `row(a_offset, b_offset, out_row_index)` for every row of the loop.
+template <class RowFn>
+static void for_each_row(const BroadcastLoop& loop, RowFn row) {
+  const int64_t nd = (int64_t)loop.shape.size();
+  const int64_t inner = nd ? loop.shape[nd - 1] : 1;
+  int64_t rows = 1;
+  for (int64_t d = 0; d + 1 < nd; ++d) rows *= loop.shape[d];
+  if (inner == 0) return;
+#pragma omp parallel for schedule(static) if (rows * inner >= kParallelGrain && rows > 1)
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t ao = 0, bo = 0, rem = r;
+    for (int64_t d = nd - 2; d >= 0; --d) {
+      int64_t i = rem % loop.shape[d];
+      rem /= loop.shape[d];
+      ao += i * loop.a_strides[d];
+      bo += i * loop.b_strides[d];
+    }
+    row(ao, bo, r * inner);
+  }
+}
+
+template <class F>
+static void binary_loop(F f, const BroadcastLoop& loop, const float* a, const float* b, float* out) {
+  const int64_t nd = (int64_t)loop.shape.size();
+  int64_t total = 1;
+  for (int64_t d : loop.shape) total *= d;
+  bool flat = true;  // both operands contiguous with the output shape
+  int64_t expect = 1;
+  for (int64_t d = nd - 1; d >= 0; --d) {
+    if (loop.shape[d] != 1 && (loop.a_strides[d] != expect || loop.b_strides[d] != expect)) flat = false;
+    expect *= loop.shape[d];
+  }
+  if (flat) {
+#pragma omp parallel for schedule(static) if (total >= kParallelGrain)
+    for (int64_t c = 0; c < total; c += 4096) {
+      int64_t n = std::min<int64_t>(4096, total - c);
+      binary_inner(f, a + c, 1, b + c, 1, out + c, n);
+    }
+    return;
+  }
+  const int64_t inner = nd ? loop.shape[nd - 1] : 1;
+  const int64_t sa = nd ? loop.a_strides[nd - 1] : 0, sb = nd ? loop.b_strides[nd - 1] : 0;
+  for_each_row(loop, [&](int64_t ao, int64_t bo, int64_t oo) { binary_inner(f, a + ao, sa, b + bo, sb, out + oo, inner); });
+}
+
+void binary(BinaryOp op, const BroadcastLoop& loop, const float* a, const float* b, float* out) {
+  switch (op) {
+    case BinaryOp::Add: return binary_loop([](float x, float y) { return x + y; }, loop, a, b, out);
+    case BinaryOp::Sub: return binary_loop([](float x, float y) { return x - y; }, loop, a, b, out);
+    case BinaryOp::Mul: return binary_loop([](float x, float y) { return x * y; }, loop, a, b, out);
+    case BinaryOp::Div: return binary_loop([](float x, float y) { return x / y; }, loop, a, b, out);
+  }
+}
+
+void masked_fill(const BroadcastLoop& loop, const float* x, const uint8_t* mask, float value, float* out) {
+  const int64_t nd = (int64_t)loop.shape.size();
+  const int64_t inner = nd ? loop.shape[nd - 1] : 1;
+  const int64_t sa = nd ? loop.a_strides[nd - 1] : 0, sb = nd ? loop.b_strides[nd - 1] : 0;
+  for_each_row(loop, [&](int64_t ao, int64_t bo, int64_t oo) {
+    for (int64_t i = 0; i < inner; ++i) out[oo + i] = mask[bo + i * sb] ? value : x[ao + i * sa];
+  });
+}
+
+static inline float sigmoidf(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+static constexpr float kSqrt2OverPi = 0.7978845608028654f;
+static constexpr float kInvSqrt2 = 0.7071067811865476f;
+static constexpr float kInvSqrt2Pi = 0.3989422804014327f;
+
+template <class F>
+static void map(const float* x, float* y, int64_t n, F f) {
+#pragma omp parallel for schedule(static) if (n >= kParallelGrain)
+  for (int64_t c = 0; c < n; c += 4096) {
+    int64_t e = std::min<int64_t>(n, c + 4096);
+    for (int64_t i = c; i < e; ++i) y[i] = f(x[i]);
+  }
+}
+
+void unary_forward(UnaryOp op, const float* x, float* y, int64_t n) {
+  switch (op) {
+    case UnaryOp::Exp: return map(x, y, n, [](float v) { return std::exp(v); });
+    case UnaryOp::Log: return map(x, y, n, [](float v) { return std::log(v); });
+    case UnaryOp::Tanh: return map(x, y, n, [](float v) { return std::tanh(v); });
+    case UnaryOp::Sigmoid: return map(x, y, n, [](float v) { return sigmoidf(v); });
+    case UnaryOp::Relu: return map(x, y, n, [](float v) { return v > 0.0f ? v : 0.0f; });
+    case UnaryOp::Gelu: return map(x, y, n, [](float v) { return 0.5f * v * (1.0f + std::erf(v * kInvSqrt2)); });
+    case UnaryOp::GeluTanh:
+      return map(x, y, n, [](float v) { return 0.5f * v * (1.0f + std::tanh(kSqrt2OverPi * (v + 0.044715f * v * v * v))); });
+    case UnaryOp::Silu: return map(x, y, n, [](float v) { return v * sigmoidf(v); });
+  }
+}
+
+template <class F>
+static void map_backward(const float* x, const float* y, const float* dy, float* dx, int64_t n, F f) {
+#pragma omp parallel for schedule(static) if (n >= kParallelGrain)
+  for (int64_t c = 0; c < n; c += 4096) {
+    int64_t e = std::min<int64_t>(n, c + 4096);
+    for (int64_t i = c; i < e; ++i) dx[i] = dy[i] * f(x[i], y ? y[i] : 0.0f);
+  }
+}
+
+void unary_backward(UnaryOp op, const float* x, const float* y, const float* dy, float* dx, int64_t n) {
+  switch (op) {
+    case UnaryOp::Exp: return map_backward(x, y, dy, dx, n, [](float, float fy) { return fy; });
+    case UnaryOp::Log: return map_backward(x, y, dy, dx, n, [](float v, float) { return 1.0f / v; });
+    case UnaryOp::Tanh: return map_backward(x, y, dy, dx, n, [](float, float fy) { return 1.0f - fy * fy; });
+    case UnaryOp::Sigmoid: return map_backward(x, y, dy, dx, n, [](float, float fy) { return fy * (1.0f - fy); });
+    case UnaryOp::Relu: return map_backward(x, y, dy, dx, n, [](float v, float) { return v > 0.0f ? 1.0f : 0.0f; });
+    case UnaryOp::Gelu:
+      return map_backward(x, y, dy, dx, n, [](float v, float) {
+        return 0.5f * (1.0f + std::erf(v * kInvSqrt2)) + v * kInvSqrt2Pi * std::exp(-0.5f * v * v);
+      });
+    case UnaryOp::GeluTanh:
+      return map_backward(x, y, dy, dx, n, [](float v, float) {
+        float t = std::tanh(kSqrt2OverPi * (v + 0.044715f * v * v * v));
+        return 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * kSqrt2OverPi * (1.0f + 3.0f * 0.044715f * v * v);
+      });
+    case UnaryOp::Silu:
+      return map_backward(x, y, dy, dx, n, [](float v, float) {
+        float s = sigmoidf(v);
+        return s * (1.0f + v * (1.0f - s));
+      });
+  }
+}
+
+void sum_middle(const float* x, float* y, int64_t outer, int64_t n, int64_t inner) {
+  if (inner == 1) {  // contiguous rows: one dot-free reduction per row
+#pragma omp parallel for schedule(static) if (outer * n >= kParallelGrain && outer > 1)
+    for (int64_t o = 0; o < outer; ++o) {
+      const float* row = x + o * n;
+      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      int64_t r = 0;
+      for (; r + 8 <= n; r += 8)
+        for (int k = 0; k < 8; ++k) acc[k] += row[r + k];
+      float s = 0;
+      for (; r < n; ++r) s += row[r];
+      y[o] = s + ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    }
+    return;
+  }
+  // Reduce over rows: accumulate whole rows of `inner` elements, split over (o, column block).
+  const int64_t block = 256;
+  const int64_t blocks = (inner + block - 1) / block;
+#pragma omp parallel for schedule(static) if (outer * n * inner >= kParallelGrain && outer * blocks > 1)
+  for (int64_t ob = 0; ob < outer * blocks; ++ob) {
+    int64_t o = ob / blocks, c0 = (ob % blocks) * block, c1 = std::min(inner, c0 + block);
+    float* yo = y + o * inner;
+    for (int64_t i = c0; i < c1; ++i) yo[i] = 0;
+    for (int64_t r = 0; r < n; ++r) {
+      const float* xr = x + (o * n + r) * inner;
+      for (int64_t i = c0; i < c1; ++i) yo[i] += xr[i];
+    }
+  }
+}
+
+}  // namespace qkv::cpu

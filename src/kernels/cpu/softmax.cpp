@@ -1,0 +1,68 @@
+// Fast softmax and log-softmax over the last axis: rows in parallel, float math.
+#include <algorithm>
+#include <cmath>
+
+#include "src/kernels/kernels.h"
+
+namespace qkv::cpu {
+
+static inline float row_max(const float* x, int64_t n) {
+  float m = -INFINITY;
+  for (int64_t j = 0; j < n; ++j) m = std::max(m, x[j]);
+  return m;
+}
+
+void softmax_forward(const float* x, float* y, int64_t rows, int64_t cols) {
+#pragma omp parallel for schedule(static) if (rows * cols >= 16384 && rows > 1)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * cols;
+    float* yr = y + r * cols;
+    float mx = row_max(xr, cols);
+    if (mx == -INFINITY) {  // fully masked row: zeros, never NaN
+      std::fill(yr, yr + cols, 0.0f);
+      continue;
+    }
+    float s = 0;
+    for (int64_t j = 0; j < cols; ++j) {
+      yr[j] = std::exp(xr[j] - mx);
+      s += yr[j];
+    }
+    float inv = 1.0f / s;
+    for (int64_t j = 0; j < cols; ++j) yr[j] *= inv;
+  }
+}
+
+void softmax_backward(const float* y, const float* dy, float* dx, int64_t rows, int64_t cols) {
+#pragma omp parallel for schedule(static) if (rows * cols >= 16384 && rows > 1)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* yr = y + r * cols;
+    const float* dyr = dy + r * cols;
+    float dot = 0;
+    for (int64_t j = 0; j < cols; ++j) dot += dyr[j] * yr[j];
+    for (int64_t j = 0; j < cols; ++j) dx[r * cols + j] = yr[j] * (dyr[j] - dot);
+  }
+}
+
+void log_softmax_forward(const float* x, float* y, int64_t rows, int64_t cols) {
+#pragma omp parallel for schedule(static) if (rows * cols >= 16384 && rows > 1)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * cols;
+    float mx = row_max(xr, cols);
+    float s = 0;
+    for (int64_t j = 0; j < cols; ++j) s += std::exp(xr[j] - mx);
+    float lse = mx + std::log(s);
+    for (int64_t j = 0; j < cols; ++j) y[r * cols + j] = xr[j] - lse;
+  }
+}
+
+void log_softmax_backward(const float* y, const float* dy, float* dx, int64_t rows, int64_t cols) {
+#pragma omp parallel for schedule(static) if (rows * cols >= 16384 && rows > 1)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* dyr = dy + r * cols;
+    float s = 0;
+    for (int64_t j = 0; j < cols; ++j) s += dyr[j];
+    for (int64_t j = 0; j < cols; ++j) dx[r * cols + j] = dyr[j] - std::exp(y[r * cols + j]) * s;
+  }
+}
+
+}  // namespace qkv::cpu

@@ -1,0 +1,84 @@
+// Internal: the compute kernels, in two twins with identical signatures.
+//
+//   qkv::ref  naive loops, written to be obviously right; the specification.
+//   qkv::cpu  the fast versions (OpenBLAS, OpenMP, vectorizable inner loops).
+//
+// Every op in src/ops dispatches between them at one point (`reference_kernels()`),
+// and tests/test_ops.cpp runs every op both ways and compares.
+// All pointers are to contiguous float32 row-major data unless strides are given.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace qkv {
+
+// C[M,N] = alpha * op(A) op(B) + beta * C, row-major; op(X) = X or X^T.
+// A is [M,K] (or [K,M] when trans_a) with row stride lda; likewise B, C.
+struct GemmArgs {
+  bool trans_a = false, trans_b = false;
+  int64_t m = 0, n = 0, k = 0;
+  float alpha = 1.0f;
+  const float* a = nullptr;
+  int64_t lda = 0;
+  const float* b = nullptr;
+  int64_t ldb = 0;
+  float beta = 0.0f;
+  float* c = nullptr;
+  int64_t ldc = 0;
+};
+
+enum class BinaryOp { Add, Sub, Mul, Div };
+enum class UnaryOp { Exp, Log, Tanh, Sigmoid, Relu, Gelu, GeluTanh, Silu };
+
+// A broadcast loop: out (contiguous, `shape`) = a op b, where a and b are read
+// through `a_strides` / `b_strides` (0 along broadcast dimensions).
+struct BroadcastLoop {
+  std::vector<int64_t> shape, a_strides, b_strides;
+};
+
+#define QKV_DECLARE_KERNELS                                                                                        \
+  void gemm(const GemmArgs& g);                                                                                    \
+  void binary(BinaryOp op, const BroadcastLoop& loop, const float* a, const float* b, float* out);               \
+  /* out = mask ? value : x, mask (U8) read through b_strides of loop, x through a_strides */                     \
+  void masked_fill(const BroadcastLoop& loop, const float* x, const uint8_t* mask, float value, float* out);      \
+  void unary_forward(UnaryOp op, const float* x, float* y, int64_t n);                                            \
+  /* dx = dy * f'(x); y = f(x) is given for ops whose derivative is cheaper from it */                           \
+  void unary_backward(UnaryOp op, const float* x, const float* y, const float* dy, float* dx, int64_t n);        \
+  /* y[o,i] = sum_r x[o,r,i] for x [outer, n, inner] */                                                          \
+  void sum_middle(const float* x, float* y, int64_t outer, int64_t n, int64_t inner);                            \
+  void softmax_forward(const float* x, float* y, int64_t rows, int64_t cols);                                    \
+  void softmax_backward(const float* y, const float* dy, float* dx, int64_t rows, int64_t cols);                 \
+  void log_softmax_forward(const float* x, float* y, int64_t rows, int64_t cols);                                \
+  void log_softmax_backward(const float* y, const float* dy, float* dx, int64_t rows, int64_t cols);             \
+  /* w, b may be null (no affine); mean and rstd [rows] are saved for backward */                                \
+  void layer_norm_forward(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd,    \
+                          int64_t rows, int64_t cols, float eps);                                                \
+  /* dx may be null; dw, db (may be null) are overwritten with the sums over rows */                             \
+  void layer_norm_backward(const float* x, const float* w, const float* mean, const float* rstd, const float* dy, \
+                           float* dx, float* dw, float* db, int64_t rows, int64_t cols);                          \
+  void rms_norm_forward(const float* x, const float* w, float* y, float* rstd, int64_t rows, int64_t cols,       \
+                        float eps);                                                                              \
+  void rms_norm_backward(const float* x, const float* w, const float* rstd, const float* dy, float* dx,          \
+                         float* dw, int64_t rows, int64_t cols);                                                 \
+  /* out[t,:] = weight[ids[t],:] */                                                                              \
+  void embedding_forward(const float* weight, const int64_t* ids, float* out, int64_t tokens, int64_t dim);      \
+  /* dweight[ids[t],:] += dout[t,:] (dweight zeroed by the caller) */                                            \
+  void embedding_backward(const float* dout, const int64_t* ids, float* dweight, int64_t tokens, int64_t dim);   \
+  /* Per row: loss[r] = (1-eps) * -logp[t] + eps/V * sum_v -logp[v] (0 for ignored rows); lse[r] saved */        \
+  void cross_entropy_forward(const float* logits, const int64_t* targets, float* loss, float* lse, int64_t rows,  \
+                             int64_t vocab, int64_t ignore_index, float smoothing);                              \
+  /* dlogits = scale * (softmax - (1-eps) onehot - eps/V); rows with ignored targets get 0 */                   \
+  void cross_entropy_backward(const float* logits, const int64_t* targets, const float* lse, float scale,        \
+                              float* dlogits, int64_t rows, int64_t vocab, int64_t ignore_index, float smoothing);
+
+namespace ref {
+QKV_DECLARE_KERNELS
+}
+namespace cpu {
+QKV_DECLARE_KERNELS
+}
+
+#undef QKV_DECLARE_KERNELS
+
+}  // namespace qkv

@@ -1,0 +1,21 @@
+// Reference GEMM: the textbook triple loop, accumulated in double.
+#include "src/kernels/kernels.h"
+
+namespace qkv::ref {
+
+void gemm(const GemmArgs& g) {
+  for (int64_t i = 0; i < g.m; ++i) {
+    for (int64_t j = 0; j < g.n; ++j) {
+      double acc = 0;
+      for (int64_t p = 0; p < g.k; ++p) {
+        float a = g.trans_a ? g.a[p * g.lda + i] : g.a[i * g.lda + p];
+        float b = g.trans_b ? g.b[j * g.ldb + p] : g.b[p * g.ldb + j];
+        acc += (double)a * b;
+      }
+      float& c = g.c[i * g.ldc + j];
+      c = (float)(g.alpha * acc + (g.beta == 0.0f ? 0.0 : (double)g.beta * c));
+    }
+  }
+}
+
+}  // namespace qkv::ref

@@ -1,0 +1,116 @@
+#include <cmath>
+#include <set>
+
+#include "qkv/nn.h"
+
+namespace qkv {
+
+Tensor Module::register_parameter(const std::string& name, Tensor value) {
+  for (auto& [n, p] : params_) QKV_CHECK(n != name, "module: parameter '", name, "' registered twice");
+  value.set_requires_grad(true);
+  params_.emplace_back(name, value);
+  return value;
+}
+
+void Module::collect(const std::string& prefix, std::vector<std::pair<std::string, Tensor>>* out) const {
+  for (auto& [name, p] : params_) out->emplace_back(prefix + name, p);
+  for (auto& [name, child] : children_) child->collect(prefix + name + ".", out);
+}
+
+std::vector<std::pair<std::string, Tensor>> Module::named_parameters() const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  collect("", &out);
+  return out;
+}
+
+std::vector<Tensor> Module::parameters() const {
+  std::vector<Tensor> out;
+  for (auto& [name, p] : named_parameters()) out.push_back(p);
+  return out;
+}
+
+int64_t Module::parameter_count() const {
+  int64_t n = 0;
+  for (auto& [name, p] : named_parameters()) n += p.numel();
+  return n;
+}
+
+void Module::set_training(bool on) {
+  training_ = on;
+  for (auto& [name, child] : children_) child->set_training(on);
+}
+void Module::train() { set_training(true); }
+void Module::eval() { set_training(false); }
+
+StateDict Module::state_dict() const {
+  StateDict out;
+  for (auto& [name, p] : named_parameters()) out[name] = p.detach();
+  return out;
+}
+
+void Module::load_state_dict(const StateDict& state) {
+  std::set<std::string> used;
+  for (auto& [name, p] : named_parameters()) {
+    auto it = state.find(name);
+    QKV_CHECK(it != state.end(), "load_state_dict: parameter '", name, "' is missing");
+    QKV_CHECK(it->second.shape() == p.shape(), "load_state_dict: tensor '", name, "' has shape ",
+              shape_str(it->second.shape()), ", model expects ", shape_str(p.shape()));
+    Tensor dst = p.detach();
+    dst.copy_(it->second);
+    used.insert(name);
+  }
+  for (auto& [name, t] : state)
+    QKV_CHECK(used.count(name), "load_state_dict: unexpected tensor '", name, "' (the model has no such parameter)");
+}
+
+void xavier_uniform_(Tensor& w, Rng& rng) {
+  QKV_CHECK(w.dim() == 2, "xavier_uniform_: expects a 2-d weight");
+  float bound = std::sqrt(6.0f / (float)(w.size(0) + w.size(1)));
+  w.detach().copy_(Tensor::uniform(w.shape(), rng, -bound, bound));
+}
+
+void uniform_fan_in_(Tensor& w, int64_t fan_in, Rng& rng) {
+  float bound = fan_in > 0 ? 1.0f / std::sqrt((float)fan_in) : 0.0f;
+  w.detach().copy_(Tensor::uniform(w.shape(), rng, -bound, bound));
+}
+
+void normal_(Tensor& w, Rng& rng, float stddev) { w.detach().copy_(Tensor::randn(w.shape(), rng, stddev)); }
+
+Linear::Linear(LinearOptions o, Rng& rng) {
+  QKV_CHECK(o.in_features > 0 && o.out_features > 0, "Linear: in_features and out_features must be positive");
+  weight = register_parameter("weight", Tensor::empty({o.out_features, o.in_features}));
+  uniform_fan_in_(weight, o.in_features, rng);
+  if (o.bias) {
+    bias = register_parameter("bias", Tensor::empty({o.out_features}));
+    uniform_fan_in_(bias, o.in_features, rng);
+  }
+}
+
+Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim, Rng& rng) {
+  weight = register_parameter("weight", Tensor::randn({num_embeddings, embedding_dim}, rng));
+}
+
+LayerNorm::LayerNorm(int64_t dim, float eps) : eps(eps) {
+  weight = register_parameter("weight", Tensor::ones({dim}));
+  bias = register_parameter("bias", Tensor::zeros({dim}));
+}
+
+RMSNorm::RMSNorm(int64_t dim, float eps) : eps(eps) { weight = register_parameter("weight", Tensor::ones({dim})); }
+
+Tensor activate(const Tensor& x, Activation activation) {
+  switch (activation) {
+    case Activation::Relu: return relu(x);
+    case Activation::Gelu: return gelu(x);
+    case Activation::GeluTanh: return gelu(x, GeluApproximation::Tanh);
+    case Activation::Silu: return silu(x);
+    case Activation::Tanh: return tanh(x);
+  }
+  return x;
+}
+
+MLP::MLP(MLPOptions o, Rng& rng) : activation(o.activation) {
+  fc1 = register_module("fc1", std::make_shared<Linear>(LinearOptions{o.in_features, o.hidden_features}, rng));
+  fc2 = register_module("fc2", std::make_shared<Linear>(LinearOptions{o.hidden_features, o.out_features}, rng));
+}
+
+}  // namespace qkv

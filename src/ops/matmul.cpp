@@ -1,0 +1,185 @@
+// matmul (batched, broadcasting) and linear, both on the one GEMM wrapper.
+//
+//   C = A B        dA = dC B^T      dB = A^T dC
+//   y = x W^T + b  dx = dy W        dW = dy^T x     db = sum_rows dy
+#include <algorithm>
+
+#include "src/ops/dispatch.h"
+
+namespace qkv {
+namespace {
+
+// How a [rows, cols] matrix inside a tensor is handed to BLAS.
+struct MatrixLayout {
+  bool transposed = false;
+  int64_t ld = 0;
+};
+
+// Row-major with unit column stride, or its transpose; anything else needs a copy.
+bool blas_layout(const Tensor& t, MatrixLayout* out) {
+  int64_t n = t.dim(), rows = t.shape()[n - 2], cols = t.shape()[n - 1];
+  int64_t rs = t.strides()[n - 2], cs = t.strides()[n - 1];
+  if (cs == 1 || cols == 1) {
+    int64_t ld = rows == 1 ? std::max<int64_t>(cols, 1) : rs;
+    if (ld >= std::max<int64_t>(cols, 1)) {
+      *out = {false, ld};
+      return true;
+    }
+  }
+  if (rs == 1 || rows == 1) {
+    int64_t ld = cols == 1 ? std::max<int64_t>(rows, 1) : cs;
+    if (ld >= std::max<int64_t>(rows, 1)) {
+      *out = {true, ld};
+      return true;
+    }
+  }
+  return false;
+}
+
+Tensor as_blas_operand(const Tensor& t, MatrixLayout* layout) {
+  if (blas_layout(t, layout)) return t;
+  Tensor c = t.contiguous();
+  blas_layout(c, layout);
+  return c;
+}
+
+// out [batch..., M, N] = a [.., M, K] @ b [.., K, N] with batch broadcasting; no autograd.
+Tensor matmul_forward(const Tensor& a_in, const Tensor& b_in) {
+  MatrixLayout la, lb;
+  Tensor a = as_blas_operand(a_in, &la), b = as_blas_operand(b_in, &lb);
+  const int64_t M = a.size(-2), K = a.size(-1), N = b.size(-1);
+  Shape batch = broadcast_shapes(Shape(a.shape().begin(), a.shape().end() - 2),
+                                 Shape(b.shape().begin(), b.shape().end() - 2));
+  Shape out_shape = batch;
+  out_shape.push_back(M);
+  out_shape.push_back(N);
+  Tensor out = Tensor::empty(out_shape);
+  const int64_t nb = shape_numel(batch);
+  Tensor a_batch = a.detach(), b_batch = b.detach();
+  a_batch.impl().shape.resize(a.dim() - 2);
+  a_batch.impl().strides.resize(a.dim() - 2);
+  b_batch.impl().shape.resize(b.dim() - 2);
+  b_batch.impl().strides.resize(b.dim() - 2);
+  Shape sa = broadcast_strides(a_batch, batch), sb = broadcast_strides(b_batch, batch);
+  const float* pa = a.data<float>();
+  const float* pb = b.data<float>();
+  float* pc = out.data<float>();
+  auto gemm = QKV_KERNEL(gemm);
+  auto one = [&](int64_t i) {
+    int64_t oa = 0, ob = 0, rem = i;
+    for (int64_t d = (int64_t)batch.size() - 1; d >= 0; --d) {
+      int64_t idx = rem % batch[d];
+      rem /= batch[d];
+      oa += idx * sa[d];
+      ob += idx * sb[d];
+    }
+    GemmArgs g;
+    g.trans_a = la.transposed;
+    g.trans_b = lb.transposed;
+    g.m = M, g.n = N, g.k = K;
+    g.a = pa + oa, g.lda = la.ld;
+    g.b = pb + ob, g.ldb = lb.ld;
+    g.c = pc + i * M * N, g.ldc = std::max<int64_t>(N, 1);
+    if (K == 0) {
+      std::fill(g.c, g.c + M * N, 0.0f);
+      return;
+    }
+    gemm(g);
+  };
+  // Many small products: one per thread (BLAS runs single-threaded inside a
+  // parallel region). Few large ones: let BLAS use the threads.
+  if (nb > 1 && M * N * K <= (1 << 18)) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < nb; ++i) one(i);
+  } else {
+    for (int64_t i = 0; i < nb; ++i) one(i);
+  }
+  return out;
+}
+
+}  // namespace
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  require_f32(a, "matmul", "a");
+  require_f32(b, "matmul", "b");
+  QKV_CHECK(a.dim() >= 2 && b.dim() >= 2, "matmul: operands must be at least 2-d, got ", shape_str(a.shape()), " and ",
+            shape_str(b.shape()));
+  QKV_CHECK(a.size(-1) == b.size(-2), "matmul: inner dimensions differ: a is ", shape_str(a.shape()), ", b is ",
+            shape_str(b.shape()));
+  Tensor out = matmul_forward(a, b);
+  record_op(out, "matmul", {a, b}, [a, b](const BackwardArgs& g) -> std::vector<Tensor> {
+    Tensor ga, gb;
+    if (g.needs_grad[0]) ga = sum_to(matmul_forward(g.grad_out, b.transpose(-1, -2)), a.shape());
+    if (g.needs_grad[1]) {
+      if (b.dim() == 2 && a.dim() > 2) {  // shared weight: one GEMM over all rows
+        Tensor a2 = a.reshape({-1, a.size(-1)});
+        Tensor g2 = g.grad_out.reshape({-1, g.grad_out.size(-1)});
+        gb = matmul_forward(a2.transpose(0, 1), g2);
+      } else {
+        gb = sum_to(matmul_forward(a.transpose(-1, -2), g.grad_out), b.shape());
+      }
+    }
+    return {ga, gb};
+  });
+  return out;
+}
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  require_f32(x, "linear", "x");
+  require_f32(weight, "linear", "weight");
+  QKV_CHECK(weight.dim() == 2, "linear: weight must be [out, in], got ", shape_str(weight.shape()));
+  QKV_CHECK(x.dim() >= 1 && x.size(-1) == weight.size(1), "linear: input of shape ", shape_str(x.shape()),
+            " does not match weight [out, in] = ", shape_str(weight.shape()));
+  const int64_t in = weight.size(1), out_features = weight.size(0);
+  if (bias.defined()) {
+    require_f32(bias, "linear", "bias");
+    QKV_CHECK(bias.shape() == Shape{out_features}, "linear: bias of shape ", shape_str(bias.shape()), ", expected [",
+              out_features, "]");
+  }
+  Tensor x2 = x.detach().reshape({-1, in});
+  Tensor w = weight.contiguous().detach();
+  const int64_t rows = x2.size(0);
+  Shape out_shape = x.shape();
+  out_shape.back() = out_features;
+  Tensor y = Tensor::empty(out_shape);
+  float* py = y.data<float>();
+  if (bias.defined()) {
+    Tensor bc = bias.contiguous();
+    for (int64_t r = 0; r < rows; ++r) std::copy_n(bc.data<float>(), out_features, py + r * out_features);
+  }
+  GemmArgs g;
+  g.trans_b = true;
+  g.m = rows, g.n = out_features, g.k = in;
+  g.a = x2.data<float>(), g.lda = std::max<int64_t>(in, 1);
+  g.b = w.data<float>(), g.ldb = std::max<int64_t>(in, 1);
+  g.beta = bias.defined() ? 1.0f : 0.0f;
+  g.c = py, g.ldc = std::max<int64_t>(out_features, 1);
+  if (rows > 0 && out_features > 0) QKV_KERNEL(gemm)(g);
+  record_op(y, "linear", {x, weight, bias}, [x2, w, in, out_features, rows, x_shape = x.shape()](
+                                                const BackwardArgs& a) -> std::vector<Tensor> {
+    Tensor dy = a.grad_out.contiguous();
+    auto gemm = QKV_KERNEL(gemm);
+    Tensor dx, dw, db;
+    if (a.needs_grad[0]) {  // dx [rows, in] = dy [rows, out] W [out, in]
+      dx = Tensor::empty(x_shape);
+      GemmArgs g{false, false, rows, in, out_features, 1.0f, dy.data<float>(), std::max<int64_t>(out_features, 1),
+                 w.data<float>(), std::max<int64_t>(in, 1), 0.0f, dx.data<float>(), std::max<int64_t>(in, 1)};
+      if (rows > 0 && in > 0) gemm(g);
+      if (out_features == 0) dx.fill_(0.0f);
+    }
+    if (a.needs_grad[1]) {  // dW [out, in] = dy^T [out, rows] x [rows, in]
+      dw = Tensor::zeros({out_features, in});
+      GemmArgs g{true, false, out_features, in, rows, 1.0f, dy.data<float>(), std::max<int64_t>(out_features, 1),
+                 x2.data<float>(), std::max<int64_t>(in, 1), 0.0f, dw.data<float>(), std::max<int64_t>(in, 1)};
+      if (rows > 0) gemm(g);
+    }
+    if (a.needs_grad.size() > 2 && a.needs_grad[2]) {
+      db = Tensor::empty({out_features});
+      QKV_KERNEL(sum_middle)(dy.data<float>(), db.data<float>(), 1, rows, out_features);
+    }
+    return {dx, dw, db};
+  });
+  return y;
+}
+
+}  // namespace qkv

@@ -1,0 +1,254 @@
+// The op table: every op, forward and backward, fast kernels against the
+// reference kernels, and every backward against central finite differences.
+// Inputs include odd sizes, broadcasts and non-contiguous views.
+#include <functional>
+
+#include "qkv/ops.h"
+#include "qkv/rng.h"
+#include "tests/test_util.h"
+
+namespace qkv {
+namespace {
+
+using testing::all_close;
+
+enum class Values { Normal, Positive, AwayFromZero };
+enum class Layout { Contiguous, Transposed, Sliced };
+
+struct Input {
+  Shape shape;
+  Values values = Values::Normal;
+  Layout layout = Layout::Contiguous;
+};
+
+struct OpCase {
+  std::string name;
+  std::vector<Input> inputs;
+  std::function<Tensor(const std::vector<Tensor>&)> fn;
+};
+
+void PrintTo(const OpCase& c, std::ostream* os) { *os << c.name; }
+
+// A tensor of `in.shape` with the requested values and memory layout.
+Tensor make_input(const Input& in, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<float> v = Tensor::randn(in.shape, rng).to_vector();
+  for (float& x : v) {
+    if (in.values == Values::Positive) x = 0.5f + 1.5f / (1.0f + std::exp(-x));
+    if (in.values == Values::AwayFromZero) x = x >= 0 ? x + 0.1f : x - 0.1f;
+  }
+  Tensor values = Tensor::from_vector(v, in.shape);
+  if (in.layout == Layout::Contiguous) return values;
+  Shape s = in.shape;
+  Tensor view;
+  if (in.layout == Layout::Transposed) {  // stored as [.., b, a], viewed as [.., a, b]
+    std::swap(s[s.size() - 1], s[s.size() - 2]);
+    view = Tensor::zeros(s).transpose(-1, -2);
+  } else {  // a window of a wider tensor
+    s.back() += 3;
+    view = Tensor::zeros(s).slice(-1, 1, 1 + in.shape.back());
+  }
+  view.copy_(values);
+  return view;
+}
+
+// out, grads of sum(out * R) for each input.
+struct Result {
+  Tensor out;
+  std::vector<Tensor> grads;
+};
+
+Result run(const OpCase& c, bool reference) {
+  std::vector<Tensor> xs;
+  for (size_t i = 0; i < c.inputs.size(); ++i) {
+    Tensor x = make_input(c.inputs[i], 100 + i);
+    xs.push_back(x.set_requires_grad(true));
+  }
+  std::unique_ptr<ReferenceKernelsGuard> guard;
+  if (reference) guard = std::make_unique<ReferenceKernelsGuard>();
+  Result r;
+  r.out = c.fn(xs);
+  Rng rng(99);
+  Tensor weights = Tensor::randn(r.out.shape(), rng);
+  sum(mul(r.out, weights)).backward();
+  for (Tensor& x : xs) r.grads.push_back(x.grad());
+  return r;
+}
+
+std::vector<OpCase> op_table() {
+  using V = std::vector<Tensor>;
+  const Values P = Values::Positive, A = Values::AwayFromZero, N = Values::Normal;
+  const Layout T = Layout::Transposed, S = Layout::Sliced;
+  return {
+      {"add_same", {{{4, 5}}, {{4, 5}}}, [](const V& x) { return add(x[0], x[1]); }},
+      {"add_bcast", {{{3, 1, 5}}, {{4, 5}}}, [](const V& x) { return add(x[0], x[1]); }},
+      {"add_transposed", {{{3, 6}, N, T}, {{6}}}, [](const V& x) { return add(x[0], x[1]); }},
+      {"sub_bcast", {{{2, 3}}, {{3}}}, [](const V& x) { return sub(x[0], x[1]); }},
+      {"mul_bcast", {{{2, 3, 4}}, {{4}}}, [](const V& x) { return mul(x[0], x[1]); }},
+      {"mul_sliced", {{{3, 5}, N, S}, {{3, 1}}}, [](const V& x) { return mul(x[0], x[1]); }},
+      {"div_bcast", {{{2, 3}}, {{2, 1}, P}}, [](const V& x) { return div(x[0], x[1]); }},
+      {"scale", {{{7}}}, [](const V& x) { return scale(x[0], -1.5f); }},
+      {"add_scalar", {{{2, 2}}}, [](const V& x) { return add_scalar(x[0], 3.0f); }},
+      {"sum_all", {{{3, 4}}}, [](const V& x) { return sum(x[0]); }},
+      {"sum_axes", {{{3, 4, 5}}}, [](const V& x) { return sum(x[0], {0, 2}); }},
+      {"sum_keepdim_transposed", {{{5, 3}, N, T}}, [](const V& x) { return sum(x[0], {0}, {.keepdim = true}); }},
+      {"sum_rows_long", {{{3, 37}}}, [](const V& x) { return sum(x[0], {-1}); }},
+      {"mean_axes", {{{3, 4, 5}}}, [](const V& x) { return mean(x[0], {-1}); }},
+      {"mean_all", {{{6}}}, [](const V& x) { return mean(x[0]); }},
+      {"exp", {{{7, 13}}}, [](const V& x) { return exp(x[0]); }},
+      {"log", {{{7, 13}, P}}, [](const V& x) { return log(x[0]); }},
+      {"tanh", {{{7, 13}, N, T}}, [](const V& x) { return tanh(x[0]); }},
+      {"sigmoid", {{{7, 13}}}, [](const V& x) { return sigmoid(x[0]); }},
+      {"relu", {{{7, 13}, A}}, [](const V& x) { return relu(x[0]); }},
+      {"gelu", {{{7, 13}}}, [](const V& x) { return gelu(x[0]); }},
+      {"gelu_tanh", {{{7, 13}, N, S}}, [](const V& x) { return gelu(x[0], GeluApproximation::Tanh); }},
+      {"silu", {{{7, 13}}}, [](const V& x) { return silu(x[0]); }},
+      {"matmul", {{{5, 7}}, {{7, 3}}}, [](const V& x) { return matmul(x[0], x[1]); }},
+      {"matmul_vectors", {{{1, 9}}, {{9, 1}}}, [](const V& x) { return matmul(x[0], x[1]); }},
+      {"matmul_batched_shared", {{{2, 3, 4, 5}}, {{5, 6}}}, [](const V& x) { return matmul(x[0], x[1]); }},
+      {"matmul_broadcast_batch", {{{2, 1, 4, 5}}, {{3, 5, 2}}}, [](const V& x) { return matmul(x[0], x[1]); }},
+      {"matmul_transposed", {{{4, 6}, N, T}, {{6, 3}, N, T}}, [](const V& x) { return matmul(x[0], x[1]); }},
+      {"matmul_sliced", {{{2, 4, 5}, N, S}, {{2, 5, 3}}}, [](const V& x) { return matmul(x[0], x[1]); }},
+      {"linear", {{{2, 3, 5}}, {{4, 5}}, {{4}}}, [](const V& x) { return linear(x[0], x[1], x[2]); }},
+      {"linear_no_bias_transposed", {{{5, 3}, N, T}, {{4, 3}}}, [](const V& x) { return linear(x[0], x[1]); }},
+      {"softmax", {{{6, 11}}}, [](const V& x) { return softmax(x[0]); }},
+      {"softmax_transposed", {{{5, 4}, N, T}}, [](const V& x) { return softmax(x[0]); }},
+      {"log_softmax", {{{6, 11}}}, [](const V& x) { return log_softmax(x[0]); }},
+      {"layer_norm", {{{4, 9}}, {{9}}, {{9}}}, [](const V& x) { return layer_norm(x[0], x[1], x[2]); }},
+      {"layer_norm_plain", {{{2, 3, 65}}}, [](const V& x) { return layer_norm(x[0], Tensor(), Tensor()); }},
+      {"rms_norm", {{{4, 9}, N, S}, {{9}}}, [](const V& x) { return rms_norm(x[0], x[1]); }},
+      {"rms_norm_wide", {{{3, 130}}, {{130}}}, [](const V& x) { return rms_norm(x[0], x[1]); }},
+      {"embedding", {{{10, 6}}},
+       [](const V& x) { return embedding(x[0], Tensor::from_ints({1, 3, 3, 9, 0, 1}, {2, 3})); }},
+      {"dropout", {{{5, 8}}},
+       [](const V& x) {
+         Rng rng(5);
+         return dropout(x[0], rng, {.p = 0.3f, .training = true});
+       }},
+      {"masked_fill", {{{3, 5}}},
+       [](const V& x) {
+         Tensor mask = Tensor::from_ints({1, 0, 0, 1, 0}, {1, 5}).to(DType::U8);
+         return masked_fill(x[0], mask, -2.5f);
+       }},
+      {"concat", {{{2, 3}}, {{2, 1}}, {{2, 4}, N, T}}, [](const V& x) { return concat({x[0], x[1], x[2]}, 1); }},
+      {"split", {{{3, 5}}},
+       [](const V& x) {
+         auto parts = split(x[0], {2, 3}, 1);
+         return concat({scale(parts[1], 2.0f), parts[0]}, 1);
+       }},
+      {"views", {{{2, 3, 4}}},
+       [](const V& x) { return x[0].permute({2, 0, 1}).reshape({-1, 3}).slice(0, 1, 6).transpose(0, 1).contiguous(); }},
+      {"cross_entropy", {{{6, 7}}},
+       [](const V& x) {
+         return cross_entropy(x[0], Tensor::from_ints({2, 0, -100, 6, 6, 1}, {6}), {.label_smoothing = 0.1f});
+       }},
+  };
+}
+
+class OpTable : public ::testing::TestWithParam<OpCase> {};
+
+TEST_P(OpTable, FastMatchesReference) {
+  const OpCase& c = GetParam();
+  Result fast = run(c, false), ref = run(c, true);
+  // Reference kernels accumulate in double; fast ones in float.
+  EXPECT_TRUE(all_close(fast.out, ref.out, 1e-5f, 1e-5f)) << "forward";
+  for (size_t i = 0; i < fast.grads.size(); ++i)
+    EXPECT_TRUE(all_close(fast.grads[i], ref.grads[i], 1e-5f, 1e-4f)) << "gradient of input " << i;
+}
+
+// Central differences of L = sum(op(x) * R) in double around each element.
+TEST_P(OpTable, BackwardMatchesFiniteDifferences) {
+  const OpCase& c = GetParam();
+  Result analytic = run(c, true);
+  std::vector<Tensor> xs;
+  for (size_t i = 0; i < c.inputs.size(); ++i) xs.push_back(make_input(c.inputs[i], 100 + i).contiguous().clone());
+  Rng rng(99);
+  Tensor weights;
+  auto loss = [&]() {
+    NoGradGuard no_grad;
+    ReferenceKernelsGuard reference;
+    Tensor out = c.fn(xs);
+    if (!weights.defined()) weights = Tensor::randn(out.shape(), rng);
+    std::vector<float> o = out.to_vector(), w = weights.to_vector();
+    double s = 0;
+    for (size_t k = 0; k < o.size(); ++k) s += (double)o[k] * w[k];
+    return s;
+  };
+  loss();
+  const float eps = 1e-2f;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    std::vector<float> numeric(xs[i].numel());
+    float* p = xs[i].data<float>();
+    for (int64_t k = 0; k < xs[i].numel(); ++k) {
+      float saved = p[k];
+      p[k] = saved + eps;
+      double up = loss();
+      p[k] = saved - eps;
+      double down = loss();
+      p[k] = saved;
+      numeric[k] = (float)((up - down) / (2 * eps));
+    }
+    // Float32 outputs and eps = 1e-2: truncation O(eps^2), rounding ~1e-7 |L| / eps.
+    EXPECT_TRUE(all_close(analytic.grads[i], Tensor::from_vector(numeric, xs[i].shape()), 5e-3f, 5e-3f))
+        << "input " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllOps, OpTable, ::testing::ValuesIn(op_table()),
+                         [](const ::testing::TestParamInfo<OpCase>& info) { return info.param.name; });
+
+TEST(Ops, ShapeErrorsAreClear) {
+  Tensor a = Tensor::zeros({4, 3}), b = Tensor::zeros({5, 2});
+  try {
+    matmul(a, b);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "matmul: inner dimensions differ: a is [4,3], b is [5,2]");
+  }
+  EXPECT_THROW(add(Tensor::zeros({2, 3}), Tensor::zeros({4})), Error);
+  EXPECT_THROW(embedding(Tensor::zeros({4, 2}), Tensor::from_ints({4}, {1})), Error);
+  EXPECT_THROW(cross_entropy(Tensor::zeros({2, 3}), Tensor::from_ints({0, 3}, {2})), Error);
+  EXPECT_THROW(layer_norm(Tensor::zeros({2, 3}), Tensor::zeros({4}), Tensor()), Error);
+  EXPECT_THROW(exp(Tensor::zeros({2}, DType::I64)), Error);
+}
+
+TEST(Ops, SoftmaxOfFullyMaskedRowIsZeroNotNaN) {
+  Tensor x = Tensor::full({2, 4}, -INFINITY);
+  for (bool reference : {false, true}) {
+    std::unique_ptr<ReferenceKernelsGuard> g;
+    if (reference) g = std::make_unique<ReferenceKernelsGuard>();
+    for (float v : softmax(x).to_vector()) EXPECT_EQ(v, 0.0f);
+  }
+}
+
+TEST(Ops, DropoutKeepsExpectationAndIsSeeded) {
+  Tensor x = Tensor::ones({100000});
+  Rng a(3), b(3);
+  Tensor ya = dropout(x, a, {.p = 0.25f}), yb = dropout(x, b, {.p = 0.25f});
+  EXPECT_TRUE(all_close(ya, yb, 0, 0));
+  double s = 0, zeros = 0;
+  for (float v : ya.to_vector()) {
+    s += v;
+    zeros += v == 0.0f;
+  }
+  EXPECT_NEAR(s / 100000, 1.0, 0.02);
+  EXPECT_NEAR(zeros / 100000, 0.25, 0.01);
+  Rng c(3);
+  EXPECT_TRUE(all_close(dropout(x, c, {.p = 0.25f, .training = false}), x, 0, 0));
+}
+
+TEST(Ops, LargeShapesFastMatchesReference) {
+  // Sizes that take the multithreaded paths of the fast kernels.
+  Rng rng(1);
+  Tensor a = Tensor::randn({130, 257}, rng), b = Tensor::randn({257, 190}, rng);
+  Tensor fast_mm = matmul(a, b), fast_sm = softmax(a), fast_ln = layer_norm(a, Tensor(), Tensor());
+  Tensor fast_sum = sum(a, {0});
+  ReferenceKernelsGuard ref;
+  EXPECT_TRUE(all_close(fast_mm, matmul(a, b), 1e-4f, 1e-4f));
+  EXPECT_TRUE(all_close(fast_sm, softmax(a), 1e-6f, 1e-4f));
+  EXPECT_TRUE(all_close(fast_ln, layer_norm(a, Tensor(), Tensor()), 1e-5f, 1e-4f));
+  EXPECT_TRUE(all_close(fast_sum, sum(a, {0}), 1e-4f, 1e-4f));
+}
+
+}  // namespace
+}  // namespace qkv

@@ -1,0 +1,143 @@
+// Tensor layout, views, dtypes and the autograd engine.
+#include "qkv/allocator.h"
+#include "qkv/ops.h"
+#include "qkv/rng.h"
+#include "tests/test_util.h"
+
+namespace qkv {
+namespace {
+
+using testing::all_close;
+
+TEST(Tensor, ContiguousLayout) {
+  Tensor t = Tensor::zeros({2, 3, 4});
+  EXPECT_EQ(t.strides(), (Shape{12, 4, 1}));
+  EXPECT_EQ(t.numel(), 24);
+  EXPECT_TRUE(t.is_contiguous());
+  EXPECT_EQ(t.size(-1), 4);
+  EXPECT_THROW(t.size(3), Error);
+  EXPECT_THROW(Tensor::empty({2, -1}), Error);
+}
+
+TEST(Tensor, ViewsShareStorage) {
+  Tensor t = Tensor::from_vector({0, 1, 2, 3, 4, 5}, {2, 3});
+  Tensor tr = t.transpose(0, 1);
+  EXPECT_TRUE(tr.same_storage(t));
+  EXPECT_FALSE(tr.is_contiguous());
+  EXPECT_EQ(tr.to_vector(), (std::vector<float>{0, 3, 1, 4, 2, 5}));
+  Tensor s = t.slice(1, 1, 3);
+  EXPECT_TRUE(s.same_storage(t));
+  EXPECT_EQ(s.offset(), 1);
+  EXPECT_EQ(s.to_vector(), (std::vector<float>{1, 2, 4, 5}));
+  Tensor r = t.reshape({3, 2});
+  EXPECT_TRUE(r.same_storage(t));
+  EXPECT_EQ(t.reshape({-1}).shape(), (Shape{6}));
+  // A transposed tensor cannot be viewed flat: reshape copies.
+  Tensor flat = tr.reshape({6});
+  EXPECT_FALSE(flat.same_storage(t));
+  EXPECT_EQ(flat.to_vector(), (std::vector<float>{0, 3, 1, 4, 2, 5}));
+  EXPECT_THROW(t.reshape({4, 2}), Error);
+  EXPECT_THROW(t.slice(0, 1, 3), Error);
+  EXPECT_THROW(t.permute({0, 0}), Error);
+  EXPECT_EQ(t.unsqueeze(0).shape(), (Shape{1, 2, 3}));
+  EXPECT_EQ(t.unsqueeze(0).squeeze(0).shape(), (Shape{2, 3}));
+}
+
+TEST(Tensor, WritesThroughViews) {
+  Tensor t = Tensor::zeros({3, 4});
+  t.slice(1, 1, 3).fill_(2.0f);
+  EXPECT_EQ(t.to_vector(), (std::vector<float>{0, 2, 2, 0, 0, 2, 2, 0, 0, 2, 2, 0}));
+  t.transpose(0, 1).slice(0, 0, 1).copy_(Tensor::from_vector({7, 8, 9}, {1, 3}));
+  EXPECT_EQ(t.to_vector()[0], 7);
+  EXPECT_EQ(t.to_vector()[4], 8);
+  EXPECT_EQ(t.to_vector()[8], 9);
+}
+
+TEST(Tensor, DTypeConversions) {
+  Tensor f = Tensor::from_vector({1.5f, -2.25f, 65504.0f, 0.1f, 1e-7f}, {5});
+  Tensor h = f.to(DType::F16);
+  EXPECT_EQ(h.dtype(), DType::F16);
+  std::vector<float> back = h.to_vector();
+  EXPECT_EQ(back[0], 1.5f);
+  EXPECT_EQ(back[1], -2.25f);
+  EXPECT_EQ(back[2], 65504.0f);
+  EXPECT_NEAR(back[3], 0.1f, 1e-4f);
+  EXPECT_NEAR(back[4], 1e-7f, 6e-8f);  // subnormal half
+  std::vector<float> bf = f.to(DType::BF16).to_vector();
+  EXPECT_EQ(bf[0], 1.5f);
+  EXPECT_NEAR(bf[3], 0.1f, 1e-3f);
+  EXPECT_EQ(float_to_half(1e6f), 0x7c00);  // overflows to inf
+  EXPECT_EQ(half_to_float(0x7c00), INFINITY);
+  EXPECT_EQ(float_to_bf16(1.0f + 1.0f / 256), float_to_bf16(1.0f));  // ties round to even
+  Tensor i = Tensor::from_ints({-3, 300}, {2});
+  EXPECT_EQ(i.to(DType::I32).to_ints(), (std::vector<int64_t>{-3, 300}));
+  EXPECT_EQ(i.to(DType::F32).to_vector(), (std::vector<float>{-3, 300}));
+  EXPECT_THROW(i.data<float>(), Error);
+}
+
+TEST(Tensor, SeededRandomIsReproducible) {
+  Rng a(42), b(42), c(43);
+  EXPECT_TRUE(all_close(Tensor::randn({100}, a), Tensor::randn({100}, b), 0, 0));
+  EXPECT_FALSE(all_close(Tensor::randn({100}, a), Tensor::randn({100}, c), 0, 0));
+  Rng d(1);
+  std::vector<float> v = Tensor::randn({20000}, d).to_vector();
+  double m = 0, s = 0;
+  for (float x : v) m += x;
+  m /= v.size();
+  for (float x : v) s += (x - m) * (x - m);
+  EXPECT_NEAR(m, 0.0, 0.03);
+  EXPECT_NEAR(std::sqrt(s / v.size()), 1.0, 0.03);
+}
+
+TEST(Autograd, ChainAndAccumulation) {
+  Tensor x = Tensor::from_vector({1, 2, 3}, {3}).set_requires_grad(true);
+  // y = sum(x * x + 3x) -> dy/dx = 2x + 3
+  Tensor y = sum(add(mul(x, x), scale(x, 3.0f)));
+  y.backward();
+  EXPECT_EQ(x.grad().to_vector(), (std::vector<float>{5, 7, 9}));
+  // Gradients accumulate across backward calls until zeroed.
+  sum(x).backward();
+  EXPECT_EQ(x.grad().to_vector(), (std::vector<float>{6, 8, 10}));
+  x.zero_grad();
+  EXPECT_FALSE(x.grad().defined());
+}
+
+TEST(Autograd, SharedInputsAndViews) {
+  Tensor x = Tensor::from_vector({1, 2, 3, 4}, {2, 2}).set_requires_grad(true);
+  // The same gradient buffer flows to both operands of add; each must own its copy.
+  Tensor y = add(x, x);
+  Tensor z = sum(mul(y, x.transpose(0, 1)));
+  z.backward();
+  // z = sum_ij 2 x_ij x_ji -> dz/dx_ij = 4 x_ji
+  EXPECT_EQ(x.grad().to_vector(), (std::vector<float>{4, 12, 8, 16}));
+}
+
+TEST(Autograd, NoGradRecordsNothing) {
+  Tensor w = Tensor::ones({2}).set_requires_grad(true);
+  {
+    NoGradGuard no_grad;
+    Tensor y = mul(w, w);
+    EXPECT_FALSE(y.requires_grad());
+    EXPECT_TRUE(y.is_leaf());
+  }
+  Tensor y = mul(w, w);
+  EXPECT_TRUE(y.requires_grad());
+  EXPECT_FALSE(y.is_leaf());
+  EXPECT_FALSE(y.detach().requires_grad());
+  EXPECT_THROW(Tensor::zeros({2}).backward(), Error);
+  EXPECT_THROW(y.backward(), Error);  // not a scalar
+}
+
+TEST(Autograd, BackwardFreesTheGraph) {
+  Tensor w = Tensor::ones({256, 256}).set_requires_grad(true);
+  uint64_t before = allocator_stats().bytes_in_use;
+  {
+    Tensor loss = sum(tanh(matmul(w, w)));
+    loss.backward();
+  }
+  w.zero_grad();
+  EXPECT_EQ(allocator_stats().bytes_in_use, before);
+}
+
+}  // namespace
+}  // namespace qkv

@@ -1,0 +1,37 @@
+// Shared helpers for the tests: tensor comparison with stated tolerances.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+
+#include "qkv/tensor.h"
+
+namespace qkv::testing {
+
+// |a - b| <= atol + rtol * |b| element-wise; reports the worst element.
+inline ::testing::AssertionResult all_close(const Tensor& a, const Tensor& b, float atol, float rtol) {
+  if (a.shape() != b.shape())
+    return ::testing::AssertionFailure() << "shapes differ: " << shape_str(a.shape()) << " vs " << shape_str(b.shape());
+  std::vector<float> va = a.to_vector(), vb = b.to_vector();
+  double worst = 0;
+  size_t worst_i = 0;
+  for (size_t i = 0; i < va.size(); ++i) {
+    double excess = std::fabs((double)va[i] - vb[i]) - (atol + rtol * std::fabs((double)vb[i]));
+    bool nan_mismatch = std::isnan(va[i]) != std::isnan(vb[i]);
+    if (nan_mismatch) return ::testing::AssertionFailure() << "NaN mismatch at element " << i;
+    if (excess > worst) {
+      worst = excess;
+      worst_i = i;
+    }
+  }
+  if (worst > 0)
+    return ::testing::AssertionFailure() << "element " << worst_i << ": " << va[worst_i] << " vs " << vb[worst_i]
+                                         << " (atol " << atol << ", rtol " << rtol << ")";
+  return ::testing::AssertionSuccess();
+}
+
+inline std::string fixture(const std::string& name) { return std::string(QKV_FIXTURES_DIR) + "/" + name; }
+
+}  // namespace qkv::testing

@@ -1,0 +1,78 @@
+// qkv inspect FILE.safetensors|MODEL_DIR: names, dtypes, shapes, parameter
+// count and metadata. A broken file prints the loader's error.
+#include <sys/stat.h>
+
+#include <cstdio>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "qkv/io.h"
+#include "tools/qkv/commands.h"
+
+namespace qkv::cli {
+namespace {
+
+struct InspectArgs {
+  std::string path;
+  bool json = false;
+};
+
+bool is_dir(const std::string& p) {
+  struct stat st;
+  return stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+int run_inspect(const InspectArgs& a) {
+  std::string weights = a.path;
+  nlohmann::json config;
+  if (is_dir(a.path)) {
+    weights = a.path + "/model.safetensors";
+    std::string cfg = a.path + "/config.json";
+    struct stat st;
+    if (stat(cfg.c_str(), &st) == 0) {
+      try {
+        config = nlohmann::json::parse(read_file(cfg));
+      } catch (const nlohmann::json::exception& e) {
+        fail(cfg, ": not valid JSON (", e.what(), ")");
+      }
+    }
+  }
+  SafetensorsFile f = load_safetensors(weights);
+  int64_t total = 0;
+  for (auto& [name, t] : f.tensors) total += t.numel();
+  if (a.json) {
+    nlohmann::ordered_json out;
+    out["file"] = weights;
+    out["parameter_count"] = total;
+    out["tensors"] = nlohmann::ordered_json::array();
+    for (auto& [name, t] : f.tensors)
+      out["tensors"].push_back({{"name", name}, {"dtype", dtype_name(t.dtype())}, {"shape", t.shape()}});
+    out["metadata"] = f.metadata;
+    if (!config.is_null()) out["config"] = config;
+    std::cout << out.dump(2) << "\n";
+    return 0;
+  }
+  size_t width = 4;
+  for (auto& [name, t] : f.tensors) width = std::max(width, name.size());
+  std::printf("%s\n", weights.c_str());
+  if (!config.is_null()) std::printf("config: %s\n", config.dump().c_str());
+  std::printf("%-*s  %-5s  %-16s  %s\n", (int)width, "name", "dtype", "shape", "elements");
+  for (auto& [name, t] : f.tensors)
+    std::printf("%-*s  %-5s  %-16s  %lld\n", (int)width, name.c_str(), dtype_name(t.dtype()),
+                shape_str(t.shape()).c_str(), (long long)t.numel());
+  std::printf("%zu tensors, %lld parameters\n", f.tensors.size(), (long long)total);
+  for (auto& [k, v] : f.metadata) std::printf("metadata %s = %s\n", k.c_str(), v.c_str());
+  return 0;
+}
+
+}  // namespace
+
+Run add_inspect(CLI::App& app) {
+  auto args = std::make_shared<InspectArgs>();
+  CLI::App* sub = app.add_subcommand("inspect", "Show the tensors of a .safetensors file or a model folder");
+  sub->add_option("path", args->path, "FILE.safetensors or MODEL_DIR")->required();
+  sub->add_flag("--json", args->json, "Print one JSON object instead of a table");
+  return [args] { return run_inspect(*args); };
+}
+
+}  // namespace qkv::cli

@@ -1,0 +1,20 @@
+// The qkv program's subcommands. Each registers its flags on the CLI11 app
+// and returns the function that runs it.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <functional>
+
+namespace qkv::cli {
+
+using Run = std::function<int()>;
+
+Run add_inspect(CLI::App& app);
+Run add_demo(CLI::App& app);
+Run add_bench(CLI::App& app);
+
+// Sets the OpenMP (and so OpenBLAS) thread count; 0 keeps the default.
+void set_threads(int threads);
+int thread_count();
+
+}  // namespace qkv::cli
