@@ -2,7 +2,7 @@
 JOBS ?= $(shell nproc)
 QKV := build/release/qkv
 
-.PHONY: all deps build demo test test-asan bench clean
+.PHONY: all deps build demo test test-asan bench fixtures interop clean
 
 all: build
 
@@ -27,6 +27,15 @@ test-asan: deps
 
 bench: build
 	@$(QKV) bench ops
+
+# Regenerate the golden fixtures from PyTorch (needs: pip install torch safetensors numpy).
+fixtures:
+	python3 scripts/make_fixtures.py
+
+# Python's safetensors loads a file qkv wrote (needs the same Python packages).
+interop: build
+	QKV_INTEROP_OUT=build/qkv_written.safetensors build/release/tests/qkv_tests --gtest_filter='*WritesFileForPython*'
+	python3 scripts/make_fixtures.py --check-qkv-file build/qkv_written.safetensors
 
 clean:
 	rm -rf build out

@@ -45,6 +45,8 @@ def rms_norm(x, w, eps):
 
 
 # name -> (list of float inputs, function of float64 tensors, extra int tensors)
+# Dropout has no case here: its mask comes from qkv's own counter-based RNG,
+# not PyTorch's; tests/test_ops.cpp checks its statistics and its gradient.
 def cases():
     ids = torch.tensor([[1, 3, 3], [9, 0, 1]], dtype=torch.int64)
     targets = torch.tensor([2, 0, -100, 6, 6, 1], dtype=torch.int64)
@@ -54,6 +56,9 @@ def cases():
         "sub_bcast": ([randn(2, 3), randn(3)], lambda a, b: a - b, {}),
         "mul_bcast": ([randn(2, 3, 4), randn(4)], lambda a, b: a * b, {}),
         "div_bcast": ([randn(2, 3), positive(2, 1)], lambda a, b: a / b, {}),
+        "scale": ([randn(7)], lambda x: x * -1.5, {}),
+        "add_scalar": ([randn(2, 2)], lambda x: x + 3.0, {}),
+        "sum_all": ([randn(3, 4)], lambda x: x.sum(), {}),
         "sum_axes": ([randn(3, 4, 5)], lambda x: x.sum(dim=(0, 2)), {}),
         "mean_keepdim": ([randn(3, 4, 5)], lambda x: x.mean(dim=-1, keepdim=True), {}),
         "exp": ([randn(4, 7)], torch.exp, {}),
@@ -74,6 +79,8 @@ def cases():
         "embedding": ([randn(10, 6)], lambda w: F.embedding(ids, w), {"ids": ids}),
         "masked_fill": ([randn(3, 5)], lambda x: x.masked_fill(mask.bool(), -2.5), {"mask": mask}),
         "concat": ([randn(2, 3), randn(2, 1), randn(2, 4)], lambda a, b, c: torch.cat([a, b, c], 1), {}),
+        "split": ([randn(3, 5)], lambda x: torch.cat([x.split([2, 3], 1)[1] * 2, x.split([2, 3], 1)[0]], 1), {}),
+        "matmul_transposed": ([randn(6, 4), randn(3, 6)], lambda a, b: a.t() @ b.t(), {}),
         "cross_entropy": ([randn(6, 7)],
                           lambda x: F.cross_entropy(x, targets, ignore_index=-100, label_smoothing=0.1),
                           {"targets": targets}),

@@ -22,6 +22,9 @@ std::map<std::string, GoldenFn> golden_ops() {
       {"sub_bcast", [](const V& x, const Extra&) { return sub(x[0], x[1]); }},
       {"mul_bcast", [](const V& x, const Extra&) { return mul(x[0], x[1]); }},
       {"div_bcast", [](const V& x, const Extra&) { return div(x[0], x[1]); }},
+      {"scale", [](const V& x, const Extra&) { return scale(x[0], -1.5f); }},
+      {"add_scalar", [](const V& x, const Extra&) { return add_scalar(x[0], 3.0f); }},
+      {"sum_all", [](const V& x, const Extra&) { return sum(x[0]); }},
       {"sum_axes", [](const V& x, const Extra&) { return sum(x[0], {0, 2}); }},
       {"mean_keepdim", [](const V& x, const Extra&) { return mean(x[0], {-1}, {.keepdim = true}); }},
       {"exp", [](const V& x, const Extra&) { return exp(x[0]); }},
@@ -41,6 +44,12 @@ std::map<std::string, GoldenFn> golden_ops() {
       {"embedding", [](const V& x, const Extra& e) { return embedding(x[0], e.at("ids")); }},
       {"masked_fill", [](const V& x, const Extra& e) { return masked_fill(x[0], e.at("mask"), -2.5f); }},
       {"concat", [](const V& x, const Extra&) { return concat({x[0], x[1], x[2]}, 1); }},
+      {"split",
+       [](const V& x, const Extra&) {
+         auto parts = split(x[0], {2, 3}, 1);
+         return concat({scale(parts[1], 2.0f), parts[0]}, 1);
+       }},
+      {"matmul_transposed", [](const V& x, const Extra&) { return matmul(x[0].transpose(0, 1), x[1].transpose(0, 1)); }},
       {"cross_entropy",
        [](const V& x, const Extra& e) {
          return cross_entropy(x[0], e.at("targets"), {.ignore_index = -100, .label_smoothing = 0.1f});

@@ -5,6 +5,7 @@
 
 #include "qkv/ops.h"
 #include "qkv/rng.h"
+#include "src/kernels/cpu/vec_math.h"
 #include "tests/test_util.h"
 
 namespace qkv {
@@ -235,6 +236,21 @@ TEST(Ops, DropoutKeepsExpectationAndIsSeeded) {
   EXPECT_NEAR(zeros / 100000, 0.25, 0.01);
   Rng c(3);
   EXPECT_TRUE(all_close(dropout(x, c, {.p = 0.25f, .training = false}), x, 0, 0));
+}
+
+TEST(Ops, VectorMathMatchesLibm) {
+  // The fast kernels' exp, tanh, sigmoid and erf over a wide range.
+  for (float x = -90.0f; x <= 88.0f; x += 0.0137f) {
+    double e = std::exp((double)x);
+    EXPECT_NEAR(cpu::fast_exp(x), e, 3e-7 * e + 1.3e-38) << x;  // flushed to 0 below exp(-87.3) = 1.22e-38
+    EXPECT_NEAR(cpu::fast_tanh(x), std::tanh((double)x), 2e-7 + 1e-6 * std::fabs(std::tanh((double)x))) << x;
+    EXPECT_NEAR(cpu::fast_sigmoid(x), 1.0 / (1.0 + std::exp(-(double)x)), 3e-7) << x;
+    EXPECT_NEAR(cpu::fast_erf(x / 16), std::erf((double)x / 16), 3e-7) << x;  // 1.5e-7 formula + float rounding
+  }
+  for (float x : {1e-6f, -3e-4f, 0.01f, 0.124f, 0.126f})
+    EXPECT_NEAR(cpu::fast_tanh(x), std::tanh((double)x), 1e-6 * std::fabs(x)) << "relative accuracy near 0 at " << x;
+  EXPECT_EQ(cpu::fast_exp(-INFINITY), 0.0f);
+  EXPECT_EQ(cpu::fast_exp(0.0f), 1.0f);
 }
 
 TEST(Ops, LargeShapesFastMatchesReference) {

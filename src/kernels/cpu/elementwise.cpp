@@ -4,6 +4,7 @@
 #include <cmath>
 #include <vector>
 
+#include "src/kernels/cpu/vec_math.h"
 #include "src/kernels/kernels.h"
 
 namespace qkv::cpu {
@@ -88,7 +89,6 @@ void masked_fill(const BroadcastLoop& loop, const float* x, const uint8_t* mask,
   });
 }
 
-static inline float sigmoidf(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 static constexpr float kSqrt2OverPi = 0.7978845608028654f;
 static constexpr float kInvSqrt2 = 0.7071067811865476f;
 static constexpr float kInvSqrt2Pi = 0.3989422804014327f;
@@ -104,15 +104,15 @@ static void map(const float* x, float* y, int64_t n, F f) {
 
 void unary_forward(UnaryOp op, const float* x, float* y, int64_t n) {
   switch (op) {
-    case UnaryOp::Exp: return map(x, y, n, [](float v) { return std::exp(v); });
+    case UnaryOp::Exp: return map(x, y, n, [](float v) { return fast_exp(v); });
     case UnaryOp::Log: return map(x, y, n, [](float v) { return std::log(v); });
-    case UnaryOp::Tanh: return map(x, y, n, [](float v) { return std::tanh(v); });
-    case UnaryOp::Sigmoid: return map(x, y, n, [](float v) { return sigmoidf(v); });
+    case UnaryOp::Tanh: return map(x, y, n, [](float v) { return fast_tanh(v); });
+    case UnaryOp::Sigmoid: return map(x, y, n, [](float v) { return fast_sigmoid(v); });
     case UnaryOp::Relu: return map(x, y, n, [](float v) { return v > 0.0f ? v : 0.0f; });
-    case UnaryOp::Gelu: return map(x, y, n, [](float v) { return 0.5f * v * (1.0f + std::erf(v * kInvSqrt2)); });
+    case UnaryOp::Gelu: return map(x, y, n, [](float v) { return 0.5f * v * (1.0f + fast_erf(v * kInvSqrt2)); });
     case UnaryOp::GeluTanh:
-      return map(x, y, n, [](float v) { return 0.5f * v * (1.0f + std::tanh(kSqrt2OverPi * (v + 0.044715f * v * v * v))); });
-    case UnaryOp::Silu: return map(x, y, n, [](float v) { return v * sigmoidf(v); });
+      return map(x, y, n, [](float v) { return 0.5f * v * (1.0f + fast_tanh(kSqrt2OverPi * (v + 0.044715f * v * v * v))); });
+    case UnaryOp::Silu: return map(x, y, n, [](float v) { return v * fast_sigmoid(v); });
   }
 }
 
@@ -134,16 +134,16 @@ void unary_backward(UnaryOp op, const float* x, const float* y, const float* dy,
     case UnaryOp::Relu: return map_backward(x, y, dy, dx, n, [](float v, float) { return v > 0.0f ? 1.0f : 0.0f; });
     case UnaryOp::Gelu:
       return map_backward(x, y, dy, dx, n, [](float v, float) {
-        return 0.5f * (1.0f + std::erf(v * kInvSqrt2)) + v * kInvSqrt2Pi * std::exp(-0.5f * v * v);
+        return 0.5f * (1.0f + fast_erf(v * kInvSqrt2)) + v * kInvSqrt2Pi * fast_exp(-0.5f * v * v);
       });
     case UnaryOp::GeluTanh:
       return map_backward(x, y, dy, dx, n, [](float v, float) {
-        float t = std::tanh(kSqrt2OverPi * (v + 0.044715f * v * v * v));
+        float t = fast_tanh(kSqrt2OverPi * (v + 0.044715f * v * v * v));
         return 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * kSqrt2OverPi * (1.0f + 3.0f * 0.044715f * v * v);
       });
     case UnaryOp::Silu:
       return map_backward(x, y, dy, dx, n, [](float v, float) {
-        float s = sigmoidf(v);
+        float s = fast_sigmoid(v);
         return s * (1.0f + v * (1.0f - s));
       });
   }

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "src/kernels/cpu/vec_math.h"
 #include "src/kernels/kernels.h"
 
 namespace qkv::cpu {
@@ -33,12 +34,14 @@ void cross_entropy_forward(const float* logits, const int64_t* targets, float* l
   for (int64_t r = 0; r < rows; ++r) {
     const float* x = logits + r * vocab;
     float mx = -INFINITY, sum_x = 0;
+#pragma omp simd reduction(max : mx) reduction(+ : sum_x)
     for (int64_t j = 0; j < vocab; ++j) {
       mx = std::max(mx, x[j]);
       sum_x += x[j];
     }
     float s = 0;
-    for (int64_t j = 0; j < vocab; ++j) s += std::exp(x[j] - mx);
+#pragma omp simd reduction(+ : s)
+    for (int64_t j = 0; j < vocab; ++j) s += fast_exp(x[j] - mx);
     const float l = mx + std::log(s);
     lse[r] = l;
     if (targets[r] == ignore_index) {
@@ -61,7 +64,7 @@ void cross_entropy_backward(const float* logits, const int64_t* targets, const f
     }
     const float* x = logits + r * vocab;
     const float l = lse[r], off = smoothing / vocab;
-    for (int64_t j = 0; j < vocab; ++j) d[j] = scale * (std::exp(x[j] - l) - off);
+    for (int64_t j = 0; j < vocab; ++j) d[j] = scale * (fast_exp(x[j] - l) - off);
     d[targets[r]] -= scale * (1.0f - smoothing);
   }
 }

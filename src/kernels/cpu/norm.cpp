@@ -17,9 +17,11 @@ void layer_norm_forward(const float* x, const float* w, const float* b, float* y
     const float* xr = x + r * cols;
     float* yr = y + r * cols;
     float s = 0;
+#pragma omp simd reduction(+ : s)
     for (int64_t j = 0; j < cols; ++j) s += xr[j];
     float m = s / cols;
     float v = 0;
+#pragma omp simd reduction(+ : v)
     for (int64_t j = 0; j < cols; ++j) v += (xr[j] - m) * (xr[j] - m);
     float rs = 1.0f / std::sqrt(v / cols + eps);
     mean[r] = m;
@@ -41,6 +43,7 @@ void layer_norm_backward(const float* x, const float* w, const float* mean, cons
       const float* dyr = dy + r * cols;
       const float m = mean[r], rs = rstd[r];
       float mg = 0, mgx = 0;
+#pragma omp simd reduction(+ : mg, mgx)
       for (int64_t j = 0; j < cols; ++j) {
         float g = dyr[j] * (w ? w[j] : 1.0f);
         mg += g;
@@ -81,6 +84,7 @@ void rms_norm_forward(const float* x, const float* w, float* y, float* rstd, int
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * cols;
     float ss = 0;
+#pragma omp simd reduction(+ : ss)
     for (int64_t j = 0; j < cols; ++j) ss += xr[j] * xr[j];
     float rs = 1.0f / std::sqrt(ss / cols + eps);
     rstd[r] = rs;
@@ -97,6 +101,7 @@ void rms_norm_backward(const float* x, const float* w, const float* rstd, const 
       const float* dyr = dy + r * cols;
       const float rs = rstd[r];
       float mgx = 0;
+#pragma omp simd reduction(+ : mgx)
       for (int64_t j = 0; j < cols; ++j) mgx += dyr[j] * (w ? w[j] : 1.0f) * xr[j];
       mgx /= cols;
       for (int64_t j = 0; j < cols; ++j) dx[r * cols + j] = rs * (dyr[j] * (w ? w[j] : 1.0f) - xr[j] * rs * rs * mgx);

@@ -2,12 +2,14 @@
 #include <algorithm>
 #include <cmath>
 
+#include "src/kernels/cpu/vec_math.h"
 #include "src/kernels/kernels.h"
 
 namespace qkv::cpu {
 
 static inline float row_max(const float* x, int64_t n) {
   float m = -INFINITY;
+#pragma omp simd reduction(max : m)
   for (int64_t j = 0; j < n; ++j) m = std::max(m, x[j]);
   return m;
 }
@@ -23,8 +25,9 @@ void softmax_forward(const float* x, float* y, int64_t rows, int64_t cols) {
       continue;
     }
     float s = 0;
+#pragma omp simd reduction(+ : s)
     for (int64_t j = 0; j < cols; ++j) {
-      yr[j] = std::exp(xr[j] - mx);
+      yr[j] = fast_exp(xr[j] - mx);
       s += yr[j];
     }
     float inv = 1.0f / s;
@@ -38,6 +41,7 @@ void softmax_backward(const float* y, const float* dy, float* dx, int64_t rows, 
     const float* yr = y + r * cols;
     const float* dyr = dy + r * cols;
     float dot = 0;
+#pragma omp simd reduction(+ : dot)
     for (int64_t j = 0; j < cols; ++j) dot += dyr[j] * yr[j];
     for (int64_t j = 0; j < cols; ++j) dx[r * cols + j] = yr[j] * (dyr[j] - dot);
   }
@@ -49,7 +53,8 @@ void log_softmax_forward(const float* x, float* y, int64_t rows, int64_t cols) {
     const float* xr = x + r * cols;
     float mx = row_max(xr, cols);
     float s = 0;
-    for (int64_t j = 0; j < cols; ++j) s += std::exp(xr[j] - mx);
+#pragma omp simd reduction(+ : s)
+    for (int64_t j = 0; j < cols; ++j) s += fast_exp(xr[j] - mx);
     float lse = mx + std::log(s);
     for (int64_t j = 0; j < cols; ++j) y[r * cols + j] = xr[j] - lse;
   }
@@ -60,8 +65,9 @@ void log_softmax_backward(const float* y, const float* dy, float* dx, int64_t ro
   for (int64_t r = 0; r < rows; ++r) {
     const float* dyr = dy + r * cols;
     float s = 0;
+#pragma omp simd reduction(+ : s)
     for (int64_t j = 0; j < cols; ++j) s += dyr[j];
-    for (int64_t j = 0; j < cols; ++j) dx[r * cols + j] = dyr[j] - std::exp(y[r * cols + j]) * s;
+    for (int64_t j = 0; j < cols; ++j) dx[r * cols + j] = dyr[j] - fast_exp(y[r * cols + j]) * s;
   }
 }
 
