@@ -136,7 +136,15 @@ void* Tensor::raw_data() const {
 
 float Tensor::item() const {
   QKV_CHECK(numel() == 1, "item(): tensor of shape ", shape_str(shape()), " has ", numel(), " elements, expected 1");
-  return to_vector()[0];
+  switch (dtype()) {  // the one element sits at the offset whatever the strides
+    case DType::F32: return data<float>()[0];
+    case DType::F16: return half_to_float(data<uint16_t>()[0]);
+    case DType::BF16: return bf16_to_float(data<uint16_t>()[0]);
+    case DType::I64: return (float)data<int64_t>()[0];
+    case DType::I32: return (float)data<int32_t>()[0];
+    case DType::U8: return (float)data<uint8_t>()[0];
+  }
+  return 0;
 }
 
 std::vector<float> Tensor::to_vector() const {

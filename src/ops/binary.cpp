@@ -70,7 +70,7 @@ Tensor mul(const Tensor& a, const Tensor& b) {
   require_f32(a, "mul", "a");
   require_f32(b, "mul", "b");
   Tensor out = binary_forward(BinaryOp::Mul, a, b);
-  record_op(out, "mul", {a, b}, [a, b](const BackwardArgs& g) -> std::vector<Tensor> {
+  record_op(out, "mul", {a, b}, [a = a.detach(), b = b.detach()](const BackwardArgs& g) -> std::vector<Tensor> {
     return {g.needs_grad[0] ? sum_to(mul(g.grad_out, b), a.shape()) : Tensor(),
             g.needs_grad[1] ? sum_to(mul(g.grad_out, a), b.shape()) : Tensor()};
   });
@@ -82,7 +82,7 @@ Tensor div(const Tensor& a, const Tensor& b) {
   require_f32(a, "div", "a");
   require_f32(b, "div", "b");
   Tensor out = binary_forward(BinaryOp::Div, a, b);
-  record_op(out, "div", {a, b}, [a, b](const BackwardArgs& g) -> std::vector<Tensor> {
+  record_op(out, "div", {a, b}, [a = a.detach(), b = b.detach()](const BackwardArgs& g) -> std::vector<Tensor> {
     Tensor ga, gb;
     if (g.needs_grad[0]) ga = sum_to(div(g.grad_out, b), a.shape());
     if (g.needs_grad[1]) gb = sum_to(scale(div(mul(g.grad_out, g.out), b), -1.0f), b.shape());

@@ -15,6 +15,14 @@ inline void require_f32(const Tensor& t, const char* op, const char* what) {
   QKV_CHECK(t.dtype() == DType::F32, op, ": ", what, " has dtype ", dtype_name(t.dtype()), ", expected F32");
 }
 
+// The values of `t`, contiguous and without history: what kernels read and
+// backward functions save (a saved tensor never keeps the graph behind it alive).
+inline Tensor contiguous_values(const Tensor& t) {
+  if (!t.defined()) return t;
+  NoGradGuard no_grad;
+  return t.contiguous().detach();
+}
+
 // Broadcast strides of `t` for an output of shape `out` (0 along broadcast dims).
 Shape broadcast_strides(const Tensor& t, const Shape& out);
 

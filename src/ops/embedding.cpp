@@ -14,7 +14,7 @@ Tensor embedding(const Tensor& weight, const Tensor& ids_in) {
   for (int64_t t = 0; t < tokens; ++t)
     QKV_CHECK(p[t] >= 0 && p[t] < vocab, "embedding: id ", p[t], " at position ", t, " is outside the vocabulary [0, ",
               vocab, ")");
-  Tensor w = weight.contiguous();
+  Tensor w = contiguous_values(weight);
   Shape out_shape = ids.shape();
   out_shape.push_back(dim);
   Tensor out = Tensor::empty(out_shape);

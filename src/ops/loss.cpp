@@ -17,7 +17,7 @@ Tensor cross_entropy(const Tensor& logits_in, const Tensor& targets_in, CrossEnt
             shape_str(targets_in.shape()), " for logits of shape ", shape_str(logits_in.shape()));
   QKV_CHECK(options.label_smoothing >= 0.0f && options.label_smoothing <= 1.0f,
             "cross_entropy: label_smoothing must be in [0, 1], got ", options.label_smoothing);
-  Tensor logits = logits_in.contiguous();
+  Tensor logits = contiguous_values(logits_in);
   Tensor targets = targets_in.to(DType::I64).contiguous();
   const int64_t rows = logits.size(0), vocab = logits.size(1);
   const int64_t* t = targets.data<int64_t>();

@@ -38,7 +38,7 @@ bool blas_layout(const Tensor& t, MatrixLayout* out) {
 
 Tensor as_blas_operand(const Tensor& t, MatrixLayout* layout) {
   if (blas_layout(t, layout)) return t;
-  Tensor c = t.contiguous();
+  Tensor c = contiguous_values(t);
   blas_layout(c, layout);
   return c;
 }
@@ -107,7 +107,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   QKV_CHECK(a.size(-1) == b.size(-2), "matmul: inner dimensions differ: a is ", shape_str(a.shape()), ", b is ",
             shape_str(b.shape()));
   Tensor out = matmul_forward(a, b);
-  record_op(out, "matmul", {a, b}, [a, b](const BackwardArgs& g) -> std::vector<Tensor> {
+  record_op(out, "matmul", {a, b}, [a = a.detach(), b = b.detach()](const BackwardArgs& g) -> std::vector<Tensor> {
     Tensor ga, gb;
     if (g.needs_grad[0]) ga = sum_to(matmul_forward(g.grad_out, b.transpose(-1, -2)), a.shape());
     if (g.needs_grad[1]) {
@@ -137,14 +137,14 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
               out_features, "]");
   }
   Tensor x2 = x.detach().reshape({-1, in});
-  Tensor w = weight.contiguous().detach();
+  Tensor w = contiguous_values(weight);
   const int64_t rows = x2.size(0);
   Shape out_shape = x.shape();
   out_shape.back() = out_features;
   Tensor y = Tensor::empty(out_shape);
   float* py = y.data<float>();
   if (bias.defined()) {
-    Tensor bc = bias.contiguous();
+    Tensor bc = contiguous_values(bias);
     for (int64_t r = 0; r < rows; ++r) std::copy_n(bc.data<float>(), out_features, py + r * out_features);
   }
   GemmArgs g;

@@ -16,9 +16,9 @@ Tensor layer_norm(const Tensor& x_in, const Tensor& weight, const Tensor& bias, 
   const int64_t cols = x_in.size(-1), rows = cols ? x_in.numel() / cols : 0;
   check_param(weight, cols, "layer_norm", "weight");
   check_param(bias, cols, "layer_norm", "bias");
-  Tensor x = x_in.contiguous();
-  Tensor w = weight.defined() ? weight.contiguous() : Tensor();
-  Tensor b = bias.defined() ? bias.contiguous() : Tensor();
+  Tensor x = contiguous_values(x_in);
+  Tensor w = contiguous_values(weight);
+  Tensor b = contiguous_values(bias);
   Tensor y = Tensor::empty(x.shape()), mean = Tensor::empty({rows}), rstd = Tensor::empty({rows});
   QKV_KERNEL(layer_norm_forward)(x.data<float>(), w.defined() ? w.data<float>() : nullptr,
                                  b.defined() ? b.data<float>() : nullptr, y.data<float>(), mean.data<float>(),
@@ -42,8 +42,8 @@ Tensor rms_norm(const Tensor& x_in, const Tensor& weight, float eps) {
   QKV_CHECK(x_in.dim() >= 1, "rms_norm: needs at least one dimension");
   const int64_t cols = x_in.size(-1), rows = cols ? x_in.numel() / cols : 0;
   check_param(weight, cols, "rms_norm", "weight");
-  Tensor x = x_in.contiguous();
-  Tensor w = weight.defined() ? weight.contiguous() : Tensor();
+  Tensor x = contiguous_values(x_in);
+  Tensor w = contiguous_values(weight);
   Tensor y = Tensor::empty(x.shape()), rstd = Tensor::empty({rows});
   QKV_KERNEL(rms_norm_forward)(x.data<float>(), w.defined() ? w.data<float>() : nullptr, y.data<float>(),
                                rstd.data<float>(), rows, cols, eps);

@@ -34,7 +34,7 @@ static std::vector<int64_t> normalize_axes(const std::vector<int64_t>& axes_in, 
 Tensor sum(const Tensor& x, const std::vector<int64_t>& axes_in, ReduceOptions options) {
   require_f32(x, "sum", "x");
   std::vector<int64_t> axes = normalize_axes(axes_in, x.dim(), "sum");
-  Tensor cur = x.contiguous().detach();
+  Tensor cur = contiguous_values(x);
   Shape kept = x.shape();
   // One axis at a time, last first: view as [outer, n, inner] and reduce n.
   for (auto it = axes.rbegin(); it != axes.rend(); ++it) {

@@ -10,7 +10,7 @@ static Tensor rowwise(const char* name, const Tensor& x_in, RowKernel fwd_ref, R
                       RowBackward bwd_ref, RowBackward bwd_cpu) {
   require_f32(x_in, name, "x");
   QKV_CHECK(x_in.dim() >= 1, name, ": needs at least one dimension");
-  Tensor x = x_in.contiguous();
+  Tensor x = contiguous_values(x_in);
   const int64_t cols = x.size(-1), rows = cols ? x.numel() / cols : 0;
   Tensor y = Tensor::empty(x.shape());
   (reference_kernels() ? fwd_ref : fwd_cpu)(x.data<float>(), y.data<float>(), rows, cols);

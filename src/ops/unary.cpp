@@ -6,7 +6,7 @@ namespace qkv {
 
 static Tensor unary(UnaryOp op, const char* name, const Tensor& x_in) {
   require_f32(x_in, name, "x");
-  Tensor x = x_in.contiguous();
+  Tensor x = contiguous_values(x_in);
   Tensor y = Tensor::empty(x.shape());
   QKV_KERNEL(unary_forward)(op, x.data<float>(), y.data<float>(), x.numel());
   record_op(y, name, {x_in}, [op, x](const BackwardArgs& g) -> std::vector<Tensor> {

@@ -95,7 +95,9 @@ float clip_grad_norm(const std::vector<Tensor>& params, float max_norm) {
   for (const Tensor& p : params) {
     Tensor g = p.grad();
     if (!g.defined()) continue;
-    for (float x : g.to_vector()) total += (double)x * x;
+    Tensor c = g.contiguous();
+    const float* d = c.data<float>();
+    for (int64_t j = 0; j < c.numel(); ++j) total += (double)d[j] * d[j];
   }
   float norm = (float)std::sqrt(total);
   if (!std::isfinite(norm) || norm <= max_norm) return norm;
@@ -103,8 +105,10 @@ float clip_grad_norm(const std::vector<Tensor>& params, float max_norm) {
   for (const Tensor& p : params) {
     Tensor g = p.grad();
     if (!g.defined()) continue;
-    float* d = g.data<float>();  // leaf gradients are owned and contiguous
-    for (int64_t j = 0; j < g.numel(); ++j) d[j] *= s;
+    Tensor c = g.contiguous();
+    float* d = c.data<float>();
+    for (int64_t j = 0; j < c.numel(); ++j) d[j] *= s;
+    if (!c.same_storage(g)) Tensor(p).set_grad(c);  // a gradient set from a view: replace it
   }
   return norm;
 }
