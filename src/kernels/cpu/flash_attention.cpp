@@ -1,0 +1,175 @@
+// Flash attention on the CPU: tiles of kFlashQueryTile queries x kFlashKeyTile
+// keys, QK^T and PV as small GEMMs (OpenBLAS, one thread per tile task), an
+// online softmax per query row, and a backward that recomputes each tile's
+// probabilities from the saved row log-sum-exp. Scratch memory per thread is
+// one tile of scores and one of probabilities' gradients, plus O(T) row
+// statistics: no T x S buffer anywhere.
+//
+// Forward, for a query row with running max m, running sum l, accumulator o:
+//   s_j = scale q.k_j;  m' = max(m, max_j s_j);  p_j = exp(s_j - m')
+//   l = l e^{m - m'} + sum_j p_j;  o = o e^{m - m'} + sum_j p_j v_j;  m = m'
+//   out = o / l,  lse = m + log l
+// Backward, with P = exp(S - lse) recomputed and D_i = dout_i . out_i:
+//   dV += P^T dO;  dP = dO V^T;  dS = P (dP - D);  dQ += scale dS K;  dK += scale dS^T Q
+#include "src/kernels/cpu/flash_attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "qkv/attention.h"
+#include "qkv/tensor.h"
+#include "src/kernels/cpu/vec_math.h"
+#include "src/kernels/kernels.h"
+
+namespace qkv::cpu {
+namespace {
+
+constexpr int64_t Br = kFlashQueryTile;
+constexpr int64_t Bc = kFlashKeyTile;
+
+// Keys [0, visible_keys(i)) are visible to query row i.
+int64_t visible_keys(const FlashShape& f, int64_t b, int64_t i) {
+  int64_t hi = f.s;
+  if (f.key_lengths) hi = std::clamp<int64_t>(f.key_lengths[b], 0, f.s);
+  if (f.causal) hi = std::min(hi, i + f.s - f.t + 1);
+  return std::max<int64_t>(hi, 0);
+}
+
+// C[m,n] (+)= alpha * op(A) op(B) on raw row-major pointers.
+void small_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+                const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  GemmArgs g;
+  g.trans_a = ta, g.trans_b = tb, g.m = m, g.n = n, g.k = k, g.alpha = alpha;
+  g.a = a, g.lda = lda, g.b = b, g.ldb = ldb, g.beta = beta, g.c = c, g.ldc = ldc;
+  gemm(g);
+}
+
+}  // namespace
+
+void flash_attention_forward(const FlashShape& f, const float* q, const float* k, const float* v, float* out,
+                             float* lse) {
+  const int64_t G = f.heads / f.kv_heads;
+  const int64_t q_tiles = (f.t + Br - 1) / Br;
+  const int64_t tasks = f.batch * f.heads * q_tiles;
+#pragma omp parallel if (tasks > 1)
+  {
+    Tensor scores = Tensor::empty({Br, Bc}), acc = Tensor::empty({Br, f.dv});
+    Tensor row_max = Tensor::empty({Br}), row_sum = Tensor::empty({Br});
+    float* S = scores.data<float>();
+    float* O = acc.data<float>();
+    float* m = row_max.data<float>();
+    float* l = row_sum.data<float>();
+#pragma omp for schedule(dynamic)
+    for (int64_t task = 0; task < tasks; ++task) {
+      const int64_t qt = task % q_tiles, bh = task / q_tiles, b = bh / f.heads, h = bh % f.heads;
+      const int64_t q0 = qt * Br, rows = std::min(Br, f.t - q0);
+      const float* Q = q + (bh * f.t + q0) * f.dh;
+      const float* K = k + (b * f.kv_heads + h / G) * f.s * f.dh;
+      const float* V = v + (b * f.kv_heads + h / G) * f.s * f.dv;
+      const int64_t tile_hi = visible_keys(f, b, q0 + rows - 1);  // rows see more keys further down
+      std::fill(m, m + rows, -INFINITY);
+      std::fill(l, l + rows, 0.0f);
+      std::fill(O, O + rows * f.dv, 0.0f);
+      for (int64_t k0 = 0; k0 < tile_hi; k0 += Bc) {
+        const int64_t cols = std::min(Bc, tile_hi - k0);
+        small_gemm(false, true, rows, cols, f.dh, f.scale, Q, f.dh, K + k0 * f.dh, f.dh, 0.0f, S, Bc);
+        for (int64_t r = 0; r < rows; ++r) {
+          float* s = S + r * Bc;
+          const int64_t vis = std::clamp<int64_t>(visible_keys(f, b, q0 + r) - k0, 0, cols);
+          float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+          for (int64_t j = 0; j < vis; ++j) mx = std::max(mx, s[j]);
+          std::fill(s + vis, s + cols, 0.0f);
+          if (vis == 0) continue;
+          const float m_new = std::max(m[r], mx);
+          const float alpha = fast_exp(m[r] - m_new);
+          float sum = 0;
+#pragma omp simd reduction(+ : sum)
+          for (int64_t j = 0; j < vis; ++j) {
+            s[j] = fast_exp(s[j] - m_new);
+            sum += s[j];
+          }
+          l[r] = l[r] * alpha + sum;
+          m[r] = m_new;
+          float* o = O + r * f.dv;
+          for (int64_t d = 0; d < f.dv; ++d) o[d] *= alpha;
+        }
+        small_gemm(false, false, rows, f.dv, cols, 1.0f, S, Bc, V + k0 * f.dv, f.dv, 1.0f, O, f.dv);
+      }
+      for (int64_t r = 0; r < rows; ++r) {
+        float* dst = out + (bh * f.t + q0 + r) * f.dv;
+        const float inv = l[r] > 0 ? 1.0f / l[r] : 0.0f;
+        for (int64_t d = 0; d < f.dv; ++d) dst[d] = O[r * f.dv + d] * inv;
+        lse[bh * f.t + q0 + r] = l[r] > 0 ? m[r] + std::log(l[r]) : -INFINITY;
+      }
+    }
+  }
+}
+
+// One task per (batch, key/value head): it owns dK and dV of that head and
+// dQ of the G query heads that share it, so no two threads write one element.
+void flash_attention_backward(const FlashShape& f, const float* q, const float* k, const float* v, const float* out,
+                              const float* dout, const float* lse, float* dq, float* dk, float* dv) {
+  const int64_t G = f.heads / f.kv_heads;
+  const int64_t tasks = f.batch * f.kv_heads;
+#pragma omp parallel if (tasks > 1)
+  {
+    Tensor probs = Tensor::empty({Br, Bc}), dprobs = Tensor::empty({Br, Bc}), rowdot = Tensor::empty({f.t});
+    float* P = probs.data<float>();
+    float* dP = dprobs.data<float>();
+    float* D = rowdot.data<float>();
+#pragma omp for schedule(dynamic)
+    for (int64_t task = 0; task < tasks; ++task) {
+      const int64_t b = task / f.kv_heads, hk = task % f.kv_heads;
+      const float* K = k + task * f.s * f.dh;
+      const float* V = v + task * f.s * f.dv;
+      float* dK = dk + task * f.s * f.dh;
+      float* dV = dv + task * f.s * f.dv;
+      const int64_t key_hi = visible_keys(f, b, f.t - 1);
+      for (int64_t g = 0; g < G; ++g) {
+        const int64_t bh = b * f.heads + hk * G + g;
+        const float* Q = q + bh * f.t * f.dh;
+        const float* O = out + bh * f.t * f.dv;
+        const float* dO = dout + bh * f.t * f.dv;
+        const float* L = lse + bh * f.t;
+        float* dQ = dq + bh * f.t * f.dh;
+        for (int64_t i = 0; i < f.t; ++i) {
+          float s = 0;
+#pragma omp simd reduction(+ : s)
+          for (int64_t d = 0; d < f.dv; ++d) s += dO[i * f.dv + d] * O[i * f.dv + d];
+          D[i] = s;
+        }
+        for (int64_t k0 = 0; k0 < key_hi; k0 += Bc) {
+          const int64_t cols = std::min(Bc, key_hi - k0);
+          // The first query that can see key k0 (causal: i + S - T >= k0).
+          const int64_t first_q = f.causal ? std::max<int64_t>(0, k0 - (f.s - f.t)) : 0;
+          for (int64_t q0 = first_q / Br * Br; q0 < f.t; q0 += Br) {
+            const int64_t rows = std::min(Br, f.t - q0);
+            small_gemm(false, true, rows, cols, f.dh, f.scale, Q + q0 * f.dh, f.dh, K + k0 * f.dh, f.dh, 0.0f, P, Bc);
+            for (int64_t r = 0; r < rows; ++r) {
+              float* p = P + r * Bc;
+              const float row_lse = L[q0 + r];
+              const int64_t vis =
+                  row_lse == -INFINITY ? 0 : std::clamp<int64_t>(visible_keys(f, b, q0 + r) - k0, 0, cols);
+              for (int64_t j = 0; j < vis; ++j) p[j] = fast_exp(p[j] - row_lse);
+              std::fill(p + vis, p + cols, 0.0f);
+            }
+            small_gemm(true, false, cols, f.dv, rows, 1.0f, P, Bc, dO + q0 * f.dv, f.dv, 1.0f, dV + k0 * f.dv, f.dv);
+            small_gemm(false, true, rows, cols, f.dv, 1.0f, dO + q0 * f.dv, f.dv, V + k0 * f.dv, f.dv, 0.0f, dP, Bc);
+            for (int64_t r = 0; r < rows; ++r) {
+              const float di = D[q0 + r];
+              float* dp = dP + r * Bc;
+              const float* p = P + r * Bc;
+              for (int64_t j = 0; j < cols; ++j) dp[j] = p[j] * (dp[j] - di);
+            }
+            small_gemm(false, false, rows, f.dh, cols, f.scale, dP, Bc, K + k0 * f.dh, f.dh, 1.0f, dQ + q0 * f.dh, f.dh);
+            small_gemm(true, false, cols, f.dh, rows, f.scale, dP, Bc, Q + q0 * f.dh, f.dh, 1.0f, dK + k0 * f.dh, f.dh);
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace qkv::cpu

@@ -1,0 +1,120 @@
+// Scaled dot-product attention: the naive path (composed of differentiable
+// ops; the reference) and the flash path (fused kernels, forward and backward).
+#include "qkv/attention.h"
+
+#include <cmath>
+
+#include "src/kernels/cpu/flash_attention.h"
+#include "src/ops/dispatch.h"
+
+namespace qkv {
+namespace {
+
+struct Dims {
+  int64_t batch, heads, kv_heads, t, s, dh, dv;
+};
+
+Dims check_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o) {
+  require_f32(q, "attention", "q");
+  require_f32(k, "attention", "k");
+  require_f32(v, "attention", "v");
+  QKV_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "attention: q, k, v must be [B, H, T, Dh], got ",
+            shape_str(q.shape()), ", ", shape_str(k.shape()), ", ", shape_str(v.shape()));
+  Dims d{q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), v.size(3)};
+  QKV_CHECK(k.size(0) == d.batch && v.size(0) == d.batch && v.size(1) == d.kv_heads && v.size(2) == d.s &&
+                k.size(3) == d.dh,
+            "attention: shapes do not agree: q ", shape_str(q.shape()), ", k ", shape_str(k.shape()), ", v ",
+            shape_str(v.shape()), " (expected q [B,H,T,Dh], k [B,Hkv,S,Dh], v [B,Hkv,S,Dv])");
+  QKV_CHECK(d.kv_heads > 0 && d.heads % d.kv_heads == 0, "attention: ", d.heads,
+            " query heads are not a multiple of ", d.kv_heads, " key/value heads");
+  if (o.key_padding_lengths.defined()) {
+    const Tensor& len = o.key_padding_lengths;
+    QKV_CHECK((len.dtype() == DType::I64 || len.dtype() == DType::I32) && len.shape() == Shape{d.batch},
+              "attention: key_padding_lengths must be I64 [", d.batch, "], got ", dtype_name(len.dtype()), " ",
+              shape_str(len.shape()));
+    for (int64_t n : len.to_ints())
+      QKV_CHECK(n >= 0 && n <= d.s, "attention: key padding length ", n, " outside [0, ", d.s, "]");
+  }
+  if (o.attn_mask.defined()) {
+    QKV_CHECK(o.attn_mask.dtype() == DType::U8 || o.attn_mask.dtype() == DType::F32,
+              "attention: attn_mask must be U8 (nonzero = masked) or F32 (additive)");
+    Shape full{d.batch, d.heads, d.t, d.s};
+    QKV_CHECK(broadcast_shapes(full, o.attn_mask.shape()) == full, "attention: attn_mask of shape ",
+              shape_str(o.attn_mask.shape()), " does not broadcast to [B,H,T,S] = ", shape_str(full));
+  }
+  return d;
+}
+
+float scale_of(const AttentionOptions& o, const Dims& d) {
+  return o.scale > 0 ? o.scale : 1.0f / std::sqrt((float)d.dh);
+}
+
+// U8 [B or 1, 1, T, S]: 1 where the causal or padding mask hides a key; undefined if neither applies.
+Tensor structural_mask(const Dims& d, const AttentionOptions& o) {
+  if (!o.causal && !o.key_padding_lengths.defined()) return Tensor();
+  const int64_t mb = o.key_padding_lengths.defined() ? d.batch : 1;
+  Tensor mask = Tensor::zeros({mb, 1, d.t, d.s}, DType::U8);
+  uint8_t* p = mask.data<uint8_t>();
+  std::vector<int64_t> lengths = o.key_padding_lengths.defined() ? o.key_padding_lengths.to_ints()
+                                                                 : std::vector<int64_t>{d.s};
+  for (int64_t b = 0; b < mb; ++b)
+    for (int64_t i = 0; i < d.t; ++i)
+      for (int64_t j = 0; j < d.s; ++j)
+        p[(b * d.t + i) * d.s + j] = j >= lengths[b] || (o.causal && j > i + d.s - d.t);
+  return mask;
+}
+
+Tensor flash_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o, const Dims& d) {
+  Tensor qc = contiguous_values(q), kc = contiguous_values(k), vc = contiguous_values(v);
+  Tensor lengths = o.key_padding_lengths.defined() ? o.key_padding_lengths.to(DType::I64).contiguous() : Tensor();
+  cpu::FlashShape f{d.batch, d.heads, d.kv_heads, d.t, d.s, d.dh, d.dv, scale_of(o, d), o.causal,
+                    lengths.defined() ? lengths.data<int64_t>() : nullptr};
+  Tensor out = Tensor::empty({d.batch, d.heads, d.t, d.dv});
+  Tensor lse = Tensor::empty({d.batch, d.heads, d.t});
+  cpu::flash_attention_forward(f, qc.data<float>(), kc.data<float>(), vc.data<float>(), out.data<float>(),
+                               lse.data<float>());
+  record_op(out, "flash_attention", {q, k, v}, [qc, kc, vc, lse, lengths, f](const BackwardArgs& a) -> std::vector<Tensor> {
+    Tensor dout = a.grad_out.contiguous();
+    Tensor dq = Tensor::zeros(qc.shape()), dk = Tensor::zeros(kc.shape()), dv = Tensor::zeros(vc.shape());
+    cpu::FlashShape fb = f;
+    fb.key_lengths = lengths.defined() ? lengths.data<int64_t>() : nullptr;
+    cpu::flash_attention_backward(fb, qc.data<float>(), kc.data<float>(), vc.data<float>(), a.out.data<float>(),
+                                  dout.data<float>(), lse.data<float>(), dq.data<float>(), dk.data<float>(),
+                                  dv.data<float>());
+    return {dq, dk, dv};
+  });
+  return out;
+}
+
+AttentionWithWeights naive_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o,
+                                     const Dims& d) {
+  const int64_t G = d.heads / d.kv_heads;
+  // Group the G query heads of each key/value head into one product.
+  Tensor qg = q.reshape({d.batch, d.kv_heads, G * d.t, d.dh});
+  Tensor scores = scale(matmul(qg, k.transpose(-1, -2)), scale_of(o, d)).reshape({d.batch, d.heads, d.t, d.s});
+  if (o.attn_mask.defined()) {
+    scores = o.attn_mask.dtype() == DType::F32 ? add(scores, o.attn_mask) : masked_fill(scores, o.attn_mask, -INFINITY);
+  }
+  if (Tensor m = structural_mask(d, o); m.defined()) scores = masked_fill(scores, m, -INFINITY);
+  Tensor weights = softmax(scores);
+  Tensor out = matmul(weights.reshape({d.batch, d.kv_heads, G * d.t, d.s}), v).reshape({d.batch, d.heads, d.t, d.dv});
+  return {out, weights};
+}
+
+}  // namespace
+
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o) {
+  Dims d = check_attention(q, k, v, o);
+  bool flash = o.impl == AttentionImpl::Flash || (o.impl == AttentionImpl::Auto && !o.attn_mask.defined());
+  QKV_CHECK(!(flash && o.attn_mask.defined()), "attention: the flash path supports causal and key padding masks, "
+                                               "not attn_mask; use AttentionImpl::Naive or Auto");
+  if (flash) return flash_attention(q, k, v, o, d);
+  return naive_attention(q, k, v, o, d).out;
+}
+
+AttentionWithWeights attention_with_weights(const Tensor& q, const Tensor& k, const Tensor& v,
+                                            const AttentionOptions& o) {
+  return naive_attention(q, k, v, o, check_attention(q, k, v, o));
+}
+
+}  // namespace qkv
