@@ -106,6 +106,203 @@ def make_ops(out_dir):
     return len(cases())
 
 
+# ---------------------------------------------------------------- blocks
+# Each case stores, under "<case>.": x (and memory), r (loss weights), out,
+# grad.x (grad.memory), param.<qkv name> and pgrad.<qkv name> in qkv's
+# parameter names, and lengths (key padding, I64 [B]) where used.
+
+def rope_ref(x, offset=0, theta=10000.0):
+    """Rotate channel pairs (i, i + Dh/2) by (offset + t) * theta^(-2i/Dh)."""
+    t, dh = x.shape[-2], x.shape[-1]
+    half = dh // 2
+    inv = theta ** (-2.0 * torch.arange(half, dtype=torch.float64) / dh)
+    ang = (torch.arange(t, dtype=torch.float64) + offset)[:, None] * inv[None, :]
+    cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
+
+
+def padding_mask(lengths, s):
+    return torch.arange(s)[None, :] >= lengths[:, None]  # True = padding
+
+
+def mha_params(prefix, m, cross, d):
+    """torch.nn.MultiheadAttention parameters under qkv's names."""
+    w, b = m.in_proj_weight, m.in_proj_bias
+    if cross:
+        out = {prefix + "q_proj.weight": w[:d], prefix + "q_proj.bias": b[:d],
+               prefix + "kv_proj.weight": w[d:], prefix + "kv_proj.bias": b[d:]}
+    else:
+        out = {prefix + "qkv_proj.weight": w, prefix + "qkv_proj.bias": b}
+    out[prefix + "out_proj.weight"] = m.out_proj.weight
+    out[prefix + "out_proj.bias"] = m.out_proj.bias
+    return out
+
+
+def mha_grads(prefix, m, cross, d):
+    g = {k: None for k in mha_params(prefix, m, cross, d)}
+    w, b = m.in_proj_weight.grad, m.in_proj_bias.grad
+    if cross:
+        g.update({prefix + "q_proj.weight": w[:d], prefix + "q_proj.bias": b[:d],
+                  prefix + "kv_proj.weight": w[d:], prefix + "kv_proj.bias": b[d:]})
+    else:
+        g.update({prefix + "qkv_proj.weight": w, prefix + "qkv_proj.bias": b})
+    g[prefix + "out_proj.weight"] = m.out_proj.weight.grad
+    g[prefix + "out_proj.bias"] = m.out_proj.bias.grad
+    return g
+
+
+def layer_params(layer, decoder, d):
+    p = mha_params("self_attn.", layer.self_attn, False, d)
+    if decoder:
+        p.update(mha_params("cross_attn.", layer.multihead_attn, True, d))
+    p["mlp.mlp.fc1.weight"], p["mlp.mlp.fc1.bias"] = layer.linear1.weight, layer.linear1.bias
+    p["mlp.mlp.fc2.weight"], p["mlp.mlp.fc2.bias"] = layer.linear2.weight, layer.linear2.bias
+    for i in (1, 2, 3) if decoder else (1, 2):
+        n = getattr(layer, f"norm{i}")
+        p[f"norm{i}.weight"], p[f"norm{i}.bias"] = n.weight, n.bias
+    return p
+
+
+def layer_grads(layer, decoder, d):
+    g = mha_grads("self_attn.", layer.self_attn, False, d)
+    if decoder:
+        g.update(mha_grads("cross_attn.", layer.multihead_attn, True, d))
+    g["mlp.mlp.fc1.weight"], g["mlp.mlp.fc1.bias"] = layer.linear1.weight.grad, layer.linear1.bias.grad
+    g["mlp.mlp.fc2.weight"], g["mlp.mlp.fc2.bias"] = layer.linear2.weight.grad, layer.linear2.bias.grad
+    for i in (1, 2, 3) if decoder else (1, 2):
+        n = getattr(layer, f"norm{i}")
+        g[f"norm{i}.weight"], g[f"norm{i}.bias"] = n.weight.grad, n.bias.grad
+    return g
+
+
+def store(t, case, tensors, out, r, params, grads, lengths=None):
+    t[f"{case}.out"] = out.detach().float()
+    t[f"{case}.r"] = r.float()
+    for k, v in tensors.items():
+        t[f"{case}.{k}"] = v.detach().float()
+        t[f"{case}.grad.{k}"] = v.grad.float()
+    for k, v in params.items():
+        t[f"{case}.param.{k}"] = v.detach().float().contiguous()
+    for k, v in grads.items():
+        t[f"{case}.pgrad.{k}"] = v.float().contiguous()
+    if lengths is not None:
+        t[f"{case}.lengths"] = lengths
+
+
+def make_blocks(out_dir):
+    torch.manual_seed(11)
+    t = {}
+    B, T, S, D, H = 2, 6, 9, 16, 4
+    dt = torch.float64
+
+    # nn.MultiheadAttention, self-attention with a causal mask and key padding.
+    m = torch.nn.MultiheadAttention(D, H, batch_first=True, dtype=dt)
+    x = torch.randn(B, T, D, dtype=dt, requires_grad=True)
+    lengths = torch.tensor([T, 4])
+    causal = torch.triu(torch.ones(T, T, dtype=torch.bool), 1)
+    out, _ = m(x, x, x, attn_mask=causal, key_padding_mask=padding_mask(lengths, T), need_weights=False)
+    r = torch.randn(out.shape, dtype=dt)
+    (out * r).sum().backward()
+    store(t, "mha_self", {"x": x}, out, r, mha_params("", m, False, D), mha_grads("", m, False, D), lengths)
+
+    # nn.MultiheadAttention, cross-attention T != S with key padding on the memory.
+    m = torch.nn.MultiheadAttention(D, H, batch_first=True, dtype=dt)
+    x = torch.randn(B, T, D, dtype=dt, requires_grad=True)
+    mem = torch.randn(B, S, D, dtype=dt, requires_grad=True)
+    lengths = torch.tensor([S, 5])
+    out, _ = m(x, mem, mem, key_padding_mask=padding_mask(lengths, S), need_weights=False)
+    r = torch.randn(out.shape, dtype=dt)
+    (out * r).sum().backward()
+    store(t, "mha_cross", {"x": x, "memory": mem}, out, r, mha_params("", m, True, D), mha_grads("", m, True, D),
+          lengths)
+
+    # nn.TransformerEncoderLayer / DecoderLayer, Post-Norm and Pre-Norm.
+    for norm_first in (False, True):
+        tag = "pre" if norm_first else "post"
+        enc = torch.nn.TransformerEncoderLayer(D, H, 32, dropout=0.0, batch_first=True, norm_first=norm_first,
+                                               dtype=dt)
+        enc.train()  # the train-mode path: no fused fast path
+        x = torch.randn(B, S, D, dtype=dt, requires_grad=True)
+        lengths = torch.tensor([S, 6])
+        out = enc(x, src_key_padding_mask=padding_mask(lengths, S))
+        r = torch.randn(out.shape, dtype=dt)
+        (out * r).sum().backward()
+        store(t, f"encoder_{tag}", {"x": x}, out, r, layer_params(enc, False, D), layer_grads(enc, False, D), lengths)
+
+        dec = torch.nn.TransformerDecoderLayer(D, H, 32, dropout=0.0, batch_first=True, norm_first=norm_first,
+                                               dtype=dt)
+        dec.train()
+        x = torch.randn(B, T, D, dtype=dt, requires_grad=True)
+        mem = torch.randn(B, S, D, dtype=dt, requires_grad=True)
+        lengths = torch.tensor([S, 3])
+        out = dec(x, mem, tgt_mask=causal, memory_key_padding_mask=padding_mask(lengths, S))
+        r = torch.randn(out.shape, dtype=dt)
+        (out * r).sum().backward()
+        store(t, f"decoder_{tag}", {"x": x, "memory": mem}, out, r, layer_params(dec, True, D),
+              layer_grads(dec, True, D), lengths)
+
+    # Plain PyTorch reference: grouped-query attention with QK-Norm and RoPE, causal.
+    Hkv, Dh = 2, D // H
+    w_qkv = (torch.randn((H + 2 * Hkv) * Dh, D, dtype=dt) / 4).requires_grad_(True)
+    b_qkv = (torch.randn((H + 2 * Hkv) * Dh, dtype=dt) / 4).requires_grad_(True)
+    w_o = (torch.randn(D, D, dtype=dt) / 4).requires_grad_(True)
+    b_o = (torch.randn(D, dtype=dt) / 4).requires_grad_(True)
+    qn = (1 + torch.randn(Dh, dtype=dt) / 4).requires_grad_(True)
+    kn = (1 + torch.randn(Dh, dtype=dt) / 4).requires_grad_(True)
+    x = torch.randn(B, T, D, dtype=dt, requires_grad=True)
+    q, k, v = F.linear(x, w_qkv, b_qkv).split([H * Dh, Hkv * Dh, Hkv * Dh], -1)
+    q = rope_ref(rms_norm(q.view(B, T, H, Dh).transpose(1, 2), qn, 1e-6), offset=3)
+    k = rope_ref(rms_norm(k.view(B, T, Hkv, Dh).transpose(1, 2), kn, 1e-6), offset=3)
+    v = v.view(B, T, Hkv, Dh).transpose(1, 2)
+    k, v = k.repeat_interleave(H // Hkv, 1), v.repeat_interleave(H // Hkv, 1)
+    scores = q @ k.transpose(-1, -2) / Dh ** 0.5
+    scores = scores.masked_fill(causal, float("-inf"))
+    out = F.linear((scores.softmax(-1) @ v).transpose(1, 2).reshape(B, T, D), w_o, b_o)
+    r = torch.randn(out.shape, dtype=dt)
+    (out * r).sum().backward()
+    params = {"qkv_proj.weight": w_qkv, "qkv_proj.bias": b_qkv, "out_proj.weight": w_o, "out_proj.bias": b_o,
+              "q_norm.weight": qn, "k_norm.weight": kn}
+    store(t, "gqa_qknorm_rope", {"x": x}, out, r, params, {k_: v_.grad for k_, v_ in params.items()})
+
+    # Plain PyTorch reference: SwiGLU.
+    w1, w2 = [(torch.randn(24, D, dtype=dt) / 4).requires_grad_(True) for _ in range(2)]
+    w3 = (torch.randn(D, 24, dtype=dt) / 4).requires_grad_(True)
+    x = torch.randn(B, T, D, dtype=dt, requires_grad=True)
+    out = F.linear(F.silu(F.linear(x, w1)) * F.linear(x, w2), w3)
+    r = torch.randn(out.shape, dtype=dt)
+    (out * r).sum().backward()
+    params = {"w1.weight": w1, "w2.weight": w2, "w3.weight": w3}
+    store(t, "swiglu", {"x": x}, out, r, params, {k_: v_.grad for k_, v_ in params.items()})
+
+    # RoPE alone, with a position offset.
+    x = torch.randn(B, H, T, 8, dtype=dt, requires_grad=True)
+    out = rope_ref(x, offset=5)
+    r = torch.randn(out.shape, dtype=dt)
+    (out * r).sum().backward()
+    store(t, "rope", {"x": x}, out, r, {}, {})
+
+    # F.scaled_dot_product_attention with a causal mask, a boolean mask, and grouped-query heads.
+    q = torch.randn(B, H, T, 8, dtype=dt, requires_grad=True)
+    k = torch.randn(B, 2, T, 8, dtype=dt, requires_grad=True)
+    v = torch.randn(B, 2, T, 8, dtype=dt, requires_grad=True)
+    out = F.scaled_dot_product_attention(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), is_causal=True)
+    r = torch.randn(out.shape, dtype=dt)
+    (out * r).sum().backward()
+    store(t, "sdpa_causal_gqa", {"q": q, "k": k, "v": v}, out, r, {}, {})
+    mask = torch.rand(T, T) < 0.3
+    mask[:, 0] = False  # every query sees at least one key
+    q, k, v = [torch.randn(B, H, T, 8, dtype=dt, requires_grad=True) for _ in range(3)]
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=~mask)  # torch: True = attend
+    r = torch.randn(out.shape, dtype=dt)
+    (out * r).sum().backward()
+    store(t, "sdpa_bool_mask", {"q": q, "k": k, "v": v}, out, r, {}, {})
+    t["sdpa_bool_mask.mask"] = mask.to(torch.uint8)  # qkv: nonzero = masked
+
+    t = {k_: v_.contiguous() for k_, v_ in t.items()}
+    save_file(t, os.path.join(out_dir, "blocks_golden.safetensors"), metadata={"torch": torch.__version__})
+
+
 def make_mlp(out_dir):
     """A 4 -> 8 -> 3 MLP with GELU, cross-entropy, AdamW, three steps."""
     torch.manual_seed(7)
@@ -172,6 +369,7 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     n = make_ops(args.out)
     make_mlp(args.out)
+    make_blocks(args.out)
     make_python_written(args.out)
     print(f"wrote {n} op cases, the MLP AdamW steps and the Python-written files to {args.out}")
     return 0

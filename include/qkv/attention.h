@@ -22,7 +22,7 @@
 //          log-sum-exp per query row; the backward recomputes the tiles from
 //          it. Extra memory O(T + S) per thread, never an N x N buffer.
 //          Supports causal and key padding masks (not attn_mask).
-// Auto picks Flash whenever it can (no attn_mask).
+// Auto picks Flash whenever it can (no attn_mask, no dropout).
 #pragma once
 
 #include "qkv/tensor.h"
@@ -37,6 +37,8 @@ struct AttentionOptions {
   Tensor attn_mask;            // U8 or F32 broadcastable to [B, H, T, S], or undefined
   float scale = 0.0f;          // 0: 1 / sqrt(Dh)
   AttentionImpl impl = AttentionImpl::Auto;
+  float dropout = 0.0f;        // on the attention weights (naive path); needs `rng`
+  Rng* rng = nullptr;
 };
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,

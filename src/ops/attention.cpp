@@ -97,7 +97,12 @@ AttentionWithWeights naive_attention(const Tensor& q, const Tensor& k, const Ten
   }
   if (Tensor m = structural_mask(d, o); m.defined()) scores = masked_fill(scores, m, -INFINITY);
   Tensor weights = softmax(scores);
-  Tensor out = matmul(weights.reshape({d.batch, d.kv_heads, G * d.t, d.s}), v).reshape({d.batch, d.heads, d.t, d.dv});
+  Tensor mixed = weights;
+  if (o.dropout > 0.0f) {
+    QKV_CHECK(o.rng != nullptr, "attention: dropout needs an rng");
+    mixed = dropout(weights, *o.rng, {.p = o.dropout, .training = true});
+  }
+  Tensor out = matmul(mixed.reshape({d.batch, d.kv_heads, G * d.t, d.s}), v).reshape({d.batch, d.heads, d.t, d.dv});
   return {out, weights};
 }
 
@@ -105,9 +110,11 @@ AttentionWithWeights naive_attention(const Tensor& q, const Tensor& k, const Ten
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o) {
   Dims d = check_attention(q, k, v, o);
-  bool flash = o.impl == AttentionImpl::Flash || (o.impl == AttentionImpl::Auto && !o.attn_mask.defined());
-  QKV_CHECK(!(flash && o.attn_mask.defined()), "attention: the flash path supports causal and key padding masks, "
-                                               "not attn_mask; use AttentionImpl::Naive or Auto");
+  bool flash = o.impl == AttentionImpl::Flash ||
+               (o.impl == AttentionImpl::Auto && !o.attn_mask.defined() && o.dropout == 0.0f);
+  QKV_CHECK(!(flash && (o.attn_mask.defined() || o.dropout > 0.0f)),
+            "attention: the flash path supports causal and key padding masks, not attn_mask or dropout; "
+            "use AttentionImpl::Naive or Auto");
   if (flash) return flash_attention(q, k, v, o, d);
   return naive_attention(q, k, v, o, d).out;
 }

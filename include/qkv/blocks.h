@@ -1,0 +1,157 @@
+// qkv/blocks.h — the Transformer's building blocks as modules: multi-head
+// attention (self and cross, grouped-query, QK-Norm, RoPE), the MLP variants
+// (dense, SwiGLU), normalization choice, and the encoder and decoder layers
+// with Pre-Norm or Post-Norm.
+//
+// Shapes: x [B, T, D] (target / queries), memory [B, S, D] (source); D =
+// d_model = H * Dh.
+#pragma once
+
+#include <memory>
+
+#include "qkv/attention.h"
+#include "qkv/nn.h"
+
+namespace qkv {
+
+struct MultiheadAttentionOptions {
+  int64_t d_model = 0;
+  int64_t nhead = 1;
+  int64_t num_kv_heads = 0;  // 0: nhead; fewer heads for k and v = grouped-query attention
+  bool bias = true;
+  float dropout = 0.0f;      // on the attention weights, in training mode
+  bool qk_norm = false;      // RMSNorm over the head dimension of q and k (QK-Norm)
+  bool rotary = false;       // RoPE on q and k
+  float rope_theta = 10000.0f;
+  bool cross_attention = false;  // q from x, k and v from a memory: q_proj + kv_proj; else one qkv_proj
+};
+
+// Per-call masks and positions.
+struct AttentionCall {
+  bool causal = false;
+  Tensor key_padding_lengths;  // I64 [B]
+  Tensor attn_mask;            // U8 or F32, broadcastable to [B, H, T, S]
+  int64_t position_offset = 0; // RoPE position of the first query (and key, for self-attention)
+  bool need_weights = false;   // use the naive path and return the weights
+};
+
+struct AttentionOutput {
+  Tensor out;      // [B, T, D]
+  Tensor weights;  // [B, H, T, S] when need_weights, else undefined
+};
+
+// Parameters: self-attention  qkv_proj.{weight,bias} [(H + 2 Hkv) Dh, D]  (rows: q, k, v)
+//             cross-attention q_proj [H Dh, D], kv_proj [2 Hkv Dh, D]     (rows: k, v)
+//             out_proj [D, H Dh];  with qk_norm: q_norm.weight, k_norm.weight [Dh]
+class MultiheadAttention : public Module {
+public:
+  MultiheadAttention(MultiheadAttentionOptions options, Rng& rng);
+  // Self-attention over x.
+  AttentionOutput forward(const Tensor& x, const AttentionCall& call = {});
+  // Cross-attention: queries from x, keys and values from memory.
+  AttentionOutput forward(const Tensor& x, const Tensor& memory, const AttentionCall& call = {});
+  // The projection heads of q [B,H,T,Dh] and of k, v [B,Hkv,S,Dh] (norm and RoPE applied),
+  // and the attention of given heads, for callers that keep their own K/V (a KV cache).
+  Tensor project_q(const Tensor& x, int64_t position_offset);
+  std::pair<Tensor, Tensor> project_kv(const Tensor& memory, int64_t position_offset);
+  AttentionOutput attend(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionCall& call);
+
+  const MultiheadAttentionOptions& options() const { return options_; }
+  std::shared_ptr<Linear> qkv_proj, q_proj, kv_proj, out_proj;
+  std::shared_ptr<RMSNorm> q_norm, k_norm;
+
+private:
+  Tensor heads(const Tensor& x, int64_t count) const;  // [B,T,count*Dh] -> [B,count,T,Dh]
+  Tensor prepare(const Tensor& heads, const std::shared_ptr<RMSNorm>& norm, int64_t offset) const;
+  MultiheadAttentionOptions options_;
+  int64_t head_dim_, kv_heads_;
+  Rng dropout_rng_;
+};
+
+// The feed-forward slot of a Transformer layer: one interface, several MLPs.
+class FeedForward : public Module {
+public:
+  virtual Tensor forward(const Tensor& x) = 0;
+};
+
+// fc2(act(fc1(x))) — the lecture's "expand, nonlinearity, contract".
+class DenseFeedForward : public FeedForward {
+public:
+  DenseFeedForward(MLPOptions options, Rng& rng);
+  Tensor forward(const Tensor& x) override { return mlp->forward(x); }
+  std::shared_ptr<MLP> mlp;
+};
+
+// SwiGLU (Shazeer 2020): (silu(x W1^T) * (x W2^T)) W3^T; w1, w2 [hidden, D], w3 [D, hidden], no biases.
+class SwiGLU : public FeedForward {
+public:
+  SwiGLU(int64_t d_model, int64_t hidden, Rng& rng);
+  Tensor forward(const Tensor& x) override;
+  std::shared_ptr<Linear> w1, w2, w3;
+};
+
+enum class NormKind { LayerNorm, RMSNorm };
+
+// LayerNorm (weight, bias) or RMSNorm (weight) over the last axis.
+class Norm : public Module {
+public:
+  Norm(NormKind kind, int64_t dim, float eps);
+  Tensor forward(const Tensor& x) const;
+  Tensor weight, bias;
+  NormKind kind;
+  float eps;
+};
+
+enum class MLPKind { Dense, SwiGLU };
+
+struct TransformerLayerOptions {
+  int64_t d_model = 0;
+  int64_t nhead = 1;
+  int64_t num_kv_heads = 0;
+  int64_t dim_feedforward = 0;
+  float dropout = 0.1f;
+  Activation activation = Activation::Relu;  // for the dense MLP
+  bool norm_first = false;                   // Pre-Norm: x + f(norm(x)); else Post-Norm: norm(x + f(x))
+  NormKind norm = NormKind::LayerNorm;
+  float norm_eps = 1e-5f;
+  MLPKind mlp = MLPKind::Dense;
+  bool qk_norm = false;
+  bool rotary = false;
+  bool bias = true;  // in the attention projections
+};
+
+std::shared_ptr<FeedForward> make_feed_forward(const TransformerLayerOptions& options, Rng& rng);
+
+// self_attn, mlp, norm1, norm2 (names follow torch.nn.TransformerEncoderLayer
+// where they can: its linear1/linear2 are mlp.mlp.fc1/fc2 here).
+class TransformerEncoderLayer : public Module {
+public:
+  TransformerEncoderLayer(TransformerLayerOptions options, Rng& rng);
+  // x [B, S, D]; call carries the source padding (and a causal flag for decoder-only use).
+  Tensor forward(const Tensor& x, const AttentionCall& call = {});
+  std::shared_ptr<MultiheadAttention> self_attn;
+  std::shared_ptr<FeedForward> mlp;
+  std::shared_ptr<Norm> norm1, norm2;
+  std::shared_ptr<Dropout> dropout1, dropout2;
+
+private:
+  TransformerLayerOptions options_;
+};
+
+// self_attn (causal), cross_attn (torch: multihead_attn), mlp, norm1..3.
+class TransformerDecoderLayer : public Module {
+public:
+  TransformerDecoderLayer(TransformerLayerOptions options, Rng& rng);
+  // x [B, T, D] target, memory [B, S, D] encoder output.
+  Tensor forward(const Tensor& x, const Tensor& memory, const AttentionCall& self_call = {.causal = true},
+                 const AttentionCall& cross_call = {});
+  std::shared_ptr<MultiheadAttention> self_attn, cross_attn;
+  std::shared_ptr<FeedForward> mlp;
+  std::shared_ptr<Norm> norm1, norm2, norm3;
+  std::shared_ptr<Dropout> dropout1, dropout2, dropout3;
+
+private:
+  TransformerLayerOptions options_;
+};
+
+}  // namespace qkv

@@ -1,0 +1,32 @@
+// qkv/position.h — positional information: attention itself is blind to
+// order, so position enters through the inputs (absolute encodings added to
+// the embeddings) or through q and k (rotary).
+#pragma once
+
+#include "qkv/tensor.h"
+
+namespace qkv {
+
+// Vaswani et al. 2017:  PE[p, 2i] = sin(p / 10000^{2i/D}),  PE[p, 2i+1] = cos(p / 10000^{2i/D}),
+// for positions offset .. offset+T-1. -> [T, D] (D even).
+Tensor sinusoidal_encoding(int64_t length, int64_t dim, int64_t offset = 0);
+
+// 2-D sinusoidal encoding of an H x W grid of patches, row-major: the first
+// D/2 channels encode the row with a 1-D sinusoidal encoding of width D/2,
+// the last D/2 the column. -> [H*W, D] (D divisible by 4).
+Tensor sinusoidal_encoding_2d(int64_t grid_h, int64_t grid_w, int64_t dim);
+
+// Rotary position embedding (Su et al. 2021) on x [B, H, T, Dh] (Dh even):
+// channel pairs (i, i + Dh/2) of the token at position p = offset + t are
+// rotated by the angle p * theta^{-2i/Dh}:
+//   x'_i = x_i cos a - x_{i+Dh/2} sin a,   x'_{i+Dh/2} = x_{i+Dh/2} cos a + x_i sin a
+// so q'.k' depends on the positions only through their difference. The
+// backward rotates the gradient by -a. `offset` is the cache length when
+// decoding token by token.
+struct RopeOptions {
+  int64_t offset = 0;
+  float theta = 10000.0f;
+};
+Tensor rope(const Tensor& x, RopeOptions options = {});
+
+}  // namespace qkv

@@ -1,0 +1,108 @@
+// Multi-head attention (Vaswani et al. 2017), with grouped-query heads
+// (Ainslie et al. 2023), QK-Norm and RoPE as options:
+//   head_i = Attention(X Wq_i, M Wk_g(i), M Wv_g(i));  out = concat(head_1..head_H) Wo
+// The H heads run as one batched product inside scaled_dot_product_attention.
+#include <cmath>
+
+#include "qkv/blocks.h"
+#include "qkv/position.h"
+
+namespace qkv {
+
+MultiheadAttention::MultiheadAttention(MultiheadAttentionOptions o, Rng& rng)
+    : options_(o), dropout_rng_(rng.next_bits()) {
+  QKV_CHECK(o.d_model > 0 && o.nhead > 0 && o.d_model % o.nhead == 0, "MultiheadAttention: d_model ", o.d_model,
+            " is not divisible by nhead ", o.nhead);
+  kv_heads_ = o.num_kv_heads > 0 ? o.num_kv_heads : o.nhead;
+  QKV_CHECK(o.nhead % kv_heads_ == 0, "MultiheadAttention: nhead ", o.nhead, " is not a multiple of num_kv_heads ",
+            kv_heads_);
+  head_dim_ = o.d_model / o.nhead;
+  QKV_CHECK(!o.rotary || head_dim_ % 2 == 0, "MultiheadAttention: RoPE needs an even head dimension, got ", head_dim_);
+  const int64_t q_rows = o.nhead * head_dim_, kv_rows = 2 * kv_heads_ * head_dim_;
+  auto projection = [&](const char* name, int64_t in, int64_t out) {
+    auto l = register_module(name, std::make_shared<Linear>(LinearOptions{in, out, o.bias}, rng));
+    xavier_uniform_(l->weight, rng);  // as torch.nn.MultiheadAttention's in_proj_weight
+    if (l->bias.defined()) l->bias.detach().fill_(0.0f);
+    return l;
+  };
+  if (o.cross_attention) {
+    q_proj = projection("q_proj", o.d_model, q_rows);
+    kv_proj = projection("kv_proj", o.d_model, kv_rows);
+  } else {
+    qkv_proj = projection("qkv_proj", o.d_model, q_rows + kv_rows);
+  }
+  out_proj = register_module("out_proj", std::make_shared<Linear>(LinearOptions{q_rows, o.d_model, o.bias}, rng));
+  if (out_proj->bias.defined()) out_proj->bias.detach().fill_(0.0f);
+  if (o.qk_norm) {
+    q_norm = register_module("q_norm", std::make_shared<RMSNorm>(head_dim_));
+    k_norm = register_module("k_norm", std::make_shared<RMSNorm>(head_dim_));
+  }
+}
+
+Tensor MultiheadAttention::heads(const Tensor& x, int64_t count) const {
+  return x.reshape({x.size(0), x.size(1), count, head_dim_}).permute({0, 2, 1, 3});
+}
+
+Tensor MultiheadAttention::prepare(const Tensor& h, const std::shared_ptr<RMSNorm>& norm, int64_t offset) const {
+  Tensor out = norm ? norm->forward(h) : h;
+  if (options_.rotary) out = rope(out, {.offset = offset, .theta = options_.rope_theta});
+  return out;
+}
+
+Tensor MultiheadAttention::project_q(const Tensor& x, int64_t position_offset) {
+  QKV_CHECK(options_.cross_attention, "MultiheadAttention: project_q is for cross-attention modules");
+  return prepare(heads(q_proj->forward(x), options_.nhead), q_norm, position_offset);
+}
+
+std::pair<Tensor, Tensor> MultiheadAttention::project_kv(const Tensor& memory, int64_t position_offset) {
+  QKV_CHECK(options_.cross_attention, "MultiheadAttention: project_kv is for cross-attention modules");
+  std::vector<Tensor> kv = split(kv_proj->forward(memory), {kv_heads_ * head_dim_, kv_heads_ * head_dim_}, -1);
+  return {prepare(heads(kv[0], kv_heads_), k_norm, position_offset), heads(kv[1], kv_heads_)};
+}
+
+AttentionOutput MultiheadAttention::attend(const Tensor& q, const Tensor& k, const Tensor& v,
+                                           const AttentionCall& call) {
+  AttentionOptions o;
+  o.causal = call.causal;
+  o.key_padding_lengths = call.key_padding_lengths;
+  o.attn_mask = call.attn_mask;
+  if (is_training() && options_.dropout > 0.0f) {
+    o.dropout = options_.dropout;
+    o.rng = &dropout_rng_;
+  }
+  AttentionOutput result;
+  Tensor ctx;  // [B, H, T, Dh]
+  if (call.need_weights) {
+    AttentionWithWeights w = attention_with_weights(q, k, v, o);
+    ctx = w.out;
+    result.weights = w.weights;
+  } else {
+    ctx = scaled_dot_product_attention(q, k, v, o);
+  }
+  Tensor merged = ctx.permute({0, 2, 1, 3}).reshape({ctx.size(0), ctx.size(2), options_.nhead * head_dim_});
+  result.out = out_proj->forward(merged);
+  return result;
+}
+
+AttentionOutput MultiheadAttention::forward(const Tensor& x, const AttentionCall& call) {
+  QKV_CHECK(!options_.cross_attention, "MultiheadAttention: a cross-attention module needs a memory");
+  QKV_CHECK(x.dim() == 3 && x.size(-1) == options_.d_model, "MultiheadAttention: x must be [B, T, ",
+            options_.d_model, "], got ", shape_str(x.shape()));
+  const int64_t qn = options_.nhead * head_dim_, kvn = kv_heads_ * head_dim_;
+  std::vector<Tensor> qkv = split(qkv_proj->forward(x), {qn, kvn, kvn}, -1);
+  Tensor q = prepare(heads(qkv[0], options_.nhead), q_norm, call.position_offset);
+  Tensor k = prepare(heads(qkv[1], kv_heads_), k_norm, call.position_offset);
+  return attend(q, k, heads(qkv[2], kv_heads_), call);
+}
+
+AttentionOutput MultiheadAttention::forward(const Tensor& x, const Tensor& memory, const AttentionCall& call) {
+  QKV_CHECK(options_.cross_attention, "MultiheadAttention: a self-attention module takes no memory");
+  QKV_CHECK(x.dim() == 3 && x.size(-1) == options_.d_model && memory.dim() == 3 &&
+                memory.size(-1) == options_.d_model && memory.size(0) == x.size(0),
+            "MultiheadAttention: x [B, T, D] and memory [B, S, D] with D = ", options_.d_model, ", got ",
+            shape_str(x.shape()), " and ", shape_str(memory.shape()));
+  auto [k, v] = project_kv(memory, 0);
+  return attend(project_q(x, call.position_offset), k, v, call);
+}
+
+}  // namespace qkv

@@ -1,0 +1,85 @@
+// Feed-forward variants, the norm choice, and the encoder and decoder layers.
+//   Post-Norm (Vaswani et al. 2017):  x = norm(x + f(x))
+//   Pre-Norm  (Xiong et al. 2020):    x = x + f(norm(x))
+#include "qkv/blocks.h"
+
+namespace qkv {
+
+DenseFeedForward::DenseFeedForward(MLPOptions o, Rng& rng) {
+  mlp = register_module("mlp", std::make_shared<MLP>(o, rng));
+}
+
+SwiGLU::SwiGLU(int64_t d_model, int64_t hidden, Rng& rng) {
+  w1 = register_module("w1", std::make_shared<Linear>(LinearOptions{d_model, hidden, false}, rng));
+  w2 = register_module("w2", std::make_shared<Linear>(LinearOptions{d_model, hidden, false}, rng));
+  w3 = register_module("w3", std::make_shared<Linear>(LinearOptions{hidden, d_model, false}, rng));
+}
+
+Tensor SwiGLU::forward(const Tensor& x) { return w3->forward(mul(silu(w1->forward(x)), w2->forward(x))); }
+
+Norm::Norm(NormKind kind, int64_t dim, float eps) : kind(kind), eps(eps) {
+  weight = register_parameter("weight", Tensor::ones({dim}));
+  if (kind == NormKind::LayerNorm) bias = register_parameter("bias", Tensor::zeros({dim}));
+}
+
+Tensor Norm::forward(const Tensor& x) const {
+  return kind == NormKind::LayerNorm ? layer_norm(x, weight, bias, eps) : rms_norm(x, weight, eps);
+}
+
+std::shared_ptr<FeedForward> make_feed_forward(const TransformerLayerOptions& o, Rng& rng) {
+  if (o.mlp == MLPKind::SwiGLU) return std::make_shared<SwiGLU>(o.d_model, o.dim_feedforward, rng);
+  return std::make_shared<DenseFeedForward>(MLPOptions{o.d_model, o.dim_feedforward, o.d_model, o.activation}, rng);
+}
+
+static MultiheadAttentionOptions attention_options(const TransformerLayerOptions& o, bool cross) {
+  return {.d_model = o.d_model, .nhead = o.nhead, .num_kv_heads = o.num_kv_heads, .bias = o.bias,
+          .dropout = o.dropout, .qk_norm = o.qk_norm, .rotary = o.rotary && !cross, .cross_attention = cross};
+}
+
+TransformerEncoderLayer::TransformerEncoderLayer(TransformerLayerOptions o, Rng& rng) : options_(o) {
+  QKV_CHECK(o.dim_feedforward > 0, "TransformerEncoderLayer: dim_feedforward must be positive");
+  self_attn = register_module("self_attn", std::make_shared<MultiheadAttention>(attention_options(o, false), rng));
+  mlp = register_module("mlp", make_feed_forward(o, rng));
+  norm1 = register_module("norm1", std::make_shared<Norm>(o.norm, o.d_model, o.norm_eps));
+  norm2 = register_module("norm2", std::make_shared<Norm>(o.norm, o.d_model, o.norm_eps));
+  dropout1 = register_module("dropout1", std::make_shared<Dropout>(o.dropout, rng.next_bits()));
+  dropout2 = register_module("dropout2", std::make_shared<Dropout>(o.dropout, rng.next_bits()));
+}
+
+Tensor TransformerEncoderLayer::forward(const Tensor& x_in, const AttentionCall& call) {
+  Tensor x = x_in;
+  if (options_.norm_first) {
+    x = add(x, dropout1->forward(self_attn->forward(norm1->forward(x), call).out));
+    return add(x, dropout2->forward(mlp->forward(norm2->forward(x))));
+  }
+  x = norm1->forward(add(x, dropout1->forward(self_attn->forward(x, call).out)));
+  return norm2->forward(add(x, dropout2->forward(mlp->forward(x))));
+}
+
+TransformerDecoderLayer::TransformerDecoderLayer(TransformerLayerOptions o, Rng& rng) : options_(o) {
+  QKV_CHECK(o.dim_feedforward > 0, "TransformerDecoderLayer: dim_feedforward must be positive");
+  self_attn = register_module("self_attn", std::make_shared<MultiheadAttention>(attention_options(o, false), rng));
+  cross_attn = register_module("cross_attn", std::make_shared<MultiheadAttention>(attention_options(o, true), rng));
+  mlp = register_module("mlp", make_feed_forward(o, rng));
+  norm1 = register_module("norm1", std::make_shared<Norm>(o.norm, o.d_model, o.norm_eps));
+  norm2 = register_module("norm2", std::make_shared<Norm>(o.norm, o.d_model, o.norm_eps));
+  norm3 = register_module("norm3", std::make_shared<Norm>(o.norm, o.d_model, o.norm_eps));
+  dropout1 = register_module("dropout1", std::make_shared<Dropout>(o.dropout, rng.next_bits()));
+  dropout2 = register_module("dropout2", std::make_shared<Dropout>(o.dropout, rng.next_bits()));
+  dropout3 = register_module("dropout3", std::make_shared<Dropout>(o.dropout, rng.next_bits()));
+}
+
+Tensor TransformerDecoderLayer::forward(const Tensor& x_in, const Tensor& memory, const AttentionCall& self_call,
+                                        const AttentionCall& cross_call) {
+  Tensor x = x_in;
+  if (options_.norm_first) {
+    x = add(x, dropout1->forward(self_attn->forward(norm1->forward(x), self_call).out));
+    x = add(x, dropout2->forward(cross_attn->forward(norm2->forward(x), memory, cross_call).out));
+    return add(x, dropout3->forward(mlp->forward(norm3->forward(x))));
+  }
+  x = norm1->forward(add(x, dropout1->forward(self_attn->forward(x, self_call).out)));
+  x = norm2->forward(add(x, dropout2->forward(cross_attn->forward(x, memory, cross_call).out)));
+  return norm3->forward(add(x, dropout3->forward(mlp->forward(x))));
+}
+
+}  // namespace qkv

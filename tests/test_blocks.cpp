@@ -1,0 +1,183 @@
+// Golden tests of the building blocks against PyTorch with the same weights
+// and inputs (scripts/make_fixtures.py -> tests/fixtures/blocks_golden.safetensors):
+// nn.MultiheadAttention (self with causal + padding masks, cross with T != S),
+// nn.TransformerEncoderLayer / DecoderLayer with norm_first both ways, and
+// plain PyTorch references for grouped-query attention + QK-Norm + RoPE,
+// SwiGLU, RoPE, and F.scaled_dot_product_attention. Forward, the gradient of
+// every input and of every parameter. References are float64; we compute in
+// float32, so tolerances are a few float32 ulps of the values' scale.
+#include <functional>
+
+#include "qkv/blocks.h"
+#include "qkv/io.h"
+#include "qkv/position.h"
+#include "tests/test_util.h"
+
+namespace qkv {
+namespace {
+
+using testing::all_close;
+using Fixture = std::map<std::string, Tensor>;
+
+const Fixture& fixture() {
+  static Fixture f = load_safetensors(testing::fixture("blocks_golden.safetensors")).as_map();
+  return f;
+}
+
+StateDict params_of(const std::string& c) {
+  StateDict p;
+  const std::string prefix = c + ".param.";
+  for (auto& [k, v] : fixture())
+    if (k.rfind(prefix, 0) == 0) p[k.substr(prefix.size())] = v;
+  return p;
+}
+
+Tensor input(const std::string& c, const std::string& name) {
+  return fixture().at(c + "." + name).clone().set_requires_grad(true);
+}
+
+// Runs `forward`, backpropagates sum(out * r), and compares everything the fixture holds.
+void check_case(const std::string& c, Module* module, const std::vector<std::string>& input_names,
+                const std::function<Tensor(const std::vector<Tensor>&)>& forward) {
+  if (module) module->load_state_dict(params_of(c));
+  std::vector<Tensor> xs;
+  for (auto& n : input_names) xs.push_back(input(c, n));
+  Tensor out = forward(xs);
+  EXPECT_TRUE(all_close(out, fixture().at(c + ".out"), 1e-5f, 1e-4f)) << c << " forward";
+  sum(mul(out, fixture().at(c + ".r"))).backward();
+  for (size_t i = 0; i < xs.size(); ++i)
+    EXPECT_TRUE(all_close(xs[i].grad(), fixture().at(c + ".grad." + input_names[i]), 2e-5f, 2e-4f))
+        << c << " gradient of " << input_names[i];
+  if (!module) return;
+  int checked = 0;
+  for (auto& [name, p] : module->named_parameters()) {
+    auto it = fixture().find(c + ".pgrad." + name);
+    ASSERT_NE(it, fixture().end()) << c << ": fixture lacks the gradient of " << name;
+    EXPECT_TRUE(all_close(p.grad(), it->second, 2e-5f, 2e-4f)) << c << " gradient of " << name;
+    ++checked;
+  }
+  EXPECT_EQ(checked, (int)params_of(c).size());
+}
+
+Tensor lengths(const std::string& c) { return fixture().at(c + ".lengths"); }
+
+TEST(Blocks, MultiheadSelfAttentionMatchesTorch) {
+  Rng rng(0);
+  MultiheadAttention m({.d_model = 16, .nhead = 4}, rng);
+  check_case("mha_self", &m, {"x"}, [&](const std::vector<Tensor>& x) {
+    return m.forward(x[0], {.causal = true, .key_padding_lengths = lengths("mha_self")}).out;
+  });
+}
+
+TEST(Blocks, MultiheadCrossAttentionMatchesTorch) {
+  Rng rng(0);
+  MultiheadAttention m({.d_model = 16, .nhead = 4, .cross_attention = true}, rng);
+  check_case("mha_cross", &m, {"x", "memory"}, [&](const std::vector<Tensor>& x) {
+    return m.forward(x[0], x[1], {.key_padding_lengths = lengths("mha_cross")}).out;
+  });
+}
+
+TEST(Blocks, NaivePathMatchesTorchToo) {
+  Rng rng(0);
+  MultiheadAttention m({.d_model = 16, .nhead = 4}, rng);
+  check_case("mha_self", &m, {"x"}, [&](const std::vector<Tensor>& x) {
+    AttentionOutput o = m.forward(x[0], {.causal = true, .key_padding_lengths = lengths("mha_self"), .need_weights = true});
+    EXPECT_EQ(o.weights.shape(), (Shape{2, 4, 6, 6}));
+    return o.out;
+  });
+}
+
+class LayerGolden : public ::testing::TestWithParam<bool> {};
+
+TEST_P(LayerGolden, EncoderLayerMatchesTorch) {
+  const bool norm_first = GetParam();
+  const std::string c = norm_first ? "encoder_pre" : "encoder_post";
+  Rng rng(0);
+  TransformerEncoderLayer layer({.d_model = 16, .nhead = 4, .dim_feedforward = 32, .dropout = 0.0f,
+                                 .norm_first = norm_first},
+                                rng);
+  check_case(c, &layer, {"x"}, [&](const std::vector<Tensor>& x) {
+    return layer.forward(x[0], {.key_padding_lengths = lengths(c)});
+  });
+}
+
+TEST_P(LayerGolden, DecoderLayerMatchesTorch) {
+  const bool norm_first = GetParam();
+  const std::string c = norm_first ? "decoder_pre" : "decoder_post";
+  Rng rng(0);
+  TransformerDecoderLayer layer({.d_model = 16, .nhead = 4, .dim_feedforward = 32, .dropout = 0.0f,
+                                 .norm_first = norm_first},
+                                rng);
+  check_case(c, &layer, {"x", "memory"}, [&](const std::vector<Tensor>& x) {
+    return layer.forward(x[0], x[1], {.causal = true}, {.key_padding_lengths = lengths(c)});
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(NormFirst, LayerGolden, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "PreNorm" : "PostNorm"; });
+
+TEST(Blocks, GroupedQueryAttentionWithQKNormAndRopeMatchesTorch) {
+  Rng rng(0);
+  MultiheadAttention m({.d_model = 16, .nhead = 4, .num_kv_heads = 2, .qk_norm = true, .rotary = true}, rng);
+  check_case("gqa_qknorm_rope", &m, {"x"}, [&](const std::vector<Tensor>& x) {
+    return m.forward(x[0], {.causal = true, .position_offset = 3}).out;
+  });
+}
+
+TEST(Blocks, SwiGLUMatchesTorch) {
+  Rng rng(0);
+  SwiGLU m(16, 24, rng);
+  check_case("swiglu", &m, {"x"}, [&](const std::vector<Tensor>& x) { return m.forward(x[0]); });
+}
+
+TEST(Blocks, RopeMatchesTorch) {
+  check_case("rope", nullptr, {"x"}, [](const std::vector<Tensor>& x) { return rope(x[0], {.offset = 5}); });
+}
+
+TEST(Blocks, RopeScoresDependOnlyOnOffset) {
+  // q_m . k_n after RoPE depends on m - n only: shift both positions by 7.
+  Rng rng(2);
+  Tensor q = Tensor::randn({1, 1, 1, 8}, rng), k = Tensor::randn({1, 1, 1, 8}, rng);
+  auto score = [&](int64_t m, int64_t n) {
+    return sum(mul(rope(q, {.offset = m}), rope(k, {.offset = n}))).item();
+  };
+  EXPECT_NEAR(score(3, 1), score(10, 8), 1e-5f);
+  EXPECT_NEAR(score(0, 5), score(7, 12), 1e-5f);
+}
+
+TEST(Blocks, ScaledDotProductAttentionMatchesTorch) {
+  for (AttentionImpl impl : {AttentionImpl::Naive, AttentionImpl::Flash})
+    check_case("sdpa_causal_gqa", nullptr, {"q", "k", "v"}, [&](const std::vector<Tensor>& x) {
+      return scaled_dot_product_attention(x[0], x[1], x[2], {.causal = true, .impl = impl});
+    });
+  check_case("sdpa_bool_mask", nullptr, {"q", "k", "v"}, [](const std::vector<Tensor>& x) {
+    return scaled_dot_product_attention(x[0], x[1], x[2], {.attn_mask = fixture().at("sdpa_bool_mask.mask")});
+  });
+}
+
+TEST(Position, SinusoidalEncodings) {
+  Tensor pe = sinusoidal_encoding(50, 16);
+  std::vector<float> v = pe.to_vector();
+  EXPECT_FLOAT_EQ(v[0], 0.0f);                                             // sin(0)
+  EXPECT_FLOAT_EQ(v[1], 1.0f);                                             // cos(0)
+  EXPECT_NEAR(v[3 * 16 + 2], std::sin(3.0 / std::pow(10000.0, 2.0 / 16)), 1e-6);
+  EXPECT_TRUE(all_close(sinusoidal_encoding(10, 16, 40), pe.slice(0, 40, 50), 1e-6f, 0));
+  Tensor pe2 = sinusoidal_encoding_2d(3, 4, 16);
+  EXPECT_EQ(pe2.shape(), (Shape{12, 16}));
+  // Patch (row 2, col 1): first half encodes row 2, second half column 1.
+  EXPECT_TRUE(all_close(pe2.slice(0, 9, 10).slice(1, 0, 8), sinusoidal_encoding(3, 8).slice(0, 2, 3), 0, 0));
+  EXPECT_TRUE(all_close(pe2.slice(0, 9, 10).slice(1, 8, 16), sinusoidal_encoding(4, 8).slice(0, 1, 2), 0, 0));
+  EXPECT_THROW(sinusoidal_encoding(4, 7), Error);
+}
+
+TEST(Blocks, ConfigurationErrors) {
+  Rng rng(0);
+  EXPECT_THROW(MultiheadAttention({.d_model = 10, .nhead = 4}, rng), Error);
+  EXPECT_THROW(MultiheadAttention({.d_model = 16, .nhead = 4, .num_kv_heads = 3}, rng), Error);
+  MultiheadAttention self({.d_model = 16, .nhead = 4}, rng);
+  EXPECT_THROW(self.forward(Tensor::zeros({2, 3, 8})), Error);
+  EXPECT_THROW(self.forward(Tensor::zeros({2, 3, 16}), Tensor::zeros({2, 4, 16})), Error);
+}
+
+}  // namespace
+}  // namespace qkv
