@@ -299,6 +299,38 @@ def make_blocks(out_dir):
     store(t, "sdpa_bool_mask", {"q": q, "k": k, "v": v}, out, r, {}, {})
     t["sdpa_bool_mask.mask"] = mask.to(torch.uint8)  # qkv: nonzero = masked
 
+    # Plain PyTorch reference: Mixture of Experts, 4 SwiGLU experts, top-2, with the
+    # load-balancing loss in the loss: L = sum(out * r) + aux.
+    E, K, Hd = 4, 2, 24
+    router = (torch.randn(E, D, dtype=dt) / 2).requires_grad_(True)
+    ws = {}
+    for e in range(E):
+        ws[f"experts.{e}.w1.weight"] = (torch.randn(Hd, D, dtype=dt) / 4).requires_grad_(True)
+        ws[f"experts.{e}.w2.weight"] = (torch.randn(Hd, D, dtype=dt) / 4).requires_grad_(True)
+        ws[f"experts.{e}.w3.weight"] = (torch.randn(D, Hd, dtype=dt) / 4).requires_grad_(True)
+    x = torch.randn(B, T, D, dtype=dt, requires_grad=True)
+    x2 = x.reshape(-1, D)
+    probs = torch.softmax(x2 @ router.t(), -1)
+    top_p, top_i = probs.topk(K, -1)
+    gates = top_p / top_p.sum(-1, keepdim=True)
+    y = torch.zeros_like(x2)
+    for j in range(K):
+        for e in range(E):
+            sel = top_i[:, j] == e
+            if sel.any():
+                xe = x2[sel]
+                h = F.silu(F.linear(xe, ws[f"experts.{e}.w1.weight"])) * F.linear(xe, ws[f"experts.{e}.w2.weight"])
+                y = y.index_add(0, sel.nonzero()[:, 0], gates[sel, j:j + 1] * F.linear(h, ws[f"experts.{e}.w3.weight"]))
+    fraction = F.one_hot(top_i, E).sum(1).to(dt).mean(0) / K
+    aux = 0.01 * E * (fraction * probs.mean(0)).sum()
+    out = y.reshape(B, T, D)
+    r = torch.randn(out.shape, dtype=dt)
+    ((out * r).sum() + aux).backward()
+    params = {"router.weight": router, **ws}
+    store(t, "moe", {"x": x}, out, r, params, {k_: v_.grad for k_, v_ in params.items()})
+    t["moe.aux"] = aux.detach().float().reshape(1)
+    t["moe.counts"] = F.one_hot(top_i, E).sum((0, 1))
+
     t = {k_: v_.contiguous() for k_, v_ in t.items()}
     save_file(t, os.path.join(out_dir, "blocks_golden.safetensors"), metadata={"torch": torch.__version__})
 

@@ -181,3 +181,43 @@ TEST(Blocks, ConfigurationErrors) {
 
 }  // namespace
 }  // namespace qkv
+
+namespace qkv {
+namespace {
+
+TEST(Blocks, MixtureOfExpertsMatchesTorch) {
+  const std::string c = "moe";
+  Rng rng(0);
+  MixtureOfExperts moe(16, 24, {.num_experts = 4, .top_k = 2, .aux_loss_weight = 0.01f}, rng);
+  moe.load_state_dict(params_of(c));
+  Tensor x = input(c, "x");
+  Tensor out = moe.forward(x);
+  EXPECT_TRUE(all_close(out, fixture().at(c + ".out"), 1e-5f, 1e-4f)) << "forward";
+  EXPECT_NEAR(moe.aux_loss().item(), fixture().at(c + ".aux").item(), 1e-6f);
+  EXPECT_EQ(moe.expert_counts(), fixture().at(c + ".counts").to_ints());
+  add(sum(mul(out, fixture().at(c + ".r"))), moe.aux_loss()).backward();
+  EXPECT_TRUE(all_close(x.grad(), fixture().at(c + ".grad.x"), 2e-5f, 2e-4f)) << "gradient of x";
+  for (auto& [name, p] : moe.named_parameters())
+    EXPECT_TRUE(all_close(p.grad(), fixture().at(c + ".pgrad." + name), 2e-5f, 2e-4f)) << "gradient of " << name;
+}
+
+TEST(Blocks, MixtureOfExpertsInALayer) {
+  Rng rng(0);
+  TransformerEncoderLayer layer({.d_model = 16, .nhead = 2, .dim_feedforward = 32, .dropout = 0.0f,
+                                 .norm_first = true, .norm = NormKind::RMSNorm, .mlp = MLPKind::MoE,
+                                 .moe = {.num_experts = 4, .top_k = 1}},
+                                rng);
+  Tensor x = Tensor::randn({2, 5, 16}, rng);
+  Tensor y = layer.forward(x);
+  EXPECT_EQ(y.shape(), x.shape());
+  auto* moe = dynamic_cast<MixtureOfExperts*>(layer.mlp.get());
+  ASSERT_NE(moe, nullptr);
+  int64_t routed = 0;
+  for (int64_t n : moe->expert_counts()) routed += n;
+  EXPECT_EQ(routed, 10);  // every token to exactly top_k = 1 expert
+  EXPECT_GT(moe->aux_loss().item(), 0.0f);
+  EXPECT_THROW(MixtureOfExperts(16, 8, {.num_experts = 2, .top_k = 3}, rng), Error);
+}
+
+}  // namespace
+}  // namespace qkv

@@ -72,6 +72,9 @@ private:
 class FeedForward : public Module {
 public:
   virtual Tensor forward(const Tensor& x) = 0;
+  // An auxiliary loss of the last forward to add to the training loss
+  // (Mixture of Experts' load balancing); undefined for the others.
+  virtual Tensor aux_loss() const { return Tensor(); }
 };
 
 // fc2(act(fc1(x))) — the lecture's "expand, nonlinearity, contract".
@@ -90,6 +93,39 @@ public:
   std::shared_ptr<Linear> w1, w2, w3;
 };
 
+enum class MLPKind { Dense, SwiGLU, MoE };
+
+struct MoEOptions {
+  int64_t num_experts = 8;           // E
+  int64_t top_k = 2;                 // experts per token, A < E
+  float aux_loss_weight = 0.01f;     // scales aux_loss()
+  MLPKind expert = MLPKind::SwiGLU;  // Dense or SwiGLU experts
+  Activation activation = Activation::Gelu;  // for Dense experts
+};
+
+// Mixture of Experts (Shazeer et al. 2017; Switch, Fedus et al. 2021; Mixtral 2024):
+//   p = softmax(x Wr^T) [N, E];  S(t) = the top_k experts of token t by p
+//   y_t = sum_{e in S(t)} (p_te / sum_{e' in S(t)} p_te') expert_e(x_t)
+//   aux = weight * E * sum_e f_e P_e,  f_e = (tokens sent to e) / (N top_k),  P_e = mean_t p_te
+// aux is 1 x weight when routing is perfectly balanced. Tokens are grouped by
+// expert, so each expert runs one matmul over all of its tokens.
+// Parameters: router.weight [E, D], experts.<e>.* (the expert MLPs).
+class MixtureOfExperts : public FeedForward {
+public:
+  MixtureOfExperts(int64_t d_model, int64_t hidden, MoEOptions options, Rng& rng);
+  Tensor forward(const Tensor& x) override;  // [..., D] -> [..., D]
+  Tensor aux_loss() const override { return aux_loss_; }
+  // Tokens each expert received in the last forward.
+  const std::vector<int64_t>& expert_counts() const { return counts_; }
+  std::shared_ptr<Linear> router;
+  std::vector<std::shared_ptr<FeedForward>> experts;
+
+private:
+  MoEOptions options_;
+  Tensor aux_loss_;
+  std::vector<int64_t> counts_;
+};
+
 enum class NormKind { LayerNorm, RMSNorm };
 
 // LayerNorm (weight, bias) or RMSNorm (weight) over the last axis.
@@ -102,8 +138,6 @@ public:
   float eps;
 };
 
-enum class MLPKind { Dense, SwiGLU };
-
 struct TransformerLayerOptions {
   int64_t d_model = 0;
   int64_t nhead = 1;
@@ -115,6 +149,7 @@ struct TransformerLayerOptions {
   NormKind norm = NormKind::LayerNorm;
   float norm_eps = 1e-5f;
   MLPKind mlp = MLPKind::Dense;
+  MoEOptions moe;  // when mlp is MoE
   bool qk_norm = false;
   bool rotary = false;
   bool bias = true;  // in the attention projections

@@ -73,6 +73,9 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, float eps = 1e-6f);
 // --- lookup, regularization, masking ---
 // weight [V, D], ids (I64 or I32) [...] -> [..., D]; an id outside [0, V) is an error.
 Tensor embedding(const Tensor& weight, const Tensor& ids);
+// out [rows, D]: zeros, then out[ids[m], :] += src[m, :] for each m (the adjoint
+// of embedding: a scatter-add). src [M, D], ids (I64) [M] in [0, rows).
+Tensor index_add_rows(const Tensor& src, const Tensor& ids, int64_t rows);
 // Zeroes each element with probability p and scales the rest by 1/(1-p);
 // identity when `training` is false or p == 0. Numbers come from `rng`.
 struct DropoutOptions {

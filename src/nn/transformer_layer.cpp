@@ -28,6 +28,7 @@ Tensor Norm::forward(const Tensor& x) const {
 
 std::shared_ptr<FeedForward> make_feed_forward(const TransformerLayerOptions& o, Rng& rng) {
   if (o.mlp == MLPKind::SwiGLU) return std::make_shared<SwiGLU>(o.d_model, o.dim_feedforward, rng);
+  if (o.mlp == MLPKind::MoE) return std::make_shared<MixtureOfExperts>(o.d_model, o.dim_feedforward, o.moe, rng);
   return std::make_shared<DenseFeedForward>(MLPOptions{o.d_model, o.dim_feedforward, o.d_model, o.activation}, rng);
 }
 

@@ -28,4 +28,24 @@ Tensor embedding(const Tensor& weight, const Tensor& ids_in) {
   return out;
 }
 
+Tensor index_add_rows(const Tensor& src_in, const Tensor& ids_in, int64_t rows) {
+  require_f32(src_in, "index_add_rows", "src");
+  QKV_CHECK(src_in.dim() == 2, "index_add_rows: src must be [M, D], got ", shape_str(src_in.shape()));
+  QKV_CHECK(ids_in.defined() && (ids_in.dtype() == DType::I64 || ids_in.dtype() == DType::I32) &&
+                ids_in.shape() == Shape{src_in.size(0)},
+            "index_add_rows: ids must be I64 [", src_in.size(0), "]");
+  Tensor ids = ids_in.to(DType::I64).contiguous();
+  const int64_t* p = ids.data<int64_t>();
+  for (int64_t m = 0; m < ids.numel(); ++m)
+    QKV_CHECK(p[m] >= 0 && p[m] < rows, "index_add_rows: row ", p[m], " outside [0, ", rows, ")");
+  Tensor src = contiguous_values(src_in);
+  const int64_t dim = src.size(1);
+  Tensor out = Tensor::zeros({rows, dim});
+  QKV_KERNEL(embedding_backward)(src.data<float>(), p, out.data<float>(), ids.numel(), dim);
+  record_op(out, "index_add_rows", {src_in}, [ids](const BackwardArgs& a) -> std::vector<Tensor> {
+    return {embedding(a.grad_out, ids)};  // d out[ids[m]] / d src[m] = 1: gather the rows back
+  });
+  return out;
+}
+
 }  // namespace qkv

@@ -4,6 +4,7 @@
 //         shapes (GFLOP/s and their ratio); softmax, layer norm and GELU in
 //         GB/s; memory requests to the system per warm training step.
 #include <cblas.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -12,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "qkv/allocator.h"
+#include "qkv/attention.h"
 #include "qkv/nn.h"
 #include "qkv/optim.h"
 #include "tools/qkv/commands.h"
@@ -24,6 +26,10 @@ struct BenchArgs {
   bool json = false;
   int threads = 0;
   double seconds = 0.2;  // per measurement round
+  std::vector<int64_t> lengths = {256, 512, 1024, 2048, 4096, 8192};
+  int64_t max_naive = 4096;  // the naive path's N x N buffers grow quadratically
+  bool causal = false;
+  std::string python = "python3";
 };
 
 // Best time per call over 5 rounds, each of enough calls to last `seconds`.
@@ -131,9 +137,135 @@ nlohmann::ordered_json bench_allocations() {
           {"peak_bytes_in_use", after.peak_bytes_in_use}};
 }
 
+// --- attention: flash vs naive vs PyTorch, H = 8, Dh = 64, batch 1 ---
+
+struct AttentionRow {
+  std::string impl;
+  int64_t n;
+  double fwd_ms, fwd_bwd_ms;
+  uint64_t peak_extra_bytes;
+};
+
+AttentionRow bench_attention_impl(AttentionImpl impl, int64_t n, bool causal, double seconds) {
+  const int64_t heads = 8, dh = 64;
+  Rng rng(0);
+  Tensor q = Tensor::randn({1, heads, n, dh}, rng).set_requires_grad(true);
+  Tensor k = Tensor::randn({1, heads, n, dh}, rng).set_requires_grad(true);
+  Tensor v = Tensor::randn({1, heads, n, dh}, rng).set_requires_grad(true);
+  Tensor r = Tensor::randn({1, heads, n, dh}, rng);
+  AttentionOptions o{.causal = causal, .impl = impl};
+  auto fwd = [&] {
+    NoGradGuard no_grad;
+    scaled_dot_product_attention(q, k, v, o);
+  };
+  auto fwd_bwd = [&] {
+    q.zero_grad(), k.zero_grad(), v.zero_grad();
+    sum(mul(scaled_dot_product_attention(q, k, v, o), r)).backward();
+  };
+  AttentionRow row{impl == AttentionImpl::Flash ? "flash" : "naive", n, 0, 0, 0};
+  row.fwd_ms = seconds_per_call(fwd, seconds) * 1e3;
+  row.fwd_bwd_ms = seconds_per_call(fwd_bwd, seconds) * 1e3;
+  q.zero_grad(), k.zero_grad(), v.zero_grad();
+  release_cached_memory();
+  uint64_t base = allocator_stats().bytes_in_use;
+  reset_peak_bytes();
+  fwd_bwd();
+  row.peak_extra_bytes = allocator_stats().peak_bytes_in_use - base;
+  return row;
+}
+
+// Runs scripts/bench_attention_torch.py; an empty result when Python or torch is missing.
+nlohmann::json bench_attention_torch(const BenchArgs& a, const std::vector<int64_t>& lengths) {
+  std::string cmd = a.python + " scripts/bench_attention_torch.py --threads " + std::to_string(thread_count()) +
+                    " --seconds " + std::to_string(a.seconds) + (a.causal ? " --causal" : "") + " --n";
+  for (int64_t n : lengths) cmd += " " + std::to_string(n);
+  cmd += " 2>/dev/null";
+  std::string text;
+  if (FILE* p = popen(cmd.c_str(), "r")) {
+    char buf[4096];
+    size_t got;
+    while ((got = fread(buf, 1, sizeof buf, p)) > 0) text.append(buf, got);
+    if (pclose(p) != 0) text.clear();
+  }
+  try {
+    return text.empty() ? nlohmann::json() : nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception&) {
+    return nlohmann::json();
+  }
+}
+
+int run_bench_attention(const BenchArgs& a) {
+  std::vector<AttentionRow> rows;
+  const bool progress = !a.json && isatty(STDERR_FILENO);
+  for (int64_t n : a.lengths) {
+    QKV_CHECK(n > 0, "bench attention: lengths must be positive");
+    if (progress) std::fprintf(stderr, "\rbench attention: n = %lld ...   ", (long long)n);
+    rows.push_back(bench_attention_impl(AttentionImpl::Flash, n, a.causal, a.seconds));
+    if (n <= a.max_naive) rows.push_back(bench_attention_impl(AttentionImpl::Naive, n, a.causal, a.seconds));
+  }
+  if (progress) std::fprintf(stderr, "\rbench attention: PyTorch (scripts/bench_attention_torch.py) ...   ");
+  nlohmann::json torch = bench_attention_torch(a, a.lengths);
+  if (progress) std::fprintf(stderr, "\r%70s\r", "");
+  if (torch.contains("rows"))
+    for (auto& t : torch["rows"])
+      rows.push_back({"torch", t["n"].get<int64_t>(), t["fwd_ms"].get<double>(), t["fwd_bwd_ms"].get<double>(),
+                      t["peak_extra_bytes"].get<uint64_t>()});
+  // FLOPs of the two products forward (QK^T, PV) and the four of the backward's
+  // gradients (dV, dP, dQ, dK); the flash backward's recomputation of QK^T is not counted.
+  auto flops = [&](int64_t n, bool with_backward) {
+    double per_product = 2.0 * 8 * n * n * 64 * (a.causal ? 0.5 : 1.0);
+    return per_product * (with_backward ? 6 : 2);
+  };
+  auto find = [&](const std::string& impl, int64_t n) -> const AttentionRow* {
+    for (auto& r : rows)
+      if (r.impl == impl && r.n == n) return &r;
+    return nullptr;
+  };
+  nlohmann::ordered_json out;
+  out["suite"] = "attention";
+  out["heads"] = 8;
+  out["head_dim"] = 64;
+  out["batch"] = 1;
+  out["causal"] = a.causal;
+  out["threads"] = thread_count();
+  out["torch"] = torch.contains("torch") ? torch["torch"] : nlohmann::json(nullptr);
+  out["rows"] = nlohmann::ordered_json::array();
+  for (auto& r : rows) {
+    nlohmann::ordered_json j = {{"impl", r.impl},         {"n", r.n},
+                                {"fwd_ms", r.fwd_ms},     {"fwd_bwd_ms", r.fwd_bwd_ms},
+                                {"peak_extra_bytes", r.peak_extra_bytes},
+                                {"fwd_gflops", flops(r.n, false) / r.fwd_ms / 1e6},
+                                {"fwd_bwd_gflops", flops(r.n, true) / r.fwd_bwd_ms / 1e6}};
+    if (const AttentionRow* t = find("torch", r.n); t && r.impl == "flash")
+      j["fwd_bwd_speedup_vs_torch"] = t->fwd_bwd_ms / r.fwd_bwd_ms;
+    out["rows"].push_back(j);
+  }
+  if (a.json) {
+    std::cout << out.dump(2) << "\n";
+    return 0;
+  }
+  std::printf("qkv bench attention: batch 1, H = 8, Dh = 64, %s, %d threads; PyTorch %s\n\n",
+              a.causal ? "causal" : "no mask", thread_count(),
+              torch.contains("torch") ? torch["torch"].get<std::string>().c_str() : "not available");
+  std::printf("%6s  %-6s %10s %12s %10s %14s %12s\n", "n", "impl", "fwd ms", "fwd+bwd ms", "GFLOP/s", "peak extra MB",
+              "vs torch");
+  for (auto& j : out["rows"]) {
+    std::string ratio = j.contains("fwd_bwd_speedup_vs_torch")
+                            ? std::to_string(j["fwd_bwd_speedup_vs_torch"].get<double>()).substr(0, 4) + "x"
+                            : "";
+    std::printf("%6lld  %-6s %10.2f %12.2f %10.1f %14.1f %12s\n", (long long)j["n"].get<int64_t>(),
+                j["impl"].get<std::string>().c_str(), j["fwd_ms"].get<double>(), j["fwd_bwd_ms"].get<double>(),
+                j["fwd_bwd_gflops"].get<double>(), j["peak_extra_bytes"].get<double>() / 1e6, ratio.c_str());
+  }
+  std::printf("\nGFLOP/s: forward + backward, counting 6 products of 2 n^2 Dh FLOPs per head%s.\n",
+              a.causal ? " (halved for the causal mask)" : "");
+  return 0;
+}
+
 int run_bench(const BenchArgs& a) {
-  QKV_CHECK(a.suite == "ops", "bench: unknown suite '", a.suite, "' (available: ops)");
   set_threads(a.threads);
+  if (a.suite == "attention") return run_bench_attention(a);
+  QKV_CHECK(a.suite == "ops", "bench: unknown suite '", a.suite, "' (available: ops, attention)");
   std::vector<GemmRow> gemms = {
       {"square 256", 1, 256, 256, 256, false},
       {"square 512", 1, 512, 512, 512, false},
@@ -186,8 +318,12 @@ int run_bench(const BenchArgs& a) {
 
 Run add_bench(CLI::App& app) {
   auto args = std::make_shared<BenchArgs>();
-  CLI::App* sub = app.add_subcommand("bench", "Measure speed side by side with a peer (suites: ops)");
-  sub->add_option("suite", args->suite, "Which benchmark: ops")->required();
+  CLI::App* sub = app.add_subcommand("bench", "Measure speed side by side with a peer (suites: ops, attention)");
+  sub->add_option("suite", args->suite, "Which benchmark: ops | attention")->required();
+  sub->add_option("--n", args->lengths, "attention: sequence lengths")->capture_default_str();
+  sub->add_option("--max-naive", args->max_naive, "attention: longest length for the naive path")->capture_default_str();
+  sub->add_flag("--causal", args->causal, "attention: causal mask");
+  sub->add_option("--python", args->python, "attention: Python with torch for the peer column")->capture_default_str();
   sub->add_flag("--json", args->json, "Print one JSON object instead of tables");
   sub->add_option("--threads", args->threads, "Threads (0: all cores)")->capture_default_str();
   sub->add_option("--seconds", args->seconds, "Seconds per measurement round")->capture_default_str();
