@@ -170,6 +170,17 @@ TEST(Position, SinusoidalEncodings) {
   EXPECT_THROW(sinusoidal_encoding(4, 7), Error);
 }
 
+TEST(Position, LearnedPositionsAreTrainableRows) {
+  Rng rng(0);
+  LearnedPositionalEmbedding pos(10, 4, rng);
+  Tensor rows = pos.forward(3, 2);
+  EXPECT_TRUE(all_close(rows, pos.weight.slice(0, 2, 5), 0, 0));
+  sum(rows).backward();
+  std::vector<float> g = pos.weight.grad().to_vector();
+  for (int64_t p = 0; p < 10; ++p) EXPECT_EQ(g[p * 4], (p >= 2 && p < 5) ? 1.0f : 0.0f) << p;
+  EXPECT_THROW(pos.forward(9, 2), Error);
+}
+
 TEST(Blocks, ConfigurationErrors) {
   Rng rng(0);
   EXPECT_THROW(MultiheadAttention({.d_model = 10, .nhead = 4}, rng), Error);

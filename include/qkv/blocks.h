@@ -14,6 +14,15 @@
 
 namespace qkv {
 
+// Learned absolute positions: a trainable table weight [max_len, D]; forward
+// returns rows offset .. offset+T-1 ([T, D]) to add to the token embeddings.
+class LearnedPositionalEmbedding : public Module {
+public:
+  LearnedPositionalEmbedding(int64_t max_len, int64_t dim, Rng& rng);
+  Tensor forward(int64_t length, int64_t offset = 0) const;
+  Tensor weight;
+};
+
 struct MultiheadAttentionOptions {
   int64_t d_model = 0;
   int64_t nhead = 1;

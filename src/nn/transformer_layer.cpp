@@ -5,6 +5,16 @@
 
 namespace qkv {
 
+LearnedPositionalEmbedding::LearnedPositionalEmbedding(int64_t max_len, int64_t dim, Rng& rng) {
+  weight = register_parameter("weight", Tensor::randn({max_len, dim}, rng, 0.02f));
+}
+
+Tensor LearnedPositionalEmbedding::forward(int64_t length, int64_t offset) const {
+  QKV_CHECK(offset >= 0 && length >= 0 && offset + length <= weight.size(0), "LearnedPositionalEmbedding: positions [",
+            offset, ", ", offset + length, ") exceed the table of ", weight.size(0), " positions");
+  return weight.slice(0, offset, offset + length);
+}
+
 DenseFeedForward::DenseFeedForward(MLPOptions o, Rng& rng) {
   mlp = register_module("mlp", std::make_shared<MLP>(o, rng));
 }
