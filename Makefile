@@ -27,6 +27,7 @@ test-asan: deps
 
 bench: build
 	@$(QKV) bench ops
+	@$(QKV) bench attention
 
 # Regenerate the golden fixtures from PyTorch (needs: pip install torch safetensors numpy).
 fixtures:

@@ -59,5 +59,13 @@ grep -q 'fc1.weight' "$tmp/out" || { echo "FAIL folder inspect lacks fc1.weight"
 check "demo bad steps" nonzero "$QKV" demo --out "$tmp/demo2" --steps -3
 one_line_error "demo bad steps"
 
+# Benchmarks: a tiny run of each suite prints its table; a wrong suite is one clear error.
+check "bench attention tiny" 0 "$QKV" bench attention --n 64 96 --seconds 0.01 --python false
+grep -q "flash" "$tmp/out" && grep -q "naive" "$tmp/out" || { echo "FAIL bench attention table"; cat "$tmp/out"; failures=$((failures + 1)); }
+check "bench attention json" 0 "$QKV" bench attention --json --n 64 --seconds 0.01 --python false
+grep -q '"peak_extra_bytes"' "$tmp/out" || { echo "FAIL bench attention json"; failures=$((failures + 1)); }
+check "bench unknown suite" nonzero "$QKV" bench frobnicate
+one_line_error "bench unknown suite"
+
 if [ $failures -ne 0 ]; then echo "$failures CLI check(s) failed"; exit 1; fi
 echo "all CLI checks passed"
