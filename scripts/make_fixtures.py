@@ -11,7 +11,7 @@ Also writes:
 and, with --check-qkv-file FILE, loads a file that qkv wrote and checks it.
 
 Usage: python3 scripts/make_fixtures.py [--out tests/fixtures] [--check-qkv-file F]
-Needs: torch, safetensors, numpy (pip install torch safetensors numpy).
+Needs: torch, safetensors, numpy, sacrebleu (pip install torch safetensors numpy sacrebleu).
 The tests themselves need no Python; rerun this only to change fixtures.
 """
 import argparse
@@ -335,6 +335,29 @@ def make_blocks(out_dir):
     save_file(t, os.path.join(out_dir, "blocks_golden.safetensors"), metadata={"torch": torch.__version__})
 
 
+def make_metrics(out_dir):
+    """sacreBLEU's corpus BLEU (tokenize='char') and chrF on fixed sentences."""
+    import json
+    import sacrebleu
+    sets = {
+        "japanese": (["私は中国人です", "彼は学校で本を読みます", "この本は面白いです", "私たちはりんごが好きです",
+                      "あなたは医者ですか"],
+                     ["私は中国人です", "彼は図書館で本を読みます", "この本は高いです", "私たちはりんごが好きではありません",
+                      "あなたは医者ですか"]),
+        "with_spaces_and_latin": (["the cat sat on the mat", "a b c", "日本 語"],
+                                  ["the cat is on the mat", "a b c d", "日本語"]),
+        "short_and_empty": (["私", "", "はい"], ["私は学生です", "いいえ", "はい"]),
+    }
+    out = {}
+    for name, (hyps, refs) in sets.items():
+        out[name] = {"hypotheses": hyps, "references": refs,
+                     "bleu": sacrebleu.corpus_bleu(hyps, [refs], tokenize="char").score,
+                     "chrf": sacrebleu.corpus_chrf(hyps, [refs]).score}
+    out["sacrebleu"] = sacrebleu.__version__
+    with open(os.path.join(out_dir, "metrics_sacrebleu.json"), "w", encoding="utf-8") as f:
+        json.dump(out, f, ensure_ascii=False, indent=1)
+
+
 def make_mlp(out_dir):
     """A 4 -> 8 -> 3 MLP with GELU, cross-entropy, AdamW, three steps."""
     torch.manual_seed(7)
@@ -402,6 +425,7 @@ def main():
     n = make_ops(args.out)
     make_mlp(args.out)
     make_blocks(args.out)
+    make_metrics(args.out)
     make_python_written(args.out)
     print(f"wrote {n} op cases, the MLP AdamW steps and the Python-written files to {args.out}")
     return 0

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "qkv/io.h"
+#include "qkv/utf8.h"
 
 namespace qkv {
 
@@ -14,26 +15,6 @@ static_assert(std::endian::native == std::endian::little, "safetensors data is l
 namespace {
 
 constexpr uint64_t kMaxHeaderBytes = 100ull * 1000 * 1000;
-
-// Position of the first byte that is not part of valid UTF-8, or npos.
-size_t invalid_utf8_at(const std::string& s) {
-  size_t i = 0;
-  while (i < s.size()) {
-    unsigned char c = (unsigned char)s[i];
-    int len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
-    if (len == 0 || i + len > s.size()) return i;
-    uint32_t cp = len == 1 ? c : len == 2 ? (c & 0x1f) : len == 3 ? (c & 0x0f) : (c & 0x07);
-    for (int k = 1; k < len; ++k) {
-      unsigned char cc = (unsigned char)s[i + k];
-      if ((cc >> 6) != 0x2) return i;
-      cp = (cp << 6) | (cc & 0x3f);
-    }
-    bool overlong = (len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000);
-    if (overlong || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return i;
-    i += len;
-  }
-  return std::string::npos;
-}
 
 struct Entry {
   std::string name;
@@ -60,7 +41,7 @@ SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& s
   if (n > kMaxHeaderBytes) bad("header length ", n, " exceeds the limit of ", kMaxHeaderBytes, " bytes");
   if (n > bytes.size() - 8) bad("header length ", n, " runs past the end of the file (", bytes.size(), " bytes)");
   std::string header = bytes.substr(8, n);
-  if (size_t at = invalid_utf8_at(header); at != std::string::npos)
+  if (size_t at = invalid_utf8_offset(header); at != std::string::npos)
     bad("header is not valid UTF-8 (bad byte at header offset ", at, ")");
 
   std::set<std::string> top_keys;

@@ -1,0 +1,46 @@
+// qkv/translation.h — translation end to end: batches, training, greedy
+// decoding and metrics for the encoder-decoder Transformer.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "qkv/data.h"
+#include "qkv/models.h"
+
+namespace qkv {
+
+struct EncodedPair {
+  std::vector<int64_t> src, tgt;  // without <bos>/<eos>
+};
+
+// One padded batch: src [B, S] (pad 0), src_lengths [B], tgt_in = <bos> y [B, T],
+// tgt_out = y <eos> [B, T] with -100 at padding (ignored by the loss).
+struct Batch {
+  Tensor src, src_lengths, tgt_in, tgt_out;
+  int64_t target_tokens = 0;
+};
+Batch collate(const std::vector<EncodedPair>& data, const std::vector<int64_t>& indices);
+
+// Length-bucketed batches: pairs sorted by length, cut so that no batch holds
+// more than `batch_tokens` (padded) tokens on either side, then shuffled.
+std::vector<std::vector<int64_t>> make_batches(const std::vector<EncodedPair>& data, int64_t batch_tokens, Rng& rng);
+
+// Mean cross-entropy (with label smoothing) of a batch, plus the MoE auxiliary loss.
+Tensor translation_loss(TranslationTransformer& model, const Batch& batch, float label_smoothing);
+
+// Greedy decoding from <bos> until <eos> or max_len tokens, sentences in
+// batches. Returns the target ids without <bos>/<eos>.
+std::vector<std::vector<int64_t>> greedy_translate(TranslationTransformer& model,
+                                                   const std::vector<std::vector<int64_t>>& sources, int64_t max_len,
+                                                   int64_t batch_size = 64);
+
+// sacreBLEU-compatible corpus scores on a 0-100 scale.
+// chrF: character n-grams 1..6, beta 2, whitespace removed (sacreBLEU's chrF defaults).
+double chrf(const std::vector<std::string>& hypotheses, const std::vector<std::string>& references);
+// BLEU: 4-gram, brevity penalty, sacreBLEU's default "exp" smoothing, with
+// tokenize = "char" (every non-space character a token), suited to Japanese.
+double bleu_char(const std::vector<std::string>& hypotheses, const std::vector<std::string>& references);
+
+}  // namespace qkv

@@ -1,0 +1,17 @@
+// qkv/utf8.h — UTF-8 validation and splitting (strict: no overlongs, no
+// surrogates, nothing above U+10FFFF).
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace qkv {
+
+// Byte offset of the first invalid sequence, or std::string::npos.
+size_t invalid_utf8_offset(const std::string& s);
+// Each invalid byte replaced by U+FFFD.
+std::string replace_invalid_utf8(const std::string& s);
+// The code points of valid UTF-8 text, each as its own string.
+std::vector<std::string> utf8_chars(const std::string& s);
+
+}  // namespace qkv

@@ -1,0 +1,118 @@
+// Batching, the training loss, greedy decoding.
+#include <algorithm>
+#include <numeric>
+
+#include "qkv/translation.h"
+
+namespace qkv {
+
+Batch collate(const std::vector<EncodedPair>& data, const std::vector<int64_t>& indices) {
+  const int64_t B = (int64_t)indices.size();
+  int64_t S = 1, T = 1;
+  for (int64_t i : indices) {
+    S = std::max<int64_t>(S, (int64_t)data[i].src.size());
+    T = std::max<int64_t>(T, (int64_t)data[i].tgt.size() + 1);
+  }
+  Batch b;
+  b.src = Tensor::zeros({B, S}, DType::I64);
+  b.src_lengths = Tensor::zeros({B}, DType::I64);
+  b.tgt_in = Tensor::zeros({B, T}, DType::I64);
+  b.tgt_out = Tensor::from_ints(std::vector<int64_t>(B * T, -100), {B, T});
+  for (int64_t r = 0; r < B; ++r) {
+    const EncodedPair& p = data[indices[r]];
+    std::copy(p.src.begin(), p.src.end(), b.src.data<int64_t>() + r * S);
+    b.src_lengths.data<int64_t>()[r] = std::max<int64_t>((int64_t)p.src.size(), 1);
+    int64_t* in = b.tgt_in.data<int64_t>() + r * T;
+    int64_t* out = b.tgt_out.data<int64_t>() + r * T;
+    in[0] = CharTokenizer::kBos;
+    for (size_t t = 0; t < p.tgt.size(); ++t) {
+      in[t + 1] = p.tgt[t];
+      out[t] = p.tgt[t];
+    }
+    out[p.tgt.size()] = CharTokenizer::kEos;
+    b.target_tokens += (int64_t)p.tgt.size() + 1;
+  }
+  return b;
+}
+
+std::vector<std::vector<int64_t>> make_batches(const std::vector<EncodedPair>& data, int64_t batch_tokens, Rng& rng) {
+  std::vector<int64_t> order(data.size());
+  std::iota(order.begin(), order.end(), 0);
+  // Shuffle first so equal lengths land in different batches each epoch, then sort by length.
+  for (int64_t i = (int64_t)order.size() - 1; i > 0; --i) std::swap(order[i], order[rng.next_below(i + 1)]);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    return std::max(data[a].src.size(), data[a].tgt.size() + 1) < std::max(data[b].src.size(), data[b].tgt.size() + 1);
+  });
+  std::vector<std::vector<int64_t>> batches;
+  std::vector<int64_t> cur;
+  int64_t longest = 0;
+  for (int64_t i : order) {
+    int64_t len = (int64_t)std::max(data[i].src.size(), data[i].tgt.size() + 1);
+    if (!cur.empty() && std::max(longest, len) * (int64_t)(cur.size() + 1) > batch_tokens) {
+      batches.push_back(std::move(cur));
+      cur.clear();
+      longest = 0;
+    }
+    cur.push_back(i);
+    longest = std::max(longest, len);
+  }
+  if (!cur.empty()) batches.push_back(std::move(cur));
+  for (int64_t i = (int64_t)batches.size() - 1; i > 0; --i) std::swap(batches[i], batches[rng.next_below(i + 1)]);
+  return batches;
+}
+
+Tensor translation_loss(TranslationTransformer& model, const Batch& b, float label_smoothing) {
+  Tensor memory = model.encode(b.src, b.src_lengths);
+  Tensor logits = model.decode(b.tgt_in, memory, b.src_lengths);
+  const int64_t V = logits.size(-1);
+  Tensor loss = cross_entropy(logits.reshape({-1, V}), b.tgt_out.reshape({-1}),
+                              {.ignore_index = -100, .label_smoothing = label_smoothing});
+  Tensor aux = model.aux_loss();
+  return aux.defined() ? add(loss, aux) : loss;
+}
+
+// Index of the largest of n floats.
+static int64_t argmax(const float* p, int64_t n) { return std::max_element(p, p + n) - p; }
+
+std::vector<std::vector<int64_t>> greedy_translate(TranslationTransformer& model,
+                                                   const std::vector<std::vector<int64_t>>& sources, int64_t max_len,
+                                                   int64_t batch_size) {
+  NoGradGuard no_grad;
+  std::vector<std::vector<int64_t>> results(sources.size());
+  for (size_t start = 0; start < sources.size(); start += batch_size) {
+    size_t end = std::min(sources.size(), start + batch_size);
+    std::vector<EncodedPair> chunk;
+    std::vector<int64_t> idx;
+    for (size_t i = start; i < end; ++i) {
+      chunk.push_back({sources[i], {}});
+      idx.push_back((int64_t)(i - start));
+    }
+    Batch b = collate(chunk, idx);
+    const int64_t B = (int64_t)chunk.size();
+    Tensor memory = model.encode(b.src, b.src_lengths);
+    std::vector<std::vector<int64_t>> prefix(B, {CharTokenizer::kBos});
+    std::vector<bool> done(B, false);
+    for (int64_t step = 0; step < max_len; ++step) {
+      std::vector<int64_t> flat;
+      for (auto& p : prefix) flat.insert(flat.end(), p.begin(), p.end());
+      Tensor tgt_in = Tensor::from_ints(flat, {B, step + 1});
+      Tensor logits = model.decode(tgt_in, memory, b.src_lengths);  // recomputes the prefix (no cache yet)
+      const int64_t V = logits.size(-1);
+      Tensor last = logits.slice(1, step, step + 1).contiguous();
+      bool all_done = true;
+      for (int64_t r = 0; r < B; ++r) {
+        int64_t next = done[r] ? CharTokenizer::kPad : argmax(last.data<float>() + r * V, V);
+        prefix[r].push_back(next);
+        if (!done[r] && next == CharTokenizer::kEos) done[r] = true;
+        if (!done[r]) {
+          results[start + r].push_back(next);
+          all_done = false;
+        }
+      }
+      if (all_done) break;
+    }
+  }
+  return results;
+}
+
+}  // namespace qkv

@@ -1,0 +1,178 @@
+// The encoder-decoder Transformer for translation, and its config.
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "qkv/models.h"
+#include "qkv/position.h"
+
+namespace qkv {
+namespace {
+
+template <class T>
+T get(const nlohmann::json& j, const char* key, T fallback, const std::string& source) {
+  if (!j.contains(key)) return fallback;
+  try {
+    return j.at(key).get<T>();
+  } catch (const nlohmann::json::exception&) {
+    fail(source, ": '", key, "' has the wrong type (", j.at(key).dump(), ")");
+  }
+}
+
+void one_of(const std::string& value, std::initializer_list<const char*> allowed, const char* key,
+            const std::string& source) {
+  std::string list;
+  for (const char* a : allowed) {
+    if (value == a) return;
+    list += std::string(list.empty() ? "" : ", ") + a;
+  }
+  fail(source, ": '", key, "' is '", value, "', expected one of: ", list);
+}
+
+Activation activation_of(const std::string& name) {
+  if (name == "gelu") return Activation::Gelu;
+  if (name == "gelu_tanh") return Activation::GeluTanh;
+  if (name == "silu") return Activation::Silu;
+  return Activation::Relu;
+}
+
+}  // namespace
+
+TransformerConfig TransformerConfig::from_json(const std::string& text, const std::string& source) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    fail(source, ": not valid JSON (", e.what(), ")");
+  }
+  QKV_CHECK(j.is_object(), source, ": expected a JSON object");
+  static const std::set<std::string> known = {
+      "arch", "vocab_size", "d_model", "nhead", "num_encoder_layers", "num_decoder_layers", "dim_feedforward",
+      "dropout", "activation", "norm_first", "norm", "mlp", "qk_norm", "positions", "max_len", "tie_output",
+      "num_experts", "top_k", "aux_loss_weight", "train"};
+  for (auto& [k, v] : j.items()) QKV_CHECK(known.count(k), source, ": unknown key '", k, "'");
+  TransformerConfig c;
+  c.arch = get<std::string>(j, "arch", c.arch, source);
+  one_of(c.arch, {"transformer"}, "arch", source);
+  c.vocab_size = get<int64_t>(j, "vocab_size", 0, source);
+  c.d_model = get<int64_t>(j, "d_model", c.d_model, source);
+  c.nhead = get<int64_t>(j, "nhead", c.nhead, source);
+  c.num_encoder_layers = get<int64_t>(j, "num_encoder_layers", c.num_encoder_layers, source);
+  c.num_decoder_layers = get<int64_t>(j, "num_decoder_layers", c.num_decoder_layers, source);
+  c.dim_feedforward = get<int64_t>(j, "dim_feedforward", c.dim_feedforward, source);
+  c.dropout = get<float>(j, "dropout", c.dropout, source);
+  c.activation = get<std::string>(j, "activation", c.activation, source);
+  one_of(c.activation, {"relu", "gelu", "gelu_tanh", "silu"}, "activation", source);
+  c.norm_first = get<bool>(j, "norm_first", c.norm_first, source);
+  c.norm = get<std::string>(j, "norm", c.norm, source);
+  one_of(c.norm, {"layernorm", "rmsnorm"}, "norm", source);
+  c.mlp = get<std::string>(j, "mlp", c.mlp, source);
+  one_of(c.mlp, {"dense", "swiglu", "moe"}, "mlp", source);
+  c.qk_norm = get<bool>(j, "qk_norm", c.qk_norm, source);
+  c.positions = get<std::string>(j, "positions", c.positions, source);
+  one_of(c.positions, {"sinusoidal", "learned", "rope"}, "positions", source);
+  c.max_len = get<int64_t>(j, "max_len", c.max_len, source);
+  c.tie_output = get<bool>(j, "tie_output", c.tie_output, source);
+  c.moe.num_experts = get<int64_t>(j, "num_experts", c.moe.num_experts, source);
+  c.moe.top_k = get<int64_t>(j, "top_k", c.moe.top_k, source);
+  c.moe.aux_loss_weight = get<float>(j, "aux_loss_weight", c.moe.aux_loss_weight, source);
+  QKV_CHECK(c.d_model > 0 && c.nhead > 0 && c.d_model % c.nhead == 0, source, ": d_model ", c.d_model,
+            " must be a positive multiple of nhead ", c.nhead);
+  QKV_CHECK(c.num_encoder_layers > 0 && c.num_decoder_layers > 0 && c.dim_feedforward > 0 && c.max_len > 0, source,
+            ": layer counts, dim_feedforward and max_len must be positive");
+  QKV_CHECK(c.dropout >= 0 && c.dropout < 1, source, ": dropout must be in [0, 1)");
+  return c;
+}
+
+std::string TransformerConfig::to_json() const {
+  nlohmann::ordered_json j = {{"arch", arch},         {"vocab_size", vocab_size},
+                              {"d_model", d_model},   {"nhead", nhead},
+                              {"num_encoder_layers", num_encoder_layers},
+                              {"num_decoder_layers", num_decoder_layers},
+                              {"dim_feedforward", dim_feedforward},
+                              {"dropout", dropout},   {"activation", activation},
+                              {"norm_first", norm_first}, {"norm", norm},
+                              {"mlp", mlp},           {"qk_norm", qk_norm},
+                              {"positions", positions}, {"max_len", max_len},
+                              {"tie_output", tie_output}};
+  if (mlp == "moe") {
+    j["num_experts"] = moe.num_experts;
+    j["top_k"] = moe.top_k;
+    j["aux_loss_weight"] = moe.aux_loss_weight;
+  }
+  return j.dump(2) + "\n";
+}
+
+TransformerLayerOptions TransformerConfig::layer_options() const {
+  TransformerLayerOptions o;
+  o.d_model = d_model;
+  o.nhead = nhead;
+  o.dim_feedforward = dim_feedforward;
+  o.dropout = dropout;
+  o.activation = activation_of(activation);
+  o.norm_first = norm_first;
+  o.norm = norm == "rmsnorm" ? NormKind::RMSNorm : NormKind::LayerNorm;
+  o.mlp = mlp == "swiglu" ? MLPKind::SwiGLU : mlp == "moe" ? MLPKind::MoE : MLPKind::Dense;
+  o.moe = moe;
+  o.qk_norm = qk_norm;
+  o.rotary = positions == "rope";
+  return o;
+}
+
+TranslationTransformer::TranslationTransformer(const TransformerConfig& c, Rng& rng) : config_(c) {
+  QKV_CHECK(c.vocab_size > 4, "transformer: vocab_size must be set (got ", c.vocab_size, ")");
+  embed = register_module("embed", std::make_shared<Embedding>(c.vocab_size, c.d_model, rng));
+  normal_(embed->weight, rng, 1.0f / std::sqrt((float)c.d_model));  // scaled back up by sqrt(D) on lookup
+  if (c.positions == "learned")
+    positions = register_module("positions", std::make_shared<LearnedPositionalEmbedding>(c.max_len, c.d_model, rng));
+  TransformerLayerOptions lo = c.layer_options();
+  for (int64_t i = 0; i < c.num_encoder_layers; ++i)
+    encoder_layers.push_back(register_module("encoder.layers." + std::to_string(i),
+                                             std::make_shared<TransformerEncoderLayer>(lo, rng)));
+  for (int64_t i = 0; i < c.num_decoder_layers; ++i)
+    decoder_layers.push_back(register_module("decoder.layers." + std::to_string(i),
+                                             std::make_shared<TransformerDecoderLayer>(lo, rng)));
+  if (c.norm_first) {
+    encoder_norm = register_module("encoder.norm", std::make_shared<Norm>(lo.norm, c.d_model, lo.norm_eps));
+    decoder_norm = register_module("decoder.norm", std::make_shared<Norm>(lo.norm, c.d_model, lo.norm_eps));
+  }
+  if (!c.tie_output)
+    output_proj = register_module("output_proj", std::make_shared<Linear>(LinearOptions{c.d_model, c.vocab_size, false}, rng));
+  dropout = register_module("dropout", std::make_shared<Dropout>(c.dropout, rng.next_bits()));
+}
+
+Tensor TranslationTransformer::embed_tokens(const Tensor& ids, int64_t offset) {
+  const int64_t len = ids.size(1);
+  QKV_CHECK(offset + len <= config_.max_len || config_.positions != "learned", "transformer: sequence of ",
+            offset + len, " tokens exceeds max_len ", config_.max_len);
+  Tensor x = scale(embed->forward(ids), std::sqrt((float)config_.d_model));
+  if (config_.positions == "sinusoidal") x = add(x, sinusoidal_encoding(len, config_.d_model, offset));
+  if (config_.positions == "learned") x = add(x, positions->forward(len, offset));
+  return dropout->forward(x);
+}
+
+Tensor TranslationTransformer::encode(const Tensor& src, const Tensor& src_lengths) {
+  Tensor x = embed_tokens(src, 0);
+  for (auto& layer : encoder_layers) x = layer->forward(x, {.key_padding_lengths = src_lengths});
+  return encoder_norm ? encoder_norm->forward(x) : x;
+}
+
+Tensor TranslationTransformer::decode(const Tensor& tgt_in, const Tensor& memory, const Tensor& src_lengths) {
+  Tensor x = embed_tokens(tgt_in, 0);
+  for (auto& layer : decoder_layers) x = layer->forward(x, memory, {.causal = true}, {.key_padding_lengths = src_lengths});
+  if (decoder_norm) x = decoder_norm->forward(x);
+  return output_proj ? output_proj->forward(x) : matmul(x, embed->weight.transpose(0, 1));
+}
+
+Tensor TranslationTransformer::aux_loss() const {
+  Tensor total;
+  auto add_from = [&](const std::shared_ptr<FeedForward>& ff) {
+    Tensor a = ff->aux_loss();
+    if (a.defined()) total = total.defined() ? add(total, a) : a;
+  };
+  for (auto& l : encoder_layers) add_from(l->mlp);
+  for (auto& l : decoder_layers) add_from(l->mlp);
+  return total;
+}
+
+}  // namespace qkv

@@ -1,0 +1,186 @@
+// Translation pieces: the synthetic corpus, parallel text reading, the char
+// tokenizer, batching, metrics against sacreBLEU, and a tiny Transformer that
+// learns to translate.
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "qkv/io.h"
+#include "qkv/optim.h"
+#include "qkv/translation.h"
+#include "qkv/utf8.h"
+#include "tests/test_util.h"
+
+namespace qkv {
+namespace {
+
+TEST(SynthZhJa, SeededDistinctAndCorrectByConstruction) {
+  auto a = synth_zh_ja(2000, 7), b = synth_zh_ja(2000, 7), c = synth_zh_ja(2000, 8);
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, c);
+  std::set<std::string> sources;
+  for (auto& [zh, ja] : a) {
+    EXPECT_TRUE(sources.insert(zh).second) << "duplicate " << zh;
+    EXPECT_EQ(invalid_utf8_offset(zh), std::string::npos);
+    EXPECT_FALSE(ja.empty());
+  }
+  // Spot checks of the grammar: the lecture's example, negation, questions, SOV order.
+  bool copula = false, negative = false, question = false, sov = false;
+  for (auto& [zh, ja] : synth_zh_ja(20000, 1)) {
+    if (zh == "我是中国人") {
+      EXPECT_EQ(ja, "私は中国人です");
+      copula = true;
+    }
+    if (zh == "我不是中国人") {
+      EXPECT_EQ(ja, "私は中国人ではありません");
+      negative = true;
+    }
+    if (zh == "你是医生吗") {
+      EXPECT_EQ(ja, "あなたは医者ですか");
+      question = true;
+    }
+    if (zh == "他吃苹果") {
+      EXPECT_EQ(ja, "彼はりんごを食べます");
+      sov = true;
+    }
+  }
+  EXPECT_TRUE(copula && negative && question && sov);
+}
+
+TEST(SynthZhJa, HeldOutSplitSharesNoSentence) {
+  auto train = synth_zh_ja(3000, 1);
+  auto test = synth_zh_ja(500, 2, train);
+  std::set<std::string> seen;
+  for (auto& p : train) seen.insert(p.first);
+  for (auto& p : test) EXPECT_FALSE(seen.count(p.first)) << p.first;
+}
+
+std::string write_temp(const std::string& bytes) {
+  char tmpl[] = "/tmp/qkv_tsv_XXXXXX";
+  int fd = mkstemp(tmpl);
+  EXPECT_GE(fd, 0);
+  close(fd);
+  std::ofstream(tmpl, std::ios::binary) << bytes;
+  return tmpl;
+}
+
+TEST(ParallelText, ReadsAndRejectsWithLineNumbers) {
+  auto ok = read_parallel_tsv(write_temp("我是中国人\t私は中国人です\r\n\n他吃苹果\t彼はりんごを食べます\n"));
+  ASSERT_EQ(ok.size(), 2u);
+  EXPECT_EQ(ok[0].second, "私は中国人です");
+  auto expect_error = [](const std::string& bytes, const std::string& what) {
+    std::string path = write_temp(bytes);
+    try {
+      read_parallel_tsv(path);
+      FAIL() << "accepted: " << what;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+    }
+  };
+  expect_error("a\tb\nno tab here\n", ":2: expected source<TAB>target, found no tab");
+  expect_error("a\tb\tc\n", ":1: expected source<TAB>target, found more than one tab");
+  expect_error("a\tb\n\tb\n", ":2: empty source");
+  expect_error("a\tb\nx\xff\ty\n", ":2: invalid UTF-8 at byte 2");
+  expect_error("", "no sentence pairs");
+  EXPECT_THROW(read_parallel_tsv("/nonexistent/file.tsv"), Error);
+  auto replaced = read_parallel_tsv(write_temp("x\xff\ty\n"), {.replace_invalid_utf8 = true});
+  EXPECT_EQ(replaced[0].first, "x\xEF\xBF\xBD");
+}
+
+TEST(CharTokenizer, RoundTripSpecialsAndJson) {
+  CharTokenizer tok = CharTokenizer::build({"私は中国人です", "我是中国人"});
+  std::vector<int64_t> ids = tok.encode("我是日本人");
+  EXPECT_EQ(ids[2], CharTokenizer::kUnk);  // 日 is not in the vocabulary
+  EXPECT_EQ(tok.decode(tok.encode("私は中国人です")), "私は中国人です");
+  std::vector<int64_t> with_eos = tok.encode("私は");
+  with_eos.push_back(CharTokenizer::kEos);
+  with_eos.push_back(tok.encode("人")[0]);
+  EXPECT_EQ(tok.decode(with_eos), "私は");  // stops at <eos>
+  CharTokenizer back = CharTokenizer::from_json(tok.to_json(), "tokenizer.json");
+  EXPECT_EQ(back.encode("中国人です"), tok.encode("中国人です"));
+  EXPECT_THROW(CharTokenizer::from_json("{\"type\": \"char\", \"vocab\": [\"a\"]}", "t.json"), Error);
+  EXPECT_THROW(CharTokenizer::from_json("not json", "t.json"), Error);
+  EXPECT_THROW(tok.encode("bad \xff"), Error);
+}
+
+TEST(Batching, TokenBudgetAndCoverage) {
+  std::vector<EncodedPair> data;
+  Rng rng(3);
+  for (int i = 0; i < 300; ++i)
+    data.push_back({std::vector<int64_t>(1 + rng.next_below(20), 5), std::vector<int64_t>(1 + rng.next_below(20), 6)});
+  auto batches = make_batches(data, 200, rng);
+  std::vector<int> seen(data.size(), 0);
+  for (auto& b : batches) {
+    Batch t = collate(data, b);
+    EXPECT_LE(t.src.numel(), 200);
+    EXPECT_LE(t.tgt_in.numel(), 200);
+    for (int64_t i : b) seen[i]++;
+  }
+  for (int s : seen) EXPECT_EQ(s, 1);
+  Batch one = collate({{{7, 8}, {9}}}, {0});
+  EXPECT_EQ(one.tgt_in.to_ints(), (std::vector<int64_t>{CharTokenizer::kBos, 9}));
+  EXPECT_EQ(one.tgt_out.to_ints(), (std::vector<int64_t>{9, CharTokenizer::kEos}));
+}
+
+TEST(Metrics, MatchSacreBleu) {
+  auto j = nlohmann::json::parse(read_file(testing::fixture("metrics_sacrebleu.json")));
+  for (auto& [name, c] : j.items()) {
+    if (!c.is_object()) continue;
+    auto h = c["hypotheses"].get<std::vector<std::string>>(), r = c["references"].get<std::vector<std::string>>();
+    EXPECT_NEAR(bleu_char(h, r), c["bleu"].get<double>(), 1e-9) << name;
+    EXPECT_NEAR(chrf(h, r), c["chrf"].get<double>(), 1e-9) << name;
+  }
+  EXPECT_DOUBLE_EQ(chrf({"私は中国人です"}, {"私は中国人です"}), 100.0);
+  EXPECT_THROW(chrf({"a"}, {}), Error);
+}
+
+TEST(TranslationTransformer, ConfigValidation) {
+  EXPECT_THROW(TransformerConfig::from_json("{\"d_model\": 10, \"nhead\": 4}", "c.json"), Error);
+  EXPECT_THROW(TransformerConfig::from_json("{\"norm\": \"batchnorm\"}", "c.json"), Error);
+  EXPECT_THROW(TransformerConfig::from_json("{\"d_modle\": 64}", "c.json"), Error);
+  EXPECT_THROW(TransformerConfig::from_json("{\"d_model\": \"big\"}", "c.json"), Error);
+  TransformerConfig c = TransformerConfig::from_json("{\"d_model\": 64, \"mlp\": \"swiglu\"}", "c.json");
+  EXPECT_EQ(c.d_model, 64);
+  EXPECT_EQ(TransformerConfig::from_json(c.to_json(), "again").mlp, "swiglu");
+}
+
+// A tiny model trained for a few hundred steps translates sentences it saw.
+TEST(TranslationTransformer, LearnsASmallCorpus) {
+  auto pairs = synth_zh_ja(64, 3);
+  std::vector<std::string> texts;
+  for (auto& [s, t] : pairs) texts.push_back(s), texts.push_back(t);
+  CharTokenizer tok = CharTokenizer::build(texts);
+  std::vector<EncodedPair> data;
+  for (auto& [s, t] : pairs) data.push_back({tok.encode(s), tok.encode(t)});
+  TransformerConfig cfg;
+  cfg.vocab_size = tok.size();
+  cfg.d_model = 64, cfg.nhead = 4, cfg.dim_feedforward = 128, cfg.dropout = 0.0f;
+  cfg.num_encoder_layers = 1, cfg.num_decoder_layers = 1;
+  Rng rng(1);
+  TranslationTransformer model(cfg, rng);
+  AdamW opt(model.parameters(), {.lr = 3e-3f, .weight_decay = 0.0f});
+  float first = 0, last = 0;
+  for (int step = 0; step < 300; ++step) {
+    for (auto& idx : make_batches(data, 2048, rng)) {
+      opt.zero_grad();
+      Tensor loss = translation_loss(model, collate(data, idx), 0.0f);
+      loss.backward();
+      clip_grad_norm(model.parameters(), 1.0f);
+      opt.step();
+      if (step == 0) first = loss.item();
+      last = loss.item();
+    }
+    if (last < 0.02f) break;
+  }
+  EXPECT_LT(last, 0.1f) << "loss from " << first << " to " << last;
+  model.eval();
+  std::vector<std::vector<int64_t>> sources;
+  std::vector<std::string> refs, hyps;
+  for (int i = 0; i < 16; ++i) sources.push_back(data[i].src), refs.push_back(pairs[i].second);
+  for (auto& ids : greedy_translate(model, sources, 40)) hyps.push_back(tok.decode(ids));
+  EXPECT_GT(chrf(hyps, refs), 90.0) << hyps[0] << " vs " << refs[0];
+}
+
+}  // namespace
+}  // namespace qkv
