@@ -50,14 +50,43 @@ head -c 300 "$FIXTURES/python_written_np.safetensors" >"$tmp/cut.safetensors"
 check "inspect cut data" nonzero "$QKV" inspect "$tmp/cut.safetensors"
 one_line_error "inspect cut data"
 
-# A model folder: the demo writes one; inspect reads it back.
-check "demo" 0 "$QKV" demo --out "$tmp/demo" --steps 150
-[ -f "$tmp/demo/model.safetensors" ] && [ -f "$tmp/demo/config.json" ] || { echo "FAIL demo wrote no model"; failures=$((failures + 1)); }
-ls "$tmp/demo" | grep -q 'tmp' && { echo "FAIL demo left temporary files"; failures=$((failures + 1)); }
-check "inspect model folder" 0 "$QKV" inspect "$tmp/demo"
-grep -q 'fc1.weight' "$tmp/out" || { echo "FAIL folder inspect lacks fc1.weight"; failures=$((failures + 1)); }
+# The demo, small: corpus, training, evaluation, translations, a model folder.
+check "demo" 0 "$QKV" demo --out "$tmp/demo" --steps 30 --train-pairs 600 --test-pairs 40
+grep -q "我是中国人" "$tmp/out" || { echo "FAIL demo does not translate the example"; failures=$((failures + 1)); }
+for f in config.json model.safetensors tokenizer.json trainer_state.json; do
+  [ -f "$tmp/demo/model/$f" ] || { echo "FAIL demo wrote no model/$f"; failures=$((failures + 1)); }
+done
+[ -z "$(find "$tmp/demo" -name '*.tmp-*')" ] || { echo "FAIL demo left temporary files"; failures=$((failures + 1)); }
+check "inspect model folder" 0 "$QKV" inspect "$tmp/demo/model"
+grep -q 'decoder.layers.0.cross_attn.kv_proj.weight' "$tmp/out" || { echo "FAIL folder inspect lacks cross_attn"; failures=$((failures + 1)); }
 check "demo bad steps" nonzero "$QKV" demo --out "$tmp/demo2" --steps -3
 one_line_error "demo bad steps"
+
+# Translation commands on the demo's files.
+printf '我是中国人\n他吃苹果\n' >"$tmp/in.txt"
+check "translate" 0 sh -c "\"$QKV\" translate --model \"$tmp/demo/model\" < \"$tmp/in.txt\""
+[ "$(wc -l <"$tmp/out")" -eq 2 ] || { echo "FAIL translate: expected 2 lines"; cat "$tmp/out"; failures=$((failures + 1)); }
+printf 'bad\xff\n' >"$tmp/bad.txt"
+check "translate invalid UTF-8" nonzero sh -c "\"$QKV\" translate --model \"$tmp/demo/model\" < \"$tmp/bad.txt\""
+one_line_error "translate invalid UTF-8"
+grep -q "line 1" "$tmp/err" || { echo "FAIL translate error lacks the line number"; failures=$((failures + 1)); }
+check "translate replace invalid" 0 sh -c "\"$QKV\" translate --replace-invalid-utf8 --model \"$tmp/demo/model\" < \"$tmp/bad.txt\""
+check "eval --json" 0 "$QKV" eval --json --model "$tmp/demo/model" --test "$tmp/demo/zh-ja.test.tsv"
+for key in bleu chrf exact_match; do
+  grep -q "\"$key\"" "$tmp/out" || { echo "FAIL eval --json lacks $key"; cat "$tmp/out"; failures=$((failures + 1)); }
+done
+check "eval missing model" nonzero "$QKV" eval --model "$tmp/none" --test "$tmp/demo/zh-ja.test.tsv"
+one_line_error "eval missing model"
+check "train missing config" nonzero "$QKV" train --config "$tmp/none.json" --train "$tmp/demo/zh-ja.train.tsv" --out "$tmp/m"
+one_line_error "train missing config"
+printf '{"d_modle": 3}' >"$tmp/badcfg.json"
+check "train bad config" nonzero "$QKV" train --config "$tmp/badcfg.json" --train "$tmp/demo/zh-ja.train.tsv" --out "$tmp/m"
+one_line_error "train bad config"
+grep -q "unknown key 'd_modle'" "$tmp/err" || { echo "FAIL bad config message"; failures=$((failures + 1)); }
+check "data synth" 0 "$QKV" data synth-zh-ja --pairs 5 --seed 3
+[ "$(wc -l <"$tmp/out")" -eq 5 ] || { echo "FAIL synth: expected 5 lines"; failures=$((failures + 1)); }
+check "data synth bad pairs" nonzero "$QKV" data synth-zh-ja --pairs 0
+one_line_error "data synth bad pairs"
 
 # Benchmarks: a tiny run of each suite prints its table; a wrong suite is one clear error.
 check "bench attention tiny" 0 "$QKV" bench attention --n 64 96 --seconds 0.01 --python false

@@ -1,155 +1,105 @@
-// qkv demo: until the translation Transformer lands, the demo trains a small
-// real model end to end in seconds -- an MLP separating two interleaved
-// spirals -- prints the loss as it falls, draws what it learned, saves a
-// model folder, and checks that the saved model reloads to the same answers.
+// qkv demo: qkv's main job from start to end. Generates the synthetic
+// Chinese -> Japanese corpus with a held-out split, trains the small
+// Transformer of configs/transformer-zh-ja.json, scores it on the held-out
+// sentences, and translates a few examples, among them 我是中国人.
+#include <unistd.h>
+
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <nlohmann/json.hpp>
 
-#include "qkv/allocator.h"
 #include "qkv/io.h"
-#include "qkv/nn.h"
-#include "qkv/optim.h"
+#include "qkv/trainer.h"
 #include "tools/qkv/commands.h"
+
+#ifndef QKV_SOURCE_DIR
+#define QKV_SOURCE_DIR "."
+#endif
 
 namespace qkv::cli {
 namespace {
 
 struct DemoArgs {
   std::string out = "out/demo";
-  int steps = 600;
-  int hidden = 64;
-  uint64_t seed = 1;
+  std::string config = QKV_SOURCE_DIR "/configs/transformer-zh-ja.json";
+  int64_t steps = 0;  // 0: the config's
+  int64_t train_pairs = 20000;
+  int64_t test_pairs = 500;
   int threads = 0;
 };
 
-// Two interleaved spirals, `n` points each: class k winds half a turn behind class 1-k.
-void make_spirals(int n, Rng& rng, Tensor* x, Tensor* y) {
-  std::vector<float> xs;
-  std::vector<int64_t> ys;
-  for (int i = 0; i < n; ++i) {
-    for (int k = 0; k < 2; ++k) {
-      float t = 0.05f + 0.95f * rng.next_uniform();
-      float angle = 3.0f * (float)M_PI * t + (float)M_PI * k;
-      float r = t + 0.02f * rng.next_normal();
-      xs.push_back(r * std::cos(angle));
-      xs.push_back(r * std::sin(angle));
-      ys.push_back(k);
-    }
-  }
-  *x = Tensor::from_vector(xs, {2 * (int64_t)n, 2});
-  *y = Tensor::from_ints(ys, {2 * (int64_t)n});
-}
-
-class SpiralNet : public Module {
-public:
-  SpiralNet(int64_t hidden, Rng& rng) {
-    fc1 = register_module("fc1", std::make_shared<Linear>(LinearOptions{2, hidden}, rng));
-    fc2 = register_module("fc2", std::make_shared<Linear>(LinearOptions{hidden, hidden}, rng));
-    fc3 = register_module("fc3", std::make_shared<Linear>(LinearOptions{hidden, 2}, rng));
-  }
-  Tensor forward(const Tensor& x) const { return fc3->forward(gelu(fc2->forward(gelu(fc1->forward(x))))); }
-  std::shared_ptr<Linear> fc1, fc2, fc3;
-};
-
-float accuracy(const SpiralNet& net, const Tensor& x, const Tensor& y) {
-  NoGradGuard no_grad;
-  std::vector<float> logits = net.forward(x).to_vector();
-  std::vector<int64_t> labels = y.to_ints();
-  int correct = 0;
-  for (size_t i = 0; i < labels.size(); ++i) correct += (logits[2 * i + 1] > logits[2 * i]) == (labels[i] == 1);
-  return (float)correct / (float)labels.size();
-}
-
-// The learned decision regions as text: '.' and '#' for the two classes.
-void draw(const SpiralNet& net) {
-  const int w = 48, h = 20;
-  std::vector<float> grid;
-  for (int r = 0; r < h; ++r)
-    for (int c = 0; c < w; ++c) {
-      grid.push_back(-1.1f + 2.2f * (c + 0.5f) / w);
-      grid.push_back(1.1f - 2.2f * (r + 0.5f) / h);
-    }
-  NoGradGuard no_grad;
-  std::vector<float> logits = net.forward(Tensor::from_vector(grid, {w * h, 2})).to_vector();
-  std::printf("what the model learned (the plane [-1.1, 1.1]^2; '#' = spiral 1, '.' = spiral 0):\n");
-  for (int r = 0; r < h; ++r) {
-    std::printf("  ");
-    for (int c = 0; c < w; ++c) std::putchar(logits[2 * (r * w + c) + 1] > logits[2 * (r * w + c)] ? '#' : '.');
-    std::putchar('\n');
-  }
-}
-
 int run_demo(const DemoArgs& a) {
-  QKV_CHECK(a.steps > 0, "demo: --steps must be positive, got ", a.steps);
-  QKV_CHECK(a.hidden > 0, "demo: --hidden must be positive, got ", a.hidden);
+  QKV_CHECK(a.steps >= 0, "demo: --steps must be positive, got ", a.steps);
+  QKV_CHECK(a.train_pairs > 0 && a.test_pairs > 0, "demo: --train-pairs and --test-pairs must be positive");
   set_threads(a.threads);
+  auto start = std::chrono::steady_clock::now();
   std::error_code ec;
   std::filesystem::create_directories(a.out, ec);
   QKV_CHECK(std::filesystem::is_directory(a.out), "demo: cannot create the output folder ", a.out,
             ec ? ": " + ec.message() : "");
+  const std::string train_path = a.out + "/zh-ja.train.tsv", test_path = a.out + "/zh-ja.test.tsv";
+  const std::string model_dir = a.out + "/model";
 
-  Rng data_rng(a.seed), init_rng(a.seed + 1);
-  Tensor x_train, y_train, x_test, y_test;
-  make_spirals(500, data_rng, &x_train, &y_train);
-  make_spirals(250, data_rng, &x_test, &y_test);
-  SpiralNet net(a.hidden, init_rng);
-  std::printf("qkv demo: an MLP (2 -> %d -> %d -> 2, GELU, %lld parameters) learns two interleaved spirals\n",
-              a.hidden, a.hidden, (long long)net.parameter_count());
-  std::printf("  train %lld points, held-out %lld points, AdamW with warmup + cosine, %d steps, %d threads\n\n",
-              (long long)x_train.size(0), (long long)x_test.size(0), a.steps, thread_count());
+  std::printf("qkv demo: Chinese -> Japanese translation with an encoder-decoder Transformer\n\n");
+  std::printf("1. corpus: %lld training pairs and %lld held-out pairs from qkv's grammar (no sentence shared)\n",
+              (long long)a.train_pairs, (long long)a.test_pairs);
+  std::vector<SentencePair> train = synth_zh_ja(a.train_pairs, 1);
+  std::vector<SentencePair> test = synth_zh_ja(a.test_pairs, 2, train);
+  write_file_atomic(train_path, format_parallel_tsv(train));
+  write_file_atomic(test_path, format_parallel_tsv(test));
+  for (int i = 0; i < 3; ++i) std::printf("     %s\t%s\n", train[i].first.c_str(), train[i].second.c_str());
 
-  AdamW opt(net.parameters(), {.lr = 1e-2f, .weight_decay = 1e-4f});
-  WarmupCosine schedule{.peak_lr = 1e-2f, .min_lr = 1e-4f, .warmup_steps = a.steps / 20, .total_steps = a.steps};
-  nlohmann::json history = nlohmann::json::array();
-  auto start = std::chrono::steady_clock::now();
-  const int report_every = std::max(1, a.steps / 12);
-  uint64_t warm_allocs = 0;
-  float loss_value = 0;
-  for (int step = 1; step <= a.steps; ++step) {
-    uint64_t allocs_before = allocator_stats().system_allocs;
-    opt.set_lr(schedule.lr_at(step));
-    opt.zero_grad();
-    Tensor loss = cross_entropy(net.forward(x_train), y_train);
-    loss.backward();
-    clip_grad_norm(net.parameters(), 1.0f);
-    opt.step();
-    loss_value = loss.item();
-    if (step > 2) warm_allocs += allocator_stats().system_allocs - allocs_before;
-    if (step % report_every == 0 || step == 1 || step == a.steps) {
-      double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      float acc = accuracy(net, x_train, y_train);
-      std::printf("  step %5d/%d  loss %.4f  train accuracy %5.1f%%  lr %.2e  %6.0f steps/s\n", step, a.steps,
-                  loss_value, 100 * acc, opt.lr(), step / std::max(secs, 1e-9));
-      std::fflush(stdout);
-      history.push_back({{"step", step}, {"loss", loss_value}, {"train_accuracy", acc}});
-    }
+  std::string config_text = read_file(a.config);
+  TrainOptions o = TrainOptions::from_json(config_text, a.config);
+  if (a.steps > 0) {
+    o.steps = a.steps;
+    o.eval_every = std::min(o.eval_every, a.steps);
   }
+  TranslationModel m = new_translation_model(config_text, a.config, train, o.seed);
+  std::printf("\n2. training (%s): d_model %lld, %lld+%lld layers, %lld heads, %lld parameters, %lld characters, "
+              "%lld steps, %d threads\n",
+              a.config.c_str(), (long long)m.config.d_model, (long long)m.config.num_encoder_layers,
+              (long long)m.config.num_decoder_layers, (long long)m.config.nhead, (long long)m.model->parameter_count(),
+              (long long)m.config.vocab_size, (long long)o.steps, thread_count());
+  std::fflush(stdout);
+  const bool tty = isatty(STDOUT_FILENO);
+  TrainCallbacks cb;
+  cb.progress = [&](const TrainProgress& p) {
+    if (!tty && p.step % std::max<int64_t>(1, p.total_steps / 8) != 0 && p.step != 1) return;
+    std::printf("%s     step %4lld/%lld  loss %.3f  %5.0f tokens/s  lr %.2e  ETA %3.0f s%s", tty ? "\r" : "",
+                (long long)p.step, (long long)p.total_steps, p.loss, p.tokens_per_second, p.lr, p.eta_seconds,
+                tty ? "" : "\n");
+    std::fflush(stdout);
+  };
+  cb.evaluated = [&](const EvalReport& r) {
+    std::printf("%s     step %4lld: held-out loss %.4f  chrF %.2f  BLEU %.2f%s\n", tty ? "\n" : "", (long long)r.step,
+                r.valid_loss, r.chrf, r.bleu, r.best ? "  (best so far, saved)" : "");
+    std::fflush(stdout);
+  };
+  train_translation(m, train, test, o, model_dir, cb);
+
+  std::printf("\n3. held-out evaluation of the saved model\n");
+  TranslationModel best = load_translation_model(model_dir);
+  std::vector<std::string> sources, refs;
+  for (auto& [s, t] : test) sources.push_back(s), refs.push_back(t);
+  std::vector<std::string> hyps = translate_texts(best, sources, 128);
+  int64_t exact = 0;
+  for (size_t i = 0; i < hyps.size(); ++i) exact += hyps[i] == refs[i];
+  std::printf("     chrF %.2f   BLEU (char) %.2f   exact match %.1f%% of %zu sentences\n", chrf(hyps, refs),
+              bleu_char(hyps, refs), 100.0 * exact / hyps.size(), hyps.size());
+
+  std::printf("\n4. translations\n");
+  std::vector<std::string> examples = {"我是中国人", "她的妈妈是医生吗", "我们明天在图书馆学习日语",
+                                       "这本书很有意思", "他有三辆车"};
+  std::vector<std::string> out = translate_texts(best, examples, 128);
+  for (size_t i = 0; i < examples.size(); ++i) std::printf("     %s  ->  %s\n", examples[i].c_str(), out[i].c_str());
+
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  float test_acc = accuracy(net, x_test, y_test);
-  std::printf("\ntrained in %.2f s; held-out accuracy %.1f%%; memory requests to the system in warm steps: %llu\n\n",
-              secs, 100 * test_acc, (unsigned long long)warm_allocs);
-  draw(net);
-
-  // The model folder: config, weights, trainer state; each file written atomically.
-  nlohmann::ordered_json config = {{"arch", "mlp"}, {"task", "two-spirals"}, {"in_features", 2},
-                                   {"hidden", a.hidden}, {"classes", 2}, {"activation", "gelu"}};
-  write_file_atomic(a.out + "/config.json", config.dump(2) + "\n");
-  save_safetensors(a.out + "/model.safetensors", net.state_dict(), {{"format", "qkv"}, {"arch", "mlp"}});
-  nlohmann::ordered_json state = {{"step", a.steps}, {"seed", a.seed}, {"held_out_accuracy", test_acc},
-                                  {"history", history}};
-  write_file_atomic(a.out + "/trainer_state.json", state.dump(2) + "\n");
-
-  Rng other(12345);
-  SpiralNet reloaded(a.hidden, other);
-  reloaded.load_state_dict(load_safetensors(a.out + "/model.safetensors").as_map());
-  float reload_acc = accuracy(reloaded, x_test, y_test);
-  QKV_CHECK(reload_acc == test_acc, "demo: the reloaded model scores ", reload_acc, ", the trained one ", test_acc);
-  std::printf("\nwrote %s/{config.json, model.safetensors, trainer_state.json}; reloaded: same held-out accuracy\n",
-              a.out.c_str());
-  std::printf("look inside: qkv inspect %s\n", a.out.c_str());
+  std::printf("\ndone in %.0f s. Files:\n     %s, %s\n     %s/ (config.json, model.safetensors, tokenizer.json, "
+              "trainer_state.json)\n",
+              secs, train_path.c_str(), test_path.c_str(), model_dir.c_str());
+  std::printf("try: echo 我是中国人 | qkv translate --model %s\n     qkv eval --model %s --test %s\n", model_dir.c_str(),
+              model_dir.c_str(), test_path.c_str());
   return 0;
 }
 
@@ -157,11 +107,12 @@ int run_demo(const DemoArgs& a) {
 
 Run add_demo(CLI::App& app) {
   auto args = std::make_shared<DemoArgs>();
-  CLI::App* sub = app.add_subcommand("demo", "Train a small model in seconds, show it learning, save and reload it");
-  sub->add_option("--out", args->out, "Folder for the trained model")->capture_default_str();
-  sub->add_option("--steps", args->steps, "Training steps")->capture_default_str();
-  sub->add_option("--hidden", args->hidden, "Hidden width of the MLP")->capture_default_str();
-  sub->add_option("--seed", args->seed, "Seed for data and initialization")->capture_default_str();
+  CLI::App* sub = app.add_subcommand("demo", "Generate the zh-ja corpus, train a Transformer, evaluate, translate");
+  sub->add_option("--out", args->out, "Folder for the corpus and the model")->capture_default_str();
+  sub->add_option("--config", args->config, "Model and training recipe")->capture_default_str();
+  sub->add_option("--steps", args->steps, "Training steps (default: the recipe's)");
+  sub->add_option("--train-pairs", args->train_pairs, "Training pairs to generate")->capture_default_str();
+  sub->add_option("--test-pairs", args->test_pairs, "Held-out pairs to generate")->capture_default_str();
   sub->add_option("--threads", args->threads, "Threads (0: all cores)")->capture_default_str();
   return [args] { return run_demo(*args); };
 }

@@ -12,6 +12,10 @@ using Run = std::function<int()>;
 Run add_inspect(CLI::App& app);
 Run add_demo(CLI::App& app);
 Run add_bench(CLI::App& app);
+Run add_data(CLI::App& app);
+Run add_train(CLI::App& app);
+Run add_translate(CLI::App& app);
+Run add_eval(CLI::App& app);
 
 // Sets the OpenMP (and so OpenBLAS) thread count; 0 keeps the default.
 void set_threads(int threads);

@@ -29,6 +29,10 @@ int main(int argc, char** argv) {
     runs[app.get_subcommands({})[before]] = run;
   };
   add(qkv::cli::add_demo);
+  add(qkv::cli::add_data);
+  add(qkv::cli::add_train);
+  add(qkv::cli::add_translate);
+  add(qkv::cli::add_eval);
   add(qkv::cli::add_inspect);
   add(qkv::cli::add_bench);
   try {

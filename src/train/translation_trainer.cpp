@@ -1,0 +1,221 @@
+// The translation training loop: AdamW, warmup + inverse square root or
+// cosine schedule, gradient clipping, label smoothing, skipped non-finite
+// steps, periodic validation (loss, chrF, BLEU), best checkpoint kept.
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "qkv/io.h"
+#include "qkv/optim.h"
+#include "qkv/trainer.h"
+
+namespace qkv {
+
+TrainOptions TrainOptions::from_json(const std::string& text, const std::string& source) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    fail(source, ": not valid JSON (", e.what(), ")");
+  }
+  TrainOptions o;
+  if (!j.is_object() || !j.contains("train")) return o;
+  const nlohmann::json& t = j["train"];
+  QKV_CHECK(t.is_object(), source, ": 'train' must be an object");
+  static const std::set<std::string> known = {"steps", "batch_tokens", "lr", "warmup_steps", "schedule",
+                                              "weight_decay", "clip_norm", "label_smoothing", "seed", "eval_every",
+                                              "eval_sentences"};
+  for (auto& [k, v] : t.items()) QKV_CHECK(known.count(k), source, ": unknown key 'train.", k, "'");
+  try {
+    o.steps = t.value("steps", o.steps);
+    o.batch_tokens = t.value("batch_tokens", o.batch_tokens);
+    o.lr = t.value("lr", o.lr);
+    o.warmup_steps = t.value("warmup_steps", o.warmup_steps);
+    o.schedule = t.value("schedule", o.schedule);
+    o.weight_decay = t.value("weight_decay", o.weight_decay);
+    o.clip_norm = t.value("clip_norm", o.clip_norm);
+    o.label_smoothing = t.value("label_smoothing", o.label_smoothing);
+    o.seed = t.value("seed", o.seed);
+    o.eval_every = t.value("eval_every", o.eval_every);
+    o.eval_sentences = t.value("eval_sentences", o.eval_sentences);
+  } catch (const nlohmann::json::exception& e) {
+    fail(source, ": a 'train' value has the wrong type (", e.what(), ")");
+  }
+  QKV_CHECK(o.schedule == "inverse_sqrt" || o.schedule == "cosine", source, ": train.schedule is '", o.schedule,
+            "', expected inverse_sqrt or cosine");
+  return o;
+}
+
+static std::vector<EncodedPair> encode_all(const CharTokenizer& tok, const std::vector<SentencePair>& pairs) {
+  std::vector<EncodedPair> out;
+  for (auto& [s, t] : pairs) out.push_back({tok.encode(s), tok.encode(t)});
+  return out;
+}
+
+std::vector<std::string> translate_texts(TranslationModel& m, const std::vector<std::string>& sources, int64_t max_len) {
+  std::vector<std::vector<int64_t>> ids;
+  for (auto& s : sources) ids.push_back(m.tokenizer.encode(s));
+  std::vector<std::string> out;
+  for (auto& t : greedy_translate(*m.model, ids, max_len)) out.push_back(m.tokenizer.decode(t));
+  return out;
+}
+
+static EvalReport evaluate(TranslationModel& m, const std::vector<EncodedPair>& valid,
+                           const std::vector<SentencePair>& valid_text, const TrainOptions& o) {
+  NoGradGuard no_grad;
+  m.model->eval();
+  EvalReport r{};
+  double loss_sum = 0;
+  int64_t tokens = 0;
+  Rng order(0);
+  for (auto& idx : make_batches(valid, o.batch_tokens, order)) {
+    Batch b = collate(valid, idx);
+    loss_sum += translation_loss(*m.model, b, 0.0f).item() * b.target_tokens;
+    tokens += b.target_tokens;
+  }
+  r.valid_loss = tokens ? loss_sum / tokens : 0;
+  std::vector<std::string> sources, refs;
+  for (int64_t i = 0; i < (int64_t)valid_text.size() && i < o.eval_sentences; ++i) {
+    sources.push_back(valid_text[i].first);
+    refs.push_back(valid_text[i].second);
+  }
+  std::vector<std::string> hyps = translate_texts(m, sources, 2 * 64);
+  r.chrf = chrf(hyps, refs);
+  r.bleu = bleu_char(hyps, refs);
+  m.model->train();
+  return r;
+}
+
+void train_translation(TranslationModel& m, const std::vector<SentencePair>& train,
+                       const std::vector<SentencePair>& valid, const TrainOptions& o, const std::string& out_dir,
+                       const TrainCallbacks& cb) {
+  QKV_CHECK(o.steps > 0, "train: steps must be positive, got ", o.steps);
+  QKV_CHECK(o.batch_tokens > 0, "train: batch_tokens must be positive");
+  std::vector<EncodedPair> train_ids = encode_all(m.tokenizer, train), valid_ids = encode_all(m.tokenizer, valid);
+  for (auto& p : train_ids)
+    QKV_CHECK((int64_t)std::max(p.src.size(), p.tgt.size() + 1) <= o.batch_tokens, "train: a sentence of ",
+              std::max(p.src.size(), p.tgt.size() + 1), " tokens does not fit batch_tokens ", o.batch_tokens);
+  Rng data_rng(o.seed ^ 0xda7a);
+  TranslationTransformer& model = *m.model;
+  model.train();
+  AdamW opt(model.parameters(), {.lr = o.lr, .weight_decay = o.weight_decay});
+  WarmupInverseSqrt inv{.peak_lr = o.lr, .warmup_steps = o.warmup_steps};
+  WarmupCosine cosine{.peak_lr = o.lr, .min_lr = o.lr * 0.01f, .warmup_steps = o.warmup_steps, .total_steps = o.steps};
+  std::vector<std::vector<int64_t>> batches;
+  size_t next_batch = 0;
+  double best_chrf = -1;
+  int64_t skipped = 0, skipped_in_a_row = 0, tokens_seen = 0;
+  nlohmann::json history = nlohmann::json::array();
+  auto start = std::chrono::steady_clock::now();
+  for (int64_t step = 1; step <= o.steps; ++step) {
+    if (next_batch == batches.size()) {
+      batches = make_batches(train_ids, o.batch_tokens, data_rng);
+      next_batch = 0;
+    }
+    Batch b = collate(train_ids, batches[next_batch++]);
+    const float lr = o.schedule == "cosine" ? cosine.lr_at(step) : inv.lr_at(step);
+    opt.set_lr(lr);
+    opt.zero_grad();
+    Tensor loss = translation_loss(model, b, o.label_smoothing);
+    const float loss_value = loss.item();
+    bool finite = std::isfinite(loss_value);
+    if (finite) {
+      loss.backward();
+      finite = std::isfinite(clip_grad_norm(model.parameters(), o.clip_norm));
+    }
+    if (!finite) {  // skip: parameters and optimizer state untouched
+      ++skipped;
+      QKV_CHECK(++skipped_in_a_row <= o.max_skipped_in_a_row, "train: ", skipped_in_a_row,
+                " steps in a row had a non-finite loss or gradient (step ", step,
+                "); stopping. The last good checkpoint is in ", out_dir);
+      continue;
+    }
+    skipped_in_a_row = 0;
+    opt.step();
+    tokens_seen += b.target_tokens;
+    if (cb.progress) {
+      double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      cb.progress({step, o.steps, loss_value, lr, tokens_seen / std::max(secs, 1e-9),
+                   secs / step * (o.steps - step), skipped});
+    }
+    if (step % o.eval_every == 0 || step == o.steps) {
+      EvalReport r = evaluate(m, valid_ids, valid, o);
+      r.step = step;
+      r.best = r.chrf > best_chrf;
+      history.push_back({{"step", step}, {"train_loss", loss_value}, {"valid_loss", r.valid_loss},
+                         {"chrf", r.chrf}, {"bleu", r.bleu}});
+      if (r.best) {
+        best_chrf = r.chrf;
+        nlohmann::ordered_json state = {{"step", step}, {"steps", o.steps}, {"best_chrf", r.chrf},
+                                        {"skipped_steps", skipped}, {"history", history}};
+        save_translation_model(m, out_dir, state.dump(2) + "\n");
+      }
+      if (cb.evaluated) cb.evaluated(r);
+    }
+  }
+}
+
+TranslationModel new_translation_model(const std::string& config_text, const std::string& source,
+                                       const std::vector<SentencePair>& train, uint64_t seed) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(config_text);
+  } catch (const nlohmann::json::exception& e) {
+    fail(source, ": not valid JSON (", e.what(), ")");
+  }
+  if (j.is_object()) j.erase("train");
+  TranslationModel m;
+  m.config = TransformerConfig::from_json(j.dump(), source);
+  std::vector<std::string> texts;
+  for (auto& [s, t] : train) texts.push_back(s), texts.push_back(t);
+  m.tokenizer = CharTokenizer::build(texts);
+  m.config.vocab_size = m.tokenizer.size();
+  Rng rng(seed);
+  m.model = std::make_shared<TranslationTransformer>(m.config, rng);
+  return m;
+}
+
+void save_translation_model(const TranslationModel& m, const std::string& dir, const std::string& trainer_state_json) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  QKV_CHECK(std::filesystem::is_directory(dir), "cannot create the model folder ", dir, ec ? ": " + ec.message() : "");
+  nlohmann::ordered_json config = nlohmann::ordered_json::parse(m.config.to_json());
+  config["tokenizer"] = "char";
+  write_file_atomic(dir + "/config.json", config.dump(2) + "\n");
+  write_file_atomic(dir + "/tokenizer.json", m.tokenizer.to_json());
+  save_safetensors(dir + "/model.safetensors", m.model->state_dict(), {{"format", "qkv"}, {"arch", m.config.arch}});
+  write_file_atomic(dir + "/trainer_state.json", trainer_state_json);
+}
+
+TranslationModel load_translation_model(const std::string& dir) {
+  QKV_CHECK(std::filesystem::is_directory(dir), "model folder ", dir, " does not exist");
+  TranslationModel m;
+  nlohmann::json config;
+  std::string config_path = dir + "/config.json";
+  try {
+    config = nlohmann::json::parse(read_file(config_path));
+  } catch (const nlohmann::json::exception& e) {
+    fail(config_path, ": not valid JSON (", e.what(), ")");
+  }
+  QKV_CHECK(config.is_object() && config.value("tokenizer", "") == "char", config_path,
+            ": expected \"tokenizer\": \"char\"");
+  config.erase("tokenizer");
+  m.config = TransformerConfig::from_json(config.dump(), config_path);
+  m.tokenizer = CharTokenizer::from_json(read_file(dir + "/tokenizer.json"), dir + "/tokenizer.json");
+  QKV_CHECK(m.tokenizer.size() == m.config.vocab_size, dir, ": tokenizer has ", m.tokenizer.size(),
+            " tokens, config.json says vocab_size ", m.config.vocab_size);
+  Rng rng(0);
+  m.model = std::make_shared<TranslationTransformer>(m.config, rng);
+  SafetensorsFile weights = load_safetensors(dir + "/model.safetensors");
+  try {
+    m.model->load_state_dict(weights.as_map());
+  } catch (const Error& e) {
+    fail(dir, "/model.safetensors: ", e.what());
+  }
+  m.model->eval();
+  return m;
+}
+
+}  // namespace qkv

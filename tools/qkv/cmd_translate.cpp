@@ -1,0 +1,206 @@
+// qkv data synth-zh-ja, qkv train, qkv translate, qkv eval: translation from the command line.
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "qkv/io.h"
+#include "qkv/trainer.h"
+#include "qkv/utf8.h"
+#include "tools/qkv/commands.h"
+
+namespace qkv::cli {
+namespace {
+
+struct DataArgs {
+  int64_t pairs = 0;
+  uint64_t seed = 1;
+  std::string out;
+  std::string exclude;  // a TSV whose sentences must not appear (a held-out split)
+};
+
+int run_synth(const DataArgs& a) {
+  QKV_CHECK(a.pairs > 0, "data synth-zh-ja: --pairs must be positive, got ", a.pairs);
+  std::vector<SentencePair> exclude;
+  if (!a.exclude.empty()) exclude = read_parallel_tsv(a.exclude);
+  std::string text = format_parallel_tsv(synth_zh_ja(a.pairs, a.seed, exclude));
+  if (a.out.empty()) {
+    std::fwrite(text.data(), 1, text.size(), stdout);
+  } else {
+    write_file_atomic(a.out, text);
+    std::fprintf(stderr, "wrote %lld pairs to %s\n", (long long)a.pairs, a.out.c_str());
+  }
+  return 0;
+}
+
+struct TrainArgs {
+  std::string config, train, valid, out;
+  int64_t steps = 0, batch_tokens = 0;
+  double lr = 0;
+  int64_t seed = -1;
+  int threads = 0;
+  bool replace_invalid = false;
+};
+
+// A one-line progress bar, redrawn in place on a terminal, printed every 10% otherwise.
+void show_progress(const TrainProgress& p) {
+  static bool tty = isatty(STDERR_FILENO);
+  const int width = 24;
+  int filled = (int)(width * p.step / p.total_steps);
+  if (!tty && p.step % std::max<int64_t>(1, p.total_steps / 10) != 0 && p.step != 1) return;
+  std::fprintf(stderr, "%s[%s%s] step %lld/%lld  loss %.3f  %.0f tok/s  lr %.2e  ETA %s%s", tty ? "\r" : "",
+               std::string(filled, '#').c_str(), std::string(width - filled, '.').c_str(), (long long)p.step,
+               (long long)p.total_steps, p.loss, p.tokens_per_second, p.lr,
+               (std::to_string((int)p.eta_seconds / 60) + "m" + std::to_string((int)p.eta_seconds % 60) + "s").c_str(),
+               p.skipped_steps ? ("  skipped " + std::to_string(p.skipped_steps)).c_str() : "");
+  if (!tty) std::fputc('\n', stderr);
+  std::fflush(stderr);
+}
+
+int run_train(const TrainArgs& a) {
+  set_threads(a.threads);
+  std::string config_text = read_file(a.config);
+  TrainOptions o = TrainOptions::from_json(config_text, a.config);
+  if (a.steps > 0) o.steps = a.steps;
+  if (a.batch_tokens > 0) o.batch_tokens = a.batch_tokens;
+  if (a.lr > 0) o.lr = (float)a.lr;
+  if (a.seed >= 0) o.seed = (uint64_t)a.seed;
+  std::vector<SentencePair> train = read_parallel_tsv(a.train, {.replace_invalid_utf8 = a.replace_invalid});
+  std::vector<SentencePair> valid;
+  if (!a.valid.empty()) {
+    valid = read_parallel_tsv(a.valid, {.replace_invalid_utf8 = a.replace_invalid});
+  } else {  // hold out the last 5% of the training pairs
+    size_t n = std::max<size_t>(1, train.size() / 20);
+    valid.assign(train.end() - n, train.end());
+    train.resize(train.size() - n);
+    QKV_CHECK(!train.empty(), a.train, ": too few pairs to hold some out for validation; pass --valid");
+  }
+  TranslationModel m = new_translation_model(config_text, a.config, train, o.seed);
+  std::fprintf(stderr, "qkv train: %s, %lld parameters, vocabulary %lld; %zu training pairs, %zu validation pairs; "
+                       "%lld steps of up to %lld tokens, %d threads\n",
+               m.config.arch.c_str(), (long long)m.model->parameter_count(), (long long)m.config.vocab_size,
+               train.size(), valid.size(), (long long)o.steps, (long long)o.batch_tokens, thread_count());
+  TrainCallbacks cb;
+  cb.progress = show_progress;
+  cb.evaluated = [&](const EvalReport& r) {
+    std::fprintf(stderr, "%sstep %lld: valid loss %.4f  chrF %.2f  BLEU %.2f%s\n", isatty(STDERR_FILENO) ? "\n" : "",
+                 (long long)r.step, r.valid_loss, r.chrf, r.bleu, r.best ? "  (best, saved)" : "");
+  };
+  train_translation(m, train, valid, o, a.out, cb);
+  std::fprintf(stderr, "model: %s\n", a.out.c_str());
+  return 0;
+}
+
+struct TranslateArgs {
+  std::string model;
+  int64_t max_len = 128;
+  bool replace_invalid = false;
+};
+
+int run_translate(const TranslateArgs& a) {
+  TranslationModel m = load_translation_model(a.model);
+  std::string line;
+  int64_t number = 0;
+  std::vector<std::string> batch;
+  auto flush = [&] {
+    for (auto& t : translate_texts(m, batch, a.max_len)) std::cout << t << "\n";
+    std::cout.flush();
+    batch.clear();
+  };
+  while (std::getline(std::cin, line)) {
+    ++number;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (size_t bad = invalid_utf8_offset(line); bad != std::string::npos) {
+      QKV_CHECK(a.replace_invalid, "translate: stdin line ", number, ": invalid UTF-8 at byte ", bad + 1,
+                " (use --replace-invalid-utf8 to replace it with U+FFFD)");
+      line = replace_invalid_utf8(line);
+    }
+    batch.push_back(line);
+    if (batch.size() == 64) flush();
+  }
+  flush();
+  return 0;
+}
+
+struct EvalArgs {
+  std::string model, test;
+  int64_t max_len = 128;
+  bool json = false;
+};
+
+int run_eval(const EvalArgs& a) {
+  TranslationModel m = load_translation_model(a.model);
+  std::vector<SentencePair> test = read_parallel_tsv(a.test);
+  std::vector<std::string> sources, refs;
+  for (auto& [s, t] : test) sources.push_back(s), refs.push_back(t);
+  std::vector<std::string> hyps = translate_texts(m, sources, a.max_len);
+  int64_t exact = 0;
+  for (size_t i = 0; i < hyps.size(); ++i) exact += hyps[i] == refs[i];
+  nlohmann::ordered_json r = {{"bleu", bleu_char(hyps, refs)},
+                              {"chrf", chrf(hyps, refs)},
+                              {"exact_match", 100.0 * exact / hyps.size()},
+                              {"sentences", hyps.size()},
+                              {"bleu_tokenize", "char"}};
+  if (a.json) {
+    std::cout << r.dump() << "\n";
+  } else {
+    std::printf("%s on %s (%zu sentences)\n  BLEU (char) %.2f\n  chrF        %.2f\n  exact match %.2f%%\n",
+                a.model.c_str(), a.test.c_str(), hyps.size(), r["bleu"].get<double>(), r["chrf"].get<double>(),
+                r["exact_match"].get<double>());
+  }
+  return 0;
+}
+
+}  // namespace
+
+Run add_data(CLI::App& app) {
+  auto args = std::make_shared<DataArgs>();
+  CLI::App* data = app.add_subcommand("data", "Make data sets");
+  data->require_subcommand(1);
+  CLI::App* sub = data->add_subcommand("synth-zh-ja", "Seeded synthetic Chinese -> Japanese pairs (source<TAB>target)");
+  sub->add_option("--pairs", args->pairs, "Number of distinct pairs")->required();
+  sub->add_option("--seed", args->seed, "Seed")->capture_default_str();
+  sub->add_option("--out", args->out, "Output file (default: stdout)");
+  sub->add_option("--exclude", args->exclude, "A TSV file whose sentences must not appear (for a held-out split)");
+  return [args] { return run_synth(*args); };
+}
+
+Run add_train(CLI::App& app) {
+  auto args = std::make_shared<TrainArgs>();
+  CLI::App* sub = app.add_subcommand("train", "Train a model from a config on tab-separated parallel text");
+  sub->add_option("--config", args->config, "Model and training config (JSON), e.g. configs/transformer-zh-ja.json")
+      ->required();
+  sub->add_option("--train", args->train, "Training pairs, source<TAB>target per line")->required();
+  sub->add_option("--valid", args->valid, "Validation pairs (default: the last 5% of --train)");
+  sub->add_option("--out", args->out, "Model folder to write")->required();
+  sub->add_option("--steps", args->steps, "Training steps (overrides the config)");
+  sub->add_option("--batch-tokens", args->batch_tokens, "Tokens per batch (overrides the config)");
+  sub->add_option("--lr", args->lr, "Peak learning rate (overrides the config)");
+  sub->add_option("--seed", args->seed, "Seed (overrides the config)");
+  sub->add_option("--threads", args->threads, "Threads (0: all cores)");
+  sub->add_flag("--replace-invalid-utf8", args->replace_invalid, "Replace invalid UTF-8 by U+FFFD instead of failing");
+  return [args] { return run_train(*args); };
+}
+
+Run add_translate(CLI::App& app) {
+  auto args = std::make_shared<TranslateArgs>();
+  CLI::App* sub = app.add_subcommand("translate", "Translate stdin lines to stdout lines (greedy decoding)");
+  sub->add_option("--model", args->model, "Model folder")->required();
+  sub->add_option("--max-len", args->max_len, "Longest output in tokens")->capture_default_str();
+  sub->add_flag("--replace-invalid-utf8", args->replace_invalid, "Replace invalid UTF-8 by U+FFFD instead of failing");
+  return [args] { return run_translate(*args); };
+}
+
+Run add_eval(CLI::App& app) {
+  auto args = std::make_shared<EvalArgs>();
+  CLI::App* sub = app.add_subcommand("eval", "Score a model on a test set: BLEU (char), chrF, exact match");
+  sub->add_option("--model", args->model, "Model folder")->required();
+  sub->add_option("--test", args->test, "Test pairs, source<TAB>target per line")->required();
+  sub->add_option("--max-len", args->max_len, "Longest output in tokens")->capture_default_str();
+  sub->add_flag("--json", args->json, "Print one JSON object (scores on a 0-100 scale)");
+  return [args] { return run_eval(*args); };
+}
+
+}  // namespace qkv::cli
