@@ -70,6 +70,9 @@ printf 'bad\xff\n' >"$tmp/bad.txt"
 check "translate invalid UTF-8" nonzero sh -c "\"$QKV\" translate --model \"$tmp/demo/model\" < \"$tmp/bad.txt\""
 one_line_error "translate invalid UTF-8"
 grep -q "line 1" "$tmp/err" || { echo "FAIL translate error lacks the line number"; failures=$((failures + 1)); }
+check "translate attention map" 0 sh -c "\"$QKV\" translate --model \"$tmp/demo/model\" --attention-map \"$tmp/map.svg\" < \"$tmp/in.txt\""
+grep -q '<svg' "$tmp/map.svg" && grep -q '>我<' "$tmp/map.svg" || { echo "FAIL attention map"; failures=$((failures + 1)); }
+[ -f "$tmp/demo/attention.svg" ] || { echo "FAIL demo wrote no attention.svg"; failures=$((failures + 1)); }
 check "translate replace invalid" 0 sh -c "\"$QKV\" translate --replace-invalid-utf8 --model \"$tmp/demo/model\" < \"$tmp/bad.txt\""
 check "eval --json" 0 "$QKV" eval --json --model "$tmp/demo/model" --test "$tmp/demo/zh-ja.test.tsv"
 for key in bleu chrf exact_match; do

@@ -184,3 +184,116 @@ TEST(TranslationTransformer, LearnsASmallCorpus) {
 
 }  // namespace
 }  // namespace qkv
+
+namespace qkv {
+namespace {
+
+// Cached decoding (KV cache, cross K/V computed once) gives the same logits and
+// tokens as recomputing the whole prefix at every step.
+class CachedDecoding : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CachedDecoding, EqualsFullRecomputation) {
+  TransformerConfig cfg = TransformerConfig::from_json(GetParam(), "case");
+  cfg.vocab_size = 40;
+  cfg.dropout = 0.0f;
+  Rng rng(4);
+  TranslationTransformer model(cfg, rng);
+  model.eval();
+  NoGradGuard no_grad;
+  std::vector<EncodedPair> srcs = {{{5, 6, 7, 8, 9}, {}}, {{10, 11}, {}}, {{12, 13, 14, 15, 16, 17, 18}, {}}};
+  Batch b = collate(srcs, {0, 1, 2});
+  Tensor memory = model.encode(b.src, b.src_lengths);
+  DecoderState state = model.start_decoding(memory, b.src_lengths, 13);
+  std::vector<int64_t> prefix = {1, 1, 1};  // [B, t] row-major, grows by a column per step
+  std::vector<int64_t> next = {1, 1, 1};
+  const int64_t B = 3;
+  for (int64_t step = 0; step < 12; ++step) {
+    Tensor cached = model.decode_step(Tensor::from_ints(next, {B, 1}), state);
+    Tensor full = model.decode(Tensor::from_ints(prefix, {B, step + 1}), memory, b.src_lengths).slice(1, step, step + 1);
+    ASSERT_TRUE(testing::all_close(cached, full, 1e-5f, 1e-5f)) << "step " << step;
+    const int64_t V = cached.size(-1);
+    std::vector<float> c = cached.contiguous().to_vector(), f = full.contiguous().to_vector();
+    std::vector<int64_t> grown;
+    for (int64_t r = 0; r < B; ++r) {
+      int64_t tc = std::max_element(c.begin() + r * V, c.begin() + (r + 1) * V) - (c.begin() + r * V);
+      int64_t tf = std::max_element(f.begin() + r * V, f.begin() + (r + 1) * V) - (f.begin() + r * V);
+      EXPECT_EQ(tc, tf) << "step " << step << " row " << r;
+      next[r] = tc;
+      grown.insert(grown.end(), prefix.begin() + r * (step + 1), prefix.begin() + (r + 1) * (step + 1));
+      grown.push_back(tc);
+    }
+    prefix = grown;
+  }
+  // And greedy_translate (the cached path) agrees with those tokens up to <eos>.
+  auto out = greedy_translate(model, {srcs[0].src, srcs[1].src, srcs[2].src}, 12);
+  for (int64_t r = 0; r < B; ++r)
+    for (size_t t = 0; t < out[r].size(); ++t) EXPECT_EQ(out[r][t], prefix[r * 13 + t + 1]) << r << "," << t;
+}
+
+const std::vector<std::string>& decoding_configs() {
+  static const std::vector<std::string> c = {
+      "{\"d_model\": 32, \"nhead\": 4, \"dim_feedforward\": 64}",
+      "{\"d_model\": 32, \"nhead\": 2, \"dim_feedforward\": 64, \"norm_first\": false, \"positions\": \"learned\"}",
+      "{\"d_model\": 32, \"nhead\": 4, \"dim_feedforward\": 64, \"positions\": \"rope\", \"qk_norm\": true, "
+      "\"norm\": \"rmsnorm\", \"mlp\": \"swiglu\"}",
+      "{\"d_model\": 32, \"nhead\": 4, \"dim_feedforward\": 32, \"mlp\": \"moe\", \"num_experts\": 3, \"top_k\": 2}",
+  };
+  return c;
+}
+
+std::string decoding_config_name(const ::testing::TestParamInfo<std::string>& i) {
+  static const char* names[] = {"PreNormSinusoidal", "PostNormLearned", "RopeQKNormSwiGLU", "MixtureOfExperts"};
+  return names[i.index];
+}
+
+INSTANTIATE_TEST_SUITE_P(Configs, CachedDecoding, ::testing::ValuesIn(decoding_configs()), decoding_config_name);
+
+TEST(KVCache, OverflowIsAnError) {
+  TransformerConfig cfg = TransformerConfig::from_json(R"({"d_model": 16, "nhead": 2, "dim_feedforward": 16})", "c");
+  cfg.vocab_size = 10;
+  Rng rng(1);
+  TranslationTransformer model(cfg, rng);
+  NoGradGuard no_grad;
+  Batch b = collate({{{5, 6}, {}}}, {0});
+  DecoderState st = model.start_decoding(model.encode(b.src, b.src_lengths), b.src_lengths, 2);
+  model.decode_step(Tensor::from_ints({1}, {1, 1}), st);
+  model.decode_step(Tensor::from_ints({5}, {1, 1}), st);
+  EXPECT_THROW(model.decode_step(Tensor::from_ints({6}, {1, 1}), st), Error);
+}
+
+TEST(KVCache, AttentionWeightsPerOutputToken) {
+  TransformerConfig cfg = TransformerConfig::from_json(R"({"d_model": 16, "nhead": 2, "dim_feedforward": 16})", "c");
+  cfg.vocab_size = 12;
+  Rng rng(2);
+  TranslationTransformer model(cfg, rng);
+  model.eval();
+  AlignedTranslation a = translate_with_attention(model, {4, 5, 6}, 6);
+  ASSERT_FALSE(a.tokens.empty());
+  EXPECT_EQ(a.source_length, 3);
+  ASSERT_EQ(a.weights.size(), a.tokens.size() * 3);
+  for (size_t t = 0; t < a.tokens.size(); ++t) {
+    float row = a.weights[t * 3] + a.weights[t * 3 + 1] + a.weights[t * 3 + 2];
+    EXPECT_NEAR(row, 1.0f, 1e-5f) << "each row is a distribution over the source";
+  }
+}
+
+}  // namespace
+}  // namespace qkv
+
+namespace qkv {
+namespace {
+
+TEST(AttentionPicture, SvgHasEveryCellAndEscapedLabels) {
+  std::string svg = attention_svg({"私", "<eos>"}, {"我", "是", "&"}, {1, 0, 0, 0.25f, 0.5f, 0.25f}, "a\nb");
+  size_t cells = 0;
+  for (size_t at = svg.find("<rect x="); at != std::string::npos; at = svg.find("<rect x=", at + 1)) ++cells;
+  EXPECT_EQ(cells, 6u);
+  EXPECT_NE(svg.find("&lt;eos&gt;"), std::string::npos);
+  EXPECT_NE(svg.find(">&amp;<"), std::string::npos);
+  EXPECT_NE(svg.find(">私<"), std::string::npos);
+  EXPECT_NE(svg.find("rgb(0,0,0)"), std::string::npos);  // weight 1 is black
+  EXPECT_THROW(attention_svg({"a"}, {"b"}, {1, 2}, "t"), Error);
+}
+
+}  // namespace
+}  // namespace qkv

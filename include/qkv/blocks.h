@@ -7,6 +7,7 @@
 // d_model = H * Dh.
 #pragma once
 
+#include <functional>
 #include <memory>
 
 #include "qkv/attention.h"
@@ -44,6 +45,15 @@ struct AttentionCall {
   bool need_weights = false;   // use the naive path and return the weights
 };
 
+// The keys and values of past positions of one self-attention layer, kept
+// between decoding steps (the KV cache). k, v [B, Hkv, capacity, Dh] are
+// allocated once; positions [0, length) hold the tokens seen so far.
+struct KVCache {
+  Tensor k, v;
+  int64_t length = 0;
+  int64_t capacity() const { return k.defined() ? k.size(2) : 0; }
+};
+
 struct AttentionOutput {
   Tensor out;      // [B, T, D]
   Tensor weights;  // [B, H, T, S] when need_weights, else undefined
@@ -64,6 +74,11 @@ public:
   Tensor project_q(const Tensor& x, int64_t position_offset);
   std::pair<Tensor, Tensor> project_kv(const Tensor& memory, int64_t position_offset);
   AttentionOutput attend(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionCall& call);
+  // Self-attention for incremental decoding: x [B, T, D] are positions
+  // cache.length .. cache.length+T-1. Only their q, k, v are computed; k and v
+  // are appended to the cache, and q attends to everything cached (causally).
+  AttentionOutput forward_cached(const Tensor& x, KVCache& cache, const AttentionCall& call = {});
+  KVCache make_cache(int64_t batch, int64_t capacity) const;
 
   const MultiheadAttentionOptions& options() const { return options_; }
   std::shared_ptr<Linear> qkv_proj, q_proj, kv_proj, out_proj;
@@ -189,12 +204,22 @@ public:
   // x [B, T, D] target, memory [B, S, D] encoder output.
   Tensor forward(const Tensor& x, const Tensor& memory, const AttentionCall& self_call = {.causal = true},
                  const AttentionCall& cross_call = {});
+  // Incremental decoding: x [B, T, D] new positions; self_cache holds the
+  // past K/V; cross_k, cross_v [B, Hkv, S, Dh] are the source's, computed once
+  // per sentence (cross_attn->project_kv). With cross_call.need_weights the
+  // cross-attention weights [B, H, T, S] are kept in last_cross_weights.
+  Tensor forward_cached(const Tensor& x, KVCache& self_cache, const Tensor& cross_k, const Tensor& cross_v,
+                        const AttentionCall& cross_call = {});
   std::shared_ptr<MultiheadAttention> self_attn, cross_attn;
   std::shared_ptr<FeedForward> mlp;
   std::shared_ptr<Norm> norm1, norm2, norm3;
   std::shared_ptr<Dropout> dropout1, dropout2, dropout3;
+  Tensor last_cross_weights;
 
 private:
+  using Sublayer = std::function<Tensor(const Tensor&)>;
+  // The Pre-Norm or Post-Norm wiring of the three sublayers, shared by forward and forward_cached.
+  Tensor run(const Tensor& x, const Sublayer& self, const Sublayer& cross);
   TransformerLayerOptions options_;
 };
 

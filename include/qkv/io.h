@@ -39,6 +39,13 @@ void save_safetensors(const std::string& path, const std::map<std::string, Tenso
 std::string serialize_safetensors(const std::vector<std::pair<std::string, Tensor>>& tensors,
                                   const Metadata& metadata);
 
+// An attention matrix as an SVG picture, in the manner of the alignment
+// figures of Bahdanau et al.: one row per `rows` label (e.g. target tokens),
+// one column per `cols` label (source tokens), cell darkness = weight in [0, 1].
+// Labels are UTF-8 text (CJK fonts are named first in the font list).
+std::string attention_svg(const std::vector<std::string>& rows, const std::vector<std::string>& cols,
+                          const std::vector<float>& weights, const std::string& title);
+
 // Replaces `path` with `bytes` atomically (temporary file, fsync, rename).
 void write_file_atomic(const std::string& path, const std::string& bytes);
 // The whole file; a missing or unreadable file is a qkv::Error naming it.

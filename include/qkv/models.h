@@ -40,6 +40,15 @@ struct TransformerConfig {
   TransformerLayerOptions layer_options() const;
 };
 
+// Everything the decoder keeps between steps: a self-attention KV cache per
+// layer and each layer's cross-attention K and V of the source, computed once.
+struct DecoderState {
+  std::vector<KVCache> self;
+  std::vector<std::pair<Tensor, Tensor>> cross;
+  Tensor src_lengths;
+  int64_t position = 0;  // target tokens consumed so far
+};
+
 class TranslationTransformer : public Module {
 public:
   TranslationTransformer(const TransformerConfig& config, Rng& rng);
@@ -47,6 +56,11 @@ public:
   Tensor encode(const Tensor& src, const Tensor& src_lengths);
   // tgt_in [B, T] ids starting with <bos> -> logits [B, T, V]
   Tensor decode(const Tensor& tgt_in, const Tensor& memory, const Tensor& src_lengths);
+  // Incremental decoding: start_decoding sizes the caches for `capacity`
+  // target tokens; decode_step feeds new tokens ids [B, T] (usually T = 1)
+  // and returns their logits [B, T, V], equal to decode() on the whole prefix.
+  DecoderState start_decoding(const Tensor& memory, const Tensor& src_lengths, int64_t capacity);
+  Tensor decode_step(const Tensor& ids, DecoderState& state, bool need_cross_weights = false);
   // The sum of the MoE layers' load-balancing losses of the last forward (undefined without MoE).
   Tensor aux_loss() const;
   const TransformerConfig& config() const { return config_; }

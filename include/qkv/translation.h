@@ -36,6 +36,16 @@ std::vector<std::vector<int64_t>> greedy_translate(TranslationTransformer& model
                                                    const std::vector<std::vector<int64_t>>& sources, int64_t max_len,
                                                    int64_t batch_size = 64);
 
+// Greedy decoding of one sentence that also records, for every output token,
+// the cross-attention weights of the last decoder layer averaged over its heads.
+struct AlignedTranslation {
+  std::vector<int64_t> tokens;  // output ids, ending with <eos> when one was produced
+  std::vector<float> weights;   // tokens.size() x source_length, row-major
+  int64_t source_length = 0;
+};
+AlignedTranslation translate_with_attention(TranslationTransformer& model, const std::vector<int64_t>& source,
+                                            int64_t max_len);
+
 // sacreBLEU-compatible corpus scores on a 0-100 scale.
 // chrF: character n-grams 1..6, beta 2, whitespace removed (sacreBLEU's chrF defaults).
 double chrf(const std::vector<std::string>& hypotheses, const std::vector<std::string>& references);

@@ -80,7 +80,7 @@ std::vector<std::vector<int64_t>> greedy_translate(TranslationTransformer& model
   NoGradGuard no_grad;
   std::vector<std::vector<int64_t>> results(sources.size());
   for (size_t start = 0; start < sources.size(); start += batch_size) {
-    size_t end = std::min(sources.size(), start + batch_size);
+    const size_t end = std::min(sources.size(), start + batch_size);
     std::vector<EncodedPair> chunk;
     std::vector<int64_t> idx;
     for (size_t i = start; i < end; ++i) {
@@ -89,23 +89,19 @@ std::vector<std::vector<int64_t>> greedy_translate(TranslationTransformer& model
     }
     Batch b = collate(chunk, idx);
     const int64_t B = (int64_t)chunk.size();
-    Tensor memory = model.encode(b.src, b.src_lengths);
-    std::vector<std::vector<int64_t>> prefix(B, {CharTokenizer::kBos});
+    // The encoder runs once; each step feeds one token per sentence through the cached decoder.
+    DecoderState state = model.start_decoding(model.encode(b.src, b.src_lengths), b.src_lengths, max_len + 1);
+    std::vector<int64_t> next(B, CharTokenizer::kBos);
     std::vector<bool> done(B, false);
     for (int64_t step = 0; step < max_len; ++step) {
-      std::vector<int64_t> flat;
-      for (auto& p : prefix) flat.insert(flat.end(), p.begin(), p.end());
-      Tensor tgt_in = Tensor::from_ints(flat, {B, step + 1});
-      Tensor logits = model.decode(tgt_in, memory, b.src_lengths);  // recomputes the prefix (no cache yet)
+      Tensor logits = model.decode_step(Tensor::from_ints(next, {B, 1}), state);
       const int64_t V = logits.size(-1);
-      Tensor last = logits.slice(1, step, step + 1).contiguous();
       bool all_done = true;
       for (int64_t r = 0; r < B; ++r) {
-        int64_t next = done[r] ? CharTokenizer::kPad : argmax(last.data<float>() + r * V, V);
-        prefix[r].push_back(next);
-        if (!done[r] && next == CharTokenizer::kEos) done[r] = true;
+        next[r] = done[r] ? CharTokenizer::kPad : argmax(logits.data<float>() + r * V, V);
+        if (!done[r] && next[r] == CharTokenizer::kEos) done[r] = true;
         if (!done[r]) {
-          results[start + r].push_back(next);
+          results[start + r].push_back(next[r]);
           all_done = false;
         }
       }
@@ -113,6 +109,27 @@ std::vector<std::vector<int64_t>> greedy_translate(TranslationTransformer& model
     }
   }
   return results;
+}
+
+AlignedTranslation translate_with_attention(TranslationTransformer& model, const std::vector<int64_t>& source,
+                                            int64_t max_len) {
+  NoGradGuard no_grad;
+  Batch b = collate({{source, {}}}, {0});
+  DecoderState state = model.start_decoding(model.encode(b.src, b.src_lengths), b.src_lengths, max_len + 1);
+  AlignedTranslation out;
+  out.source_length = b.src.size(1);
+  int64_t next = CharTokenizer::kBos;
+  for (int64_t step = 0; step < max_len; ++step) {
+    Tensor logits = model.decode_step(Tensor::from_ints({next}, {1, 1}), state, /*need_cross_weights=*/true);
+    // The last layer's cross-attention for this step, averaged over heads: [1, H, 1, S] -> [S].
+    Tensor w = mean(model.decoder_layers.back()->last_cross_weights, {1}).reshape({-1});
+    std::vector<float> row = w.to_vector();
+    out.weights.insert(out.weights.end(), row.begin(), row.end());
+    next = argmax(logits.data<float>(), logits.size(-1));
+    out.tokens.push_back(next);
+    if (next == CharTokenizer::kEos) break;
+  }
+  return out;
 }
 
 }  // namespace qkv

@@ -164,6 +164,28 @@ Tensor TranslationTransformer::decode(const Tensor& tgt_in, const Tensor& memory
   return output_proj ? output_proj->forward(x) : matmul(x, embed->weight.transpose(0, 1));
 }
 
+DecoderState TranslationTransformer::start_decoding(const Tensor& memory, const Tensor& src_lengths, int64_t capacity) {
+  QKV_CHECK(config_.positions != "learned" || capacity <= config_.max_len, "transformer: ", capacity,
+            " target positions exceed max_len ", config_.max_len);
+  DecoderState st;
+  st.src_lengths = src_lengths;
+  for (auto& layer : decoder_layers) {
+    st.self.push_back(layer->self_attn->make_cache(memory.size(0), capacity));
+    st.cross.push_back(layer->cross_attn->project_kv(memory, 0));
+  }
+  return st;
+}
+
+Tensor TranslationTransformer::decode_step(const Tensor& ids, DecoderState& st, bool need_cross_weights) {
+  Tensor x = embed_tokens(ids, st.position);
+  for (size_t i = 0; i < decoder_layers.size(); ++i)
+    x = decoder_layers[i]->forward_cached(x, st.self[i], st.cross[i].first, st.cross[i].second,
+                                          {.key_padding_lengths = st.src_lengths, .need_weights = need_cross_weights});
+  st.position += ids.size(1);
+  if (decoder_norm) x = decoder_norm->forward(x);
+  return output_proj ? output_proj->forward(x) : matmul(x, embed->weight.transpose(0, 1));
+}
+
 Tensor TranslationTransformer::aux_loss() const {
   Tensor total;
   auto add_from = [&](const std::shared_ptr<FeedForward>& ff) {

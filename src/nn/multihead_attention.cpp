@@ -95,6 +95,33 @@ AttentionOutput MultiheadAttention::forward(const Tensor& x, const AttentionCall
   return attend(q, k, heads(qkv[2], kv_heads_), call);
 }
 
+KVCache MultiheadAttention::make_cache(int64_t batch, int64_t capacity) const {
+  QKV_CHECK(!options_.cross_attention, "MultiheadAttention: a KV cache is for self-attention");
+  return {Tensor::zeros({batch, kv_heads_, capacity, head_dim_}), Tensor::zeros({batch, kv_heads_, capacity, head_dim_}), 0};
+}
+
+AttentionOutput MultiheadAttention::forward_cached(const Tensor& x, KVCache& cache, const AttentionCall& call) {
+  QKV_CHECK(!options_.cross_attention, "MultiheadAttention: forward_cached is for self-attention");
+  QKV_CHECK(x.dim() == 3 && x.size(-1) == options_.d_model && cache.k.defined() && x.size(0) == cache.k.size(0),
+            "MultiheadAttention: x must be [B, T, ", options_.d_model, "] for a cache of batch ",
+            cache.k.defined() ? cache.k.size(0) : 0);
+  const int64_t t_new = x.size(1), start = cache.length;
+  QKV_CHECK(start + t_new <= cache.capacity(), "KV cache full: ", start, " + ", t_new, " positions exceed its capacity ",
+            cache.capacity());
+  const int64_t qn = options_.nhead * head_dim_, kvn = kv_heads_ * head_dim_;
+  std::vector<Tensor> qkv = split(qkv_proj->forward(x), {qn, kvn, kvn}, -1);
+  Tensor q = prepare(heads(qkv[0], options_.nhead), q_norm, start);
+  {
+    NoGradGuard no_grad;  // the cache holds values, not history
+    cache.k.slice(2, start, start + t_new).copy_(prepare(heads(qkv[1], kv_heads_), k_norm, start));
+    cache.v.slice(2, start, start + t_new).copy_(heads(qkv[2], kv_heads_));
+  }
+  cache.length = start + t_new;
+  AttentionCall c = call;
+  c.causal = true;  // bottom-right aligned: new query i sees cached keys up to start + i
+  return attend(q, cache.k.slice(2, 0, cache.length), cache.v.slice(2, 0, cache.length), c);
+}
+
 AttentionOutput MultiheadAttention::forward(const Tensor& x, const Tensor& memory, const AttentionCall& call) {
   QKV_CHECK(options_.cross_attention, "MultiheadAttention: a self-attention module takes no memory");
   QKV_CHECK(x.dim() == 3 && x.size(-1) == options_.d_model && memory.dim() == 3 &&

@@ -80,17 +80,39 @@ TransformerDecoderLayer::TransformerDecoderLayer(TransformerLayerOptions o, Rng&
   dropout3 = register_module("dropout3", std::make_shared<Dropout>(o.dropout, rng.next_bits()));
 }
 
-Tensor TransformerDecoderLayer::forward(const Tensor& x_in, const Tensor& memory, const AttentionCall& self_call,
-                                        const AttentionCall& cross_call) {
+Tensor TransformerDecoderLayer::run(const Tensor& x_in, const Sublayer& self, const Sublayer& cross) {
   Tensor x = x_in;
   if (options_.norm_first) {
-    x = add(x, dropout1->forward(self_attn->forward(norm1->forward(x), self_call).out));
-    x = add(x, dropout2->forward(cross_attn->forward(norm2->forward(x), memory, cross_call).out));
+    x = add(x, dropout1->forward(self(norm1->forward(x))));
+    x = add(x, dropout2->forward(cross(norm2->forward(x))));
     return add(x, dropout3->forward(mlp->forward(norm3->forward(x))));
   }
-  x = norm1->forward(add(x, dropout1->forward(self_attn->forward(x, self_call).out)));
-  x = norm2->forward(add(x, dropout2->forward(cross_attn->forward(x, memory, cross_call).out)));
+  x = norm1->forward(add(x, dropout1->forward(self(x))));
+  x = norm2->forward(add(x, dropout2->forward(cross(x))));
   return norm3->forward(add(x, dropout3->forward(mlp->forward(x))));
+}
+
+Tensor TransformerDecoderLayer::forward(const Tensor& x, const Tensor& memory, const AttentionCall& self_call,
+                                        const AttentionCall& cross_call) {
+  return run(
+      x, [&](const Tensor& h) { return self_attn->forward(h, self_call).out; },
+      [&](const Tensor& h) {
+        AttentionOutput o = cross_attn->forward(h, memory, cross_call);
+        last_cross_weights = o.weights;
+        return o.out;
+      });
+}
+
+Tensor TransformerDecoderLayer::forward_cached(const Tensor& x, KVCache& self_cache, const Tensor& cross_k,
+                                               const Tensor& cross_v, const AttentionCall& cross_call) {
+  return run(
+      x, [&](const Tensor& h) { return self_attn->forward_cached(h, self_cache).out; },
+      [&](const Tensor& h) {
+        AttentionOutput o = cross_attn->attend(cross_attn->project_q(h, self_cache.length - h.size(1)), cross_k,
+                                               cross_v, cross_call);
+        last_cross_weights = o.weights;
+        return o.out;
+      });
 }
 
 }  // namespace qkv

@@ -93,11 +93,14 @@ int run_demo(const DemoArgs& a) {
                                        "这本书很有意思", "他有三辆车"};
   std::vector<std::string> out = translate_texts(best, examples, 128);
   for (size_t i = 0; i < examples.size(); ++i) std::printf("     %s  ->  %s\n", examples[i].c_str(), out[i].c_str());
+  const std::string picture = a.out + "/attention.svg";
+  std::fflush(stdout);
+  write_attention_map(best, examples[2], picture, 128);
 
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf("\ndone in %.0f s. Files:\n     %s, %s\n     %s/ (config.json, model.safetensors, tokenizer.json, "
-              "trainer_state.json)\n",
-              secs, train_path.c_str(), test_path.c_str(), model_dir.c_str());
+              "trainer_state.json)\n     %s (cross-attention of \"%s\"; open it in a browser)\n",
+              secs, train_path.c_str(), test_path.c_str(), model_dir.c_str(), picture.c_str(), examples[2].c_str());
   std::printf("try: echo 我是中国人 | qkv translate --model %s\n     qkv eval --model %s --test %s\n", model_dir.c_str(),
               model_dir.c_str(), test_path.c_str());
   return 0;

@@ -97,6 +97,7 @@ struct TranslateArgs {
   std::string model;
   int64_t max_len = 128;
   bool replace_invalid = false;
+  std::string attention_map;  // SVG of the first sentence's cross-attention
 };
 
 int run_translate(const TranslateArgs& a) {
@@ -109,6 +110,7 @@ int run_translate(const TranslateArgs& a) {
     std::cout.flush();
     batch.clear();
   };
+  bool first = true;
   while (std::getline(std::cin, line)) {
     ++number;
     if (!line.empty() && line.back() == '\r') line.pop_back();
@@ -117,6 +119,8 @@ int run_translate(const TranslateArgs& a) {
                 " (use --replace-invalid-utf8 to replace it with U+FFFD)");
       line = replace_invalid_utf8(line);
     }
+    if (first && !a.attention_map.empty()) write_attention_map(m, line, a.attention_map, a.max_len);
+    first = false;
     batch.push_back(line);
     if (batch.size() == 64) flush();
   }
@@ -155,6 +159,17 @@ int run_eval(const EvalArgs& a) {
 
 }  // namespace
 
+void write_attention_map(TranslationModel& m, const std::string& source, const std::string& path, int64_t max_len) {
+  std::vector<int64_t> src = m.tokenizer.encode(source);
+  AlignedTranslation a = translate_with_attention(*m.model, src, max_len);
+  std::vector<std::string> rows = m.tokenizer.pieces(a.tokens), cols = m.tokenizer.pieces(src);
+  if (cols.empty()) cols.push_back("");
+  std::string title = source + "  ->  " + m.tokenizer.decode(a.tokens) + "\ncross-attention: last decoder layer, mean of " +
+                      std::to_string(m.config.nhead) + " heads";
+  write_file_atomic(path, attention_svg(rows, cols, a.weights, title));
+  std::fprintf(stderr, "attention map of \"%s\" written to %s\n", source.c_str(), path.c_str());
+}
+
 Run add_data(CLI::App& app) {
   auto args = std::make_shared<DataArgs>();
   CLI::App* data = app.add_subcommand("data", "Make data sets");
@@ -190,6 +205,8 @@ Run add_translate(CLI::App& app) {
   sub->add_option("--model", args->model, "Model folder")->required();
   sub->add_option("--max-len", args->max_len, "Longest output in tokens")->capture_default_str();
   sub->add_flag("--replace-invalid-utf8", args->replace_invalid, "Replace invalid UTF-8 by U+FFFD instead of failing");
+  sub->add_option("--attention-map", args->attention_map,
+                  "Write the first sentence's cross-attention (last decoder layer, mean over heads) as SVG");
   return [args] { return run_translate(*args); };
 }
 
