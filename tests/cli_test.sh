@@ -78,6 +78,10 @@ check "eval --json" 0 "$QKV" eval --json --model "$tmp/demo/model" --test "$tmp/
 for key in bleu chrf exact_match; do
   grep -q "\"$key\"" "$tmp/out" || { echo "FAIL eval --json lacks $key"; cat "$tmp/out"; failures=$((failures + 1)); }
 done
+check "eval --beam 3" 0 "$QKV" eval --json --beam 3 --model "$tmp/demo/model" --test "$tmp/demo/zh-ja.test.tsv"
+grep -q '"beam": *3' "$tmp/out" || { echo "FAIL eval --beam"; cat "$tmp/out"; failures=$((failures + 1)); }
+check "translate --beam 0" nonzero "$QKV" translate --beam 0 --model "$tmp/demo/model"
+one_line_error "translate --beam 0"
 check "eval missing model" nonzero "$QKV" eval --model "$tmp/none" --test "$tmp/demo/zh-ja.test.tsv"
 one_line_error "eval missing model"
 check "train missing config" nonzero "$QKV" train --config "$tmp/none.json" --train "$tmp/demo/zh-ja.train.tsv" --out "$tmp/m"

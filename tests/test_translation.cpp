@@ -145,40 +145,55 @@ TEST(TranslationTransformer, ConfigValidation) {
   EXPECT_EQ(TransformerConfig::from_json(c.to_json(), "again").mlp, "swiglu");
 }
 
-// A tiny model trained for a few hundred steps translates sentences it saw.
-TEST(TranslationTransformer, LearnsASmallCorpus) {
-  auto pairs = synth_zh_ja(64, 3);
-  std::vector<std::string> texts;
-  for (auto& [s, t] : pairs) texts.push_back(s), texts.push_back(t);
-  CharTokenizer tok = CharTokenizer::build(texts);
+// A tiny model trained for a few hundred steps on 64 sentences; trained once, shared by the tests.
+struct TinyTranslator {
+  std::vector<SentencePair> pairs;
+  CharTokenizer tok;
   std::vector<EncodedPair> data;
-  for (auto& [s, t] : pairs) data.push_back({tok.encode(s), tok.encode(t)});
-  TransformerConfig cfg;
-  cfg.vocab_size = tok.size();
-  cfg.d_model = 64, cfg.nhead = 4, cfg.dim_feedforward = 128, cfg.dropout = 0.0f;
-  cfg.num_encoder_layers = 1, cfg.num_decoder_layers = 1;
-  Rng rng(1);
-  TranslationTransformer model(cfg, rng);
-  AdamW opt(model.parameters(), {.lr = 3e-3f, .weight_decay = 0.0f});
-  float first = 0, last = 0;
-  for (int step = 0; step < 300; ++step) {
-    for (auto& idx : make_batches(data, 2048, rng)) {
-      opt.zero_grad();
-      Tensor loss = translation_loss(model, collate(data, idx), 0.0f);
-      loss.backward();
-      clip_grad_norm(model.parameters(), 1.0f);
-      opt.step();
-      if (step == 0) first = loss.item();
-      last = loss.item();
+  std::shared_ptr<TranslationTransformer> model;
+  float first_loss = 0, last_loss = 0;
+};
+
+TinyTranslator& tiny_translator() {
+  static TinyTranslator* t = [] {
+    auto* r = new TinyTranslator;
+    r->pairs = synth_zh_ja(64, 3);
+    std::vector<std::string> texts;
+    for (auto& [s, t] : r->pairs) texts.push_back(s), texts.push_back(t);
+    r->tok = CharTokenizer::build(texts);
+    for (auto& [s, t] : r->pairs) r->data.push_back({r->tok.encode(s), r->tok.encode(t)});
+    TransformerConfig cfg;
+    cfg.vocab_size = r->tok.size();
+    cfg.d_model = 64, cfg.nhead = 4, cfg.dim_feedforward = 128, cfg.dropout = 0.0f;
+    cfg.num_encoder_layers = 1, cfg.num_decoder_layers = 1;
+    Rng rng(1);
+    r->model = std::make_shared<TranslationTransformer>(cfg, rng);
+    AdamW opt(r->model->parameters(), {.lr = 3e-3f, .weight_decay = 0.0f});
+    for (int step = 0; step < 300; ++step) {
+      for (auto& idx : make_batches(r->data, 2048, rng)) {
+        opt.zero_grad();
+        Tensor loss = translation_loss(*r->model, collate(r->data, idx), 0.0f);
+        loss.backward();
+        clip_grad_norm(r->model->parameters(), 1.0f);
+        opt.step();
+        if (step == 0) r->first_loss = loss.item();
+        r->last_loss = loss.item();
+      }
+      if (r->last_loss < 0.02f) break;
     }
-    if (last < 0.02f) break;
-  }
-  EXPECT_LT(last, 0.1f) << "loss from " << first << " to " << last;
-  model.eval();
+    r->model->eval();
+    return r;
+  }();
+  return *t;
+}
+
+TEST(TranslationTransformer, LearnsASmallCorpus) {
+  TinyTranslator& t = tiny_translator();
+  EXPECT_LT(t.last_loss, 0.1f) << "loss from " << t.first_loss << " to " << t.last_loss;
   std::vector<std::vector<int64_t>> sources;
   std::vector<std::string> refs, hyps;
-  for (int i = 0; i < 16; ++i) sources.push_back(data[i].src), refs.push_back(pairs[i].second);
-  for (auto& ids : greedy_translate(model, sources, 40)) hyps.push_back(tok.decode(ids));
+  for (int i = 0; i < 16; ++i) sources.push_back(t.data[i].src), refs.push_back(t.pairs[i].second);
+  for (auto& ids : greedy_translate(*t.model, sources, 40)) hyps.push_back(t.tok.decode(ids));
   EXPECT_GT(chrf(hyps, refs), 90.0) << hyps[0] << " vs " << refs[0];
 }
 
@@ -215,8 +230,9 @@ TEST_P(CachedDecoding, EqualsFullRecomputation) {
     std::vector<float> c = cached.contiguous().to_vector(), f = full.contiguous().to_vector();
     std::vector<int64_t> grown;
     for (int64_t r = 0; r < B; ++r) {
-      int64_t tc = std::max_element(c.begin() + r * V, c.begin() + (r + 1) * V) - (c.begin() + r * V);
-      int64_t tf = std::max_element(f.begin() + r * V, f.begin() + (r + 1) * V) - (f.begin() + r * V);
+      // The most likely token other than <pad> and <bos>, as greedy_translate picks it.
+      int64_t tc = std::max_element(c.begin() + r * V + 2, c.begin() + (r + 1) * V) - (c.begin() + r * V);
+      int64_t tf = std::max_element(f.begin() + r * V + 2, f.begin() + (r + 1) * V) - (f.begin() + r * V);
       EXPECT_EQ(tc, tf) << "step " << step << " row " << r;
       next[r] = tc;
       grown.insert(grown.end(), prefix.begin() + r * (step + 1), prefix.begin() + (r + 1) * (step + 1));
@@ -293,6 +309,47 @@ TEST(AttentionPicture, SvgHasEveryCellAndEscapedLabels) {
   EXPECT_NE(svg.find(">私<"), std::string::npos);
   EXPECT_NE(svg.find("rgb(0,0,0)"), std::string::npos);  // weight 1 is black
   EXPECT_THROW(attention_svg({"a"}, {"b"}, {1, 2}, "t"), Error);
+}
+
+}  // namespace
+}  // namespace qkv
+
+namespace qkv {
+namespace {
+
+// log p(tokens <eos> | source) by one teacher-forced pass of the whole decoder.
+double sequence_log_prob(TranslationTransformer& model, const std::vector<int64_t>& src, const std::vector<int64_t>& tgt) {
+  NoGradGuard no_grad;
+  Batch b = collate({{src, tgt}}, {0});
+  Tensor logp = log_softmax(model.decode(b.tgt_in, model.encode(b.src, b.src_lengths), b.src_lengths));
+  const int64_t V = logp.size(-1);
+  std::vector<int64_t> out = b.tgt_out.to_ints();
+  double total = 0;
+  for (size_t t = 0; t < out.size(); ++t) total += logp.data<float>()[t * V + out[t]];
+  return total;
+}
+
+TEST(BeamSearch, BeamOfOneIsGreedyAndScoresAreConsistent) {
+  TinyTranslator& t = tiny_translator();
+  TranslationTransformer& model = *t.model;
+  std::vector<std::vector<int64_t>> srcs = {t.data[0].src, t.data[1].src, t.data[2].src, t.tok.encode("我是老师")};
+  auto greedy = greedy_translate(model, srcs, 40);
+  auto one = beam_translate(model, srcs, 40, {.beam = 1});
+  for (size_t i = 0; i < srcs.size(); ++i) EXPECT_EQ(one[i].tokens, greedy[i]) << i;
+  // With 4 beams (and the caches reordered every step) each result's score
+  // is the true log-probability of its tokens under a full recomputation.
+  auto four = beam_translate(model, srcs, 40, {.beam = 4, .batch_size = 3});
+  int checked = 0;
+  for (size_t i = 0; i < srcs.size(); ++i) {
+    if ((int64_t)four[i].tokens.size() >= 40) continue;  // did not end
+    EXPECT_NEAR(four[i].log_prob, sequence_log_prob(model, srcs[i], four[i].tokens), 1e-3) << i;
+    ++checked;
+  }
+  EXPECT_GT(checked, 0) << "no hypothesis ended: nothing was checked";
+  std::vector<std::string> hyps, refs;
+  for (int i = 0; i < 3; ++i) hyps.push_back(t.tok.decode(four[i].tokens)), refs.push_back(t.pairs[i].second);
+  EXPECT_GT(chrf(hyps, refs), 90.0) << hyps[0] << " vs " << refs[0];
+  EXPECT_THROW(beam_translate(model, srcs, 10, {.beam = 0}), Error);
 }
 
 }  // namespace

@@ -68,8 +68,8 @@ void train_translation(TranslationModel& m, const std::vector<SentencePair>& tra
 void save_translation_model(const TranslationModel& m, const std::string& dir, const std::string& trainer_state_json);
 TranslationModel load_translation_model(const std::string& dir);
 
-// Translations of `sources` (text in, text out).
+// Translations of `sources` (text in, text out): greedy when beam is 1, else beam search.
 std::vector<std::string> translate_texts(TranslationModel& m, const std::vector<std::string>& sources,
-                                         int64_t max_len);
+                                         int64_t max_len, int64_t beam = 1);
 
 }  // namespace qkv

@@ -36,6 +36,19 @@ std::vector<std::vector<int64_t>> greedy_translate(TranslationTransformer& model
                                                    const std::vector<std::vector<int64_t>>& sources, int64_t max_len,
                                                    int64_t batch_size = 64);
 
+// Beam search (length-normalized): see src/models/beam_search.cpp.
+struct BeamOptions {
+  int64_t beam = 4;
+  float length_penalty = 1.0f;  // finished hypotheses ranked by score / length^length_penalty
+  int64_t batch_size = 16;      // sentences decoded together (each with `beam` rows)
+};
+struct BeamHypothesis {
+  std::vector<int64_t> tokens;  // without <bos>/<eos>
+  double log_prob = 0;          // sum of log p of the tokens and of the final <eos> (if it ended)
+};
+std::vector<BeamHypothesis> beam_translate(TranslationTransformer& model, const std::vector<std::vector<int64_t>>& sources,
+                                           int64_t max_len, const BeamOptions& options = {});
+
 // Greedy decoding of one sentence that also records, for every output token,
 // the cross-attention weights of the last decoder layer averaged over its heads.
 struct AlignedTranslation {

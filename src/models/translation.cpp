@@ -71,8 +71,11 @@ Tensor translation_loss(TranslationTransformer& model, const Batch& b, float lab
   return aux.defined() ? add(loss, aux) : loss;
 }
 
-// Index of the largest of n floats.
-static int64_t argmax(const float* p, int64_t n) { return std::max_element(p, p + n) - p; }
+// The most likely next token; <pad> and <bos> are never outputs.
+static int64_t best_token(const float* logits, int64_t vocab) {
+  const int64_t first = CharTokenizer::kEos;
+  return first + (std::max_element(logits + first, logits + vocab) - (logits + first));
+}
 
 std::vector<std::vector<int64_t>> greedy_translate(TranslationTransformer& model,
                                                    const std::vector<std::vector<int64_t>>& sources, int64_t max_len,
@@ -98,7 +101,7 @@ std::vector<std::vector<int64_t>> greedy_translate(TranslationTransformer& model
       const int64_t V = logits.size(-1);
       bool all_done = true;
       for (int64_t r = 0; r < B; ++r) {
-        next[r] = done[r] ? CharTokenizer::kPad : argmax(logits.data<float>() + r * V, V);
+        next[r] = done[r] ? CharTokenizer::kPad : best_token(logits.data<float>() + r * V, V);
         if (!done[r] && next[r] == CharTokenizer::kEos) done[r] = true;
         if (!done[r]) {
           results[start + r].push_back(next[r]);
@@ -125,7 +128,7 @@ AlignedTranslation translate_with_attention(TranslationTransformer& model, const
     Tensor w = mean(model.decoder_layers.back()->last_cross_weights, {1}).reshape({-1});
     std::vector<float> row = w.to_vector();
     out.weights.insert(out.weights.end(), row.begin(), row.end());
-    next = argmax(logits.data<float>(), logits.size(-1));
+    next = best_token(logits.data<float>(), logits.size(-1));
     out.tokens.push_back(next);
     if (next == CharTokenizer::kEos) break;
   }

@@ -54,11 +54,16 @@ static std::vector<EncodedPair> encode_all(const CharTokenizer& tok, const std::
   return out;
 }
 
-std::vector<std::string> translate_texts(TranslationModel& m, const std::vector<std::string>& sources, int64_t max_len) {
+std::vector<std::string> translate_texts(TranslationModel& m, const std::vector<std::string>& sources, int64_t max_len,
+                                         int64_t beam) {
   std::vector<std::vector<int64_t>> ids;
   for (auto& s : sources) ids.push_back(m.tokenizer.encode(s));
   std::vector<std::string> out;
-  for (auto& t : greedy_translate(*m.model, ids, max_len)) out.push_back(m.tokenizer.decode(t));
+  if (beam > 1) {
+    for (auto& h : beam_translate(*m.model, ids, max_len, {.beam = beam})) out.push_back(m.tokenizer.decode(h.tokens));
+  } else {
+    for (auto& t : greedy_translate(*m.model, ids, max_len)) out.push_back(m.tokenizer.decode(t));
+  }
   return out;
 }
 

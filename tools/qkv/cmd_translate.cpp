@@ -96,6 +96,7 @@ int run_train(const TrainArgs& a) {
 struct TranslateArgs {
   std::string model;
   int64_t max_len = 128;
+  int64_t beam = 1;
   bool replace_invalid = false;
   std::string attention_map;  // SVG of the first sentence's cross-attention
 };
@@ -106,7 +107,7 @@ int run_translate(const TranslateArgs& a) {
   int64_t number = 0;
   std::vector<std::string> batch;
   auto flush = [&] {
-    for (auto& t : translate_texts(m, batch, a.max_len)) std::cout << t << "\n";
+    for (auto& t : translate_texts(m, batch, a.max_len, a.beam)) std::cout << t << "\n";
     std::cout.flush();
     batch.clear();
   };
@@ -131,6 +132,7 @@ int run_translate(const TranslateArgs& a) {
 struct EvalArgs {
   std::string model, test;
   int64_t max_len = 128;
+  int64_t beam = 1;
   bool json = false;
 };
 
@@ -139,19 +141,20 @@ int run_eval(const EvalArgs& a) {
   std::vector<SentencePair> test = read_parallel_tsv(a.test);
   std::vector<std::string> sources, refs;
   for (auto& [s, t] : test) sources.push_back(s), refs.push_back(t);
-  std::vector<std::string> hyps = translate_texts(m, sources, a.max_len);
+  std::vector<std::string> hyps = translate_texts(m, sources, a.max_len, a.beam);
   int64_t exact = 0;
   for (size_t i = 0; i < hyps.size(); ++i) exact += hyps[i] == refs[i];
   nlohmann::ordered_json r = {{"bleu", bleu_char(hyps, refs)},
                               {"chrf", chrf(hyps, refs)},
                               {"exact_match", 100.0 * exact / hyps.size()},
                               {"sentences", hyps.size()},
+                              {"beam", a.beam},
                               {"bleu_tokenize", "char"}};
   if (a.json) {
     std::cout << r.dump() << "\n";
   } else {
-    std::printf("%s on %s (%zu sentences)\n  BLEU (char) %.2f\n  chrF        %.2f\n  exact match %.2f%%\n",
-                a.model.c_str(), a.test.c_str(), hyps.size(), r["bleu"].get<double>(), r["chrf"].get<double>(),
+    std::printf("%s on %s (%zu sentences, beam %lld)\n  BLEU (char) %.2f\n  chrF        %.2f\n  exact match %.2f%%\n",
+                a.model.c_str(), a.test.c_str(), hyps.size(), (long long)a.beam, r["bleu"].get<double>(), r["chrf"].get<double>(),
                 r["exact_match"].get<double>());
   }
   return 0;
@@ -204,6 +207,7 @@ Run add_translate(CLI::App& app) {
   CLI::App* sub = app.add_subcommand("translate", "Translate stdin lines to stdout lines (greedy decoding)");
   sub->add_option("--model", args->model, "Model folder")->required();
   sub->add_option("--max-len", args->max_len, "Longest output in tokens")->capture_default_str();
+  sub->add_option("--beam", args->beam, "Beam size (1: greedy)")->capture_default_str()->check(CLI::Range(1, 64));
   sub->add_flag("--replace-invalid-utf8", args->replace_invalid, "Replace invalid UTF-8 by U+FFFD instead of failing");
   sub->add_option("--attention-map", args->attention_map,
                   "Write the first sentence's cross-attention (last decoder layer, mean over heads) as SVG");
@@ -216,6 +220,7 @@ Run add_eval(CLI::App& app) {
   sub->add_option("--model", args->model, "Model folder")->required();
   sub->add_option("--test", args->test, "Test pairs, source<TAB>target per line")->required();
   sub->add_option("--max-len", args->max_len, "Longest output in tokens")->capture_default_str();
+  sub->add_option("--beam", args->beam, "Beam size (1: greedy)")->capture_default_str()->check(CLI::Range(1, 64));
   sub->add_flag("--json", args->json, "Print one JSON object (scores on a 0-100 scale)");
   return [args] { return run_eval(*args); };
 }

@@ -1,0 +1,136 @@
+// Beam search for the translation Transformer.
+//
+// Each sentence keeps `beam` hypotheses. A step scores every continuation of
+// every live hypothesis, score(y_1..t) = sum log p(y_i | y_<i, x), keeps the
+// `beam` best that do not end, and sets aside those that end with <eos> as
+// finished, ranked by the length-normalized score / (length ^ length_penalty).
+// A sentence is done when it has `beam` finished hypotheses or reaches
+// max_len. The encoder runs once per sentence and its cross-attention K/V
+// are computed once and copied to the beams; the self-attention caches follow
+// their hypotheses by a row gather after each step.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "qkv/translation.h"
+
+namespace qkv {
+namespace {
+
+// Rows `ids` of t along its first dimension.
+Tensor select_rows(const Tensor& t, const std::vector<int64_t>& ids) {
+  Shape shape = t.shape();
+  Tensor flat = t.reshape({shape[0], -1});
+  shape[0] = (int64_t)ids.size();
+  return embedding(flat, Tensor::from_ints(ids, {(int64_t)ids.size()})).reshape(shape);
+}
+
+struct Hypothesis {
+  std::vector<int64_t> tokens;
+  double score = 0;
+};
+
+}  // namespace
+
+std::vector<BeamHypothesis> beam_translate(TranslationTransformer& model, const std::vector<std::vector<int64_t>>& sources,
+                                           int64_t max_len, const BeamOptions& o) {
+  QKV_CHECK(o.beam >= 1, "beam search: beam must be at least 1, got ", o.beam);
+  NoGradGuard no_grad;
+  const int64_t K = o.beam;
+  std::vector<BeamHypothesis> results(sources.size());
+  for (size_t start = 0; start < sources.size(); start += o.batch_size) {
+    const int64_t B = (int64_t)std::min<size_t>(o.batch_size, sources.size() - start);
+    std::vector<EncodedPair> chunk;
+    std::vector<int64_t> idx;
+    for (int64_t i = 0; i < B; ++i) chunk.push_back({sources[start + i], {}}), idx.push_back(i);
+    Batch b = collate(chunk, idx);
+    // Encoder and cross-attention K/V once per sentence, then one row per beam.
+    std::vector<int64_t> expand;
+    for (int64_t s = 0; s < B; ++s)
+      for (int64_t k = 0; k < K; ++k) expand.push_back(s);
+    Tensor memory = model.encode(b.src, b.src_lengths);
+    std::vector<int64_t> src_len = b.src_lengths.to_ints(), beam_len;
+    for (int64_t s : expand) beam_len.push_back(src_len[s]);
+    DecoderState beams;
+    beams.src_lengths = Tensor::from_ints(beam_len, {B * K});
+    for (auto& layer : model.decoder_layers) {
+      beams.self.push_back(layer->self_attn->make_cache(B * K, max_len + 1));
+      auto [k, v] = layer->cross_attn->project_kv(memory, 0);  // B rows, then one copy per beam
+      beams.cross.push_back({select_rows(k, expand), select_rows(v, expand)});
+    }
+
+    std::vector<std::vector<Hypothesis>> alive(B), finished(B);
+    for (int64_t s = 0; s < B; ++s) {
+      alive[s].assign(K, Hypothesis{});
+      for (int64_t k = 1; k < K; ++k) alive[s][k].score = -std::numeric_limits<double>::infinity();  // one start
+    }
+    std::vector<bool> done(B, false);
+    std::vector<int64_t> last(B * K, CharTokenizer::kBos);
+    for (int64_t step = 0; step < max_len; ++step) {
+      Tensor logp = log_softmax(model.decode_step(Tensor::from_ints(last, {B * K, 1}), beams));
+      const int64_t V = logp.size(-1);
+      const float* lp = logp.data<float>();
+      std::vector<int64_t> origin(B * K);
+      for (int64_t s = 0; s < B; ++s) {
+        if (done[s]) {
+          for (int64_t k = 0; k < K; ++k) origin[s * K + k] = s * K + k, last[s * K + k] = CharTokenizer::kPad;
+          continue;
+        }
+        // The best 2K continuations are enough: at most K of them end with <eos>.
+        std::vector<std::pair<double, int64_t>> cand;  // (score, beam * V + token)
+        for (int64_t k = 0; k < K; ++k) {
+          if (!std::isfinite(alive[s][k].score)) continue;
+          const float* row = lp + (s * K + k) * V;
+          for (int64_t v = 0; v < V; ++v)
+            if (v != CharTokenizer::kPad && v != CharTokenizer::kBos) cand.push_back({alive[s][k].score + row[v], k * V + v});
+        }
+        const size_t keep = std::min<size_t>(cand.size(), 2 * K);
+        std::partial_sort(cand.begin(), cand.begin() + keep, cand.end(),
+                          [](auto& a, auto& b) { return a.first > b.first; });
+        std::vector<Hypothesis> next;
+        std::vector<int64_t> next_origin, next_token;
+        for (size_t c = 0; c < keep && (int64_t)next.size() < K; ++c) {
+          const int64_t k = cand[c].second / V, v = cand[c].second % V;
+          Hypothesis h = alive[s][k];
+          h.score = cand[c].first;
+          if (v == CharTokenizer::kEos) {
+            if ((int64_t)finished[s].size() < K) finished[s].push_back(h);
+            continue;
+          }
+          h.tokens.push_back(v);
+          next.push_back(h);
+          next_origin.push_back(s * K + k);
+          next_token.push_back(v);
+        }
+        while ((int64_t)next.size() < K) {  // too few live continuations: pad with dead beams
+          next.push_back(Hypothesis{{}, -std::numeric_limits<double>::infinity()});
+          next_origin.push_back(s * K);
+          next_token.push_back(CharTokenizer::kPad);
+        }
+        alive[s] = next;
+        for (int64_t k = 0; k < K; ++k) origin[s * K + k] = next_origin[k], last[s * K + k] = next_token[k];
+        if ((int64_t)finished[s].size() >= K) done[s] = true;
+      }
+      if (std::all_of(done.begin(), done.end(), [](bool d) { return d; })) break;
+      for (KVCache& c : beams.self) {  // caches follow their hypotheses
+        c.k = select_rows(c.k, origin);
+        c.v = select_rows(c.v, origin);
+      }
+    }
+    for (int64_t s = 0; s < B; ++s) {
+      auto normalized = [&](const Hypothesis& h) {
+        return h.score / std::pow((double)h.tokens.size() + 1, (double)o.length_penalty);  // +1: the <eos>
+      };
+      const Hypothesis* best = nullptr;
+      for (auto& h : finished[s])
+        if (!best || normalized(h) > normalized(*best)) best = &h;
+      if (!best)  // nothing ended within max_len: the best live hypothesis
+        for (auto& h : alive[s])
+          if (std::isfinite(h.score) && (!best || h.score > best->score)) best = &h;
+      if (best) results[start + s] = {best->tokens, best->score};
+    }
+  }
+  return results;
+}
+
+}  // namespace qkv
