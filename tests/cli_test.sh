@@ -90,6 +90,14 @@ printf '{"d_modle": 3}' >"$tmp/badcfg.json"
 check "train bad config" nonzero "$QKV" train --config "$tmp/badcfg.json" --train "$tmp/demo/zh-ja.train.tsv" --out "$tmp/m"
 one_line_error "train bad config"
 grep -q "unknown key 'd_modle'" "$tmp/err" || { echo "FAIL bad config message"; failures=$((failures + 1)); }
+# Train a tiny model in two halves with --resume.
+printf '{"d_model": 32, "nhead": 4, "num_encoder_layers": 1, "num_decoder_layers": 1, "dim_feedforward": 64,\n "train": {"steps": 6, "batch_tokens": 256, "eval_every": 3, "eval_sentences": 4}}\n' >"$tmp/tiny.json"
+check "train" 0 "$QKV" train --config "$tmp/tiny.json" --train "$tmp/demo/zh-ja.train.tsv" --out "$tmp/tiny"
+[ -f "$tmp/tiny/trainer_state.safetensors" ] || { echo "FAIL train wrote no trainer_state.safetensors"; failures=$((failures + 1)); }
+check "train --resume" 0 "$QKV" train --config "$tmp/tiny.json" --train "$tmp/demo/zh-ja.train.tsv" --out "$tmp/tiny" --steps 9 --resume
+grep -q '"step": 9' "$tmp/tiny/trainer_state.json" || { echo "FAIL resume did not reach step 9"; cat "$tmp/tiny/trainer_state.json"; failures=$((failures + 1)); }
+check "train --resume nothing to do" nonzero "$QKV" train --config "$tmp/tiny.json" --train "$tmp/demo/zh-ja.train.tsv" --out "$tmp/tiny" --steps 9 --resume
+one_line_error "train --resume nothing to do"
 check "data synth" 0 "$QKV" data synth-zh-ja --pairs 5 --seed 3
 [ "$(wc -l <"$tmp/out")" -eq 5 ] || { echo "FAIL synth: expected 5 lines"; failures=$((failures + 1)); }
 check "data synth bad pairs" nonzero "$QKV" data synth-zh-ja --pairs 0

@@ -183,3 +183,41 @@ TEST(Safetensors, WrittenHeaderIsAligned) {
 
 }  // namespace
 }  // namespace qkv
+
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <thread>
+
+namespace qkv {
+namespace {
+
+// A process killed while saving (again and again) leaves a file that loads,
+// whole: either the previous checkpoint or the new one, never a mix.
+TEST(Safetensors, KillDuringSaveLeavesALoadableCheckpoint) {
+  std::string path = temp_dir() + "/ckpt.safetensors";
+  save_safetensors(path, std::vector<std::pair<std::string, Tensor>>{{"w", Tensor::full({1 << 20}, -1.0f)}});
+  for (int round = 0; round < 5; ++round) {
+    pid_t child = fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      for (int k = 0;; ++k) {
+        save_safetensors(path, std::vector<std::pair<std::string, Tensor>>{
+                                   {"w", Tensor::full({1 << 20}, (float)k)}, {"step", Tensor::from_ints({k}, {1})}});
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20 + 15 * round));
+    kill(child, SIGKILL);
+    int status = 0;
+    waitpid(child, &status, 0);
+    SafetensorsFile f = load_safetensors(path);
+    std::vector<float> w = f.find("w")->to_vector();
+    for (float v : w) ASSERT_EQ(v, w[0]) << "a mix of two saves";
+    if (const Tensor* step = f.find("step")) {
+      EXPECT_EQ(step->to_ints()[0], (int64_t)w[0]);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace qkv

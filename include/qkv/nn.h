@@ -38,6 +38,10 @@ public:
   void eval();
   bool is_training() const { return training_; }
 
+  // Every random stream of this module and its children (dropout), by
+  // hierarchical name, for checkpoints that resume exactly.
+  std::vector<std::pair<std::string, Rng*>> named_rngs();
+
   StateDict state_dict() const;
   // Copies values into the existing parameters (so optimizers keep their
   // references). Every parameter must be present with its exact shape; a
@@ -46,6 +50,7 @@ public:
 
 protected:
   Tensor register_parameter(const std::string& name, Tensor value);
+  void register_rng(const std::string& name, Rng* rng) { rngs_.emplace_back(name, rng); }
   template <class M>
   std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> child) {
     children_.emplace_back(name, child);
@@ -57,6 +62,7 @@ private:
   void set_training(bool on);
   std::vector<std::pair<std::string, Tensor>> params_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+  std::vector<std::pair<std::string, Rng*>> rngs_;
   bool training_ = true;
 };
 
@@ -107,7 +113,7 @@ public:
 // Holds its own RNG stream so that runs are reproducible from the seed.
 class Dropout : public Module {
 public:
-  Dropout(float p, uint64_t seed) : p(p), rng(seed) {}
+  Dropout(float p, uint64_t seed) : p(p), rng(seed) { register_rng("rng", &rng); }
   Tensor forward(const Tensor& x) { return dropout(x, rng, {.p = p, .training = is_training()}); }
   float p;
   Rng rng;

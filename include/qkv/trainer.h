@@ -1,8 +1,12 @@
 // qkv/trainer.h — the training loop for translation models and the model folder.
 //
 // A model folder holds config.json (the model config, "tokenizer": "char"),
-// model.safetensors, tokenizer.json and trainer_state.json; every file is
-// written atomically, so a crash never leaves a half-written model.
+// model.safetensors (the best weights by validation chrF), tokenizer.json,
+// trainer_state.json (step, metrics history) and trainer_state.safetensors
+// (the latest weights, AdamW moments, step, every RNG stream and the data
+// order: all that --resume needs, in one file). Every file is written
+// atomically, so a crash never leaves a half-written model; a resume reads
+// the one state file, so it never mixes two checkpoints.
 #pragma once
 
 #include <functional>
@@ -25,6 +29,7 @@ struct TrainOptions {
   int64_t eval_every = 250;       // validation loss, chrF and BLEU every this many steps
   int64_t eval_sentences = 300;   // decoded for chrF/BLEU
   int64_t max_skipped_in_a_row = 20;  // non-finite losses/gradients before giving up
+  bool resume = false;  // continue from out_dir/trainer_state.safetensors
 
   // The "train" object of a config file; unknown keys are an error.
   static TrainOptions from_json(const std::string& text, const std::string& source);
@@ -46,6 +51,9 @@ struct EvalReport {
 struct TrainCallbacks {
   std::function<void(const TrainProgress&)> progress;  // every step
   std::function<void(const EvalReport&)> evaluated;    // after each validation
+  // For tests of the non-finite handling: called before each step; when it
+  // returns true, that step's loss is taken to be NaN.
+  std::function<bool(int64_t step)> inject_nonfinite;
 };
 
 struct TranslationModel {

@@ -42,6 +42,13 @@ void Module::set_training(bool on) {
 void Module::train() { set_training(true); }
 void Module::eval() { set_training(false); }
 
+std::vector<std::pair<std::string, Rng*>> Module::named_rngs() {
+  std::vector<std::pair<std::string, Rng*>> out = rngs_;
+  for (auto& [name, child] : children_)
+    for (auto& [n, r] : child->named_rngs()) out.emplace_back(name + "." + n, r);
+  return out;
+}
+
 StateDict Module::state_dict() const {
   StateDict out;
   for (auto& [name, p] : named_parameters()) out[name] = p.detach();

@@ -11,6 +11,7 @@ namespace qkv {
 
 MultiheadAttention::MultiheadAttention(MultiheadAttentionOptions o, Rng& rng)
     : options_(o), dropout_rng_(rng.next_bits()) {
+  register_rng("dropout_rng", &dropout_rng_);
   QKV_CHECK(o.d_model > 0 && o.nhead > 0 && o.d_model % o.nhead == 0, "MultiheadAttention: d_model ", o.d_model,
             " is not divisible by nhead ", o.nhead);
   kv_heads_ = o.num_kv_heads > 0 ? o.num_kv_heads : o.nhead;

@@ -3,6 +3,7 @@
 // steps, periodic validation (loss, chrF, BLEU), best checkpoint kept.
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -93,6 +94,93 @@ static EvalReport evaluate(TranslationModel& m, const std::vector<EncodedPair>& 
   return r;
 }
 
+namespace {
+
+// What the loop carries from step to step besides the model and the optimizer.
+struct LoopState {
+  int64_t step = 0;
+  std::vector<std::vector<int64_t>> batches;  // this epoch's order
+  int64_t next_batch = 0;
+  double best_chrf = -1;
+  int64_t skipped = 0;
+  nlohmann::json history = nlohmann::json::array();
+};
+
+Tensor u64_pair(uint64_t a, uint64_t b) {
+  Tensor t = Tensor::empty({2}, DType::I64);
+  std::memcpy(t.data<int64_t>(), &a, 8);
+  std::memcpy(t.data<int64_t>() + 1, &b, 8);
+  return t;
+}
+
+void restore_rng(Rng& rng, const Tensor& t) {
+  uint64_t v[2];
+  std::memcpy(v, t.contiguous().data<int64_t>(), 16);
+  rng.restore(v[0], v[1]);
+}
+
+const std::string kStateFile = "/trainer_state.safetensors";
+
+void save_loop_state(const std::string& dir, TranslationModel& m, const AdamW& opt, const Rng& data_rng,
+                     const LoopState& s) {
+  std::vector<std::pair<std::string, Tensor>> t;
+  for (auto& [name, p] : m.model->named_parameters()) t.emplace_back("model." + name, p.detach());
+  for (auto& [name, v] : opt.state()) t.emplace_back("optimizer." + name, v);
+  t.emplace_back("optimizer.steps", Tensor::from_ints({opt.steps()}, {1}));
+  t.emplace_back("step", Tensor::from_ints({s.step}, {1}));
+  t.emplace_back("skipped", Tensor::from_ints({s.skipped}, {1}));
+  t.emplace_back("rng.data", u64_pair(data_rng.seed_state(), data_rng.counter()));
+  for (auto& [name, r] : m.model->named_rngs()) t.emplace_back("rng.model." + name, u64_pair(r->seed_state(), r->counter()));
+  std::vector<int64_t> indices, offsets{0};
+  for (auto& b : s.batches) {
+    indices.insert(indices.end(), b.begin(), b.end());
+    offsets.push_back((int64_t)indices.size());
+  }
+  t.emplace_back("data.indices", Tensor::from_ints(indices, {(int64_t)indices.size()}));
+  t.emplace_back("data.offsets", Tensor::from_ints(offsets, {(int64_t)offsets.size()}));
+  t.emplace_back("data.next_batch", Tensor::from_ints({s.next_batch}, {1}));
+  char best[64];
+  std::snprintf(best, sizeof best, "%.17g", s.best_chrf);
+  save_safetensors(dir + kStateFile, t, {{"format", "qkv-trainer-state"}, {"best_chrf", best}, {"history", s.history.dump()}});
+}
+
+LoopState load_loop_state(const std::string& dir, TranslationModel& m, AdamW& opt, Rng& data_rng) {
+  const std::string path = dir + kStateFile;
+  SafetensorsFile f = load_safetensors(path);
+  auto need = [&](const std::string& name) -> const Tensor& {
+    const Tensor* t = f.find(name);
+    QKV_CHECK(t != nullptr, path, ": '", name, "' is missing; cannot resume");
+    return *t;
+  };
+  QKV_CHECK(f.metadata.count("format") && f.metadata.at("format") == "qkv-trainer-state", path,
+            ": not a qkv trainer state");
+  StateDict weights, moments;
+  for (auto& [name, t] : f.tensors) {
+    if (name.rfind("model.", 0) == 0) weights[name.substr(6)] = t;
+    if (name.rfind("optimizer.exp_avg", 0) == 0) moments[name.substr(10)] = t;
+  }
+  try {
+    m.model->load_state_dict(weights);
+    opt.load_state(moments, need("optimizer.steps").to_ints()[0]);
+  } catch (const Error& e) {
+    fail(path, ": ", e.what());
+  }
+  LoopState s;
+  s.step = need("step").to_ints()[0];
+  s.skipped = need("skipped").to_ints()[0];
+  restore_rng(data_rng, need("rng.data"));
+  for (auto& [name, r] : m.model->named_rngs()) restore_rng(*r, need("rng.model." + name));
+  std::vector<int64_t> indices = need("data.indices").to_ints(), offsets = need("data.offsets").to_ints();
+  for (size_t b = 0; b + 1 < offsets.size(); ++b)
+    s.batches.emplace_back(indices.begin() + offsets[b], indices.begin() + offsets[b + 1]);
+  s.next_batch = need("data.next_batch").to_ints()[0];
+  s.best_chrf = std::stod(f.metadata.count("best_chrf") ? f.metadata.at("best_chrf") : "-1");
+  if (f.metadata.count("history")) s.history = nlohmann::json::parse(f.metadata.at("history"));
+  return s;
+}
+
+}  // namespace
+
 void train_translation(TranslationModel& m, const std::vector<SentencePair>& train,
                        const std::vector<SentencePair>& valid, const TrainOptions& o, const std::string& out_dir,
                        const TrainCallbacks& cb) {
@@ -108,55 +196,68 @@ void train_translation(TranslationModel& m, const std::vector<SentencePair>& tra
   AdamW opt(model.parameters(), {.lr = o.lr, .weight_decay = o.weight_decay});
   WarmupInverseSqrt inv{.peak_lr = o.lr, .warmup_steps = o.warmup_steps};
   WarmupCosine cosine{.peak_lr = o.lr, .min_lr = o.lr * 0.01f, .warmup_steps = o.warmup_steps, .total_steps = o.steps};
-  std::vector<std::vector<int64_t>> batches;
-  size_t next_batch = 0;
-  double best_chrf = -1;
-  int64_t skipped = 0, skipped_in_a_row = 0, tokens_seen = 0;
-  nlohmann::json history = nlohmann::json::array();
+  LoopState s;
+  if (o.resume) {
+    s = load_loop_state(out_dir, m, opt, data_rng);
+    QKV_CHECK(s.step < o.steps, "train --resume: the checkpoint is at step ", s.step, ", nothing to do for ", o.steps,
+              " steps");
+    for (auto& b : s.batches)
+      for (int64_t i : b)
+        QKV_CHECK(i >= 0 && i < (int64_t)train_ids.size(), out_dir, kStateFile,
+                  ": the saved data order does not fit this training set; resume with the same --train");
+  }
+  int64_t skipped_in_a_row = 0, tokens_seen = 0;
+  const int64_t first_step = s.step + 1;
   auto start = std::chrono::steady_clock::now();
-  for (int64_t step = 1; step <= o.steps; ++step) {
-    if (next_batch == batches.size()) {
-      batches = make_batches(train_ids, o.batch_tokens, data_rng);
-      next_batch = 0;
+  for (int64_t step = first_step; step <= o.steps; ++step) {
+    s.step = step;
+    if (s.next_batch == (int64_t)s.batches.size()) {
+      s.batches = make_batches(train_ids, o.batch_tokens, data_rng);
+      s.next_batch = 0;
     }
-    Batch b = collate(train_ids, batches[next_batch++]);
+    Batch b = collate(train_ids, s.batches[s.next_batch++]);
     const float lr = o.schedule == "cosine" ? cosine.lr_at(step) : inv.lr_at(step);
     opt.set_lr(lr);
     opt.zero_grad();
     Tensor loss = translation_loss(model, b, o.label_smoothing);
-    const float loss_value = loss.item();
+    float loss_value = loss.item();
+    if (cb.inject_nonfinite && cb.inject_nonfinite(step)) loss_value = NAN;
     bool finite = std::isfinite(loss_value);
     if (finite) {
       loss.backward();
       finite = std::isfinite(clip_grad_norm(model.parameters(), o.clip_norm));
     }
     if (!finite) {  // skip: parameters and optimizer state untouched
-      ++skipped;
+      ++s.skipped;
       QKV_CHECK(++skipped_in_a_row <= o.max_skipped_in_a_row, "train: ", skipped_in_a_row,
                 " steps in a row had a non-finite loss or gradient (step ", step,
                 "); stopping. The last good checkpoint is in ", out_dir);
-      continue;
-    }
-    skipped_in_a_row = 0;
-    opt.step();
-    tokens_seen += b.target_tokens;
-    if (cb.progress) {
-      double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      cb.progress({step, o.steps, loss_value, lr, tokens_seen / std::max(secs, 1e-9),
-                   secs / step * (o.steps - step), skipped});
+    } else {
+      skipped_in_a_row = 0;
+      opt.step();
+      tokens_seen += b.target_tokens;
+      if (cb.progress) {
+        double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        double done = (double)(step - first_step + 1);
+        cb.progress({step, o.steps, loss_value, lr, tokens_seen / std::max(secs, 1e-9),
+                     secs / done * (o.steps - step), s.skipped});
+      }
     }
     if (step % o.eval_every == 0 || step == o.steps) {
       EvalReport r = evaluate(m, valid_ids, valid, o);
       r.step = step;
-      r.best = r.chrf > best_chrf;
-      history.push_back({{"step", step}, {"train_loss", loss_value}, {"valid_loss", r.valid_loss},
-                         {"chrf", r.chrf}, {"bleu", r.bleu}});
+      r.best = r.chrf > s.best_chrf;
+      s.history.push_back({{"step", step}, {"train_loss", loss_value}, {"valid_loss", r.valid_loss},
+                           {"chrf", r.chrf}, {"bleu", r.bleu}});
+      nlohmann::ordered_json state = {{"step", step}, {"steps", o.steps}, {"best_chrf", std::max(r.chrf, s.best_chrf)},
+                                      {"skipped_steps", s.skipped}, {"history", s.history}};
       if (r.best) {
-        best_chrf = r.chrf;
-        nlohmann::ordered_json state = {{"step", step}, {"steps", o.steps}, {"best_chrf", r.chrf},
-                                        {"skipped_steps", skipped}, {"history", history}};
+        s.best_chrf = r.chrf;
         save_translation_model(m, out_dir, state.dump(2) + "\n");
+      } else {
+        write_file_atomic(out_dir + "/trainer_state.json", state.dump(2) + "\n");
       }
+      save_loop_state(out_dir, m, opt, data_rng, s);
       if (cb.evaluated) cb.evaluated(r);
     }
   }

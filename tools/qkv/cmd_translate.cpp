@@ -30,7 +30,7 @@ int run_synth(const DataArgs& a) {
     std::fwrite(text.data(), 1, text.size(), stdout);
   } else {
     write_file_atomic(a.out, text);
-    std::fprintf(stderr, "wrote %lld pairs to %s\n", (long long)a.pairs, a.out.c_str());
+    std::printf("wrote %lld pairs to %s\n", (long long)a.pairs, a.out.c_str());
   }
   return 0;
 }
@@ -42,21 +42,22 @@ struct TrainArgs {
   int64_t seed = -1;
   int threads = 0;
   bool replace_invalid = false;
+  bool resume = false;
 };
 
 // A one-line progress bar, redrawn in place on a terminal, printed every 10% otherwise.
 void show_progress(const TrainProgress& p) {
-  static bool tty = isatty(STDERR_FILENO);
+  static bool tty = isatty(STDOUT_FILENO);
   const int width = 24;
   int filled = (int)(width * p.step / p.total_steps);
   if (!tty && p.step % std::max<int64_t>(1, p.total_steps / 10) != 0 && p.step != 1) return;
-  std::fprintf(stderr, "%s[%s%s] step %lld/%lld  loss %.3f  %.0f tok/s  lr %.2e  ETA %s%s", tty ? "\r" : "",
+  std::printf("%s[%s%s] step %lld/%lld  loss %.3f  %.0f tok/s  lr %.2e  ETA %s%s", tty ? "\r" : "",
                std::string(filled, '#').c_str(), std::string(width - filled, '.').c_str(), (long long)p.step,
                (long long)p.total_steps, p.loss, p.tokens_per_second, p.lr,
                (std::to_string((int)p.eta_seconds / 60) + "m" + std::to_string((int)p.eta_seconds % 60) + "s").c_str(),
                p.skipped_steps ? ("  skipped " + std::to_string(p.skipped_steps)).c_str() : "");
-  if (!tty) std::fputc('\n', stderr);
-  std::fflush(stderr);
+  if (!tty) std::putchar('\n');
+  std::fflush(stdout);
 }
 
 int run_train(const TrainArgs& a) {
@@ -77,19 +78,24 @@ int run_train(const TrainArgs& a) {
     train.resize(train.size() - n);
     QKV_CHECK(!train.empty(), a.train, ": too few pairs to hold some out for validation; pass --valid");
   }
-  TranslationModel m = new_translation_model(config_text, a.config, train, o.seed);
-  std::fprintf(stderr, "qkv train: %s, %lld parameters, vocabulary %lld; %zu training pairs, %zu validation pairs; "
+  o.resume = a.resume;
+  // A resumed run takes the model's config and vocabulary from its folder; the
+  // latest weights and the training state come from trainer_state.safetensors.
+  TranslationModel m = a.resume ? load_translation_model(a.out) : new_translation_model(config_text, a.config, train, o.seed);
+  if (a.resume) m.model->train();
+  std::printf("qkv train: %s, %lld parameters, vocabulary %lld; %zu training pairs, %zu validation pairs; "
                        "%lld steps of up to %lld tokens, %d threads\n",
                m.config.arch.c_str(), (long long)m.model->parameter_count(), (long long)m.config.vocab_size,
                train.size(), valid.size(), (long long)o.steps, (long long)o.batch_tokens, thread_count());
   TrainCallbacks cb;
   cb.progress = show_progress;
   cb.evaluated = [&](const EvalReport& r) {
-    std::fprintf(stderr, "%sstep %lld: valid loss %.4f  chrF %.2f  BLEU %.2f%s\n", isatty(STDERR_FILENO) ? "\n" : "",
+    std::printf("%sstep %lld: valid loss %.4f  chrF %.2f  BLEU %.2f%s\n", isatty(STDOUT_FILENO) ? "\n" : "",
                  (long long)r.step, r.valid_loss, r.chrf, r.bleu, r.best ? "  (best, saved)" : "");
+    std::fflush(stdout);
   };
   train_translation(m, train, valid, o, a.out, cb);
-  std::fprintf(stderr, "model: %s\n", a.out.c_str());
+  std::printf("model: %s\n", a.out.c_str());
   return 0;
 }
 
@@ -199,6 +205,8 @@ Run add_train(CLI::App& app) {
   sub->add_option("--seed", args->seed, "Seed (overrides the config)");
   sub->add_option("--threads", args->threads, "Threads (0: all cores)");
   sub->add_flag("--replace-invalid-utf8", args->replace_invalid, "Replace invalid UTF-8 by U+FFFD instead of failing");
+  sub->add_flag("--resume", args->resume,
+                "Continue the run saved in --out exactly (weights, optimizer, step, RNG streams, data order)");
   return [args] { return run_train(*args); };
 }
 

@@ -1,0 +1,116 @@
+// The training loop: an interrupted and resumed run ends bit for bit where a
+// straight run ends; non-finite steps are skipped without touching the model;
+// too many in a row stop training with the last checkpoint intact.
+#include <omp.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "qkv/io.h"
+#include "qkv/trainer.h"
+#include "tests/test_util.h"
+
+namespace qkv {
+namespace {
+
+std::string temp_dir() {
+  char tmpl[] = "/tmp/qkv_trainer_XXXXXX";
+  const char* d = mkdtemp(tmpl);
+  EXPECT_NE(d, nullptr);
+  return d;
+}
+
+const char* kConfig = R"({"d_model": 32, "nhead": 4, "num_encoder_layers": 1, "num_decoder_layers": 1,
+                          "dim_feedforward": 64, "dropout": 0.1})";
+
+TrainOptions small_options(int64_t steps) {
+  TrainOptions o;
+  o.steps = steps;
+  o.batch_tokens = 256;
+  o.warmup_steps = 4;
+  o.eval_every = 6;
+  o.eval_sentences = 5;
+  return o;
+}
+
+std::map<std::string, Tensor> state_of(const std::string& dir) {
+  return load_safetensors(dir + "/trainer_state.safetensors").as_map();
+}
+
+TEST(Trainer, ResumedRunEqualsStraightRunBitForBit) {
+  omp_set_num_threads(1);  // the same thread count gives the same numbers; one makes it simplest
+  auto train = synth_zh_ja(120, 5), valid = synth_zh_ja(10, 6, train);
+  const std::string straight = temp_dir(), interrupted = temp_dir();
+
+  TranslationModel a = new_translation_model(kConfig, "config", train, 1);
+  train_translation(a, train, valid, small_options(12), straight, {});
+
+  TranslationModel b = new_translation_model(kConfig, "config", train, 1);
+  train_translation(b, train, valid, small_options(6), interrupted, {});  // stops halfway
+  TranslationModel resumed = load_translation_model(interrupted);
+  TrainOptions o = small_options(12);
+  o.resume = true;
+  train_translation(resumed, train, valid, o, interrupted, {});
+
+  auto sa = state_of(straight), sb = state_of(interrupted);
+  ASSERT_EQ(sa.size(), sb.size());
+  int compared = 0;
+  for (auto& [name, t] : sa) {
+    ASSERT_TRUE(sb.count(name)) << name;
+    EXPECT_EQ(t.shape(), sb.at(name).shape()) << name;
+    if (name.rfind("model.", 0) == 0 || name.rfind("optimizer.", 0) == 0) {
+      std::vector<float> x = t.to_vector(), y = sb.at(name).to_vector();
+      EXPECT_TRUE(std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0) << name << " differs";
+      ++compared;
+    }
+  }
+  EXPECT_GT(compared, 20);
+  EXPECT_EQ(sa.at("step").to_ints(), (std::vector<int64_t>{12}));
+  // A resume with nothing left to do, or from a folder without state, is a clear error.
+  EXPECT_THROW(train_translation(resumed, train, valid, o, interrupted, {}), Error);
+  TranslationModel c = new_translation_model(kConfig, "config", train, 1);
+  EXPECT_THROW(train_translation(c, train, valid, o, temp_dir(), {}), Error);
+}
+
+TEST(Trainer, NonFiniteStepsAreSkippedWithoutTouchingTheModel) {
+  auto train = synth_zh_ja(80, 7), valid = synth_zh_ja(8, 8, train);
+  const std::string dir = temp_dir();
+  TranslationModel m = new_translation_model(kConfig, "config", train, 2);
+  std::vector<float> before_skip;
+  auto snapshot = [&] {
+    std::vector<float> all;
+    for (auto& p : m.model->parameters())
+      for (float v : p.to_vector()) all.push_back(v);
+    return all;
+  };
+  TrainCallbacks cb;
+  cb.inject_nonfinite = [&](int64_t step) {
+    if (step == 3) before_skip = snapshot();  // before steps 3 and 4, both skipped
+    if (step == 5) {
+      EXPECT_EQ(snapshot(), before_skip) << "a skipped step changed the parameters";
+    }
+    return step == 3 || step == 4;
+  };
+  train_translation(m, train, valid, small_options(6), dir, cb);
+  auto state = nlohmann::json::parse(read_file(dir + "/trainer_state.json"));
+  EXPECT_EQ(state["skipped_steps"].get<int64_t>(), 2);
+  EXPECT_EQ(state_of(dir).at("optimizer.steps").to_ints()[0], 4) << "6 steps, 2 skipped";
+
+  // Non-finite from step 8 on: stops after max_skipped_in_a_row, the step-6 checkpoint stays loadable.
+  TrainOptions o = small_options(30);
+  o.max_skipped_in_a_row = 3;
+  TranslationModel n = new_translation_model(kConfig, "config", train, 2);
+  TrainCallbacks always;
+  always.inject_nonfinite = [](int64_t step) { return step >= 8; };
+  try {
+    train_translation(n, train, valid, o, dir, always);
+    FAIL() << "training went on";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("4 steps in a row had a non-finite loss"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(load_translation_model(dir));
+  EXPECT_EQ(state_of(dir).at("step").to_ints()[0], 6);
+}
+
+}  // namespace
+}  // namespace qkv
