@@ -28,6 +28,7 @@ test-asan: deps
 bench: build
 	@$(QKV) bench ops
 	@$(QKV) bench attention
+	@$(QKV) bench train
 
 # Regenerate the golden fixtures from PyTorch (needs: pip install torch safetensors numpy).
 fixtures:

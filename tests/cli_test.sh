@@ -108,6 +108,8 @@ check "bench attention tiny" 0 "$QKV" bench attention --n 64 96 --seconds 0.01 -
 grep -q "flash" "$tmp/out" && grep -q "naive" "$tmp/out" || { echo "FAIL bench attention table"; cat "$tmp/out"; failures=$((failures + 1)); }
 check "bench attention json" 0 "$QKV" bench attention --json --n 64 --seconds 0.01 --python false
 grep -q '"peak_extra_bytes"' "$tmp/out" || { echo "FAIL bench attention json"; failures=$((failures + 1)); }
+check "bench train tiny" 0 "$QKV" bench train --steps 1 --json --python false
+grep -q '"qkv_tokens_per_s"' "$tmp/out" || { echo "FAIL bench train json"; failures=$((failures + 1)); }
 check "bench unknown suite" nonzero "$QKV" bench frobnicate
 one_line_error "bench unknown suite"
 

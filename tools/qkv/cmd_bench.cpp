@@ -14,6 +14,7 @@
 
 #include "qkv/allocator.h"
 #include "qkv/attention.h"
+#include "qkv/translation.h"
 #include "qkv/nn.h"
 #include "qkv/optim.h"
 #include "tools/qkv/commands.h"
@@ -30,6 +31,7 @@ struct BenchArgs {
   int64_t max_naive = 4096;  // the naive path's N x N buffers grow quadratically
   bool causal = false;
   std::string python = "python3";
+  int steps = 5;  // train: timed steps
 };
 
 // Best time per call over 5 rounds, each of enough calls to last `seconds`.
@@ -174,12 +176,10 @@ AttentionRow bench_attention_impl(AttentionImpl impl, int64_t n, bool causal, do
   return row;
 }
 
-// Runs scripts/bench_attention_torch.py; an empty result when Python or torch is missing.
-nlohmann::json bench_attention_torch(const BenchArgs& a, const std::vector<int64_t>& lengths) {
-  std::string cmd = a.python + " scripts/bench_attention_torch.py --threads " + std::to_string(thread_count()) +
-                    " --seconds " + std::to_string(a.seconds) + (a.causal ? " --causal" : "") + " --n";
-  for (int64_t n : lengths) cmd += " " + std::to_string(n);
-  cmd += " 2>/dev/null";
+// Runs a peer's script and parses the one JSON object it prints; null when
+// Python or torch is missing or the script fails.
+nlohmann::json run_peer(const std::string& cmd_in) {
+  std::string cmd = cmd_in + " 2>/dev/null";
   std::string text;
   if (FILE* p = popen(cmd.c_str(), "r")) {
     char buf[4096];
@@ -192,6 +192,95 @@ nlohmann::json bench_attention_torch(const BenchArgs& a, const std::vector<int64
   } catch (const nlohmann::json::exception&) {
     return nlohmann::json();
   }
+}
+
+nlohmann::json bench_attention_torch(const BenchArgs& a, const std::vector<int64_t>& lengths) {
+  std::string cmd = a.python + " scripts/bench_attention_torch.py --threads " + std::to_string(thread_count()) +
+                    " --seconds " + std::to_string(a.seconds) + (a.causal ? " --causal" : "") + " --n";
+  for (int64_t n : lengths) cmd += " " + std::to_string(n);
+  return run_peer(cmd);
+}
+
+// --- train: the reference translation Transformer, qkv vs PyTorch nn.Transformer ---
+
+int run_bench_train(const BenchArgs& a) {
+  // d_model 256, 4 heads, 3 + 3 layers, dim_feedforward 1024, vocabulary 8000,
+  // Post-Norm, dropout 0.1, tied embeddings; 64 sentences x (32 source + 32 target) tokens.
+  TransformerConfig c;
+  c.vocab_size = 8000, c.d_model = 256, c.nhead = 4, c.num_encoder_layers = 3, c.num_decoder_layers = 3;
+  c.dim_feedforward = 1024, c.dropout = 0.1f, c.norm_first = false;
+  const int64_t B = 64, S = 32, T = 32;
+  Rng rng(0);
+  TranslationTransformer model(c, rng);
+  model.train();
+  AdamW opt(model.parameters(), {.lr = 1e-4f});
+  std::vector<EncodedPair> data;
+  for (int64_t i = 0; i < B; ++i) {
+    EncodedPair p;
+    for (int64_t j = 0; j < S; ++j) p.src.push_back(4 + (int64_t)rng.next_below(c.vocab_size - 4));
+    for (int64_t j = 0; j < T - 1; ++j) p.tgt.push_back(4 + (int64_t)rng.next_below(c.vocab_size - 4));
+    data.push_back(p);
+  }
+  std::vector<int64_t> all(B);
+  for (int64_t i = 0; i < B; ++i) all[i] = i;
+  Batch batch = collate(data, all);  // tgt_in and tgt_out are T = 32 long
+  auto step = [&] {
+    opt.zero_grad();
+    Tensor loss = translation_loss(model, batch, 0.1f);
+    loss.backward();
+    clip_grad_norm(model.parameters(), 1.0f);
+    opt.step();
+  };
+  const bool progress = !a.json && isatty(STDERR_FILENO);
+  if (progress) std::fprintf(stderr, "\rbench train: qkv ...   ");
+  step();
+  step();
+  const int steps = std::max(2, a.steps);
+  AllocatorStats before = allocator_stats();
+  auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < steps; ++i) step();
+  double per_step = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / steps;
+  AllocatorStats after = allocator_stats();
+  if (progress) std::fprintf(stderr, "\rbench train: PyTorch (scripts/bench_train_torch.py) ...   ");
+  nlohmann::json torch = run_peer(a.python + " scripts/bench_train_torch.py --threads " +
+                                  std::to_string(thread_count()) + " --steps " + std::to_string(steps));
+  if (progress) std::fprintf(stderr, "\r%70s\r", "");
+  const double qkv_tps = B * (S + T) / per_step;
+  nlohmann::ordered_json out = {{"suite", "train"},
+                                {"threads", thread_count()},
+                                {"parameters", model.parameter_count()},
+                                {"batch", "64 x (32 + 32) tokens"},
+                                {"steps_timed", steps},
+                                {"qkv_seconds_per_step", per_step},
+                                {"qkv_tokens_per_s", qkv_tps},
+                                {"qkv_system_allocs_per_step", (double)(after.system_allocs - before.system_allocs) / steps},
+                                {"qkv_peak_bytes", after.peak_bytes_in_use}};
+  if (torch.contains("tokens_per_s")) {
+    out["torch"] = torch["torch"];
+    out["torch_seconds_per_step"] = torch["seconds_per_step"];
+    out["torch_tokens_per_s"] = torch["tokens_per_s"];
+    out["ratio"] = qkv_tps / torch["tokens_per_s"].get<double>();
+  } else {
+    out["torch_tokens_per_s"] = nullptr;
+    out["ratio"] = nullptr;
+  }
+  if (a.json) {
+    std::cout << out.dump(2) << "\n";
+    return 0;
+  }
+  std::printf("qkv bench train: translation Transformer, d_model 256, 4 heads, 3+3 layers, ff 1024, vocabulary 8000,\n"
+              "  %lld parameters, 64 x (32 + 32) tokens per step, AdamW, %d threads; tokens = source + target\n\n",
+              (long long)model.parameter_count(), thread_count());
+  std::printf("  qkv      %8.0f tokens/s  (%.3f s/step, %.1f system allocations per warm step)\n", qkv_tps, per_step,
+              out["qkv_system_allocs_per_step"].get<double>());
+  if (out["ratio"].is_null()) {
+    std::printf("  PyTorch  not available (needs python3 with torch)\n");
+  } else {
+    std::printf("  PyTorch  %8.0f tokens/s  (%.3f s/step, nn.Transformer %s)\n  ratio    %.2fx\n",
+                out["torch_tokens_per_s"].get<double>(), out["torch_seconds_per_step"].get<double>(),
+                out["torch"].get<std::string>().c_str(), out["ratio"].get<double>());
+  }
+  return 0;
 }
 
 int run_bench_attention(const BenchArgs& a) {
@@ -268,7 +357,8 @@ int run_bench_attention(const BenchArgs& a) {
 int run_bench(const BenchArgs& a) {
   set_threads(a.threads);
   if (a.suite == "attention") return run_bench_attention(a);
-  QKV_CHECK(a.suite == "ops", "bench: unknown suite '", a.suite, "' (available: ops, attention)");
+  if (a.suite == "train") return run_bench_train(a);
+  QKV_CHECK(a.suite == "ops", "bench: unknown suite '", a.suite, "' (available: ops, attention, train)");
   std::vector<GemmRow> gemms = {
       {"square 256", 1, 256, 256, 256, false},
       {"square 512", 1, 512, 512, 512, false},
@@ -321,8 +411,9 @@ int run_bench(const BenchArgs& a) {
 
 Run add_bench(CLI::App& app) {
   auto args = std::make_shared<BenchArgs>();
-  CLI::App* sub = app.add_subcommand("bench", "Measure speed side by side with a peer (suites: ops, attention)");
-  sub->add_option("suite", args->suite, "Which benchmark: ops | attention")->required();
+  CLI::App* sub = app.add_subcommand("bench", "Measure speed side by side with a peer (suites: ops, attention, train)");
+  sub->add_option("suite", args->suite, "Which benchmark: ops | attention | train")->required();
+  sub->add_option("--steps", args->steps, "train: timed training steps")->capture_default_str();
   sub->add_option("--n", args->lengths, "attention: sequence lengths")->capture_default_str();
   sub->add_option("--max-naive", args->max_naive, "attention: longest length for the naive path")->capture_default_str();
   sub->add_flag("--causal", args->causal, "attention: causal mask");
