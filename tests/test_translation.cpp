@@ -208,23 +208,20 @@ namespace {
 class CachedDecoding : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(CachedDecoding, EqualsFullRecomputation) {
-  TransformerConfig cfg = TransformerConfig::from_json(GetParam(), "case");
-  cfg.vocab_size = 40;
-  cfg.dropout = 0.0f;
   Rng rng(4);
-  TranslationTransformer model(cfg, rng);
+  std::shared_ptr<Seq2Seq> m = make_seq2seq(GetParam(), "case", 40, rng);
+  Seq2Seq& model = *m;
   model.eval();
   NoGradGuard no_grad;
   std::vector<EncodedPair> srcs = {{{5, 6, 7, 8, 9}, {}}, {{10, 11}, {}}, {{12, 13, 14, 15, 16, 17, 18}, {}}};
   Batch b = collate(srcs, {0, 1, 2});
-  Tensor memory = model.encode(b.src, b.src_lengths);
-  DecoderState state = model.start_decoding(memory, b.src_lengths, 13);
+  std::unique_ptr<DecodeState> state = model.start_decoding(b.src, b.src_lengths, 13);
   std::vector<int64_t> prefix = {1, 1, 1};  // [B, t] row-major, grows by a column per step
   std::vector<int64_t> next = {1, 1, 1};
   const int64_t B = 3;
   for (int64_t step = 0; step < 12; ++step) {
-    Tensor cached = model.decode_step(Tensor::from_ints(next, {B, 1}), state);
-    Tensor full = model.decode(Tensor::from_ints(prefix, {B, step + 1}), memory, b.src_lengths).slice(1, step, step + 1);
+    Tensor cached = model.decode_step(Tensor::from_ints(next, {B, 1}), *state);
+    Tensor full = model.forward(b.src, b.src_lengths, Tensor::from_ints(prefix, {B, step + 1})).slice(1, step, step + 1);
     ASSERT_TRUE(testing::all_close(cached, full, 1e-5f, 1e-5f)) << "step " << step;
     const int64_t V = cached.size(-1);
     std::vector<float> c = cached.contiguous().to_vector(), f = full.contiguous().to_vector();
@@ -248,7 +245,7 @@ TEST_P(CachedDecoding, EqualsFullRecomputation) {
 
 const std::vector<std::string>& decoding_configs() {
   static const std::vector<std::string> c = {
-      "{\"d_model\": 32, \"nhead\": 4, \"dim_feedforward\": 64}",
+      "{\"d_model\": 32, \"nhead\": 4, \"dim_feedforward\": 64, \"dropout\": 0}",
       "{\"d_model\": 32, \"nhead\": 2, \"dim_feedforward\": 64, \"norm_first\": false, \"positions\": \"learned\"}",
       "{\"d_model\": 32, \"nhead\": 4, \"dim_feedforward\": 64, \"positions\": \"rope\", \"qk_norm\": true, "
       "\"norm\": \"rmsnorm\", \"mlp\": \"swiglu\"}",
@@ -271,10 +268,10 @@ TEST(KVCache, OverflowIsAnError) {
   TranslationTransformer model(cfg, rng);
   NoGradGuard no_grad;
   Batch b = collate({{{5, 6}, {}}}, {0});
-  DecoderState st = model.start_decoding(model.encode(b.src, b.src_lengths), b.src_lengths, 2);
-  model.decode_step(Tensor::from_ints({1}, {1, 1}), st);
-  model.decode_step(Tensor::from_ints({5}, {1, 1}), st);
-  EXPECT_THROW(model.decode_step(Tensor::from_ints({6}, {1, 1}), st), Error);
+  std::unique_ptr<DecodeState> st = model.start_decoding(b.src, b.src_lengths, 2);
+  model.decode_step(Tensor::from_ints({1}, {1, 1}), *st);
+  model.decode_step(Tensor::from_ints({5}, {1, 1}), *st);
+  EXPECT_THROW(model.decode_step(Tensor::from_ints({6}, {1, 1}), *st), Error);
 }
 
 TEST(KVCache, AttentionWeightsPerOutputToken) {

@@ -1,5 +1,8 @@
 // qkv/models.h — whole models built from a config.
 //
+// Every translation architecture implements Seq2Seq, so training, greedy and
+// beam decoding, and attention pictures work the same for all of them.
+//
 // TranslationTransformer (arch "transformer"): the encoder-decoder of
 // Vaswani et al. 2017 for sequence-to-sequence translation.
 //   memory = Encoder(embed(src) * sqrt(D) + PE)          [B, S, D]
@@ -14,6 +17,40 @@
 #include "qkv/blocks.h"
 
 namespace qkv {
+
+// What a model keeps between decoding steps; each architecture has its own.
+struct DecodeState {
+  virtual ~DecodeState() = default;
+  int64_t position = 0;  // target tokens consumed so far
+};
+
+class Seq2Seq : public Module {
+public:
+  // Teacher-forced logits [B, T, V] for src [B, S] and tgt_in [B, T] (<bos> first).
+  virtual Tensor forward(const Tensor& src, const Tensor& src_lengths, const Tensor& tgt_in) = 0;
+  // Runs the encoder once; the state decodes up to `capacity` target tokens.
+  virtual std::unique_ptr<DecodeState> start_decoding(const Tensor& src, const Tensor& src_lengths,
+                                                      int64_t capacity) = 0;
+  // ids [B, T] (usually T = 1) -> logits [B, T, V], equal to forward() on the whole prefix.
+  // With need_weights, cross_weights() then holds the step's attention over the source.
+  virtual Tensor decode_step(const Tensor& ids, DecodeState& state, bool need_weights = false) = 0;
+  // [B, S] attention of the last decode_step's last token (need_weights); mean over heads where there are several.
+  virtual Tensor cross_weights() const = 0;
+  virtual std::string attention_name() const = 0;  // what cross_weights() shows, for pictures
+  // Keeps rows `rows` of the state, in this order, repeats allowed (beam search).
+  virtual void select_rows(DecodeState& state, const std::vector<int64_t>& rows) = 0;
+  virtual Tensor aux_loss() const { return Tensor(); }
+  virtual std::string config_json() const = 0;  // the config.json of this model, with "arch"
+  virtual std::string summary() const = 0;      // one line for people
+};
+
+// Builds the model a config names ("arch": "transformer" | "rnn_attention"),
+// with the given vocabulary size. Unknown keys and bad values are errors naming `source`.
+std::shared_ptr<Seq2Seq> make_seq2seq(const std::string& config_json, const std::string& source, int64_t vocab_size,
+                                      Rng& rng);
+
+// Rows `rows` of t along its first dimension (a copy).
+Tensor select_rows(const Tensor& t, const std::vector<int64_t>& rows);
 
 struct TransformerConfig {
   std::string arch = "transformer";
@@ -42,27 +79,31 @@ struct TransformerConfig {
 
 // Everything the decoder keeps between steps: a self-attention KV cache per
 // layer and each layer's cross-attention K and V of the source, computed once.
-struct DecoderState {
+struct TransformerDecodeState : DecodeState {
   std::vector<KVCache> self;
   std::vector<std::pair<Tensor, Tensor>> cross;
   Tensor src_lengths;
-  int64_t position = 0;  // target tokens consumed so far
 };
 
-class TranslationTransformer : public Module {
+class TranslationTransformer : public Seq2Seq {
 public:
   TranslationTransformer(const TransformerConfig& config, Rng& rng);
   // src [B, S] ids, src_lengths I64 [B] -> memory [B, S, D]
   Tensor encode(const Tensor& src, const Tensor& src_lengths);
   // tgt_in [B, T] ids starting with <bos> -> logits [B, T, V]
   Tensor decode(const Tensor& tgt_in, const Tensor& memory, const Tensor& src_lengths);
-  // Incremental decoding: start_decoding sizes the caches for `capacity`
-  // target tokens; decode_step feeds new tokens ids [B, T] (usually T = 1)
-  // and returns their logits [B, T, V], equal to decode() on the whole prefix.
-  DecoderState start_decoding(const Tensor& memory, const Tensor& src_lengths, int64_t capacity);
-  Tensor decode_step(const Tensor& ids, DecoderState& state, bool need_cross_weights = false);
+  // Seq2Seq: caches sized for `capacity` target tokens; cross-attention K/V
+  // computed once per sentence; cross_weights() is the last decoder layer's, mean over heads.
+  Tensor forward(const Tensor& src, const Tensor& src_lengths, const Tensor& tgt_in) override;
+  std::unique_ptr<DecodeState> start_decoding(const Tensor& src, const Tensor& src_lengths, int64_t capacity) override;
+  Tensor decode_step(const Tensor& ids, DecodeState& state, bool need_weights = false) override;
+  Tensor cross_weights() const override;
+  std::string attention_name() const override;
+  void select_rows(DecodeState& state, const std::vector<int64_t>& rows) override;
   // The sum of the MoE layers' load-balancing losses of the last forward (undefined without MoE).
-  Tensor aux_loss() const;
+  Tensor aux_loss() const override;
+  std::string config_json() const override { return config_.to_json(); }
+  std::string summary() const override;
   const TransformerConfig& config() const { return config_; }
 
   std::shared_ptr<Embedding> embed;

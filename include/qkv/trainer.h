@@ -57,9 +57,8 @@ struct TrainCallbacks {
 };
 
 struct TranslationModel {
-  TransformerConfig config;
   CharTokenizer tokenizer;
-  std::shared_ptr<TranslationTransformer> model;
+  std::shared_ptr<Seq2Seq> model;  // any arch
 };
 
 // A fresh model from a config file's text (its "train" object is read by

@@ -28,11 +28,11 @@ Batch collate(const std::vector<EncodedPair>& data, const std::vector<int64_t>& 
 std::vector<std::vector<int64_t>> make_batches(const std::vector<EncodedPair>& data, int64_t batch_tokens, Rng& rng);
 
 // Mean cross-entropy (with label smoothing) of a batch, plus the MoE auxiliary loss.
-Tensor translation_loss(TranslationTransformer& model, const Batch& batch, float label_smoothing);
+Tensor translation_loss(Seq2Seq& model, const Batch& batch, float label_smoothing);
 
 // Greedy decoding from <bos> until <eos> or max_len tokens, sentences in
 // batches. Returns the target ids without <bos>/<eos>.
-std::vector<std::vector<int64_t>> greedy_translate(TranslationTransformer& model,
+std::vector<std::vector<int64_t>> greedy_translate(Seq2Seq& model,
                                                    const std::vector<std::vector<int64_t>>& sources, int64_t max_len,
                                                    int64_t batch_size = 64);
 
@@ -46,7 +46,7 @@ struct BeamHypothesis {
   std::vector<int64_t> tokens;  // without <bos>/<eos>
   double log_prob = 0;          // sum of log p of the tokens and of the final <eos> (if it ended)
 };
-std::vector<BeamHypothesis> beam_translate(TranslationTransformer& model, const std::vector<std::vector<int64_t>>& sources,
+std::vector<BeamHypothesis> beam_translate(Seq2Seq& model, const std::vector<std::vector<int64_t>>& sources,
                                            int64_t max_len, const BeamOptions& options = {});
 
 // Greedy decoding of one sentence that also records, for every output token,
@@ -56,7 +56,7 @@ struct AlignedTranslation {
   std::vector<float> weights;   // tokens.size() x source_length, row-major
   int64_t source_length = 0;
 };
-AlignedTranslation translate_with_attention(TranslationTransformer& model, const std::vector<int64_t>& source,
+AlignedTranslation translate_with_attention(Seq2Seq& model, const std::vector<int64_t>& source,
                                             int64_t max_len);
 
 // sacreBLEU-compatible corpus scores on a 0-100 scale.

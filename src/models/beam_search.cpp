@@ -6,8 +6,8 @@
 // finished, ranked by the length-normalized score / (length ^ length_penalty).
 // A sentence is done when it has `beam` finished hypotheses or reaches
 // max_len. The encoder runs once per sentence and its cross-attention K/V
-// are computed once and copied to the beams; the self-attention caches follow
-// their hypotheses by a row gather after each step.
+// are computed once and copied to the beams; the decoder state (caches)
+// follows its hypotheses by a row gather after each step.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -17,14 +17,6 @@
 namespace qkv {
 namespace {
 
-// Rows `ids` of t along its first dimension.
-Tensor select_rows(const Tensor& t, const std::vector<int64_t>& ids) {
-  Shape shape = t.shape();
-  Tensor flat = t.reshape({shape[0], -1});
-  shape[0] = (int64_t)ids.size();
-  return embedding(flat, Tensor::from_ints(ids, {(int64_t)ids.size()})).reshape(shape);
-}
-
 struct Hypothesis {
   std::vector<int64_t> tokens;
   double score = 0;
@@ -32,7 +24,7 @@ struct Hypothesis {
 
 }  // namespace
 
-std::vector<BeamHypothesis> beam_translate(TranslationTransformer& model, const std::vector<std::vector<int64_t>>& sources,
+std::vector<BeamHypothesis> beam_translate(Seq2Seq& model, const std::vector<std::vector<int64_t>>& sources,
                                            int64_t max_len, const BeamOptions& o) {
   QKV_CHECK(o.beam >= 1, "beam search: beam must be at least 1, got ", o.beam);
   NoGradGuard no_grad;
@@ -48,16 +40,8 @@ std::vector<BeamHypothesis> beam_translate(TranslationTransformer& model, const 
     std::vector<int64_t> expand;
     for (int64_t s = 0; s < B; ++s)
       for (int64_t k = 0; k < K; ++k) expand.push_back(s);
-    Tensor memory = model.encode(b.src, b.src_lengths);
-    std::vector<int64_t> src_len = b.src_lengths.to_ints(), beam_len;
-    for (int64_t s : expand) beam_len.push_back(src_len[s]);
-    DecoderState beams;
-    beams.src_lengths = Tensor::from_ints(beam_len, {B * K});
-    for (auto& layer : model.decoder_layers) {
-      beams.self.push_back(layer->self_attn->make_cache(B * K, max_len + 1));
-      auto [k, v] = layer->cross_attn->project_kv(memory, 0);  // B rows, then one copy per beam
-      beams.cross.push_back({select_rows(k, expand), select_rows(v, expand)});
-    }
+    std::unique_ptr<DecodeState> beams = model.start_decoding(b.src, b.src_lengths, max_len + 1);
+    model.select_rows(*beams, expand);  // encoder output and cross K/V: computed for B rows, copied to B*K
 
     std::vector<std::vector<Hypothesis>> alive(B), finished(B);
     for (int64_t s = 0; s < B; ++s) {
@@ -67,7 +51,7 @@ std::vector<BeamHypothesis> beam_translate(TranslationTransformer& model, const 
     std::vector<bool> done(B, false);
     std::vector<int64_t> last(B * K, CharTokenizer::kBos);
     for (int64_t step = 0; step < max_len; ++step) {
-      Tensor logp = log_softmax(model.decode_step(Tensor::from_ints(last, {B * K, 1}), beams));
+      Tensor logp = log_softmax(model.decode_step(Tensor::from_ints(last, {B * K, 1}), *beams));
       const int64_t V = logp.size(-1);
       const float* lp = logp.data<float>();
       std::vector<int64_t> origin(B * K);
@@ -112,10 +96,7 @@ std::vector<BeamHypothesis> beam_translate(TranslationTransformer& model, const 
         if ((int64_t)finished[s].size() >= K) done[s] = true;
       }
       if (std::all_of(done.begin(), done.end(), [](bool d) { return d; })) break;
-      for (KVCache& c : beams.self) {  // caches follow their hypotheses
-        c.k = select_rows(c.k, origin);
-        c.v = select_rows(c.v, origin);
-      }
+      model.select_rows(*beams, origin);  // caches follow their hypotheses
     }
     for (int64_t s = 0; s < B; ++s) {
       auto normalized = [&](const Hypothesis& h) {

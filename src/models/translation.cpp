@@ -61,9 +61,8 @@ std::vector<std::vector<int64_t>> make_batches(const std::vector<EncodedPair>& d
   return batches;
 }
 
-Tensor translation_loss(TranslationTransformer& model, const Batch& b, float label_smoothing) {
-  Tensor memory = model.encode(b.src, b.src_lengths);
-  Tensor logits = model.decode(b.tgt_in, memory, b.src_lengths);
+Tensor translation_loss(Seq2Seq& model, const Batch& b, float label_smoothing) {
+  Tensor logits = model.forward(b.src, b.src_lengths, b.tgt_in);
   const int64_t V = logits.size(-1);
   Tensor loss = cross_entropy(logits.reshape({-1, V}), b.tgt_out.reshape({-1}),
                               {.ignore_index = -100, .label_smoothing = label_smoothing});
@@ -77,7 +76,7 @@ static int64_t best_token(const float* logits, int64_t vocab) {
   return first + (std::max_element(logits + first, logits + vocab) - (logits + first));
 }
 
-std::vector<std::vector<int64_t>> greedy_translate(TranslationTransformer& model,
+std::vector<std::vector<int64_t>> greedy_translate(Seq2Seq& model,
                                                    const std::vector<std::vector<int64_t>>& sources, int64_t max_len,
                                                    int64_t batch_size) {
   NoGradGuard no_grad;
@@ -93,11 +92,11 @@ std::vector<std::vector<int64_t>> greedy_translate(TranslationTransformer& model
     Batch b = collate(chunk, idx);
     const int64_t B = (int64_t)chunk.size();
     // The encoder runs once; each step feeds one token per sentence through the cached decoder.
-    DecoderState state = model.start_decoding(model.encode(b.src, b.src_lengths), b.src_lengths, max_len + 1);
+    std::unique_ptr<DecodeState> state = model.start_decoding(b.src, b.src_lengths, max_len + 1);
     std::vector<int64_t> next(B, CharTokenizer::kBos);
     std::vector<bool> done(B, false);
     for (int64_t step = 0; step < max_len; ++step) {
-      Tensor logits = model.decode_step(Tensor::from_ints(next, {B, 1}), state);
+      Tensor logits = model.decode_step(Tensor::from_ints(next, {B, 1}), *state);
       const int64_t V = logits.size(-1);
       bool all_done = true;
       for (int64_t r = 0; r < B; ++r) {
@@ -114,19 +113,17 @@ std::vector<std::vector<int64_t>> greedy_translate(TranslationTransformer& model
   return results;
 }
 
-AlignedTranslation translate_with_attention(TranslationTransformer& model, const std::vector<int64_t>& source,
+AlignedTranslation translate_with_attention(Seq2Seq& model, const std::vector<int64_t>& source,
                                             int64_t max_len) {
   NoGradGuard no_grad;
   Batch b = collate({{source, {}}}, {0});
-  DecoderState state = model.start_decoding(model.encode(b.src, b.src_lengths), b.src_lengths, max_len + 1);
+  std::unique_ptr<DecodeState> state = model.start_decoding(b.src, b.src_lengths, max_len + 1);
   AlignedTranslation out;
   out.source_length = b.src.size(1);
   int64_t next = CharTokenizer::kBos;
   for (int64_t step = 0; step < max_len; ++step) {
-    Tensor logits = model.decode_step(Tensor::from_ints({next}, {1, 1}), state, /*need_cross_weights=*/true);
-    // The last layer's cross-attention for this step, averaged over heads: [1, H, 1, S] -> [S].
-    Tensor w = mean(model.decoder_layers.back()->last_cross_weights, {1}).reshape({-1});
-    std::vector<float> row = w.to_vector();
+    Tensor logits = model.decode_step(Tensor::from_ints({next}, {1, 1}), *state, /*need_weights=*/true);
+    std::vector<float> row = model.cross_weights().to_vector();  // [1, S]
     out.weights.insert(out.weights.end(), row.begin(), row.end());
     next = best_token(logits.data<float>(), logits.size(-1));
     out.tokens.push_back(next);

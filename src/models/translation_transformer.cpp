@@ -164,26 +164,71 @@ Tensor TranslationTransformer::decode(const Tensor& tgt_in, const Tensor& memory
   return output_proj ? output_proj->forward(x) : matmul(x, embed->weight.transpose(0, 1));
 }
 
-DecoderState TranslationTransformer::start_decoding(const Tensor& memory, const Tensor& src_lengths, int64_t capacity) {
+Tensor TranslationTransformer::forward(const Tensor& src, const Tensor& src_lengths, const Tensor& tgt_in) {
+  return decode(tgt_in, encode(src, src_lengths), src_lengths);
+}
+
+std::unique_ptr<DecodeState> TranslationTransformer::start_decoding(const Tensor& src, const Tensor& src_lengths,
+                                                                    int64_t capacity) {
   QKV_CHECK(config_.positions != "learned" || capacity <= config_.max_len, "transformer: ", capacity,
             " target positions exceed max_len ", config_.max_len);
-  DecoderState st;
-  st.src_lengths = src_lengths;
+  Tensor memory = encode(src, src_lengths);
+  auto st = std::make_unique<TransformerDecodeState>();
+  st->src_lengths = src_lengths;
   for (auto& layer : decoder_layers) {
-    st.self.push_back(layer->self_attn->make_cache(memory.size(0), capacity));
-    st.cross.push_back(layer->cross_attn->project_kv(memory, 0));
+    st->self.push_back(layer->self_attn->make_cache(memory.size(0), capacity));
+    st->cross.push_back(layer->cross_attn->project_kv(memory, 0));
   }
   return st;
 }
 
-Tensor TranslationTransformer::decode_step(const Tensor& ids, DecoderState& st, bool need_cross_weights) {
+Tensor TranslationTransformer::decode_step(const Tensor& ids, DecodeState& base, bool need_weights) {
+  auto& st = dynamic_cast<TransformerDecodeState&>(base);
   Tensor x = embed_tokens(ids, st.position);
   for (size_t i = 0; i < decoder_layers.size(); ++i)
     x = decoder_layers[i]->forward_cached(x, st.self[i], st.cross[i].first, st.cross[i].second,
-                                          {.key_padding_lengths = st.src_lengths, .need_weights = need_cross_weights});
+                                          {.key_padding_lengths = st.src_lengths, .need_weights = need_weights});
   st.position += ids.size(1);
   if (decoder_norm) x = decoder_norm->forward(x);
   return output_proj ? output_proj->forward(x) : matmul(x, embed->weight.transpose(0, 1));
+}
+
+Tensor TranslationTransformer::cross_weights() const {
+  const Tensor& w = decoder_layers.back()->last_cross_weights;  // [B, H, T, S]
+  QKV_CHECK(w.defined(), "transformer: no cross-attention weights; decode with need_weights");
+  return mean(w.slice(2, w.size(2) - 1, w.size(2)), {1}).reshape({w.size(0), w.size(3)});
+}
+
+std::string TranslationTransformer::attention_name() const {
+  return "cross-attention: last decoder layer, mean of " + std::to_string(config_.nhead) + " heads";
+}
+
+void TranslationTransformer::select_rows(DecodeState& base, const std::vector<int64_t>& rows) {
+  auto& st = dynamic_cast<TransformerDecodeState&>(base);
+  for (KVCache& c : st.self) {
+    c.k = qkv::select_rows(c.k, rows);
+    c.v = qkv::select_rows(c.v, rows);
+  }
+  for (auto& [k, v] : st.cross) {
+    k = qkv::select_rows(k, rows);
+    v = qkv::select_rows(v, rows);
+  }
+  std::vector<int64_t> len = st.src_lengths.to_ints(), picked;
+  for (int64_t r : rows) picked.push_back(len[r]);
+  st.src_lengths = Tensor::from_ints(picked, {(int64_t)rows.size()});
+}
+
+std::string TranslationTransformer::summary() const {
+  return "transformer: d_model " + std::to_string(config_.d_model) + ", " + std::to_string(config_.num_encoder_layers) +
+         "+" + std::to_string(config_.num_decoder_layers) + " layers, " + std::to_string(config_.nhead) + " heads, " +
+         std::to_string(parameter_count()) + " parameters, vocabulary " + std::to_string(config_.vocab_size);
+}
+
+Tensor select_rows(const Tensor& t, const std::vector<int64_t>& rows) {
+  Shape shape = t.shape();
+  Tensor flat = t.reshape({shape[0], -1});
+  shape[0] = (int64_t)rows.size();
+  return embedding(flat, Tensor::from_ints(rows, {(int64_t)rows.size()})).reshape(shape);
 }
 
 Tensor TranslationTransformer::aux_loss() const {

@@ -191,7 +191,7 @@ void train_translation(TranslationModel& m, const std::vector<SentencePair>& tra
     QKV_CHECK((int64_t)std::max(p.src.size(), p.tgt.size() + 1) <= o.batch_tokens, "train: a sentence of ",
               std::max(p.src.size(), p.tgt.size() + 1), " tokens does not fit batch_tokens ", o.batch_tokens);
   Rng data_rng(o.seed ^ 0xda7a);
-  TranslationTransformer& model = *m.model;
+  Seq2Seq& model = *m.model;
   model.train();
   AdamW opt(model.parameters(), {.lr = o.lr, .weight_decay = o.weight_decay});
   WarmupInverseSqrt inv{.peak_lr = o.lr, .warmup_steps = o.warmup_steps};
@@ -273,13 +273,11 @@ TranslationModel new_translation_model(const std::string& config_text, const std
   }
   if (j.is_object()) j.erase("train");
   TranslationModel m;
-  m.config = TransformerConfig::from_json(j.dump(), source);
   std::vector<std::string> texts;
   for (auto& [s, t] : train) texts.push_back(s), texts.push_back(t);
   m.tokenizer = CharTokenizer::build(texts);
-  m.config.vocab_size = m.tokenizer.size();
   Rng rng(seed);
-  m.model = std::make_shared<TranslationTransformer>(m.config, rng);
+  m.model = make_seq2seq(j.dump(), source, m.tokenizer.size(), rng);
   return m;
 }
 
@@ -287,11 +285,12 @@ void save_translation_model(const TranslationModel& m, const std::string& dir, c
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   QKV_CHECK(std::filesystem::is_directory(dir), "cannot create the model folder ", dir, ec ? ": " + ec.message() : "");
-  nlohmann::ordered_json config = nlohmann::ordered_json::parse(m.config.to_json());
+  nlohmann::ordered_json config = nlohmann::ordered_json::parse(m.model->config_json());
   config["tokenizer"] = "char";
   write_file_atomic(dir + "/config.json", config.dump(2) + "\n");
   write_file_atomic(dir + "/tokenizer.json", m.tokenizer.to_json());
-  save_safetensors(dir + "/model.safetensors", m.model->state_dict(), {{"format", "qkv"}, {"arch", m.config.arch}});
+  save_safetensors(dir + "/model.safetensors", m.model->state_dict(),
+                   {{"format", "qkv"}, {"arch", config.value("arch", "")}});
   write_file_atomic(dir + "/trainer_state.json", trainer_state_json);
 }
 
@@ -308,12 +307,11 @@ TranslationModel load_translation_model(const std::string& dir) {
   QKV_CHECK(config.is_object() && config.value("tokenizer", "") == "char", config_path,
             ": expected \"tokenizer\": \"char\"");
   config.erase("tokenizer");
-  m.config = TransformerConfig::from_json(config.dump(), config_path);
   m.tokenizer = CharTokenizer::from_json(read_file(dir + "/tokenizer.json"), dir + "/tokenizer.json");
-  QKV_CHECK(m.tokenizer.size() == m.config.vocab_size, dir, ": tokenizer has ", m.tokenizer.size(),
-            " tokens, config.json says vocab_size ", m.config.vocab_size);
+  QKV_CHECK(config.value("vocab_size", (int64_t)-1) == m.tokenizer.size(), dir, ": tokenizer has ",
+            m.tokenizer.size(), " tokens, config.json says vocab_size ", config.value("vocab_size", (int64_t)-1));
   Rng rng(0);
-  m.model = std::make_shared<TranslationTransformer>(m.config, rng);
+  m.model = make_seq2seq(config.dump(), config_path, m.tokenizer.size(), rng);
   SafetensorsFile weights = load_safetensors(dir + "/model.safetensors");
   try {
     m.model->load_state_dict(weights.as_map());

@@ -56,11 +56,8 @@ int run_demo(const DemoArgs& a) {
     o.eval_every = std::min(o.eval_every, a.steps);
   }
   TranslationModel m = new_translation_model(config_text, a.config, train, o.seed);
-  std::printf("\n2. training (%s): d_model %lld, %lld+%lld layers, %lld heads, %lld parameters, %lld characters, "
-              "%lld steps, %d threads\n",
-              a.config.c_str(), (long long)m.config.d_model, (long long)m.config.num_encoder_layers,
-              (long long)m.config.num_decoder_layers, (long long)m.config.nhead, (long long)m.model->parameter_count(),
-              (long long)m.config.vocab_size, (long long)o.steps, thread_count());
+  std::printf("\n2. training (%s), %lld steps, %d threads\n     %s\n", a.config.c_str(), (long long)o.steps,
+              thread_count(), m.model->summary().c_str());
   std::fflush(stdout);
   const bool tty = isatty(STDOUT_FILENO);
   TrainCallbacks cb;

@@ -83,10 +83,9 @@ int run_train(const TrainArgs& a) {
   // latest weights and the training state come from trainer_state.safetensors.
   TranslationModel m = a.resume ? load_translation_model(a.out) : new_translation_model(config_text, a.config, train, o.seed);
   if (a.resume) m.model->train();
-  std::printf("qkv train: %s, %lld parameters, vocabulary %lld; %zu training pairs, %zu validation pairs; "
-                       "%lld steps of up to %lld tokens, %d threads\n",
-               m.config.arch.c_str(), (long long)m.model->parameter_count(), (long long)m.config.vocab_size,
-               train.size(), valid.size(), (long long)o.steps, (long long)o.batch_tokens, thread_count());
+  std::printf("qkv train: %s\n  %zu training pairs, %zu validation pairs; %lld steps of up to %lld tokens, %d threads\n",
+              m.model->summary().c_str(), train.size(), valid.size(), (long long)o.steps, (long long)o.batch_tokens,
+              thread_count());
   TrainCallbacks cb;
   cb.progress = show_progress;
   cb.evaluated = [&](const EvalReport& r) {
@@ -173,8 +172,7 @@ void write_attention_map(TranslationModel& m, const std::string& source, const s
   AlignedTranslation a = translate_with_attention(*m.model, src, max_len);
   std::vector<std::string> rows = m.tokenizer.pieces(a.tokens), cols = m.tokenizer.pieces(src);
   if (cols.empty()) cols.push_back("");
-  std::string title = source + "  ->  " + m.tokenizer.decode(a.tokens) + "\ncross-attention: last decoder layer, mean of " +
-                      std::to_string(m.config.nhead) + " heads";
+  std::string title = source + "  ->  " + m.tokenizer.decode(a.tokens) + "\n" + m.model->attention_name();
   write_file_atomic(path, attention_svg(rows, cols, a.weights, title));
   std::fprintf(stderr, "attention map of \"%s\" written to %s\n", source.c_str(), path.c_str());
 }

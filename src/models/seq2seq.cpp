@@ -1,0 +1,26 @@
+// Building a translation model from its config: one place that knows every arch.
+#include <nlohmann/json.hpp>
+
+#include "qkv/models.h"
+
+namespace qkv {
+
+std::shared_ptr<Seq2Seq> make_seq2seq(const std::string& config_json, const std::string& source, int64_t vocab_size,
+                                      Rng& rng) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(config_json);
+  } catch (const nlohmann::json::exception& e) {
+    fail(source, ": not valid JSON (", e.what(), ")");
+  }
+  QKV_CHECK(j.is_object(), source, ": expected a JSON object");
+  const std::string arch = j.value("arch", "transformer");
+  j["vocab_size"] = vocab_size;
+  if (arch == "transformer") {
+    TransformerConfig c = TransformerConfig::from_json(j.dump(), source);
+    return std::make_shared<TranslationTransformer>(c, rng);
+  }
+  fail(source, ": 'arch' is '", arch, "', expected one of: transformer");
+}
+
+}  // namespace qkv
