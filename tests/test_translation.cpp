@@ -7,6 +7,7 @@
 
 #include "qkv/io.h"
 #include "qkv/optim.h"
+#include "qkv/trainer.h"
 #include "qkv/translation.h"
 #include "qkv/utf8.h"
 #include "tests/test_util.h"
@@ -250,12 +251,14 @@ const std::vector<std::string>& decoding_configs() {
       "{\"d_model\": 32, \"nhead\": 4, \"dim_feedforward\": 64, \"positions\": \"rope\", \"qk_norm\": true, "
       "\"norm\": \"rmsnorm\", \"mlp\": \"swiglu\"}",
       "{\"d_model\": 32, \"nhead\": 4, \"dim_feedforward\": 32, \"mlp\": \"moe\", \"num_experts\": 3, \"top_k\": 2}",
+      "{\"arch\": \"rnn_attention\", \"embed_dim\": 16, \"hidden\": 24, \"attention_dim\": 20}",
   };
   return c;
 }
 
 std::string decoding_config_name(const ::testing::TestParamInfo<std::string>& i) {
-  static const char* names[] = {"PreNormSinusoidal", "PostNormLearned", "RopeQKNormSwiGLU", "MixtureOfExperts"};
+  static const char* names[] = {"PreNormSinusoidal", "PostNormLearned", "RopeQKNormSwiGLU", "MixtureOfExperts",
+                                "RnnAttention"};
   return names[i.index];
 }
 
@@ -347,6 +350,55 @@ TEST(BeamSearch, BeamOfOneIsGreedyAndScoresAreConsistent) {
   for (int i = 0; i < 3; ++i) hyps.push_back(t.tok.decode(four[i].tokens)), refs.push_back(t.pairs[i].second);
   EXPECT_GT(chrf(hyps, refs), 90.0) << hyps[0] << " vs " << refs[0];
   EXPECT_THROW(beam_translate(model, srcs, 10, {.beam = 0}), Error);
+}
+
+}  // namespace
+}  // namespace qkv
+
+namespace qkv {
+namespace {
+
+// The RNN with attention learns the same small corpus (and decodes it through the same Seq2Seq code).
+TEST(RnnAttention, LearnsASmallCorpus) {
+  auto pairs = synth_zh_ja(48, 11);
+  TranslationModel m = new_translation_model(
+      R"({"arch": "rnn_attention", "embed_dim": 48, "hidden": 48, "attention_dim": 48, "dropout": 0})", "rnn", pairs, 3);
+  std::vector<EncodedPair> data;
+  for (auto& [s, t] : pairs) data.push_back({m.tokenizer.encode(s), m.tokenizer.encode(t)});
+  AdamW opt(m.model->parameters(), {.lr = 5e-3f, .weight_decay = 0.0f});
+  Rng rng(1);
+  float last = 0;
+  for (int step = 0; step < 400 && (step == 0 || last > 0.05f); ++step) {
+    for (auto& idx : make_batches(data, 4096, rng)) {
+      opt.zero_grad();
+      Tensor loss = translation_loss(*m.model, collate(data, idx), 0.0f);
+      loss.backward();
+      clip_grad_norm(m.model->parameters(), 1.0f);
+      opt.step();
+      last = loss.item();
+    }
+  }
+  m.model->eval();
+  std::vector<std::string> sources, refs;
+  for (int i = 0; i < 12; ++i) sources.push_back(pairs[i].first), refs.push_back(pairs[i].second);
+  std::vector<std::string> hyps = translate_texts(m, sources, 40);
+  EXPECT_GT(chrf(hyps, refs), 90.0) << "loss " << last << ": " << hyps[0] << " vs " << refs[0];
+  std::vector<std::string> beams = translate_texts(m, sources, 40, 3);
+  EXPECT_GT(chrf(beams, refs), 90.0) << beams[0] << " vs " << refs[0];
+  // The attention rows are distributions over the source.
+  AlignedTranslation a = translate_with_attention(*m.model, m.tokenizer.encode(pairs[0].first), 40);
+  for (size_t t = 0; t < a.tokens.size(); ++t) {
+    float total = 0;
+    for (int64_t j = 0; j < a.source_length; ++j) total += a.weights[t * a.source_length + j];
+    EXPECT_NEAR(total, 1.0f, 1e-5f);
+  }
+}
+
+TEST(RnnAttention, ConfigErrors) {
+  Rng rng(0);
+  EXPECT_THROW(make_seq2seq(R"({"arch": "rnn_attention", "d_model": 8})", "c", 10, rng), Error);
+  EXPECT_THROW(make_seq2seq(R"({"arch": "lstm"})", "c", 10, rng), Error);
+  EXPECT_THROW(make_seq2seq(R"({"arch": "rnn_attention", "hidden": -1})", "c", 10, rng), Error);
 }
 
 }  // namespace

@@ -119,4 +119,53 @@ private:
   TransformerConfig config_;
 };
 
+// RnnAttention (arch "rnn_attention"): the RNN encoder-decoder with additive
+// attention of Bahdanau, Cho and Bengio (2015).
+//   encoder: h_i = [GRU_fwd(x_1..x_i); GRU_bwd(x_i..x_S)]                 [B, S, 2H]
+//   s_0 = tanh(W_init mean_i h_i)
+//   step t: e_ti = v^T tanh(W s_{t-1} + U h_i),  a_t = softmax(e_t) (padding masked)
+//           c_t = sum_i a_ti h_i,  s_t = GRU([E y_{t-1}; c_t], s_{t-1})
+//           p(y_t) = softmax(tanh(W_o [s_t; c_t; E y_{t-1}]) E^T)        (output tied to the embedding)
+// U h_i is computed once per sentence: the RNN's counterpart of cached keys.
+struct RnnAttentionConfig {
+  int64_t vocab_size = 0;
+  int64_t embed_dim = 128;
+  int64_t hidden = 128;         // per encoder direction, and the decoder's state
+  int64_t attention_dim = 128;
+  float dropout = 0.1f;
+  static RnnAttentionConfig from_json(const std::string& text, const std::string& source);
+  std::string to_json() const;
+};
+
+struct RnnDecodeState : DecodeState {
+  Tensor annotations;  // h [B, S, 2H]
+  Tensor keys;         // U h [B, S, A]
+  Tensor padding;      // U8 [B, S], 1 at padding
+  Tensor state;        // s [B, H]
+};
+
+class RnnAttention : public Seq2Seq {
+public:
+  RnnAttention(const RnnAttentionConfig& config, Rng& rng);
+  Tensor forward(const Tensor& src, const Tensor& src_lengths, const Tensor& tgt_in) override;
+  std::unique_ptr<DecodeState> start_decoding(const Tensor& src, const Tensor& src_lengths, int64_t capacity) override;
+  Tensor decode_step(const Tensor& ids, DecodeState& state, bool need_weights = false) override;
+  Tensor cross_weights() const override { return last_weights_; }
+  std::string attention_name() const override { return "additive (Bahdanau) attention of the GRU decoder"; }
+  void select_rows(DecodeState& state, const std::vector<int64_t>& rows) override;
+  std::string config_json() const override { return config_.to_json(); }
+  std::string summary() const override;
+
+  std::shared_ptr<Embedding> embed;
+  std::shared_ptr<GRUCell> encoder_fwd, encoder_bwd, decoder_cell;
+  std::shared_ptr<Linear> init, attn_query, attn_key, attn_score, output;
+  std::shared_ptr<Dropout> dropout;
+
+private:
+  RnnDecodeState encode(const Tensor& src, const Tensor& src_lengths);
+  Tensor step(const Tensor& ids, RnnDecodeState& st, bool need_weights);  // ids [B] -> logits [B, V]
+  RnnAttentionConfig config_;
+  Tensor last_weights_;
+};
+
 }  // namespace qkv

@@ -119,6 +119,26 @@ public:
   Rng rng;
 };
 
+// A GRU cell (Cho et al. 2014), as torch.nn.GRUCell:
+//   r = sigmoid(W_ir x + b_ir + W_hr h + b_hr),  z = sigmoid(W_iz x + b_iz + W_hz h + b_hz)
+//   n = tanh(W_in x + b_in + r * (W_hn h + b_hn)),  h' = (1 - z) * n + z * h
+// weight_ih [3H, in], weight_hh [3H, H] (rows r, z, n), bias_ih, bias_hh [3H].
+class GRUCell : public Module {
+public:
+  GRUCell(int64_t input_size, int64_t hidden_size, Rng& rng);
+  Tensor forward(const Tensor& x, const Tensor& h) const { return step(input_gates(x), h); }
+  // W_i x + b_i for all inputs at once (x [..., in] -> [..., 3H]), so a
+  // sequence's input projections are one matmul before the time loop.
+  Tensor input_gates(const Tensor& x) const { return linear(x, weight_ih, bias_ih); }
+  // One step from precomputed input gates gi [B, 3H] and the state h [B, H].
+  Tensor step(const Tensor& gi, const Tensor& h) const;
+  int64_t hidden_size() const { return hidden_; }
+  Tensor weight_ih, weight_hh, bias_ih, bias_hh;
+
+private:
+  int64_t hidden_;
+};
+
 enum class Activation { Relu, Gelu, GeluTanh, Silu, Tanh };
 Tensor activate(const Tensor& x, Activation activation);
 

@@ -20,7 +20,11 @@ std::shared_ptr<Seq2Seq> make_seq2seq(const std::string& config_json, const std:
     TransformerConfig c = TransformerConfig::from_json(j.dump(), source);
     return std::make_shared<TranslationTransformer>(c, rng);
   }
-  fail(source, ": 'arch' is '", arch, "', expected one of: transformer");
+  if (arch == "rnn_attention") {
+    RnnAttentionConfig c = RnnAttentionConfig::from_json(j.dump(), source);
+    return std::make_shared<RnnAttention>(c, rng);
+  }
+  fail(source, ": 'arch' is '", arch, "', expected one of: transformer, rnn_attention");
 }
 
 }  // namespace qkv

@@ -104,6 +104,25 @@ LayerNorm::LayerNorm(int64_t dim, float eps) : eps(eps) {
 
 RMSNorm::RMSNorm(int64_t dim, float eps) : eps(eps) { weight = register_parameter("weight", Tensor::ones({dim})); }
 
+GRUCell::GRUCell(int64_t input_size, int64_t hidden_size, Rng& rng) : hidden_(hidden_size) {
+  QKV_CHECK(input_size > 0 && hidden_size > 0, "GRUCell: sizes must be positive");
+  weight_ih = register_parameter("weight_ih", Tensor::empty({3 * hidden_size, input_size}));
+  weight_hh = register_parameter("weight_hh", Tensor::empty({3 * hidden_size, hidden_size}));
+  bias_ih = register_parameter("bias_ih", Tensor::empty({3 * hidden_size}));
+  bias_hh = register_parameter("bias_hh", Tensor::empty({3 * hidden_size}));
+  for (Tensor* p : {&weight_ih, &weight_hh, &bias_ih, &bias_hh}) uniform_fan_in_(*p, hidden_size, rng);  // as torch
+}
+
+Tensor GRUCell::step(const Tensor& gi, const Tensor& h) const {
+  Tensor gh = linear(h, weight_hh, bias_hh);
+  const int64_t H = hidden_;
+  std::vector<Tensor> i = split(gi, {H, H, H}, -1), g = split(gh, {H, H, H}, -1);
+  Tensor r = sigmoid(add(i[0], g[0]));
+  Tensor z = sigmoid(add(i[1], g[1]));
+  Tensor n = tanh(add(i[2], mul(r, g[2])));
+  return add(n, mul(z, sub(h, n)));  // (1 - z) n + z h
+}
+
 Tensor activate(const Tensor& x, Activation activation) {
   switch (activation) {
     case Activation::Relu: return relu(x);
