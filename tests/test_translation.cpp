@@ -252,13 +252,14 @@ const std::vector<std::string>& decoding_configs() {
       "\"norm\": \"rmsnorm\", \"mlp\": \"swiglu\"}",
       "{\"d_model\": 32, \"nhead\": 4, \"dim_feedforward\": 32, \"mlp\": \"moe\", \"num_experts\": 3, \"top_k\": 2}",
       "{\"arch\": \"rnn_attention\", \"embed_dim\": 16, \"hidden\": 24, \"attention_dim\": 20}",
+      "{\"arch\": \"conv\", \"d_model\": 16, \"kernel_size\": 3, \"num_encoder_layers\": 2, \"num_decoder_layers\": 3, \"nhead\": 2}",
   };
   return c;
 }
 
 std::string decoding_config_name(const ::testing::TestParamInfo<std::string>& i) {
   static const char* names[] = {"PreNormSinusoidal", "PostNormLearned", "RopeQKNormSwiGLU", "MixtureOfExperts",
-                                "RnnAttention"};
+                                "RnnAttention", "Conv"};
   return names[i.index];
 }
 
@@ -358,11 +359,13 @@ TEST(BeamSearch, BeamOfOneIsGreedyAndScoresAreConsistent) {
 namespace qkv {
 namespace {
 
-// The RNN with attention learns the same small corpus (and decodes it through the same Seq2Seq code).
-TEST(RnnAttention, LearnsASmallCorpus) {
+// The RNN with attention and the convolutional model learn the same small
+// corpus, and decode it through the same Seq2Seq code (greedy, beam, attention).
+class OtherArchs : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(OtherArchs, LearnASmallCorpus) {
   auto pairs = synth_zh_ja(48, 11);
-  TranslationModel m = new_translation_model(
-      R"({"arch": "rnn_attention", "embed_dim": 48, "hidden": 48, "attention_dim": 48, "dropout": 0})", "rnn", pairs, 3);
+  TranslationModel m = new_translation_model(GetParam(), "config", pairs, 3);
   std::vector<EncodedPair> data;
   for (auto& [s, t] : pairs) data.push_back({m.tokenizer.encode(s), m.tokenizer.encode(t)});
   AdamW opt(m.model->parameters(), {.lr = 5e-3f, .weight_decay = 0.0f});
@@ -394,11 +397,25 @@ TEST(RnnAttention, LearnsASmallCorpus) {
   }
 }
 
+std::vector<std::string> other_arch_configs() {
+  return {R"({"arch": "rnn_attention", "embed_dim": 48, "hidden": 48, "attention_dim": 48, "dropout": 0})",
+          R"({"arch": "conv", "d_model": 48, "kernel_size": 3, "num_encoder_layers": 2, "num_decoder_layers": 2,
+              "dropout": 0})"};
+}
+
+std::string other_arch_name(const ::testing::TestParamInfo<std::string>& i) {
+  return i.index == 0 ? "RnnAttention" : "Conv";
+}
+
+INSTANTIATE_TEST_SUITE_P(Seq2Seq, OtherArchs, ::testing::ValuesIn(other_arch_configs()), other_arch_name);
+
 TEST(RnnAttention, ConfigErrors) {
   Rng rng(0);
   EXPECT_THROW(make_seq2seq(R"({"arch": "rnn_attention", "d_model": 8})", "c", 10, rng), Error);
   EXPECT_THROW(make_seq2seq(R"({"arch": "lstm"})", "c", 10, rng), Error);
   EXPECT_THROW(make_seq2seq(R"({"arch": "rnn_attention", "hidden": -1})", "c", 10, rng), Error);
+  EXPECT_THROW(make_seq2seq(R"({"arch": "conv", "kernel_size": 2})", "c", 10, rng), Error);
+  EXPECT_THROW(make_seq2seq(R"({"arch": "conv", "hidden": 8})", "c", 10, rng), Error);
 }
 
 }  // namespace

@@ -44,7 +44,7 @@ public:
   virtual std::string summary() const = 0;      // one line for people
 };
 
-// Builds the model a config names ("arch": "transformer" | "rnn_attention"),
+// Builds the model a config names ("arch": "transformer" | "rnn_attention" | "conv"),
 // with the given vocabulary size. Unknown keys and bad values are errors naming `source`.
 std::shared_ptr<Seq2Seq> make_seq2seq(const std::string& config_json, const std::string& source, int64_t vocab_size,
                                       Rng& rng);

@@ -1,6 +1,7 @@
 // Building a translation model from its config: one place that knows every arch.
 #include <nlohmann/json.hpp>
 
+#include "qkv/conv_seq2seq.h"
 #include "qkv/models.h"
 
 namespace qkv {
@@ -24,7 +25,11 @@ std::shared_ptr<Seq2Seq> make_seq2seq(const std::string& config_json, const std:
     RnnAttentionConfig c = RnnAttentionConfig::from_json(j.dump(), source);
     return std::make_shared<RnnAttention>(c, rng);
   }
-  fail(source, ": 'arch' is '", arch, "', expected one of: transformer, rnn_attention");
+  if (arch == "conv") {
+    ConvSeq2SeqConfig c = ConvSeq2SeqConfig::from_json(j.dump(), source);
+    return std::make_shared<ConvSeq2Seq>(c, rng);
+  }
+  fail(source, ": 'arch' is '", arch, "', expected one of: transformer, rnn_attention, conv");
 }
 
 }  // namespace qkv
