@@ -126,20 +126,8 @@ TEST(Attention, FlashBackwardMatchesFiniteDifferences) {
   for (Tensor& x : xs) leaves.push_back(x.clone().detach().set_requires_grad(true));
   sum(mul(scaled_dot_product_attention(leaves[0], leaves[1], leaves[2], o), r)).backward();
   const float eps = 1e-2f;
-  for (size_t i = 0; i < xs.size(); ++i) {
-    std::vector<float> numeric(xs[i].numel());
-    float* p = xs[i].data<float>();
-    for (int64_t e = 0; e < xs[i].numel(); ++e) {
-      float saved = p[e];
-      p[e] = saved + eps;
-      double up = loss();
-      p[e] = saved - eps;
-      double down = loss();
-      p[e] = saved;
-      numeric[e] = (float)((up - down) / (2 * eps));
-    }
-    EXPECT_TRUE(all_close(leaves[i].grad(), Tensor::from_vector(numeric, xs[i].shape()), 5e-3f, 5e-3f)) << i;
-  }
+  for (size_t i = 0; i < xs.size(); ++i)
+    EXPECT_TRUE(all_close(leaves[i].grad(), testing::numeric_gradient(xs[i], loss, eps), 5e-3f, 5e-3f)) << i;
 }
 
 // Peak extra bytes (allocator counters) of one flash forward + backward at length n.

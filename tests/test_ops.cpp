@@ -178,19 +178,8 @@ TEST_P(OpTable, BackwardMatchesFiniteDifferences) {
   loss();
   const float eps = 1e-2f;
   for (size_t i = 0; i < xs.size(); ++i) {
-    std::vector<float> numeric(xs[i].numel());
-    float* p = xs[i].data<float>();
-    for (int64_t k = 0; k < xs[i].numel(); ++k) {
-      float saved = p[k];
-      p[k] = saved + eps;
-      double up = loss();
-      p[k] = saved - eps;
-      double down = loss();
-      p[k] = saved;
-      numeric[k] = (float)((up - down) / (2 * eps));
-    }
     // Float32 outputs and eps = 1e-2: truncation O(eps^2), rounding ~1e-7 |L| / eps.
-    EXPECT_TRUE(all_close(analytic.grads[i], Tensor::from_vector(numeric, xs[i].shape()), 5e-3f, 5e-3f))
+    EXPECT_TRUE(all_close(analytic.grads[i], testing::numeric_gradient(xs[i], loss, eps), 5e-3f, 5e-3f))
         << "input " << i;
   }
 }

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <string>
 
 #include "qkv/tensor.h"
@@ -30,6 +31,23 @@ inline ::testing::AssertionResult all_close(const Tensor& a, const Tensor& b, fl
     return ::testing::AssertionFailure() << "element " << worst_i << ": " << va[worst_i] << " vs " << vb[worst_i]
                                          << " (atol " << atol << ", rtol " << rtol << ")";
   return ::testing::AssertionSuccess();
+}
+
+// Central differences (loss(x + eps) - loss(x - eps)) / 2 eps for every element
+// of the contiguous F32 tensor x, which is perturbed in place and restored.
+inline Tensor numeric_gradient(Tensor& x, const std::function<double()>& loss, float eps) {
+  std::vector<float> numeric(x.numel());
+  float* p = x.data<float>();
+  for (int64_t k = 0; k < x.numel(); ++k) {
+    const float saved = p[k];
+    p[k] = saved + eps;
+    const double up = loss();
+    p[k] = saved - eps;
+    const double down = loss();
+    p[k] = saved;
+    numeric[k] = (float)((up - down) / (2 * eps));
+  }
+  return Tensor::from_vector(numeric, x.shape());
 }
 
 inline std::string fixture(const std::string& name) { return std::string(QKV_FIXTURES_DIR) + "/" + name; }

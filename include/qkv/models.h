@@ -49,7 +49,7 @@ public:
 std::shared_ptr<Seq2Seq> make_seq2seq(const std::string& config_json, const std::string& source, int64_t vocab_size,
                                       Rng& rng);
 
-// Rows `rows` of t along its first dimension (a copy).
+// Rows `rows` of t along its first dimension (a copy; differentiable for F32).
 Tensor select_rows(const Tensor& t, const std::vector<int64_t>& rows);
 
 struct TransformerConfig {

@@ -7,6 +7,7 @@
 #include "qkv/error.h"
 #include "qkv/io.h"
 #include "qkv/utf8.h"
+#include "src/core/json.h"
 
 namespace qkv {
 
@@ -92,12 +93,7 @@ std::string CharTokenizer::to_json() const {
 }
 
 CharTokenizer CharTokenizer::from_json(const std::string& text, const std::string& source) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    fail(source, ": not valid JSON (", e.what(), ")");
-  }
+  nlohmann::json j = parse_json(text, source);
   QKV_CHECK(j.is_object() && j.value("type", "") == "char" && j.contains("vocab") && j["vocab"].is_array(), source,
             ": expected {\"type\": \"char\", \"vocab\": [...]}");
   CharTokenizer tok;

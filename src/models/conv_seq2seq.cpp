@@ -6,16 +6,12 @@
 #include <set>
 
 #include "qkv/position.h"
+#include "src/core/json.h"
 
 namespace qkv {
 
 ConvSeq2SeqConfig ConvSeq2SeqConfig::from_json(const std::string& text, const std::string& source) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    fail(source, ": not valid JSON (", e.what(), ")");
-  }
+  nlohmann::json j = parse_json(text, source);
   static const std::set<std::string> known = {"arch",  "vocab_size",         "d_model",           "kernel_size",
                                               "nhead", "num_encoder_layers", "num_decoder_layers", "dropout"};
   for (auto& [k, v] : j.items()) QKV_CHECK(known.count(k), source, ": unknown key '", k, "' for arch conv");
@@ -179,9 +175,7 @@ void ConvSeq2Seq::select_rows(DecodeState& base, const std::vector<int64_t>& row
     k = qkv::select_rows(k, rows);
     v = qkv::select_rows(v, rows);
   }
-  std::vector<int64_t> len = st.src_lengths.to_ints(), picked;
-  for (int64_t r : rows) picked.push_back(len[r]);
-  st.src_lengths = Tensor::from_ints(picked, {(int64_t)rows.size()});
+  st.src_lengths = qkv::select_rows(st.src_lengths, rows);
 }
 
 std::string ConvSeq2Seq::summary() const {

@@ -4,16 +4,12 @@
 #include <set>
 
 #include "qkv/models.h"
+#include "src/core/json.h"
 
 namespace qkv {
 
 RnnAttentionConfig RnnAttentionConfig::from_json(const std::string& text, const std::string& source) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    fail(source, ": not valid JSON (", e.what(), ")");
-  }
+  nlohmann::json j = parse_json(text, source);
   static const std::set<std::string> known = {"arch", "vocab_size", "embed_dim", "hidden", "attention_dim", "dropout"};
   for (auto& [k, v] : j.items()) QKV_CHECK(known.count(k), source, ": unknown key '", k, "' for arch rnn_attention");
   RnnAttentionConfig c;
@@ -139,7 +135,7 @@ void RnnAttention::select_rows(DecodeState& base, const std::vector<int64_t>& ro
   st.annotations = qkv::select_rows(st.annotations, rows);
   st.keys = qkv::select_rows(st.keys, rows);
   st.state = qkv::select_rows(st.state, rows);
-  st.padding = qkv::select_rows(st.padding.to(DType::F32), rows).to(DType::U8);
+  st.padding = qkv::select_rows(st.padding, rows);
 }
 
 std::string RnnAttention::summary() const {

@@ -3,17 +3,13 @@
 
 #include "qkv/conv_seq2seq.h"
 #include "qkv/models.h"
+#include "src/core/json.h"
 
 namespace qkv {
 
 std::shared_ptr<Seq2Seq> make_seq2seq(const std::string& config_json, const std::string& source, int64_t vocab_size,
                                       Rng& rng) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(config_json);
-  } catch (const nlohmann::json::exception& e) {
-    fail(source, ": not valid JSON (", e.what(), ")");
-  }
+  nlohmann::json j = parse_json(config_json, source);
   QKV_CHECK(j.is_object(), source, ": expected a JSON object");
   const std::string arch = j.value("arch", "transformer");
   j["vocab_size"] = vocab_size;

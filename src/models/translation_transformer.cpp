@@ -1,10 +1,12 @@
 // The encoder-decoder Transformer for translation, and its config.
 #include <cmath>
+#include <cstring>
 #include <nlohmann/json.hpp>
 #include <set>
 
 #include "qkv/models.h"
 #include "qkv/position.h"
+#include "src/core/json.h"
 
 namespace qkv {
 namespace {
@@ -39,12 +41,7 @@ Activation activation_of(const std::string& name) {
 }  // namespace
 
 TransformerConfig TransformerConfig::from_json(const std::string& text, const std::string& source) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    fail(source, ": not valid JSON (", e.what(), ")");
-  }
+  nlohmann::json j = parse_json(text, source);
   QKV_CHECK(j.is_object(), source, ": expected a JSON object");
   static const std::set<std::string> known = {
       "arch", "vocab_size", "d_model", "nhead", "num_encoder_layers", "num_decoder_layers", "dim_feedforward",
@@ -213,9 +210,7 @@ void TranslationTransformer::select_rows(DecodeState& base, const std::vector<in
     k = qkv::select_rows(k, rows);
     v = qkv::select_rows(v, rows);
   }
-  std::vector<int64_t> len = st.src_lengths.to_ints(), picked;
-  for (int64_t r : rows) picked.push_back(len[r]);
-  st.src_lengths = Tensor::from_ints(picked, {(int64_t)rows.size()});
+  st.src_lengths = qkv::select_rows(st.src_lengths, rows);
 }
 
 std::string TranslationTransformer::summary() const {
@@ -226,9 +221,19 @@ std::string TranslationTransformer::summary() const {
 
 Tensor select_rows(const Tensor& t, const std::vector<int64_t>& rows) {
   Shape shape = t.shape();
-  Tensor flat = t.reshape({shape[0], -1});
   shape[0] = (int64_t)rows.size();
-  return embedding(flat, Tensor::from_ints(rows, {(int64_t)rows.size()})).reshape(shape);
+  if (t.dtype() == DType::F32) {  // a differentiable gather
+    Tensor flat = t.reshape({t.size(0), -1});
+    return embedding(flat, Tensor::from_ints(rows, {(int64_t)rows.size()})).reshape(shape);
+  }
+  Tensor src = t.contiguous(), out = Tensor::empty(shape, t.dtype());
+  const size_t row_bytes = (size_t)(t.numel() / std::max<int64_t>(t.size(0), 1)) * dtype_size(t.dtype());
+  for (size_t r = 0; r < rows.size(); ++r) {
+    QKV_CHECK(rows[r] >= 0 && rows[r] < t.size(0), "select_rows: row ", rows[r], " outside [0, ", t.size(0), ")");
+    std::memcpy(static_cast<char*>(out.raw_data()) + r * row_bytes,
+                static_cast<const char*>(src.raw_data()) + rows[r] * row_bytes, row_bytes);
+  }
+  return out;
 }
 
 Tensor TranslationTransformer::aux_loss() const {

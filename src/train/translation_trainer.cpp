@@ -11,16 +11,12 @@
 #include "qkv/io.h"
 #include "qkv/optim.h"
 #include "qkv/trainer.h"
+#include "src/core/json.h"
 
 namespace qkv {
 
 TrainOptions TrainOptions::from_json(const std::string& text, const std::string& source) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    fail(source, ": not valid JSON (", e.what(), ")");
-  }
+  nlohmann::json j = parse_json(text, source);
   TrainOptions o;
   if (!j.is_object() || !j.contains("train")) return o;
   const nlohmann::json& t = j["train"];
@@ -265,12 +261,7 @@ void train_translation(TranslationModel& m, const std::vector<SentencePair>& tra
 
 TranslationModel new_translation_model(const std::string& config_text, const std::string& source,
                                        const std::vector<SentencePair>& train, uint64_t seed) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(config_text);
-  } catch (const nlohmann::json::exception& e) {
-    fail(source, ": not valid JSON (", e.what(), ")");
-  }
+  nlohmann::json j = parse_json(config_text, source);
   if (j.is_object()) j.erase("train");
   TranslationModel m;
   std::vector<std::string> texts;
@@ -297,13 +288,8 @@ void save_translation_model(const TranslationModel& m, const std::string& dir, c
 TranslationModel load_translation_model(const std::string& dir) {
   QKV_CHECK(std::filesystem::is_directory(dir), "model folder ", dir, " does not exist");
   TranslationModel m;
-  nlohmann::json config;
   std::string config_path = dir + "/config.json";
-  try {
-    config = nlohmann::json::parse(read_file(config_path));
-  } catch (const nlohmann::json::exception& e) {
-    fail(config_path, ": not valid JSON (", e.what(), ")");
-  }
+  nlohmann::json config = parse_json(read_file(config_path), config_path);
   QKV_CHECK(config.is_object() && config.value("tokenizer", "") == "char", config_path,
             ": expected \"tokenizer\": \"char\"");
   config.erase("tokenizer");

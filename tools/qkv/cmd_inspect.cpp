@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "qkv/io.h"
+#include "src/core/json.h"
 #include "tools/qkv/commands.h"
 
 namespace qkv::cli {
@@ -29,13 +30,7 @@ int run_inspect(const InspectArgs& a) {
     weights = a.path + "/model.safetensors";
     std::string cfg = a.path + "/config.json";
     struct stat st;
-    if (stat(cfg.c_str(), &st) == 0) {
-      try {
-        config = nlohmann::json::parse(read_file(cfg));
-      } catch (const nlohmann::json::exception& e) {
-        fail(cfg, ": not valid JSON (", e.what(), ")");
-      }
-    }
+    if (stat(cfg.c_str(), &st) == 0) config = parse_json(read_file(cfg), cfg);
   }
   SafetensorsFile f = load_safetensors(weights);
   int64_t total = 0;
