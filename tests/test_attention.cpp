@@ -1,6 +1,8 @@
 // Scaled dot-product attention: flash equals naive, forward and every
 // gradient, over a table of shapes and masks; a hand-computed case; finite
 // differences through the flash backward; memory that grows linearly.
+#include <omp.h>
+
 #include <cmath>
 
 #include "qkv/allocator.h"
@@ -63,6 +65,7 @@ std::vector<AttnCase> attention_table() {
 class FlashVsNaive : public ::testing::TestWithParam<AttnCase> {};
 
 TEST_P(FlashVsNaive, ForwardAndGradientsAgree) {
+  omp_set_num_threads(2);  // tiles and heads split across threads
   const AttnCase& c = GetParam();
   AttnRun flash = run_attention(c, AttentionImpl::Flash), naive = run_attention(c, AttentionImpl::Naive);
   // Same math in float, different summation order: a few ulps of the output scale.
