@@ -29,6 +29,7 @@ bench: build
 	@$(QKV) bench ops
 	@$(QKV) bench attention
 	@$(QKV) bench train
+	@test -d out/demo/model && $(QKV) bench decode || echo "bench decode: run make demo first (it needs a trained model)"
 
 # Regenerate the golden fixtures from PyTorch (needs: pip install torch safetensors numpy).
 fixtures:

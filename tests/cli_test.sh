@@ -110,6 +110,8 @@ check "bench attention json" 0 "$QKV" bench attention --json --n 64 --seconds 0.
 grep -q '"peak_extra_bytes"' "$tmp/out" || { echo "FAIL bench attention json"; failures=$((failures + 1)); }
 check "bench train tiny" 0 "$QKV" bench train --steps 1 --json --python false
 grep -q '"qkv_tokens_per_s"' "$tmp/out" || { echo "FAIL bench train json"; failures=$((failures + 1)); }
+check "bench decode" 0 "$QKV" bench decode --model "$tmp/demo/model" --test "$tmp/demo/zh-ja.test.tsv" --sentences 5 --json
+grep -q '"greedy, uncached"' "$tmp/out" || { echo "FAIL bench decode json"; cat "$tmp/out"; failures=$((failures + 1)); }
 check "bench unknown suite" nonzero "$QKV" bench frobnicate
 one_line_error "bench unknown suite"
 

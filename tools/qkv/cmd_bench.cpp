@@ -8,12 +8,15 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
 #include "qkv/allocator.h"
 #include "qkv/attention.h"
+#include "qkv/io.h"
+#include "qkv/trainer.h"
 #include "qkv/translation.h"
 #include "qkv/nn.h"
 #include "qkv/optim.h"
@@ -32,6 +35,9 @@ struct BenchArgs {
   bool causal = false;
   std::string python = "python3";
   int steps = 5;  // train: timed steps
+  std::string model = "out/demo/model";           // decode: a trained model folder
+  std::string test = "out/demo/zh-ja.test.tsv";  // decode: its sentences
+  int64_t sentences = 200;                        // decode: how many of them
 };
 
 // Best time per call over 5 rounds, each of enough calls to last `seconds`.
@@ -283,6 +289,92 @@ int run_bench_train(const BenchArgs& a) {
   return 0;
 }
 
+// --- decode: greedy and beam search with the cache, and greedy recomputing the prefix ---
+
+// Greedy decoding without any cache: the whole prefix through the decoder at every step (the baseline).
+std::vector<std::vector<int64_t>> greedy_uncached(Seq2Seq& model, const std::vector<std::vector<int64_t>>& sources,
+                                                  int64_t max_len) {
+  NoGradGuard no_grad;
+  std::vector<EncodedPair> chunk;
+  std::vector<int64_t> idx;
+  for (size_t i = 0; i < sources.size(); ++i) chunk.push_back({sources[i], {}}), idx.push_back((int64_t)i);
+  Batch b = collate(chunk, idx);
+  const int64_t B = (int64_t)sources.size();
+  std::vector<std::vector<int64_t>> prefix(B, {CharTokenizer::kBos}), out(B);
+  std::vector<bool> done(B, false);
+  for (int64_t step = 0; step < max_len; ++step) {
+    std::vector<int64_t> flat;
+    for (auto& p : prefix) flat.insert(flat.end(), p.begin(), p.end());
+    Tensor logits = model.forward(b.src, b.src_lengths, Tensor::from_ints(flat, {B, step + 1}));
+    Tensor last = logits.slice(1, step, step + 1).contiguous();
+    const int64_t V = last.size(-1);
+    bool all = true;
+    for (int64_t r = 0; r < B; ++r) {
+      const float* row = last.data<float>() + r * V;
+      int64_t next = done[r] ? CharTokenizer::kPad : 2 + (std::max_element(row + 2, row + V) - (row + 2));
+      prefix[r].push_back(next);
+      if (!done[r] && next == CharTokenizer::kEos) done[r] = true;
+      if (!done[r]) out[r].push_back(next), all = false;
+    }
+    if (all) break;
+  }
+  return out;
+}
+
+int run_bench_decode(const BenchArgs& a) {
+  TranslationModel m = load_translation_model(a.model);
+  m.model->eval();
+  std::vector<SentencePair> pairs = read_parallel_tsv(a.test);
+  if ((int64_t)pairs.size() > a.sentences) pairs.resize(a.sentences);
+  std::vector<std::vector<int64_t>> sources;
+  for (auto& [s, t] : pairs) sources.push_back(m.tokenizer.encode(s));
+  const int64_t max_len = 128;
+  struct Row {
+    std::string name;
+    double seconds;
+    int64_t tokens;
+  };
+  std::vector<Row> rows;
+  auto count = [](const std::vector<std::vector<int64_t>>& outs) {
+    int64_t n = 0;
+    for (auto& o : outs) n += (int64_t)o.size() + 1;  // + <eos>
+    return n;
+  };
+  auto timed = [&](const std::string& name, const std::function<std::vector<std::vector<int64_t>>()>& f) {
+    auto t0 = std::chrono::steady_clock::now();
+    auto outs = f();
+    rows.push_back({name, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), count(outs)});
+  };
+  timed("greedy, cached", [&] { return greedy_translate(*m.model, sources, max_len); });
+  timed("greedy, uncached", [&] {
+    std::vector<std::vector<int64_t>> all;
+    for (size_t i = 0; i < sources.size(); i += 64) {  // the same batches of 64 as greedy_translate
+      std::vector<std::vector<int64_t>> part(sources.begin() + i, sources.begin() + std::min(sources.size(), i + 64));
+      for (auto& o : greedy_uncached(*m.model, part, max_len)) all.push_back(o);
+    }
+    return all;
+  });
+  timed("beam 4, cached", [&] {
+    std::vector<std::vector<int64_t>> outs;
+    for (auto& h : beam_translate(*m.model, sources, max_len, {.beam = 4})) outs.push_back(h.tokens);
+    return outs;
+  });
+  nlohmann::ordered_json out = {{"suite", "decode"}, {"model", m.model->summary()}, {"sentences", sources.size()},
+                                {"threads", thread_count()}, {"rows", nlohmann::ordered_json::array()}};
+  for (auto& r : rows)
+    out["rows"].push_back({{"mode", r.name}, {"seconds", r.seconds}, {"sentences_per_s", sources.size() / r.seconds},
+                           {"tokens_per_s", r.tokens / r.seconds}});
+  if (a.json) {
+    std::cout << out.dump(2) << "\n";
+    return 0;
+  }
+  std::printf("qkv bench decode: %s\n  %zu sentences of %s, %d threads, batches of 64 (beam: 16 sentences x 4)\n\n",
+              m.model->summary().c_str(), sources.size(), a.test.c_str(), thread_count());
+  std::printf("  %-18s %12s %12s\n", "mode", "sentences/s", "tokens/s");
+  for (auto& r : rows) std::printf("  %-18s %12.1f %12.1f\n", r.name.c_str(), sources.size() / r.seconds, r.tokens / r.seconds);
+  return 0;
+}
+
 int run_bench_attention(const BenchArgs& a) {
   std::vector<AttentionRow> rows;
   const bool progress = !a.json && isatty(STDERR_FILENO);
@@ -358,7 +450,8 @@ int run_bench(const BenchArgs& a) {
   set_threads(a.threads);
   if (a.suite == "attention") return run_bench_attention(a);
   if (a.suite == "train") return run_bench_train(a);
-  QKV_CHECK(a.suite == "ops", "bench: unknown suite '", a.suite, "' (available: ops, attention, train)");
+  if (a.suite == "decode") return run_bench_decode(a);
+  QKV_CHECK(a.suite == "ops", "bench: unknown suite '", a.suite, "' (available: ops, attention, train, decode)");
   std::vector<GemmRow> gemms = {
       {"square 256", 1, 256, 256, 256, false},
       {"square 512", 1, 512, 512, 512, false},
@@ -411,8 +504,12 @@ int run_bench(const BenchArgs& a) {
 
 Run add_bench(CLI::App& app) {
   auto args = std::make_shared<BenchArgs>();
-  CLI::App* sub = app.add_subcommand("bench", "Measure speed side by side with a peer (suites: ops, attention, train)");
-  sub->add_option("suite", args->suite, "Which benchmark: ops | attention | train")->required();
+  CLI::App* sub =
+      app.add_subcommand("bench", "Measure speed side by side with a peer (suites: ops, attention, train, decode)");
+  sub->add_option("suite", args->suite, "Which benchmark: ops | attention | train | decode")->required();
+  sub->add_option("--model", args->model, "decode: a trained model folder")->capture_default_str();
+  sub->add_option("--test", args->test, "decode: sentences to translate (TSV)")->capture_default_str();
+  sub->add_option("--sentences", args->sentences, "decode: how many")->capture_default_str();
   sub->add_option("--steps", args->steps, "train: timed training steps")->capture_default_str();
   sub->add_option("--n", args->lengths, "attention: sequence lengths")->capture_default_str();
   sub->add_option("--max-naive", args->max_naive, "attention: longest length for the naive path")->capture_default_str();
