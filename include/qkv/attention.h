@@ -52,8 +52,4 @@ struct AttentionWithWeights {
 AttentionWithWeights attention_with_weights(const Tensor& q, const Tensor& k, const Tensor& v,
                                             const AttentionOptions& options = {});
 
-// Tile sizes of the flash kernels (queries x keys per tile).
-constexpr int64_t kFlashQueryTile = 64;
-constexpr int64_t kFlashKeyTile = 128;
-
 }  // namespace qkv

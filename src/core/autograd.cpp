@@ -3,7 +3,6 @@
 #include <atomic>
 #include <unordered_set>
 
-#include "qkv/ops.h"
 #include "qkv/tensor.h"
 
 namespace qkv {
@@ -74,8 +73,13 @@ static void accumulate(TensorImpl& t, const Tensor& g) {
     t.grad = owned.impl_ptr();
     return;
   }
-  Tensor acc(t.grad);
-  add_(acc, g);
+  Tensor acc(t.grad);  // owned and contiguous, see above
+  Tensor gc = g.contiguous();
+  float* a = acc.data<float>();
+  const float* b = gc.data<float>();
+  const int64_t n = acc.numel();
+#pragma omp parallel for schedule(static) if (n >= 65536)
+  for (int64_t i = 0; i < n; ++i) a[i] += b[i];
 }
 
 void Tensor::backward(const Tensor& grad_out) const {

@@ -210,7 +210,8 @@ Run add_train(CLI::App& app) {
 
 Run add_translate(CLI::App& app) {
   auto args = std::make_shared<TranslateArgs>();
-  CLI::App* sub = app.add_subcommand("translate", "Translate stdin lines to stdout lines (greedy decoding)");
+  CLI::App* sub =
+      app.add_subcommand("translate", "Translate stdin lines to stdout lines (greedy, or beam search with --beam)");
   sub->add_option("--model", args->model, "Model folder")->required();
   sub->add_option("--max-len", args->max_len, "Longest output in tokens")->capture_default_str();
   sub->add_option("--beam", args->beam, "Beam size (1: greedy)")->capture_default_str()->check(CLI::Range(1, 64));

@@ -17,7 +17,6 @@
 #include <cmath>
 #include <vector>
 
-#include "qkv/attention.h"
 #include "qkv/tensor.h"
 #include "src/kernels/cpu/vec_math.h"
 #include "src/kernels/kernels.h"
