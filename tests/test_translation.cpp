@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "qkv/allocator.h"
 #include "qkv/io.h"
 #include "qkv/optim.h"
 #include "qkv/trainer.h"
@@ -416,6 +417,34 @@ TEST(RnnAttention, ConfigErrors) {
   EXPECT_THROW(make_seq2seq(R"({"arch": "rnn_attention", "hidden": -1})", "c", 10, rng), Error);
   EXPECT_THROW(make_seq2seq(R"({"arch": "conv", "kernel_size": 2})", "c", 10, rng), Error);
   EXPECT_THROW(make_seq2seq(R"({"arch": "conv", "hidden": 8})", "c", 10, rng), Error);
+}
+
+}  // namespace
+}  // namespace qkv
+
+namespace qkv {
+namespace {
+
+// Once the caches are sized and a few steps have warmed the allocator, a
+// decoding step asks the system for no memory, for every arch.
+TEST_P(CachedDecoding, WarmStepsAllocateNothing) {
+#ifdef QKV_NO_ALLOC_CACHE
+  GTEST_SKIP() << "the allocator cache is off in sanitizer builds";
+#endif
+  if (GetParam().find("\"moe\"") != std::string::npos)
+    GTEST_SKIP() << "MoE steps change shape with the routing (tokens per expert), so a new routing may need a "
+                    "buffer size the allocator has not seen yet";
+  Rng rng(4);
+  std::shared_ptr<Seq2Seq> model = make_seq2seq(GetParam(), "case", 40, rng);
+  model->eval();
+  NoGradGuard no_grad;
+  Batch b = collate({{{5, 6, 7, 8}, {}}, {{9, 10}, {}}}, {0, 1});
+  std::unique_ptr<DecodeState> state = model->start_decoding(b.src, b.src_lengths, 40);
+  Tensor ids = Tensor::from_ints({7, 8}, {2, 1});
+  for (int i = 0; i < 4; ++i) model->decode_step(ids, *state);
+  const uint64_t before = allocator_stats().system_allocs;
+  for (int i = 0; i < 20; ++i) model->decode_step(ids, *state);
+  EXPECT_EQ(allocator_stats().system_allocs - before, 0u) << "system allocations in 20 warm decoding steps";
 }
 
 }  // namespace

@@ -64,10 +64,23 @@ Tensor structural_mask(const Dims& d, const AttentionOptions& o) {
   return mask;
 }
 
+// The head stride to read k or v [B, Hkv, S, D] in place, or 0 when it must be
+// made contiguous: rows contiguous, heads evenly spaced (a prefix of a KV cache qualifies).
+int64_t readable_head_stride(const Tensor& t) {
+  const Shape& st = t.strides();
+  const int64_t S = t.size(2), D = t.size(3), H = t.size(1);
+  if (st[3] == 1 && st[2] == D && st[1] >= S * D && (t.size(0) == 1 || st[0] == H * st[1])) return st[1];
+  return 0;
+}
+
 Tensor flash_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o, const Dims& d) {
-  Tensor qc = contiguous_values(q), kc = contiguous_values(k), vc = contiguous_values(v);
+  // Without a gradient to compute, a strided k/v (the valid rows of a KV cache) is read where it lies.
+  const bool inference = !any_requires_grad({q, k, v});
+  const int64_t k_stride = inference ? readable_head_stride(k) : 0, v_stride = inference ? readable_head_stride(v) : 0;
+  Tensor qc = contiguous_values(q);
+  Tensor kc = k_stride ? k.detach() : contiguous_values(k), vc = v_stride ? v.detach() : contiguous_values(v);
   Tensor lengths = o.key_padding_lengths.defined() ? o.key_padding_lengths.to(DType::I64).contiguous() : Tensor();
-  cpu::FlashShape f{d.batch, d.heads, d.kv_heads, d.t, d.s, d.dh, d.dv, scale_of(o, d), o.causal,
+  cpu::FlashShape f{d.batch, d.heads, d.kv_heads, d.t, d.s, d.dh, d.dv, k_stride, v_stride, scale_of(o, d), o.causal,
                     lengths.defined() ? lengths.data<int64_t>() : nullptr};
   Tensor out = Tensor::empty({d.batch, d.heads, d.t, d.dv});
   Tensor lse = Tensor::empty({d.batch, d.heads, d.t});

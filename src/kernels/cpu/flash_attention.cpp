@@ -35,6 +35,9 @@ int64_t visible_keys(const FlashShape& f, int64_t b, int64_t i) {
   return std::max<int64_t>(hi, 0);
 }
 
+int64_t k_stride(const FlashShape& f) { return f.k_head_stride ? f.k_head_stride : f.s * f.dh; }
+int64_t v_stride(const FlashShape& f) { return f.v_head_stride ? f.v_head_stride : f.s * f.dv; }
+
 // C[m,n] (+)= alpha * op(A) op(B) on raw row-major pointers.
 void small_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
                 const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
@@ -64,8 +67,8 @@ void flash_attention_forward(const FlashShape& f, const float* q, const float* k
       const int64_t qt = task % q_tiles, bh = task / q_tiles, b = bh / f.heads, h = bh % f.heads;
       const int64_t q0 = qt * Br, rows = std::min(Br, f.t - q0);
       const float* Q = q + (bh * f.t + q0) * f.dh;
-      const float* K = k + (b * f.kv_heads + h / G) * f.s * f.dh;
-      const float* V = v + (b * f.kv_heads + h / G) * f.s * f.dv;
+      const float* K = k + (b * f.kv_heads + h / G) * k_stride(f);
+      const float* V = v + (b * f.kv_heads + h / G) * v_stride(f);
       const int64_t tile_hi = visible_keys(f, b, q0 + rows - 1);  // rows see more keys further down
       std::fill(m, m + rows, -INFINITY);
       std::fill(l, l + rows, 0.0f);
@@ -121,8 +124,8 @@ void flash_attention_backward(const FlashShape& f, const float* q, const float* 
 #pragma omp for schedule(dynamic)
     for (int64_t task = 0; task < tasks; ++task) {
       const int64_t b = task / f.kv_heads, hk = task % f.kv_heads;
-      const float* K = k + task * f.s * f.dh;
-      const float* V = v + task * f.s * f.dv;
+      const float* K = k + task * k_stride(f);
+      const float* V = v + task * v_stride(f);
       float* dK = dk + task * f.s * f.dh;
       float* dV = dv + task * f.s * f.dv;
       const int64_t key_hi = visible_keys(f, b, f.t - 1);
