@@ -75,6 +75,14 @@ void train_translation(TranslationModel& m, const std::vector<SentencePair>& tra
 void save_translation_model(const TranslationModel& m, const std::string& dir, const std::string& trainer_state_json);
 TranslationModel load_translation_model(const std::string& dir);
 
+// Corpus scores (0-100) of translating `pairs`' sources against their targets.
+struct TranslationScores {
+  double bleu = 0, chrf = 0, exact_match = 0;  // BLEU with tokenize "char"
+  int64_t sentences = 0;
+};
+TranslationScores score_translation(TranslationModel& m, const std::vector<SentencePair>& pairs, int64_t max_len,
+                                    int64_t beam = 1);
+
 // Translations of `sources` (text in, text out): greedy when beam is 1, else beam search.
 std::vector<std::string> translate_texts(TranslationModel& m, const std::vector<std::string>& sources,
                                          int64_t max_len, int64_t beam = 1);

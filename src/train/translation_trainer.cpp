@@ -64,6 +64,21 @@ std::vector<std::string> translate_texts(TranslationModel& m, const std::vector<
   return out;
 }
 
+TranslationScores score_translation(TranslationModel& m, const std::vector<SentencePair>& pairs, int64_t max_len,
+                                    int64_t beam) {
+  std::vector<std::string> sources, refs;
+  for (auto& [src, tgt] : pairs) sources.push_back(src), refs.push_back(tgt);
+  std::vector<std::string> hyps = translate_texts(m, sources, max_len, beam);
+  int64_t exact = 0;
+  for (size_t i = 0; i < hyps.size(); ++i) exact += hyps[i] == refs[i];
+  TranslationScores s;
+  s.sentences = (int64_t)hyps.size();
+  s.bleu = bleu_char(hyps, refs);
+  s.chrf = chrf(hyps, refs);
+  s.exact_match = hyps.empty() ? 0.0 : 100.0 * exact / hyps.size();
+  return s;
+}
+
 static EvalReport evaluate(TranslationModel& m, const std::vector<EncodedPair>& valid,
                            const std::vector<SentencePair>& valid_text, const TrainOptions& o) {
   NoGradGuard no_grad;
@@ -78,14 +93,10 @@ static EvalReport evaluate(TranslationModel& m, const std::vector<EncodedPair>& 
     tokens += b.target_tokens;
   }
   r.valid_loss = tokens ? loss_sum / tokens : 0;
-  std::vector<std::string> sources, refs;
-  for (int64_t i = 0; i < (int64_t)valid_text.size() && i < o.eval_sentences; ++i) {
-    sources.push_back(valid_text[i].first);
-    refs.push_back(valid_text[i].second);
-  }
-  std::vector<std::string> hyps = translate_texts(m, sources, 2 * 64);
-  r.chrf = chrf(hyps, refs);
-  r.bleu = bleu_char(hyps, refs);
+  const size_t n = std::min<size_t>(valid_text.size(), (size_t)std::max<int64_t>(o.eval_sentences, 0));
+  TranslationScores scores = score_translation(m, {valid_text.begin(), valid_text.begin() + n}, 128);
+  r.chrf = scores.chrf;
+  r.bleu = scores.bleu;
   m.model->train();
   return r;
 }

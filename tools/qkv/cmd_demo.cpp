@@ -77,13 +77,9 @@ int run_demo(const DemoArgs& a) {
 
   std::printf("\n3. held-out evaluation of the saved model\n");
   TranslationModel best = load_translation_model(model_dir);
-  std::vector<std::string> sources, refs;
-  for (auto& [s, t] : test) sources.push_back(s), refs.push_back(t);
-  std::vector<std::string> hyps = translate_texts(best, sources, 128);
-  int64_t exact = 0;
-  for (size_t i = 0; i < hyps.size(); ++i) exact += hyps[i] == refs[i];
-  std::printf("     chrF %.2f   BLEU (char) %.2f   exact match %.1f%% of %zu sentences\n", chrf(hyps, refs),
-              bleu_char(hyps, refs), 100.0 * exact / hyps.size(), hyps.size());
+  TranslationScores s = score_translation(best, test, 128);
+  std::printf("     chrF %.2f   BLEU (char) %.2f   exact match %.1f%% of %lld sentences\n", s.chrf, s.bleu,
+              s.exact_match, (long long)s.sentences);
 
   std::printf("\n4. translations\n");
   std::vector<std::string> examples = {"我是中国人", "她的妈妈是医生吗", "我们明天在图书馆学习日语",

@@ -143,24 +143,15 @@ struct EvalArgs {
 
 int run_eval(const EvalArgs& a) {
   TranslationModel m = load_translation_model(a.model);
-  std::vector<SentencePair> test = read_parallel_tsv(a.test);
-  std::vector<std::string> sources, refs;
-  for (auto& [s, t] : test) sources.push_back(s), refs.push_back(t);
-  std::vector<std::string> hyps = translate_texts(m, sources, a.max_len, a.beam);
-  int64_t exact = 0;
-  for (size_t i = 0; i < hyps.size(); ++i) exact += hyps[i] == refs[i];
-  nlohmann::ordered_json r = {{"bleu", bleu_char(hyps, refs)},
-                              {"chrf", chrf(hyps, refs)},
-                              {"exact_match", 100.0 * exact / hyps.size()},
-                              {"sentences", hyps.size()},
-                              {"beam", a.beam},
-                              {"bleu_tokenize", "char"}};
+  TranslationScores s = score_translation(m, read_parallel_tsv(a.test), a.max_len, a.beam);
+  nlohmann::ordered_json r = {{"bleu", s.bleu},           {"chrf", s.chrf}, {"exact_match", s.exact_match},
+                              {"sentences", s.sentences}, {"beam", a.beam}, {"bleu_tokenize", "char"}};
   if (a.json) {
     std::cout << r.dump() << "\n";
   } else {
-    std::printf("%s on %s (%zu sentences, beam %lld)\n  BLEU (char) %.2f\n  chrF        %.2f\n  exact match %.2f%%\n",
-                a.model.c_str(), a.test.c_str(), hyps.size(), (long long)a.beam, r["bleu"].get<double>(), r["chrf"].get<double>(),
-                r["exact_match"].get<double>());
+    std::printf("%s on %s (%lld sentences, beam %lld)\n  BLEU (char) %.2f\n  chrF        %.2f\n  exact match %.2f%%\n",
+                a.model.c_str(), a.test.c_str(), (long long)s.sentences, (long long)a.beam, s.bleu, s.chrf,
+                s.exact_match);
   }
   return 0;
 }
