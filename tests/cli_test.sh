@@ -90,6 +90,13 @@ printf '{"d_modle": 3}' >"$tmp/badcfg.json"
 check "train bad config" nonzero "$QKV" train --config "$tmp/badcfg.json" --train "$tmp/demo/zh-ja.train.tsv" --out "$tmp/m"
 one_line_error "train bad config"
 grep -q "unknown key 'd_modle'" "$tmp/err" || { echo "FAIL bad config message"; failures=$((failures + 1)); }
+printf '{"tokenizer": {"type": "words"}}' >"$tmp/badtok.json"
+check "train bad tokenizer" nonzero "$QKV" train --config "$tmp/badtok.json" --train "$tmp/demo/zh-ja.train.tsv" --out "$tmp/m"
+one_line_error "train bad tokenizer"
+printf '{"tokenizer": {"type": "sentencepiece", "vocab_size": 20}}' >"$tmp/smalltok.json"
+check "train too small a vocabulary" nonzero "$QKV" train --config "$tmp/smalltok.json" --train "$tmp/demo/zh-ja.train.tsv" --out "$tmp/m"
+one_line_error "train too small a vocabulary"
+[ ! -e "$tmp/m" ] || { echo "FAIL a failed train left a model folder"; failures=$((failures + 1)); }
 # Train a tiny model in two halves with --resume.
 printf '{"d_model": 32, "nhead": 4, "num_encoder_layers": 1, "num_decoder_layers": 1, "dim_feedforward": 64,\n "train": {"steps": 6, "batch_tokens": 256, "eval_every": 3, "eval_sentences": 4}}\n' >"$tmp/tiny.json"
 check "train" 0 "$QKV" train --config "$tmp/tiny.json" --train "$tmp/demo/zh-ja.train.tsv" --out "$tmp/tiny"

@@ -112,5 +112,32 @@ TEST(Trainer, NonFiniteStepsAreSkippedWithoutTouchingTheModel) {
   EXPECT_EQ(state_of(dir).at("step").to_ints()[0], 6);
 }
 
+TEST(Trainer, SentencePieceModelFolderSavesAndLoads) {
+  omp_set_num_threads(1);
+  auto train = synth_zh_ja(200, 8), valid = synth_zh_ja(10, 9, train);
+  std::string config = R"({"d_model": 32, "nhead": 4, "num_encoder_layers": 1, "num_decoder_layers": 1,
+      "dim_feedforward": 64, "tokenizer": {"type": "sentencepiece", "model_type": "bpe", "vocab_size": 500}})";
+  TranslationModel m = new_translation_model(config, "config", train, 3);
+  EXPECT_LE(m.tokenizer->size(), 500);
+  const std::string dir = temp_dir();
+  train_translation(m, train, valid, small_options(6), dir, {});
+  EXPECT_TRUE(std::filesystem::exists(dir + "/tokenizer.model"));
+  nlohmann::json saved = nlohmann::json::parse(read_file(dir + "/config.json"));
+  EXPECT_EQ(saved["tokenizer"]["type"], "sentencepiece");
+  EXPECT_EQ(saved["tokenizer"]["model_type"], "bpe");
+  EXPECT_EQ(saved["vocab_size"], m.tokenizer->size());
+
+  m.model->eval();
+  TranslationModel back = load_translation_model(dir);
+  std::vector<std::string> sources = {valid[0].first, valid[1].first, "我是中国人"};
+  EXPECT_EQ(translate_texts(back, sources, 20), translate_texts(m, sources, 20));
+  EXPECT_EQ(back.tokenizer->encode(valid[2].second), m.tokenizer->encode(valid[2].second));
+
+  saved["tokenizer"] = {{"type", "sentencepiece"}, {"model_type", "bpe"}};
+  write_file_atomic(dir + "/config.json", saved.dump());
+  std::filesystem::remove(dir + "/tokenizer.model");
+  EXPECT_THROW(load_translation_model(dir), Error);  // the tokenizer file is missing
+}
+
 }  // namespace
 }  // namespace qkv

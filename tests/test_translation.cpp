@@ -1,6 +1,7 @@
 // Translation pieces: the synthetic corpus, parallel text reading, the char
 // tokenizer, batching, metrics against sacreBLEU, and a tiny Transformer that
 // learns to translate.
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -104,6 +105,78 @@ TEST(CharTokenizer, RoundTripSpecialsAndJson) {
   EXPECT_THROW(CharTokenizer::from_json("{\"type\": \"char\", \"vocab\": [\"a\"]}", "t.json"), Error);
   EXPECT_THROW(CharTokenizer::from_json("not json", "t.json"), Error);
   EXPECT_THROW(tok.encode("bad \xff"), Error);
+}
+
+std::vector<std::string> both_sides(const std::vector<SentencePair>& pairs) {
+  std::vector<std::string> texts;
+  for (auto& [s, t] : pairs) texts.push_back(s), texts.push_back(t);
+  return texts;
+}
+
+class SentencePiece : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(SentencePiece, TrainsRoundTripsSavesAndLoads) {
+  auto pairs = synth_zh_ja(1500, 3);
+  TokenizerConfig c;
+  c.type = "sentencepiece";
+  c.model_type = GetParam();
+  c.vocab_size = 700;
+  std::unique_ptr<Tokenizer> tok = train_tokenizer(c, both_sides(pairs));
+  EXPECT_LE(tok->size(), 700);
+  EXPECT_GT(tok->size(), 300);
+  EXPECT_EQ(tok->pieces({Tokenizer::kPad, Tokenizer::kBos, Tokenizer::kEos, Tokenizer::kUnk}),
+            (std::vector<std::string>{"<pad>", "<bos>", "<eos>", "<unk>"}));
+  int64_t chars = 0, pieces = 0;
+  for (int i = 0; i < 200; ++i) {
+    for (const std::string& text : {pairs[i].first, pairs[i].second}) {
+      std::vector<int64_t> ids = tok->encode(text);
+      for (int64_t id : ids) EXPECT_GE(id, 4) << text;  // no specials, no <unk> for seen characters
+      EXPECT_EQ(tok->decode(ids), text);
+      chars += (int64_t)utf8_chars(text).size(), pieces += (int64_t)ids.size();
+    }
+  }
+  EXPECT_LT(pieces, chars * 3 / 4);  // subwords are longer than characters
+  std::vector<int64_t> ids = tok->encode("我是中国人");
+  ids.push_back(Tokenizer::kEos);
+  ids.push_back(ids[0]);
+  EXPECT_EQ(tok->decode(ids), "我是中国人");  // stops at <eos>
+  EXPECT_THROW(tok->encode("bad \xff"), Error);
+
+  // The same text gives the same model, byte for byte.
+  EXPECT_EQ(train_tokenizer(c, both_sides(pairs))->serialize(), tok->serialize());
+
+  // Saved and loaded the way a model folder holds it.
+  char tmpl[] = "/tmp/qkv_spm_XXXXXX";
+  std::string dir = mkdtemp(tmpl);
+  EXPECT_EQ(tok->file_name(), "tokenizer.model");
+  write_file_atomic(dir + "/tokenizer.model", tok->serialize());
+  std::unique_ptr<Tokenizer> back = load_tokenizer(tok->config_json(), dir);
+  EXPECT_EQ(back->size(), tok->size());
+  EXPECT_EQ(back->encode(pairs[7].second), tok->encode(pairs[7].second));
+  EXPECT_EQ(back->config_json(), tok->config_json());
+
+  write_file_atomic(dir + "/tokenizer.model", "not a model");
+  try {
+    load_tokenizer(tok->config_json(), dir);
+    FAIL() << "a broken tokenizer.model loaded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tokenizer.model: not a SentencePiece model"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(ModelTypes, SentencePiece, ::testing::Values("unigram", "bpe"));
+
+TEST(TokenizerConfig, ReadsStringsAndObjectsRejectsNonsense) {
+  EXPECT_EQ(TokenizerConfig::from_json(R"("char")", "c").type, "char");
+  TokenizerConfig c = TokenizerConfig::from_json(R"({"type": "sentencepiece", "model_type": "bpe", "vocab_size": 900})", "c");
+  EXPECT_EQ(c.model_type, "bpe");
+  EXPECT_EQ(c.vocab_size, 900);
+  for (const char* bad : {R"("words")", R"({"type": "sentencepiece", "model_type": "wordpiece"})",
+                          R"({"type": "sentencepiece", "vocab_size": 2})", R"({"type": "char", "size": 9})",
+                          R"({"type": "sentencepiece", "vocab_size": "many"})", R"(7)"}) {
+    EXPECT_THROW(TokenizerConfig::from_json(bad, "c"), Error) << bad;
+  }
 }
 
 TEST(Batching, TokenBudgetAndCoverage) {
@@ -352,6 +425,33 @@ TEST(BeamSearch, BeamOfOneIsGreedyAndScoresAreConsistent) {
   for (int i = 0; i < 3; ++i) hyps.push_back(t.tok.decode(four[i].tokens)), refs.push_back(t.pairs[i].second);
   EXPECT_GT(chrf(hyps, refs), 90.0) << hyps[0] << " vs " << refs[0];
   EXPECT_THROW(beam_translate(model, srcs, 10, {.beam = 0}), Error);
+
+  // Sentences leave the batch as they finish: a batch decodes each sentence
+  // as it would be decoded alone.
+  for (size_t i = 0; i < srcs.size(); ++i) {
+    EXPECT_EQ(beam_translate(model, {srcs[i]}, 40, {.beam = 4})[0].tokens, four[i].tokens) << i;
+    EXPECT_EQ(greedy_translate(model, {srcs[i]}, 40)[0], greedy[i]) << i;
+  }
+}
+
+TEST(BeamSearch, BeamsShareTheirSentencesCrossAttentionKeysAndValues) {
+  TinyTranslator& t = tiny_translator();
+  TranslationTransformer& model = *t.model;
+  NoGradGuard no_grad;
+  Batch b = collate({{t.data[0].src, {}}, {t.data[1].src, {}}}, {0, 1});
+  std::unique_ptr<DecodeState> base = model.start_decoding(b.src, b.src_lengths, 10);
+  model.expand_beams(*base, 2, 3);
+  auto& st = dynamic_cast<TransformerDecodeState&>(*base);
+  EXPECT_EQ(st.self[0].k.size(0), 6);       // one self-attention cache per beam
+  EXPECT_EQ(st.cross[0].first.size(0), 2);  // one cross-attention K/V per sentence
+  EXPECT_EQ(st.cross[0].second.size(0), 2);
+  model.decode_step(Tensor::from_ints({1, 1, 1, 1, 1, 1}, {6, 1}), st);
+  model.select_rows(st, {2, 0, 1, 4, 4, 3});  // beams reorder within their sentences
+  EXPECT_EQ(st.cross[0].first.size(0), 2);
+  model.select_rows(st, {3, 4, 5});  // the first sentence finished and left
+  EXPECT_EQ(st.cross[0].first.size(0), 1);
+  EXPECT_EQ(st.src_lengths.to_ints(), std::vector<int64_t>{b.src_lengths.to_ints()[1]});
+  EXPECT_THROW(model.select_rows(st, {0, 1}), Error);  // not whole sentences of 3 beams
 }
 
 }  // namespace
@@ -368,7 +468,7 @@ TEST_P(OtherArchs, LearnASmallCorpus) {
   auto pairs = synth_zh_ja(48, 11);
   TranslationModel m = new_translation_model(GetParam(), "config", pairs, 3);
   std::vector<EncodedPair> data;
-  for (auto& [s, t] : pairs) data.push_back({m.tokenizer.encode(s), m.tokenizer.encode(t)});
+  for (auto& [s, t] : pairs) data.push_back({m.tokenizer->encode(s), m.tokenizer->encode(t)});
   AdamW opt(m.model->parameters(), {.lr = 5e-3f, .weight_decay = 0.0f});
   Rng rng(1);
   float last = 0;
@@ -390,7 +490,7 @@ TEST_P(OtherArchs, LearnASmallCorpus) {
   std::vector<std::string> beams = translate_texts(m, sources, 40, 3);
   EXPECT_GT(chrf(beams, refs), 90.0) << beams[0] << " vs " << refs[0];
   // The attention rows are distributions over the source.
-  AlignedTranslation a = translate_with_attention(*m.model, m.tokenizer.encode(pairs[0].first), 40);
+  AlignedTranslation a = translate_with_attention(*m.model, m.tokenizer->encode(pairs[0].first), 40);
   for (size_t t = 0; t < a.tokens.size(); ++t) {
     float total = 0;
     for (int64_t j = 0; j < a.source_length; ++j) total += a.weights[t * a.source_length + j];

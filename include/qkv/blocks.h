@@ -71,6 +71,8 @@ public:
   AttentionOutput forward(const Tensor& x, const Tensor& memory, const AttentionCall& call = {});
   // The projection heads of q [B,H,T,Dh] and of k, v [B,Hkv,S,Dh] (norm and RoPE applied),
   // and the attention of given heads, for callers that keep their own K/V (a KV cache).
+  // attend() also takes G query rows per key row (q [G*B, ...], rows b*G .. b*G+G-1
+  // reading k[b]): beams that share their sentence's cross-attention K/V.
   Tensor project_q(const Tensor& x, int64_t position_offset);
   std::pair<Tensor, Tensor> project_kv(const Tensor& memory, int64_t position_offset);
   AttentionOutput attend(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionCall& call);

@@ -1,12 +1,13 @@
 // qkv/data.h — text data: the synthetic Chinese -> Japanese corpus, parallel
-// text files, UTF-8 checks, and the character tokenizer.
+// text files and UTF-8 checks (tokenizers: qkv/tokenizer.h).
 #pragma once
 
 #include <cstdint>
-#include <map>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "qkv/tokenizer.h"
 
 namespace qkv {
 
@@ -37,24 +38,5 @@ struct ReadTextOptions {
 };
 std::vector<SentencePair> read_parallel_tsv(const std::string& path, ReadTextOptions options = {});
 std::string format_parallel_tsv(const std::vector<SentencePair>& pairs);
-
-// A character vocabulary: <pad>=0, <bos>=1, <eos>=2, <unk>=3, then characters.
-class CharTokenizer {
-public:
-  static constexpr int64_t kPad = 0, kBos = 1, kEos = 2, kUnk = 3;
-  CharTokenizer() = default;
-  // Every character of `texts`, most frequent first (ties by code point order).
-  static CharTokenizer build(const std::vector<std::string>& texts);
-  std::vector<int64_t> encode(const std::string& text) const;  // no <bos>/<eos>
-  std::string decode(const std::vector<int64_t>& ids) const;   // stops at <eos>, skips specials
-  std::vector<std::string> pieces(const std::vector<int64_t>& ids) const;
-  int64_t size() const { return (int64_t)itos_.size(); }
-  std::string to_json() const;
-  static CharTokenizer from_json(const std::string& json, const std::string& source);
-
-private:
-  std::vector<std::string> itos_;
-  std::map<std::string, int64_t> stoi_;
-};
 
 }  // namespace qkv

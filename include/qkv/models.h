@@ -37,8 +37,14 @@ public:
   // [B, S] attention of the last decode_step's last token (need_weights); mean over heads where there are several.
   virtual Tensor cross_weights() const = 0;
   virtual std::string attention_name() const = 0;  // what cross_weights() shows, for pictures
-  // Keeps rows `rows` of the state, in this order, repeats allowed (beam search).
+  // Keeps rows `rows` of the state, in this order, repeats allowed: beams
+  // follow their hypotheses, finished sentences leave the batch. After
+  // expand_beams(k), rows i*k .. i*k+k-1 must all come from one sentence.
   virtual void select_rows(DecodeState& state, const std::vector<int64_t>& rows) = 0;
+  // Makes each of the state's `sentences` rows k rows (its beams), sentence s at rows
+  // s*k .. s*k+k-1. The default copies every row; a model that can keep
+  // per-sentence state once (the Transformer's cross-attention K/V) overrides it.
+  virtual void expand_beams(DecodeState& state, int64_t sentences, int64_t k);
   virtual Tensor aux_loss() const { return Tensor(); }
   virtual std::string config_json() const = 0;  // the config.json of this model, with "arch"
   virtual std::string summary() const = 0;      // one line for people
@@ -81,8 +87,9 @@ struct TransformerConfig {
 // layer and each layer's cross-attention K and V of the source, computed once.
 struct TransformerDecodeState : DecodeState {
   std::vector<KVCache> self;
-  std::vector<std::pair<Tensor, Tensor>> cross;
-  Tensor src_lengths;
+  std::vector<std::pair<Tensor, Tensor>> cross;  // one row per sentence, shared by its beams
+  Tensor src_lengths;                             // [sentences]
+  int64_t beams = 1;                              // rows of `self` per sentence
 };
 
 class TranslationTransformer : public Seq2Seq {
@@ -100,6 +107,7 @@ public:
   Tensor cross_weights() const override;
   std::string attention_name() const override;
   void select_rows(DecodeState& state, const std::vector<int64_t>& rows) override;
+  void expand_beams(DecodeState& state, int64_t sentences, int64_t k) override;
   // The sum of the MoE layers' load-balancing losses of the last forward (undefined without MoE).
   Tensor aux_loss() const override;
   std::string config_json() const override { return config_.to_json(); }

@@ -1,7 +1,8 @@
 // qkv/trainer.h — the training loop for translation models and the model folder.
 //
-// A model folder holds config.json (the model config, "tokenizer": "char"),
-// model.safetensors (the best weights by validation chrF), tokenizer.json,
+// A model folder holds config.json (the model config and its "tokenizer"),
+// model.safetensors (the best weights by validation chrF), the tokenizer's
+// file (tokenizer.json for characters, tokenizer.model for SentencePiece),
 // trainer_state.json (step, metrics history) and trainer_state.safetensors
 // (the latest weights, AdamW moments, step, every RNG stream and the data
 // order: all that --resume needs, in one file). Every file is written
@@ -57,12 +58,13 @@ struct TrainCallbacks {
 };
 
 struct TranslationModel {
-  CharTokenizer tokenizer;
+  std::shared_ptr<const Tokenizer> tokenizer;
   std::shared_ptr<Seq2Seq> model;  // any arch
 };
 
 // A fresh model from a config file's text (its "train" object is read by
-// TrainOptions::from_json), with a character vocabulary built from `train`.
+// TrainOptions::from_json), with its tokenizer (the config's "tokenizer",
+// characters by default) learnt from both sides of `train`.
 TranslationModel new_translation_model(const std::string& config_text, const std::string& source,
                                        const std::vector<SentencePair>& train, uint64_t seed);
 

@@ -5,9 +5,10 @@
 // `beam` best that do not end, and sets aside those that end with <eos> as
 // finished, ranked by the length-normalized score / (length ^ length_penalty).
 // A sentence is done when it has `beam` finished hypotheses or reaches
-// max_len. The encoder runs once per sentence and its cross-attention K/V
-// are computed once and copied to the beams; the decoder state (caches)
-// follows its hypotheses by a row gather after each step.
+// max_len, and then leaves the batch. The encoder runs once per sentence and
+// its cross-attention K/V are computed once and read by all its beams (the
+// Transformer keeps them once per sentence); the self-attention caches
+// follow their hypotheses by a row gather after each step.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -36,67 +37,69 @@ std::vector<BeamHypothesis> beam_translate(Seq2Seq& model, const std::vector<std
     std::vector<int64_t> idx;
     for (int64_t i = 0; i < B; ++i) chunk.push_back({sources[start + i], {}}), idx.push_back(i);
     Batch b = collate(chunk, idx);
-    // Encoder and cross-attention K/V once per sentence, then one row per beam.
-    std::vector<int64_t> expand;
-    for (int64_t s = 0; s < B; ++s)
-      for (int64_t k = 0; k < K; ++k) expand.push_back(s);
+    // The encoder once per sentence; then each sentence becomes K rows, which
+    // share the sentence's cross-attention K/V where the model allows it.
     std::unique_ptr<DecodeState> beams = model.start_decoding(b.src, b.src_lengths, max_len + 1);
-    model.select_rows(*beams, expand);  // encoder output and cross K/V: computed for B rows, copied to B*K
+    model.expand_beams(*beams, B, K);
 
     std::vector<std::vector<Hypothesis>> alive(B), finished(B);
     for (int64_t s = 0; s < B; ++s) {
       alive[s].assign(K, Hypothesis{});
       for (int64_t k = 1; k < K; ++k) alive[s][k].score = -std::numeric_limits<double>::infinity();  // one start
     }
-    std::vector<bool> done(B, false);
-    std::vector<int64_t> last(B * K, CharTokenizer::kBos);
-    for (int64_t step = 0; step < max_len; ++step) {
-      Tensor logp = log_softmax(model.decode_step(Tensor::from_ints(last, {B * K, 1}), *beams));
+    // The sentences still searching, in the order of their rows in the state:
+    // a sentence with K finished hypotheses leaves the batch.
+    std::vector<int64_t> active(B);
+    for (int64_t s = 0; s < B; ++s) active[s] = s;
+    std::vector<int64_t> last(B * K, Tokenizer::kBos);
+    for (int64_t step = 0; step < max_len && !active.empty(); ++step) {
+      const int64_t A = (int64_t)active.size();
+      Tensor logp = log_softmax(model.decode_step(Tensor::from_ints(last, {A * K, 1}), *beams));
       const int64_t V = logp.size(-1);
       const float* lp = logp.data<float>();
-      std::vector<int64_t> origin(B * K);
-      for (int64_t s = 0; s < B; ++s) {
-        if (done[s]) {
-          for (int64_t k = 0; k < K; ++k) origin[s * K + k] = s * K + k, last[s * K + k] = CharTokenizer::kPad;
-          continue;
-        }
+      std::vector<int64_t> still_active, origin, next_last;
+      for (int64_t a = 0; a < A; ++a) {
+        const int64_t s = active[a];
         // The best 2K continuations are enough: at most K of them end with <eos>.
         std::vector<std::pair<double, int64_t>> cand;  // (score, beam * V + token)
         for (int64_t k = 0; k < K; ++k) {
           if (!std::isfinite(alive[s][k].score)) continue;
-          const float* row = lp + (s * K + k) * V;
+          const float* row = lp + (a * K + k) * V;
           for (int64_t v = 0; v < V; ++v)
-            if (v != CharTokenizer::kPad && v != CharTokenizer::kBos) cand.push_back({alive[s][k].score + row[v], k * V + v});
+            if (v != Tokenizer::kPad && v != Tokenizer::kBos) cand.push_back({alive[s][k].score + row[v], k * V + v});
         }
         const size_t keep = std::min<size_t>(cand.size(), 2 * K);
         std::partial_sort(cand.begin(), cand.begin() + keep, cand.end(),
-                          [](auto& a, auto& b) { return a.first > b.first; });
+                          [](auto& x, auto& y) { return x.first > y.first; });
         std::vector<Hypothesis> next;
         std::vector<int64_t> next_origin, next_token;
         for (size_t c = 0; c < keep && (int64_t)next.size() < K; ++c) {
           const int64_t k = cand[c].second / V, v = cand[c].second % V;
           Hypothesis h = alive[s][k];
           h.score = cand[c].first;
-          if (v == CharTokenizer::kEos) {
+          if (v == Tokenizer::kEos) {
             if ((int64_t)finished[s].size() < K) finished[s].push_back(h);
             continue;
           }
           h.tokens.push_back(v);
           next.push_back(h);
-          next_origin.push_back(s * K + k);
+          next_origin.push_back(a * K + k);
           next_token.push_back(v);
         }
         while ((int64_t)next.size() < K) {  // too few live continuations: pad with dead beams
           next.push_back(Hypothesis{{}, -std::numeric_limits<double>::infinity()});
-          next_origin.push_back(s * K);
-          next_token.push_back(CharTokenizer::kPad);
+          next_origin.push_back(a * K);
+          next_token.push_back(Tokenizer::kPad);
         }
         alive[s] = next;
-        for (int64_t k = 0; k < K; ++k) origin[s * K + k] = next_origin[k], last[s * K + k] = next_token[k];
-        if ((int64_t)finished[s].size() >= K) done[s] = true;
+        if ((int64_t)finished[s].size() >= K) continue;  // done: its rows leave
+        still_active.push_back(s);
+        origin.insert(origin.end(), next_origin.begin(), next_origin.end());
+        next_last.insert(next_last.end(), next_token.begin(), next_token.end());
       }
-      if (std::all_of(done.begin(), done.end(), [](bool d) { return d; })) break;
-      model.select_rows(*beams, origin);  // caches follow their hypotheses
+      active = still_active;
+      last = next_last;
+      if (!active.empty()) model.select_rows(*beams, origin);  // caches follow their hypotheses
     }
     for (int64_t s = 0; s < B; ++s) {
       auto normalized = [&](const Hypothesis& h) {

@@ -24,12 +24,12 @@ Batch collate(const std::vector<EncodedPair>& data, const std::vector<int64_t>& 
     b.src_lengths.data<int64_t>()[r] = std::max<int64_t>((int64_t)p.src.size(), 1);
     int64_t* in = b.tgt_in.data<int64_t>() + r * T;
     int64_t* out = b.tgt_out.data<int64_t>() + r * T;
-    in[0] = CharTokenizer::kBos;
+    in[0] = Tokenizer::kBos;
     for (size_t t = 0; t < p.tgt.size(); ++t) {
       in[t + 1] = p.tgt[t];
       out[t] = p.tgt[t];
     }
-    out[p.tgt.size()] = CharTokenizer::kEos;
+    out[p.tgt.size()] = Tokenizer::kEos;
     b.target_tokens += (int64_t)p.tgt.size() + 1;
   }
   return b;
@@ -72,7 +72,7 @@ Tensor translation_loss(Seq2Seq& model, const Batch& b, float label_smoothing) {
 
 // The most likely next token; <pad> and <bos> are never outputs.
 static int64_t best_token(const float* logits, int64_t vocab) {
-  const int64_t first = CharTokenizer::kEos;
+  const int64_t first = Tokenizer::kEos;
   return first + (std::max_element(logits + first, logits + vocab) - (logits + first));
 }
 
@@ -91,23 +91,35 @@ std::vector<std::vector<int64_t>> greedy_translate(Seq2Seq& model,
     }
     Batch b = collate(chunk, idx);
     const int64_t B = (int64_t)chunk.size();
-    // The encoder runs once; each step feeds one token per sentence through the cached decoder.
+    // The encoder runs once; each step feeds one token per sentence through
+    // the cached decoder. Finished sentences leave the batch once a quarter
+    // of the rows have finished (one gather for several of them).
     std::unique_ptr<DecodeState> state = model.start_decoding(b.src, b.src_lengths, max_len + 1);
-    std::vector<int64_t> next(B, CharTokenizer::kBos);
+    std::vector<int64_t> rows(B), next(B, Tokenizer::kBos);  // rows[r]: the sentence at state row r
+    for (int64_t r = 0; r < B; ++r) rows[r] = r;
     std::vector<bool> done(B, false);
-    for (int64_t step = 0; step < max_len; ++step) {
-      Tensor logits = model.decode_step(Tensor::from_ints(next, {B, 1}), *state);
+    int64_t finished_rows = 0;
+    for (int64_t step = 0; step < max_len && !rows.empty(); ++step) {
+      const int64_t R = (int64_t)rows.size();
+      Tensor logits = model.decode_step(Tensor::from_ints(next, {R, 1}), *state);
       const int64_t V = logits.size(-1);
-      bool all_done = true;
-      for (int64_t r = 0; r < B; ++r) {
-        next[r] = done[r] ? CharTokenizer::kPad : best_token(logits.data<float>() + r * V, V);
-        if (!done[r] && next[r] == CharTokenizer::kEos) done[r] = true;
-        if (!done[r]) {
-          results[start + r].push_back(next[r]);
-          all_done = false;
+      for (int64_t r = 0; r < R; ++r) {
+        const int64_t s = rows[r];
+        next[r] = done[s] ? Tokenizer::kPad : best_token(logits.data<float>() + r * V, V);
+        if (done[s]) continue;
+        if (next[r] == Tokenizer::kEos) {
+          done[s] = true, ++finished_rows;
+        } else {
+          results[start + s].push_back(next[r]);
         }
       }
-      if (all_done) break;
+      if (finished_rows == R || finished_rows * 4 >= R) {
+        std::vector<int64_t> keep, kept_rows, kept_next;
+        for (int64_t r = 0; r < R; ++r)
+          if (!done[rows[r]]) keep.push_back(r), kept_rows.push_back(rows[r]), kept_next.push_back(next[r]);
+        rows = kept_rows, next = kept_next, finished_rows = 0;
+        if (!rows.empty()) model.select_rows(*state, keep);
+      }
     }
   }
   return results;
@@ -120,14 +132,14 @@ AlignedTranslation translate_with_attention(Seq2Seq& model, const std::vector<in
   std::unique_ptr<DecodeState> state = model.start_decoding(b.src, b.src_lengths, max_len + 1);
   AlignedTranslation out;
   out.source_length = b.src.size(1);
-  int64_t next = CharTokenizer::kBos;
+  int64_t next = Tokenizer::kBos;
   for (int64_t step = 0; step < max_len; ++step) {
     Tensor logits = model.decode_step(Tensor::from_ints({next}, {1, 1}), *state, /*need_weights=*/true);
     std::vector<float> row = model.cross_weights().to_vector();  // [1, S]
     out.weights.insert(out.weights.end(), row.begin(), row.end());
     next = best_token(logits.data<float>(), logits.size(-1));
     out.tokens.push_back(next);
-    if (next == CharTokenizer::kEos) break;
+    if (next == Tokenizer::kEos) break;
   }
   return out;
 }

@@ -202,15 +202,42 @@ std::string TranslationTransformer::attention_name() const {
 
 void TranslationTransformer::select_rows(DecodeState& base, const std::vector<int64_t>& rows) {
   auto& st = dynamic_cast<TransformerDecodeState&>(base);
+  const int64_t G = st.beams, R = (int64_t)rows.size();
+  QKV_CHECK(R % G == 0, "transformer: ", R, " rows do not make whole sentences of ", G, " beams");
+  // The sentences the rows belong to: the per-sentence cross K/V follow them.
+  std::vector<int64_t> sentences;
+  for (int64_t g = 0; g < R / G; ++g) {
+    sentences.push_back(rows[g * G] / G);
+    for (int64_t i = 1; i < G; ++i)
+      QKV_CHECK(rows[g * G + i] / G == sentences.back(), "transformer: rows ", g * G, "..", g * G + G - 1,
+                " mix beams of different sentences");
+  }
   for (KVCache& c : st.self) {
     c.k = qkv::select_rows(c.k, rows);
     c.v = qkv::select_rows(c.v, rows);
   }
+  bool same_sentences = (int64_t)sentences.size() == st.src_lengths.size(0);
+  for (size_t i = 0; same_sentences && i < sentences.size(); ++i) same_sentences = sentences[i] == (int64_t)i;
+  if (same_sentences) return;  // beams reordered within their sentences: nothing per sentence moves
   for (auto& [k, v] : st.cross) {
-    k = qkv::select_rows(k, rows);
-    v = qkv::select_rows(v, rows);
+    k = qkv::select_rows(k, sentences);
+    v = qkv::select_rows(v, sentences);
   }
-  st.src_lengths = qkv::select_rows(st.src_lengths, rows);
+  st.src_lengths = qkv::select_rows(st.src_lengths, sentences);
+}
+
+void TranslationTransformer::expand_beams(DecodeState& base, int64_t sentences, int64_t k) {
+  auto& st = dynamic_cast<TransformerDecodeState&>(base);
+  QKV_CHECK(st.beams == 1 && k >= 1 && sentences == st.src_lengths.size(0), "transformer: expand_beams(", sentences,
+            ", ", k, ") on a state of ", st.src_lengths.size(0), " sentences with ", st.beams, " beams");
+  std::vector<int64_t> rows;
+  for (int64_t s = 0; s < sentences; ++s)
+    for (int64_t i = 0; i < k; ++i) rows.push_back(s);
+  for (KVCache& c : st.self) {  // the self-attention caches become one per beam ...
+    c.k = qkv::select_rows(c.k, rows);
+    c.v = qkv::select_rows(c.v, rows);
+  }
+  st.beams = k;  // ... the cross-attention K/V stay one per sentence
 }
 
 std::string TranslationTransformer::summary() const {

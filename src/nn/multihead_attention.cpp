@@ -71,14 +71,30 @@ AttentionOutput MultiheadAttention::attend(const Tensor& q, const Tensor& k, con
     o.dropout = options_.dropout;
     o.rng = &dropout_rng_;
   }
+  // Beams sharing a source: q has G rows per row of k and v (the G
+  // hypotheses of one sentence). Without a mask their queries are
+  // independent, so they become one block of G*T queries against the
+  // sentence's keys, which are then stored and read once per sentence.
+  const int64_t rows = k.size(0), G = q.size(0) / std::max<int64_t>(rows, 1);
+  QKV_CHECK(rows > 0 && q.size(0) == rows * G, "MultiheadAttention: ", q.size(0), " query rows for ", rows,
+            " key rows; expected a multiple");
+  QKV_CHECK(G == 1 || (!call.causal && !call.attn_mask.defined()), "MultiheadAttention: queries sharing keys (",
+            G, " per key row) cannot take a causal or explicit mask");
+  const int64_t H = q.size(1), T = q.size(2), Dh = q.size(3);
+  Tensor qb = G == 1 ? q : q.reshape({rows, G, H, T, Dh}).permute({0, 2, 1, 3, 4}).reshape({rows, H, G * T, Dh});
+  auto unfold = [&](const Tensor& t) {  // [rows, H, G*T, X] -> [rows*G, H, T, X]
+    if (G == 1) return t;
+    const int64_t X = t.size(3);
+    return t.reshape({rows, H, G, T, X}).permute({0, 2, 1, 3, 4}).reshape({rows * G, H, T, X});
+  };
   AttentionOutput result;
   Tensor ctx;  // [B, H, T, Dh]
   if (call.need_weights) {
-    AttentionWithWeights w = attention_with_weights(q, k, v, o);
-    ctx = w.out;
-    result.weights = w.weights;
+    AttentionWithWeights w = attention_with_weights(qb, k, v, o);
+    ctx = unfold(w.out);
+    result.weights = unfold(w.weights);
   } else {
-    ctx = scaled_dot_product_attention(q, k, v, o);
+    ctx = unfold(scaled_dot_product_attention(qb, k, v, o));
   }
   Tensor merged = ctx.permute({0, 2, 1, 3}).reshape({ctx.size(0), ctx.size(2), options_.nhead * head_dim_});
   result.out = out_proj->forward(merged);

@@ -45,7 +45,7 @@ TrainOptions TrainOptions::from_json(const std::string& text, const std::string&
   return o;
 }
 
-static std::vector<EncodedPair> encode_all(const CharTokenizer& tok, const std::vector<SentencePair>& pairs) {
+static std::vector<EncodedPair> encode_all(const Tokenizer& tok, const std::vector<SentencePair>& pairs) {
   std::vector<EncodedPair> out;
   for (auto& [s, t] : pairs) out.push_back({tok.encode(s), tok.encode(t)});
   return out;
@@ -54,12 +54,12 @@ static std::vector<EncodedPair> encode_all(const CharTokenizer& tok, const std::
 std::vector<std::string> translate_texts(TranslationModel& m, const std::vector<std::string>& sources, int64_t max_len,
                                          int64_t beam) {
   std::vector<std::vector<int64_t>> ids;
-  for (auto& s : sources) ids.push_back(m.tokenizer.encode(s));
+  for (auto& s : sources) ids.push_back(m.tokenizer->encode(s));
   std::vector<std::string> out;
   if (beam > 1) {
-    for (auto& h : beam_translate(*m.model, ids, max_len, {.beam = beam})) out.push_back(m.tokenizer.decode(h.tokens));
+    for (auto& h : beam_translate(*m.model, ids, max_len, {.beam = beam})) out.push_back(m.tokenizer->decode(h.tokens));
   } else {
-    for (auto& t : greedy_translate(*m.model, ids, max_len)) out.push_back(m.tokenizer.decode(t));
+    for (auto& t : greedy_translate(*m.model, ids, max_len)) out.push_back(m.tokenizer->decode(t));
   }
   return out;
 }
@@ -193,7 +193,7 @@ void train_translation(TranslationModel& m, const std::vector<SentencePair>& tra
                        const TrainCallbacks& cb) {
   QKV_CHECK(o.steps > 0, "train: steps must be positive, got ", o.steps);
   QKV_CHECK(o.batch_tokens > 0, "train: batch_tokens must be positive");
-  std::vector<EncodedPair> train_ids = encode_all(m.tokenizer, train), valid_ids = encode_all(m.tokenizer, valid);
+  std::vector<EncodedPair> train_ids = encode_all(*m.tokenizer, train), valid_ids = encode_all(*m.tokenizer, valid);
   for (auto& p : train_ids)
     QKV_CHECK((int64_t)std::max(p.src.size(), p.tgt.size() + 1) <= o.batch_tokens, "train: a sentence of ",
               std::max(p.src.size(), p.tgt.size() + 1), " tokens does not fit batch_tokens ", o.batch_tokens);
@@ -273,13 +273,18 @@ void train_translation(TranslationModel& m, const std::vector<SentencePair>& tra
 TranslationModel new_translation_model(const std::string& config_text, const std::string& source,
                                        const std::vector<SentencePair>& train, uint64_t seed) {
   nlohmann::json j = parse_json(config_text, source);
-  if (j.is_object()) j.erase("train");
+  TokenizerConfig tokenizer;
+  if (j.is_object()) {
+    j.erase("train");
+    if (j.contains("tokenizer")) tokenizer = TokenizerConfig::from_json(j["tokenizer"].dump(), source);
+    j.erase("tokenizer");
+  }
   TranslationModel m;
-  std::vector<std::string> texts;
+  std::vector<std::string> texts;  // one vocabulary for both sides
   for (auto& [s, t] : train) texts.push_back(s), texts.push_back(t);
-  m.tokenizer = CharTokenizer::build(texts);
+  m.tokenizer = train_tokenizer(tokenizer, texts);
   Rng rng(seed);
-  m.model = make_seq2seq(j.dump(), source, m.tokenizer.size(), rng);
+  m.model = make_seq2seq(j.dump(), source, m.tokenizer->size(), rng);
   return m;
 }
 
@@ -288,9 +293,9 @@ void save_translation_model(const TranslationModel& m, const std::string& dir, c
   std::filesystem::create_directories(dir, ec);
   QKV_CHECK(std::filesystem::is_directory(dir), "cannot create the model folder ", dir, ec ? ": " + ec.message() : "");
   nlohmann::ordered_json config = nlohmann::ordered_json::parse(m.model->config_json());
-  config["tokenizer"] = "char";
+  config["tokenizer"] = nlohmann::ordered_json::parse(m.tokenizer->config_json());
+  write_file_atomic(dir + "/" + m.tokenizer->file_name(), m.tokenizer->serialize());
   write_file_atomic(dir + "/config.json", config.dump(2) + "\n");
-  write_file_atomic(dir + "/tokenizer.json", m.tokenizer.to_json());
   save_safetensors(dir + "/model.safetensors", m.model->state_dict(),
                    {{"format", "qkv"}, {"arch", config.value("arch", "")}});
   write_file_atomic(dir + "/trainer_state.json", trainer_state_json);
@@ -301,14 +306,13 @@ TranslationModel load_translation_model(const std::string& dir) {
   TranslationModel m;
   std::string config_path = dir + "/config.json";
   nlohmann::json config = parse_json(read_file(config_path), config_path);
-  QKV_CHECK(config.is_object() && config.value("tokenizer", "") == "char", config_path,
-            ": expected \"tokenizer\": \"char\"");
+  QKV_CHECK(config.is_object() && config.contains("tokenizer"), config_path, ": no \"tokenizer\" field");
+  m.tokenizer = load_tokenizer(config["tokenizer"].dump(), dir);
   config.erase("tokenizer");
-  m.tokenizer = CharTokenizer::from_json(read_file(dir + "/tokenizer.json"), dir + "/tokenizer.json");
-  QKV_CHECK(config.value("vocab_size", (int64_t)-1) == m.tokenizer.size(), dir, ": tokenizer has ",
-            m.tokenizer.size(), " tokens, config.json says vocab_size ", config.value("vocab_size", (int64_t)-1));
+  QKV_CHECK(config.value("vocab_size", (int64_t)-1) == m.tokenizer->size(), dir, ": tokenizer has ",
+            m.tokenizer->size(), " tokens, config.json says vocab_size ", config.value("vocab_size", (int64_t)-1));
   Rng rng(0);
-  m.model = make_seq2seq(config.dump(), config_path, m.tokenizer.size(), rng);
+  m.model = make_seq2seq(config.dump(), config_path, m.tokenizer->size(), rng);
   SafetensorsFile weights = load_safetensors(dir + "/model.safetensors");
   try {
     m.model->load_state_dict(weights.as_map());

@@ -1,0 +1,72 @@
+// qkv/tokenizer.h — text <-> token ids. Two kinds behind one interface: a
+// character vocabulary, and SentencePiece (unigram or BPE) trained on the
+// training text. Every kind numbers the specials the same way, so models and
+// decoders never ask which one they have.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace qkv {
+
+class Tokenizer {
+public:
+  static constexpr int64_t kPad = 0, kBos = 1, kEos = 2, kUnk = 3;
+  virtual ~Tokenizer() = default;
+
+  virtual std::vector<int64_t> encode(const std::string& text) const = 0;  // no <bos>/<eos>
+  virtual std::string decode(const std::vector<int64_t>& ids) const = 0;  // stops at <eos>, skips specials
+  // One label per id, for pictures: the piece's text.
+  virtual std::vector<std::string> pieces(const std::vector<int64_t>& ids) const = 0;
+  virtual int64_t size() const = 0;
+  // The "tokenizer" object of config.json (type and options) ...
+  virtual std::string config_json() const = 0;
+  // ... and the file in the model folder that holds the vocabulary.
+  virtual std::string file_name() const = 0;
+  virtual std::string serialize() const = 0;
+};
+
+// The "tokenizer" field of a model config:
+//   "char" or {"type": "char"}
+//   {"type": "sentencepiece", "model_type": "unigram" | "bpe", "vocab_size": 4000,
+//    "character_coverage": 1.0}
+// Unknown keys and values are errors naming `source`.
+struct TokenizerConfig {
+  std::string type = "char";
+  std::string model_type = "unigram";
+  int64_t vocab_size = 4000;  // an upper bound: a small corpus may give fewer pieces
+  double character_coverage = 1.0;
+  static TokenizerConfig from_json(const std::string& text, const std::string& source);
+};
+
+// A tokenizer learnt from `texts` (one sentence each), deterministic.
+std::unique_ptr<Tokenizer> train_tokenizer(const TokenizerConfig& config, const std::vector<std::string>& texts);
+// The tokenizer of a model folder, from its config's "tokenizer" field.
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& config_json, const std::string& dir);
+
+// A character vocabulary: the specials, then every character of the
+// training text, most frequent first (ties by code point order).
+class CharTokenizer final : public Tokenizer {
+public:
+  CharTokenizer() = default;
+  static CharTokenizer build(const std::vector<std::string>& texts);
+  static CharTokenizer from_json(const std::string& json, const std::string& source);
+  std::string to_json() const;
+
+  std::vector<int64_t> encode(const std::string& text) const override;
+  std::string decode(const std::vector<int64_t>& ids) const override;
+  std::vector<std::string> pieces(const std::vector<int64_t>& ids) const override;
+  int64_t size() const override { return (int64_t)itos_.size(); }
+  std::string config_json() const override { return R"({"type": "char"})"; }
+  std::string file_name() const override { return "tokenizer.json"; }
+  std::string serialize() const override { return to_json(); }
+
+private:
+  std::vector<std::string> itos_;
+  std::map<std::string, int64_t> stoi_;
+};
+
+}  // namespace qkv

@@ -1,0 +1,243 @@
+// The tokenizers: a character vocabulary and SentencePiece, one interface.
+#include "qkv/tokenizer.h"
+
+#include <sentencepiece_processor.h>
+#include <sentencepiece_trainer.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "qkv/error.h"
+#include "qkv/io.h"
+#include "qkv/utf8.h"
+#include "src/core/json.h"
+
+namespace qkv {
+
+static const char* kSpecials[] = {"<pad>", "<bos>", "<eos>", "<unk>"};
+
+CharTokenizer CharTokenizer::build(const std::vector<std::string>& texts) {
+  std::map<std::string, int64_t> counts;
+  for (auto& t : texts)
+    for (auto& c : utf8_chars(t)) counts[c]++;
+  std::vector<std::pair<std::string, int64_t>> sorted(counts.begin(), counts.end());
+  std::stable_sort(sorted.begin(), sorted.end(), [](auto& a, auto& b) { return a.second > b.second; });
+  CharTokenizer tok;
+  for (const char* s : kSpecials) tok.itos_.push_back(s);
+  for (auto& [c, n] : sorted) tok.itos_.push_back(c);
+  for (size_t i = 0; i < tok.itos_.size(); ++i) tok.stoi_[tok.itos_[i]] = (int64_t)i;
+  return tok;
+}
+
+std::vector<int64_t> CharTokenizer::encode(const std::string& text) const {
+  std::vector<int64_t> ids;
+  for (auto& c : utf8_chars(text)) {
+    auto it = stoi_.find(c);
+    ids.push_back(it == stoi_.end() || it->second < 4 ? kUnk : it->second);
+  }
+  return ids;
+}
+
+std::vector<std::string> CharTokenizer::pieces(const std::vector<int64_t>& ids) const {
+  std::vector<std::string> out;
+  for (int64_t id : ids) out.push_back(id >= 0 && id < size() ? itos_[id] : "<unk>");
+  return out;
+}
+
+std::string CharTokenizer::decode(const std::vector<int64_t>& ids) const {
+  std::string out;
+  for (int64_t id : ids) {
+    if (id == kEos) break;
+    if (id == kPad || id == kBos) continue;
+    out += id == kUnk || id < 0 || id >= size() ? "\xEF\xBF\xBD" : itos_[id];
+  }
+  return out;
+}
+
+std::string CharTokenizer::to_json() const {
+  nlohmann::ordered_json j;
+  j["type"] = "char";
+  j["vocab"] = itos_;
+  return j.dump(1) + "\n";
+}
+
+CharTokenizer CharTokenizer::from_json(const std::string& text, const std::string& source) {
+  nlohmann::json j = parse_json(text, source);
+  QKV_CHECK(j.is_object() && j.value("type", "") == "char" && j.contains("vocab") && j["vocab"].is_array(), source,
+            ": expected {\"type\": \"char\", \"vocab\": [...]}");
+  CharTokenizer tok;
+  for (auto& v : j["vocab"]) {
+    QKV_CHECK(v.is_string(), source, ": vocabulary entries must be strings");
+    tok.itos_.push_back(v.get<std::string>());
+  }
+  QKV_CHECK(tok.itos_.size() >= 4, source, ": vocabulary lacks the four special tokens");
+  for (int i = 0; i < 4; ++i)
+    QKV_CHECK(tok.itos_[i] == kSpecials[i], source, ": token ", i, " must be ", kSpecials[i], ", found '",
+              tok.itos_[i], "'");
+  for (size_t i = 0; i < tok.itos_.size(); ++i) {
+    QKV_CHECK(tok.stoi_.emplace(tok.itos_[i], (int64_t)i).second, source, ": token '", tok.itos_[i],
+              "' appears twice");
+  }
+  return tok;
+}
+
+// SentencePiece with qkv's special ids: <pad>=0, <bos>=1, <eos>=2, <unk>=3.
+// The model travels as its serialized protobuf (tokenizer.model), the file
+// SentencePiece's own tools read.
+class SentencePieceTokenizer final : public Tokenizer {
+public:
+  SentencePieceTokenizer(const std::string& model_proto, std::string model_type, const std::string& source)
+      : proto_(model_proto), model_type_(std::move(model_type)) {
+    auto status = sp_.LoadFromSerializedProto(proto_);
+    QKV_CHECK(status.ok(), source, ": not a SentencePiece model (", status.ToString(), ")");
+    QKV_CHECK(sp_.pad_id() == kPad && sp_.bos_id() == kBos && sp_.eos_id() == kEos && sp_.unk_id() == kUnk, source,
+              ": a SentencePiece model for qkv numbers <pad>, <bos>, <eos>, <unk> as 0, 1, 2, 3; this one has ",
+              sp_.pad_id(), ", ", sp_.bos_id(), ", ", sp_.eos_id(), ", ", sp_.unk_id());
+  }
+
+  std::vector<int64_t> encode(const std::string& text) const override {
+    size_t bad = invalid_utf8_offset(text);
+    QKV_CHECK(bad == std::string::npos, "invalid UTF-8 at byte ", bad + 1, " of '", replace_invalid_utf8(text), "'");
+    std::vector<int> ids;
+    auto status = sp_.Encode(text, &ids);
+    QKV_CHECK(status.ok(), "SentencePiece cannot encode '", text, "': ", status.ToString());
+    return {ids.begin(), ids.end()};
+  }
+
+  std::string decode(const std::vector<int64_t>& ids) const override {
+    std::vector<int> kept;
+    for (int64_t id : ids) {
+      if (id == kEos) break;
+      if (id == kPad || id == kBos) continue;
+      kept.push_back(id >= 0 && id < size() ? (int)id : (int)kUnk);
+    }
+    std::string out;
+    auto status = sp_.Decode(kept, &out);
+    QKV_CHECK(status.ok(), "SentencePiece cannot decode: ", status.ToString());
+    return out;
+  }
+
+  std::vector<std::string> pieces(const std::vector<int64_t>& ids) const override {
+    static const std::string kSpace = "\xE2\x96\x81";  // U+2581, SentencePiece's word boundary
+    std::vector<std::string> out;
+    for (int64_t id : ids) {
+      std::string p = id >= 0 && id < size() ? sp_.IdToPiece((int)id) : "<unk>";
+      for (size_t at; (at = p.find(kSpace)) != std::string::npos;) p.replace(at, kSpace.size(), " ");
+      out.push_back(p);
+    }
+    return out;
+  }
+
+  int64_t size() const override { return sp_.GetPieceSize(); }
+  std::string config_json() const override {
+    nlohmann::ordered_json j = {{"type", "sentencepiece"}, {"model_type", model_type_}, {"vocab_size", size()}};
+    return j.dump();
+  }
+  std::string file_name() const override { return "tokenizer.model"; }
+  std::string serialize() const override { return proto_; }
+
+private:
+  std::string proto_;
+  std::string model_type_;
+  sentencepiece::SentencePieceProcessor sp_;
+};
+
+TokenizerConfig TokenizerConfig::from_json(const std::string& text, const std::string& source) {
+  nlohmann::json j = parse_json(text, source);
+  TokenizerConfig c;
+  if (j.is_string()) j = nlohmann::json{{"type", j}};
+  QKV_CHECK(j.is_object(), source, ": \"tokenizer\" must be \"char\" or an object with a \"type\"");
+  for (auto& [key, value] : j.items()) {
+    QKV_CHECK(key == "type" || key == "model_type" || key == "vocab_size" || key == "character_coverage", source,
+              ": unknown tokenizer option \"", key, "\" (known: type, model_type, vocab_size, character_coverage)");
+  }
+  try {
+    c.type = j.value("type", c.type);
+    c.model_type = j.value("model_type", c.model_type);
+    c.vocab_size = j.value("vocab_size", c.vocab_size);
+    c.character_coverage = j.value("character_coverage", c.character_coverage);
+  } catch (const nlohmann::json::exception& e) {
+    fail(source, ": tokenizer: ", e.what());
+  }
+  QKV_CHECK(c.type == "char" || c.type == "sentencepiece", source, ": tokenizer type must be \"char\" or ",
+            "\"sentencepiece\", not \"", c.type, "\"");
+  QKV_CHECK(c.model_type == "unigram" || c.model_type == "bpe", source,
+            ": tokenizer model_type must be \"unigram\" or \"bpe\", not \"", c.model_type, "\"");
+  QKV_CHECK(c.vocab_size >= 8, source, ": tokenizer vocab_size must be at least 8, not ", c.vocab_size);
+  QKV_CHECK(c.character_coverage > 0 && c.character_coverage <= 1, source,
+            ": tokenizer character_coverage must be in (0, 1]");
+  return c;
+}
+
+namespace {
+
+class VectorSentences : public sentencepiece::SentenceIterator {
+public:
+  explicit VectorSentences(const std::vector<std::string>& texts) : texts_(texts) {}
+  bool done() const override { return at_ >= texts_.size(); }
+  void Next() override { ++at_; }
+  const std::string& value() const override { return texts_[at_]; }
+  sentencepiece::util::Status status() const override { return {}; }
+
+private:
+  const std::vector<std::string>& texts_;
+  size_t at_ = 0;
+};
+
+// SentencePiece's trainer logs its command line to stderr whatever the log
+// level; qkv prints its own progress, so stderr is closed while it trains.
+// Errors come back in the returned status, not on stderr.
+class QuietStderr {
+public:
+  QuietStderr() {
+    std::fflush(stderr);
+    saved_ = dup(2);
+    int null = open("/dev/null", O_WRONLY);
+    if (saved_ >= 0 && null >= 0) dup2(null, 2);
+    if (null >= 0) close(null);
+  }
+  ~QuietStderr() {
+    std::fflush(stderr);
+    if (saved_ >= 0) dup2(saved_, 2), close(saved_);
+  }
+
+private:
+  int saved_;
+};
+
+}  // namespace
+
+std::unique_ptr<Tokenizer> train_tokenizer(const TokenizerConfig& config, const std::vector<std::string>& texts) {
+  QKV_CHECK(!texts.empty(), "cannot build a tokenizer from no text");
+  if (config.type == "char") return std::make_unique<CharTokenizer>(CharTokenizer::build(texts));
+  // One thread and no sampling: the same text gives the same model.
+  std::string args = "model_type=" + config.model_type + " vocab_size=" + std::to_string(config.vocab_size) +
+                     " character_coverage=" + std::to_string(config.character_coverage) +
+                     " pad_id=0 bos_id=1 eos_id=2 unk_id=3 bos_piece=<bos> eos_piece=<eos> hard_vocab_limit=false num_threads=1"
+                     " input_sentence_size=0 minloglevel=2";
+  VectorSentences sentences(texts);
+  std::string proto;
+  sentencepiece::util::Status status;
+  {
+    QuietStderr quiet;
+    status = sentencepiece::SentencePieceTrainer::Train(args, &sentences, &proto);
+  }
+  QKV_CHECK(status.ok(), "training the SentencePiece ", config.model_type, " tokenizer (vocab_size ",
+            config.vocab_size, ") failed: ", status.ToString());
+  return std::make_unique<SentencePieceTokenizer>(proto, config.model_type, "the trained SentencePiece model");
+}
+
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& config_json, const std::string& dir) {
+  TokenizerConfig c = TokenizerConfig::from_json(config_json, dir + "/config.json");
+  if (c.type == "char") {
+    std::string path = dir + "/tokenizer.json";
+    return std::make_unique<CharTokenizer>(CharTokenizer::from_json(read_file(path), path));
+  }
+  std::string path = dir + "/tokenizer.model";
+  return std::make_unique<SentencePieceTokenizer>(read_file(path), c.model_type, path);
+}
+
+}  // namespace qkv
