@@ -12,6 +12,7 @@ packages=(
   libsentencepiece-dev            # subword tokenizer
   libgtest-dev                    # unit tests
   libbenchmark-dev                # micro benchmarks
+  dataset-fashion-mnist           # real images for the ViT recipes (not needed by make test)
 )
 
 missing=()

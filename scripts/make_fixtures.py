@@ -335,6 +335,74 @@ def make_blocks(out_dir):
     save_file(t, os.path.join(out_dir, "blocks_golden.safetensors"), metadata={"torch": torch.__version__})
 
 
+def sinusoidal_2d(gh, gw, d):
+    """qkv's 2-D sinusoidal encoding: rows in the first d/2 channels, columns in the last d/2."""
+    def one_d(n, width):
+        pos = torch.arange(n, dtype=torch.float64)[:, None]
+        inv = 10000.0 ** (-torch.arange(0, width, 2, dtype=torch.float64) / width)
+        pe = torch.zeros(n, width, dtype=torch.float64)
+        pe[:, 0::2], pe[:, 1::2] = torch.sin(pos * inv), torch.cos(pos * inv)
+        return pe
+    rows = one_d(gh, d // 2)[:, None, :].expand(gh, gw, d // 2)
+    cols = one_d(gw, d // 2)[None, :, :].expand(gh, gw, d // 2)
+    return torch.cat([rows, cols], -1).reshape(gh * gw, d)
+
+
+def make_vit(out_dir):
+    """The Vision Transformer as plain PyTorch: Conv2d patch embedding, Pre-Norm
+    nn.TransformerEncoderLayer blocks with GELU, final LayerNorm, mean or class-token pooling."""
+    torch.manual_seed(13)
+    t = {}
+    dt = torch.float64
+    B, I, P, D, H, L, K = 3, 12, 4, 16, 4, 2, 5
+    g = I // P
+    for case, C, pool, positions in (("vit_mean_learned", 1, "mean", "learned"),
+                                     ("vit_cls_sin2d", 3, "cls", "sinusoidal_2d")):
+        conv = torch.nn.Conv2d(C, D, P, stride=P, dtype=dt)
+        layers = [torch.nn.TransformerEncoderLayer(D, H, 2 * D, dropout=0.0, activation="gelu", batch_first=True,
+                                                   norm_first=True, dtype=dt) for _ in range(L)]
+        norm, head = torch.nn.LayerNorm(D, dtype=dt), torch.nn.Linear(D, K, dtype=dt)
+        with torch.no_grad():  # norms that are not the identity
+            for n in [norm] + [l.norm1 for l in layers] + [l.norm2 for l in layers]:
+                n.weight.add_(0.2 * torch.randn(D, dtype=dt))
+                n.bias.add_(0.1 * torch.randn(D, dtype=dt))
+        tokens = g * g + (1 if pool == "cls" else 0)
+        pos = torch.nn.Parameter(0.5 * torch.randn(tokens, D, dtype=dt)) if positions == "learned" else None
+        cls = torch.nn.Parameter(0.5 * torch.randn(D, dtype=dt)) if pool == "cls" else None
+        for l in layers:
+            l.train()
+        x = torch.randn(B, C, I, I, dtype=dt, requires_grad=True)
+        z = conv(x).flatten(2).transpose(1, 2)  # [B, N, D], patches row-major
+        if cls is not None:
+            z = torch.cat([cls.expand(B, 1, D), z], 1)
+        if pos is not None:
+            z = z + pos
+        else:
+            pe = sinusoidal_2d(g, g, D)
+            z = z + (torch.cat([torch.zeros(1, D, dtype=dt), pe]) if cls is not None else pe)
+        for l in layers:
+            z = l(z)
+        z = norm(z)
+        out = head(z[:, 0] if cls is not None else z.mean(1))
+        r = torch.randn(out.shape, dtype=dt)
+        (out * r).sum().backward()
+        params = {"patch_embed.weight": conv.weight.reshape(D, -1), "patch_embed.bias": conv.bias,
+                  "norm.weight": norm.weight, "norm.bias": norm.bias,
+                  "head.weight": head.weight, "head.bias": head.bias}
+        grads = {"patch_embed.weight": conv.weight.grad.reshape(D, -1), "patch_embed.bias": conv.bias.grad,
+                 "norm.weight": norm.weight.grad, "norm.bias": norm.bias.grad,
+                 "head.weight": head.weight.grad, "head.bias": head.bias.grad}
+        if pos is not None:
+            params["pos_embed"], grads["pos_embed"] = pos, pos.grad
+        if cls is not None:
+            params["cls_token"], grads["cls_token"] = cls, cls.grad
+        for i, l in enumerate(layers):
+            params.update({f"layers.{i}.{k}": v for k, v in layer_params(l, False, D).items()})
+            grads.update({f"layers.{i}.{k}": v for k, v in layer_grads(l, False, D).items()})
+        store(t, case, {"images": x}, out, r, params, grads)
+    save_file(t, os.path.join(out_dir, "vit_golden.safetensors"), metadata={"torch": torch.__version__})
+
+
 def make_metrics(out_dir):
     """sacreBLEU's corpus BLEU (tokenize='char') and chrF on fixed sentences."""
     import json
@@ -425,6 +493,7 @@ def main():
     n = make_ops(args.out)
     make_mlp(args.out)
     make_blocks(args.out)
+    make_vit(args.out)
     make_metrics(args.out)
     make_python_written(args.out)
     print(f"wrote {n} op cases, the MLP AdamW steps and the Python-written files to {args.out}")

@@ -193,6 +193,7 @@ public:
   std::shared_ptr<MultiheadAttention> self_attn;
   std::shared_ptr<FeedForward> mlp;
   std::shared_ptr<Norm> norm1, norm2;
+  Tensor last_self_weights;  // [B, H, S, S] of the last forward with call.need_weights
   std::shared_ptr<Dropout> dropout1, dropout2;
 
 private:

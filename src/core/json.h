@@ -1,6 +1,7 @@
 // Internal: parsing JSON text with errors that name where it came from.
 #pragma once
 
+#include <initializer_list>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -15,6 +16,29 @@ inline nlohmann::json parse_json(const std::string& text, const std::string& sou
   } catch (const nlohmann::json::exception& e) {
     fail(source, ": not valid JSON (", e.what(), ")");
   }
+}
+
+// j[key] as a T, or `fallback` when absent; a value of the wrong type is an
+// error naming the source and the key.
+template <class T>
+T json_get(const nlohmann::json& j, const char* key, T fallback, const std::string& source) {
+  if (!j.contains(key)) return fallback;
+  try {
+    return j.at(key).get<T>();
+  } catch (const nlohmann::json::exception&) {
+    fail(source, ": '", key, "' has the wrong type (", j.at(key).dump(), ")");
+  }
+}
+
+// Fails unless `value` (of config key `key`) is one of `allowed`, listing them.
+inline void json_one_of(const std::string& value, std::initializer_list<const char*> allowed, const char* key,
+                        const std::string& source) {
+  std::string list;
+  for (const char* a : allowed) {
+    if (value == a) return;
+    list += std::string(list.empty() ? "" : ", ") + a;
+  }
+  fail(source, ": '", key, "' is '", value, "', expected one of: ", list);
 }
 
 }  // namespace qkv

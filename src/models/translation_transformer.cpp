@@ -11,26 +11,6 @@
 namespace qkv {
 namespace {
 
-template <class T>
-T get(const nlohmann::json& j, const char* key, T fallback, const std::string& source) {
-  if (!j.contains(key)) return fallback;
-  try {
-    return j.at(key).get<T>();
-  } catch (const nlohmann::json::exception&) {
-    fail(source, ": '", key, "' has the wrong type (", j.at(key).dump(), ")");
-  }
-}
-
-void one_of(const std::string& value, std::initializer_list<const char*> allowed, const char* key,
-            const std::string& source) {
-  std::string list;
-  for (const char* a : allowed) {
-    if (value == a) return;
-    list += std::string(list.empty() ? "" : ", ") + a;
-  }
-  fail(source, ": '", key, "' is '", value, "', expected one of: ", list);
-}
-
 Activation activation_of(const std::string& name) {
   if (name == "gelu") return Activation::Gelu;
   if (name == "gelu_tanh") return Activation::GeluTanh;
@@ -49,30 +29,30 @@ TransformerConfig TransformerConfig::from_json(const std::string& text, const st
       "num_experts", "top_k", "aux_loss_weight", "train"};
   for (auto& [k, v] : j.items()) QKV_CHECK(known.count(k), source, ": unknown key '", k, "'");
   TransformerConfig c;
-  c.arch = get<std::string>(j, "arch", c.arch, source);
-  one_of(c.arch, {"transformer"}, "arch", source);
-  c.vocab_size = get<int64_t>(j, "vocab_size", 0, source);
-  c.d_model = get<int64_t>(j, "d_model", c.d_model, source);
-  c.nhead = get<int64_t>(j, "nhead", c.nhead, source);
-  c.num_encoder_layers = get<int64_t>(j, "num_encoder_layers", c.num_encoder_layers, source);
-  c.num_decoder_layers = get<int64_t>(j, "num_decoder_layers", c.num_decoder_layers, source);
-  c.dim_feedforward = get<int64_t>(j, "dim_feedforward", c.dim_feedforward, source);
-  c.dropout = get<float>(j, "dropout", c.dropout, source);
-  c.activation = get<std::string>(j, "activation", c.activation, source);
-  one_of(c.activation, {"relu", "gelu", "gelu_tanh", "silu"}, "activation", source);
-  c.norm_first = get<bool>(j, "norm_first", c.norm_first, source);
-  c.norm = get<std::string>(j, "norm", c.norm, source);
-  one_of(c.norm, {"layernorm", "rmsnorm"}, "norm", source);
-  c.mlp = get<std::string>(j, "mlp", c.mlp, source);
-  one_of(c.mlp, {"dense", "swiglu", "moe"}, "mlp", source);
-  c.qk_norm = get<bool>(j, "qk_norm", c.qk_norm, source);
-  c.positions = get<std::string>(j, "positions", c.positions, source);
-  one_of(c.positions, {"sinusoidal", "learned", "rope"}, "positions", source);
-  c.max_len = get<int64_t>(j, "max_len", c.max_len, source);
-  c.tie_output = get<bool>(j, "tie_output", c.tie_output, source);
-  c.moe.num_experts = get<int64_t>(j, "num_experts", c.moe.num_experts, source);
-  c.moe.top_k = get<int64_t>(j, "top_k", c.moe.top_k, source);
-  c.moe.aux_loss_weight = get<float>(j, "aux_loss_weight", c.moe.aux_loss_weight, source);
+  c.arch = json_get<std::string>(j, "arch", c.arch, source);
+  json_one_of(c.arch, {"transformer"}, "arch", source);
+  c.vocab_size = json_get<int64_t>(j, "vocab_size", 0, source);
+  c.d_model = json_get<int64_t>(j, "d_model", c.d_model, source);
+  c.nhead = json_get<int64_t>(j, "nhead", c.nhead, source);
+  c.num_encoder_layers = json_get<int64_t>(j, "num_encoder_layers", c.num_encoder_layers, source);
+  c.num_decoder_layers = json_get<int64_t>(j, "num_decoder_layers", c.num_decoder_layers, source);
+  c.dim_feedforward = json_get<int64_t>(j, "dim_feedforward", c.dim_feedforward, source);
+  c.dropout = json_get<float>(j, "dropout", c.dropout, source);
+  c.activation = json_get<std::string>(j, "activation", c.activation, source);
+  json_one_of(c.activation, {"relu", "gelu", "gelu_tanh", "silu"}, "activation", source);
+  c.norm_first = json_get<bool>(j, "norm_first", c.norm_first, source);
+  c.norm = json_get<std::string>(j, "norm", c.norm, source);
+  json_one_of(c.norm, {"layernorm", "rmsnorm"}, "norm", source);
+  c.mlp = json_get<std::string>(j, "mlp", c.mlp, source);
+  json_one_of(c.mlp, {"dense", "swiglu", "moe"}, "mlp", source);
+  c.qk_norm = json_get<bool>(j, "qk_norm", c.qk_norm, source);
+  c.positions = json_get<std::string>(j, "positions", c.positions, source);
+  json_one_of(c.positions, {"sinusoidal", "learned", "rope"}, "positions", source);
+  c.max_len = json_get<int64_t>(j, "max_len", c.max_len, source);
+  c.tie_output = json_get<bool>(j, "tie_output", c.tie_output, source);
+  c.moe.num_experts = json_get<int64_t>(j, "num_experts", c.moe.num_experts, source);
+  c.moe.top_k = json_get<int64_t>(j, "top_k", c.moe.top_k, source);
+  c.moe.aux_loss_weight = json_get<float>(j, "aux_loss_weight", c.moe.aux_loss_weight, source);
   QKV_CHECK(c.d_model > 0 && c.nhead > 0 && c.d_model % c.nhead == 0, source, ": d_model ", c.d_model,
             " must be a positive multiple of nhead ", c.nhead);
   QKV_CHECK(c.num_encoder_layers > 0 && c.num_decoder_layers > 0 && c.dim_feedforward > 0 && c.max_len > 0, source,

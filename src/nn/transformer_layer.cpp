@@ -59,11 +59,16 @@ TransformerEncoderLayer::TransformerEncoderLayer(TransformerLayerOptions o, Rng&
 
 Tensor TransformerEncoderLayer::forward(const Tensor& x_in, const AttentionCall& call) {
   Tensor x = x_in;
+  auto attend = [&](const Tensor& h) {
+    AttentionOutput a = self_attn->forward(h, call);
+    last_self_weights = a.weights;
+    return a.out;
+  };
   if (options_.norm_first) {
-    x = add(x, dropout1->forward(self_attn->forward(norm1->forward(x), call).out));
+    x = add(x, dropout1->forward(attend(norm1->forward(x))));
     return add(x, dropout2->forward(mlp->forward(norm2->forward(x))));
   }
-  x = norm1->forward(add(x, dropout1->forward(self_attn->forward(x, call).out)));
+  x = norm1->forward(add(x, dropout1->forward(attend(x))));
   return norm2->forward(add(x, dropout2->forward(mlp->forward(x))));
 }
 

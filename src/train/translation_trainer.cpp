@@ -12,6 +12,7 @@
 #include "qkv/optim.h"
 #include "qkv/trainer.h"
 #include "src/core/json.h"
+#include "src/train/train_state.h"
 
 namespace qkv {
 
@@ -113,31 +114,15 @@ struct LoopState {
   nlohmann::json history = nlohmann::json::array();
 };
 
-Tensor u64_pair(uint64_t a, uint64_t b) {
-  Tensor t = Tensor::empty({2}, DType::I64);
-  std::memcpy(t.data<int64_t>(), &a, 8);
-  std::memcpy(t.data<int64_t>() + 1, &b, 8);
-  return t;
-}
-
-void restore_rng(Rng& rng, const Tensor& t) {
-  uint64_t v[2];
-  std::memcpy(v, t.contiguous().data<int64_t>(), 16);
-  rng.restore(v[0], v[1]);
-}
-
 const std::string kStateFile = "/trainer_state.safetensors";
 
 void save_loop_state(const std::string& dir, TranslationModel& m, const AdamW& opt, const Rng& data_rng,
                      const LoopState& s) {
   std::vector<std::pair<std::string, Tensor>> t;
-  for (auto& [name, p] : m.model->named_parameters()) t.emplace_back("model." + name, p.detach());
-  for (auto& [name, v] : opt.state()) t.emplace_back("optimizer." + name, v);
-  t.emplace_back("optimizer.steps", Tensor::from_ints({opt.steps()}, {1}));
+  append_training_state(t, *m.model, opt);
   t.emplace_back("step", Tensor::from_ints({s.step}, {1}));
   t.emplace_back("skipped", Tensor::from_ints({s.skipped}, {1}));
-  t.emplace_back("rng.data", u64_pair(data_rng.seed_state(), data_rng.counter()));
-  for (auto& [name, r] : m.model->named_rngs()) t.emplace_back("rng.model." + name, u64_pair(r->seed_state(), r->counter()));
+  t.emplace_back("rng.data", rng_tensor(data_rng));
   std::vector<int64_t> indices, offsets{0};
   for (auto& b : s.batches) {
     indices.insert(indices.end(), b.begin(), b.end());
@@ -154,29 +139,14 @@ void save_loop_state(const std::string& dir, TranslationModel& m, const AdamW& o
 LoopState load_loop_state(const std::string& dir, TranslationModel& m, AdamW& opt, Rng& data_rng) {
   const std::string path = dir + kStateFile;
   SafetensorsFile f = load_safetensors(path);
-  auto need = [&](const std::string& name) -> const Tensor& {
-    const Tensor* t = f.find(name);
-    QKV_CHECK(t != nullptr, path, ": '", name, "' is missing; cannot resume");
-    return *t;
-  };
+  auto need = [&](const std::string& name) -> const Tensor& { return checkpoint_tensor(f, path, name); };
   QKV_CHECK(f.metadata.count("format") && f.metadata.at("format") == "qkv-trainer-state", path,
             ": not a qkv trainer state");
-  StateDict weights, moments;
-  for (auto& [name, t] : f.tensors) {
-    if (name.rfind("model.", 0) == 0) weights[name.substr(6)] = t;
-    if (name.rfind("optimizer.exp_avg", 0) == 0) moments[name.substr(10)] = t;
-  }
-  try {
-    m.model->load_state_dict(weights);
-    opt.load_state(moments, need("optimizer.steps").to_ints()[0]);
-  } catch (const Error& e) {
-    fail(path, ": ", e.what());
-  }
+  restore_training_state(f, path, *m.model, opt);
   LoopState s;
   s.step = need("step").to_ints()[0];
   s.skipped = need("skipped").to_ints()[0];
   restore_rng(data_rng, need("rng.data"));
-  for (auto& [name, r] : m.model->named_rngs()) restore_rng(*r, need("rng.model." + name));
   std::vector<int64_t> indices = need("data.indices").to_ints(), offsets = need("data.offsets").to_ints();
   for (size_t b = 0; b + 1 < offsets.size(); ++b)
     s.batches.emplace_back(indices.begin() + offsets[b], indices.begin() + offsets[b + 1]);

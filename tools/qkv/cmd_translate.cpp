@@ -37,7 +37,7 @@ int run_synth(const DataArgs& a) {
 
 struct TrainArgs {
   std::string config, train, valid, out;
-  int64_t steps = 0, batch_tokens = 0;
+  int64_t steps = 0, batch_tokens = 0, epochs = 0;
   double lr = 0;
   int64_t seed = -1;
   int threads = 0;
@@ -63,6 +63,12 @@ void show_progress(const TrainProgress& p) {
 int run_train(const TrainArgs& a) {
   set_threads(a.threads);
   std::string config_text = read_file(a.config);
+  if (is_vit_config(config_text)) {
+    QKV_CHECK(a.steps == 0 && a.batch_tokens == 0, "train: --steps and --batch-tokens are for translation; a vit "
+              "config trains for --epochs");
+    return run_vit_train({a.config, config_text, a.train, a.valid, a.out, a.epochs, a.lr, a.seed, a.resume});
+  }
+  QKV_CHECK(a.epochs == 0, "train: --epochs is for vit configs; translation trains for --steps");
   TrainOptions o = TrainOptions::from_json(config_text, a.config);
   if (a.steps > 0) o.steps = a.steps;
   if (a.batch_tokens > 0) o.batch_tokens = a.batch_tokens;
@@ -142,6 +148,7 @@ struct EvalArgs {
 };
 
 int run_eval(const EvalArgs& a) {
+  if (is_vit_model(a.model)) return run_vit_eval(a.model, a.test, a.json);
   TranslationModel m = load_translation_model(a.model);
   TranslationScores s = score_translation(m, read_parallel_tsv(a.test), a.max_len, a.beam);
   nlohmann::ordered_json r = {{"bleu", s.bleu},           {"chrf", s.chrf}, {"exact_match", s.exact_match},
@@ -182,13 +189,21 @@ Run add_data(CLI::App& app) {
 
 Run add_train(CLI::App& app) {
   auto args = std::make_shared<TrainArgs>();
-  CLI::App* sub = app.add_subcommand("train", "Train a model from a config on tab-separated parallel text");
-  sub->add_option("--config", args->config, "Model and training config (JSON), e.g. configs/transformer-zh-ja.json")
+  CLI::App* sub = app.add_subcommand(
+      "train", "Train a model from a config: translation on tab-separated parallel text, or a vit on IDX images");
+  sub->add_option("--config", args->config,
+                  "Model and training config (JSON), e.g. configs/transformer-zh-ja.json, configs/vit-fashion-mnist.json")
       ->required();
-  sub->add_option("--train", args->train, "Training pairs, source<TAB>target per line")->required();
-  sub->add_option("--valid", args->valid, "Validation pairs (default: the last 5% of --train)");
+  sub->add_option("--train", args->train,
+                  "Training pairs, source<TAB>target per line; for vit a folder of IDX files (train-images-idx3-ubyte[.gz], "
+                  "train-labels-idx1-ubyte[.gz])")
+      ->required();
+  sub->add_option("--valid", args->valid,
+                  "Validation pairs (default: the last 5% of --train); for vit the folder of the t10k test files "
+                  "(default: --train)");
   sub->add_option("--out", args->out, "Model folder to write")->required();
   sub->add_option("--steps", args->steps, "Training steps (overrides the config)");
+  sub->add_option("--epochs", args->epochs, "vit: epochs (overrides the config)");
   sub->add_option("--batch-tokens", args->batch_tokens, "Tokens per batch (overrides the config)");
   sub->add_option("--lr", args->lr, "Peak learning rate (overrides the config)");
   sub->add_option("--seed", args->seed, "Seed (overrides the config)");
@@ -214,12 +229,16 @@ Run add_translate(CLI::App& app) {
 
 Run add_eval(CLI::App& app) {
   auto args = std::make_shared<EvalArgs>();
-  CLI::App* sub = app.add_subcommand("eval", "Score a model on a test set: BLEU (char), chrF, exact match");
+  CLI::App* sub = app.add_subcommand(
+      "eval", "Score a model on a test set: BLEU (char), chrF, exact match; for vit accuracy and a confusion matrix");
   sub->add_option("--model", args->model, "Model folder")->required();
-  sub->add_option("--test", args->test, "Test pairs, source<TAB>target per line")->required();
+  sub->add_option("--test", args->test,
+                  "Test pairs, source<TAB>target per line; for vit a folder with t10k-images-idx3-ubyte[.gz] and "
+                  "t10k-labels-idx1-ubyte[.gz]")
+      ->required();
   sub->add_option("--max-len", args->max_len, "Longest output in tokens")->capture_default_str();
   sub->add_option("--beam", args->beam, "Beam size (1: greedy)")->capture_default_str()->check(CLI::Range(1, 64));
-  sub->add_flag("--json", args->json, "Print one JSON object (scores on a 0-100 scale)");
+  sub->add_flag("--json", args->json, "Print one JSON object (scores on a 0-100 scale; vit: accuracy in 0..1)");
   return [args] { return run_eval(*args); };
 }
 

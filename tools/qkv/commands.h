@@ -16,6 +16,7 @@ Run add_data(CLI::App& app);
 Run add_train(CLI::App& app);
 Run add_translate(CLI::App& app);
 Run add_eval(CLI::App& app);
+Run add_classify(CLI::App& app);
 
 }  // namespace qkv::cli
 
@@ -27,6 +28,20 @@ namespace qkv::cli {
 
 // The cross-attention of `source` (last decoder layer, mean of its heads) as an SVG picture at `path`.
 void write_attention_map(TranslationModel& m, const std::string& source, const std::string& path, int64_t max_len);
+
+// The Vision Transformer behind qkv train and qkv eval (cmd_vit.cpp): a
+// config or model folder whose "arch" is "vit" goes there.
+bool is_vit_config(const std::string& config_text);
+bool is_vit_model(const std::string& dir);
+struct VitTrainArgs {
+  std::string config_path, config_text, train_dir, test_dir, out;
+  int64_t epochs = 0;  // 0: the config's
+  double lr = 0;       // 0: the config's
+  int64_t seed = -1;
+  bool resume = false;
+};
+int run_vit_train(const VitTrainArgs& a);
+int run_vit_eval(const std::string& model_dir, const std::string& test_dir, bool json);
 
 // Sets the OpenMP (and so OpenBLAS) thread count; 0 keeps the default.
 void set_threads(int threads);

@@ -1,0 +1,61 @@
+// qkv/vision.h — images for the Vision Transformer: IDX files (the format of
+// MNIST and Fashion-MNIST), PNG and JPEG files, batches and augmentation.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "qkv/rng.h"
+#include "qkv/tensor.h"
+
+namespace qkv {
+
+// Images of one size as bytes, N x C x H x W, with their labels.
+struct ImageSet {
+  int64_t count = 0, channels = 1, height = 0, width = 0;
+  std::vector<uint8_t> pixels;   // count * channels * height * width
+  std::vector<int64_t> labels;   // count
+  const uint8_t* image(int64_t i) const { return pixels.data() + i * channels * height * width; }
+};
+
+// IDX files (LeCun et al.): a big-endian header (two zero bytes, the type
+// 0x08 = unsigned byte, the number of dimensions, one uint32 per dimension),
+// then the bytes. Images are 3-D (N, H, W), labels 1-D (N). Either file may be
+// gzipped. A wrong magic number, a truncated file, a count mismatch between
+// images and labels, or trailing bytes are errors naming the file.
+ImageSet load_idx(const std::string& images_path, const std::string& labels_path);
+
+// The IDX pair of a folder for `split` ("train" or "t10k"):
+// SPLIT-images-idx3-ubyte[.gz] and SPLIT-labels-idx1-ubyte[.gz].
+ImageSet load_idx_folder(const std::string& dir, const std::string& split);
+
+// A PNG or JPEG file as bytes C x size x size: converted to `channels` (1:
+// luminance, 3: RGB) and resized (bilinear) to a square of `size`.
+std::vector<uint8_t> read_image(const std::string& path, int64_t channels, int64_t size);
+
+// Pixels to model inputs: x = (p / 255 - 0.5) / 0.5, in [-1, 1].
+float pixel_to_input(uint8_t p);
+
+// Training-time augmentation for small images, seeded: a random crop of the
+// image padded by `pad` pixels on each side (zeros), and a horizontal flip
+// with probability 1/2.
+struct Augment {
+  int64_t pad = 0;
+  bool flip = false;
+};
+
+// The images `indices` of `set` as F32 [B, C, H, W]; with `augment` and
+// `rng`, each image is cropped and flipped on its own draw.
+Tensor image_batch(const ImageSet& set, const std::vector<int64_t>& indices, const Augment& augment = {},
+                   Rng* rng = nullptr);
+
+// Writes images with heat maps beside them as one PNG, a row per image: the
+// image (C x size x size bytes, scaled up by `scale`) on the left, on the
+// right the image in gray under its heat map (heat_h x heat_w values, scaled
+// to their maximum and upsampled bilinearly) in red.
+void write_heatmap_png(const std::string& path, const std::vector<std::vector<uint8_t>>& images, int64_t channels,
+                       int64_t size, const std::vector<std::vector<float>>& heats, int64_t heat_h, int64_t heat_w,
+                       int64_t scale = 8);
+
+}  // namespace qkv

@@ -1,0 +1,75 @@
+// qkv/vit_trainer.h — training, evaluating and loading Vision Transformers.
+//
+// A ViT model folder holds config.json (the ViTConfig, with class names),
+// model.safetensors (the best weights by test accuracy), trainer_state.json
+// (epoch, accuracy history) and trainer_state.safetensors (the latest
+// weights, AdamW moments, step and RNG streams: what --resume needs). Every
+// file is written atomically.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "qkv/vision.h"
+#include "qkv/vit.h"
+
+namespace qkv {
+
+struct VitTrainOptions {
+  int64_t epochs = 5;
+  int64_t batch_size = 128;
+  float lr = 1e-3f;  // peak
+  int64_t warmup_steps = 200;
+  float min_lr_ratio = 0.01f;  // the cosine ends at lr * min_lr_ratio
+  float weight_decay = 0.05f;
+  float clip_norm = 1.0f;
+  float label_smoothing = 0.0f;
+  uint64_t seed = 1;
+  int64_t augment_pad = 0;      // random crop of the image padded by this many pixels
+  bool augment_flip = false;    // random horizontal flip
+  int64_t max_train_images = 0; // use only the first N training images (0: all)
+  int64_t max_skipped_in_a_row = 20;
+  bool resume = false;
+  // The "train" object of a config file; unknown keys are an error.
+  static VitTrainOptions from_json(const std::string& text, const std::string& source);
+};
+
+struct VitProgress {
+  int64_t step, total_steps, epoch, epochs;
+  float loss, lr;
+  double images_per_second, eta_seconds;
+  int64_t skipped_steps;
+};
+
+struct VitEpochReport {
+  int64_t epoch;
+  double train_loss, test_accuracy, seconds;  // accuracy in 0..1; seconds of training so far
+  bool best;
+};
+
+struct VitCallbacks {
+  std::function<void(const VitProgress&)> progress;
+  std::function<void(const VitEpochReport&)> epoch_done;
+};
+
+// Trains with AdamW and warmup + cosine over epochs x (train.count / batch_size)
+// steps; after each epoch measures test accuracy and keeps the best model in out_dir.
+void train_vit(VisionTransformer& model, const ImageSet& train, const ImageSet& test, const VitTrainOptions& options,
+               const std::string& out_dir, const VitCallbacks& callbacks);
+
+struct VitEvaluation {
+  int64_t images = 0;
+  double accuracy = 0;              // 0..1
+  std::vector<int64_t> confusion;   // classes x classes: [true][predicted]
+};
+VitEvaluation evaluate_vit(VisionTransformer& model, const ImageSet& set, int64_t batch_size = 256);
+
+// Softmax probabilities [B, classes] of images [B, C, H, W].
+Tensor classify_images(VisionTransformer& model, const Tensor& images);
+
+void save_vit_model(VisionTransformer& model, const std::string& dir, const std::string& trainer_state_json);
+std::shared_ptr<VisionTransformer> load_vit_model(const std::string& dir);
+
+}  // namespace qkv

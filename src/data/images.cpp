@@ -1,0 +1,209 @@
+// IDX and PNG/JPEG images, batches, augmentation, heat-map pictures.
+#include <stb/stb_image.h>
+#include <stb/stb_image_write.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+
+#include "qkv/error.h"
+#include "qkv/io.h"
+#include "qkv/vision.h"
+
+namespace qkv {
+namespace {
+
+// The whole file, gunzipped when it starts with the gzip magic bytes.
+std::string read_maybe_gzipped(const std::string& path) {
+  std::string raw = read_file(path);
+  if (raw.size() < 2 || (uint8_t)raw[0] != 0x1f || (uint8_t)raw[1] != 0x8b) return raw;
+  z_stream z{};
+  QKV_CHECK(inflateInit2(&z, 15 + 32) == Z_OK, path, ": cannot start gunzip");
+  z.next_in = reinterpret_cast<Bytef*>(raw.data());
+  z.avail_in = (uInt)raw.size();
+  std::string out;
+  char chunk[1 << 16];
+  int rc;
+  do {
+    z.next_out = reinterpret_cast<Bytef*>(chunk);
+    z.avail_out = sizeof chunk;
+    rc = inflate(&z, Z_NO_FLUSH);
+    if (rc != Z_OK && rc != Z_STREAM_END) {
+      inflateEnd(&z);
+      fail(path, ": broken gzip data (", z.msg ? z.msg : "truncated", ")");
+    }
+    out.append(chunk, sizeof chunk - z.avail_out);
+  } while (rc != Z_STREAM_END && (z.avail_in > 0 || z.avail_out == 0));
+  inflateEnd(&z);
+  QKV_CHECK(rc == Z_STREAM_END, path, ": truncated gzip data");
+  return out;
+}
+
+uint32_t big_endian_u32(const std::string& s, size_t at) {
+  return (uint32_t)(uint8_t)s[at] << 24 | (uint32_t)(uint8_t)s[at + 1] << 16 | (uint32_t)(uint8_t)s[at + 2] << 8 |
+         (uint32_t)(uint8_t)s[at + 3];
+}
+
+// The dimensions of an IDX file of unsigned bytes with `want_dims` dimensions; `data` at the first byte.
+std::vector<int64_t> idx_header(const std::string& s, int want_dims, const std::string& path, size_t* data) {
+  QKV_CHECK(s.size() >= 4, path, ": too short for an IDX header (", s.size(), " bytes)");
+  QKV_CHECK(s[0] == 0 && s[1] == 0, path, ": not an IDX file (bad magic number)");
+  QKV_CHECK((uint8_t)s[2] == 0x08, path, ": IDX data type 0x", std::hex, (int)(uint8_t)s[2], std::dec,
+            " is not unsigned bytes (0x08)");
+  const int dims = (uint8_t)s[3];
+  QKV_CHECK(dims == want_dims, path, ": expected an IDX file of ", want_dims, " dimensions (magic 0x0000080",
+            want_dims, "), found ", dims);
+  QKV_CHECK(s.size() >= 4 + 4 * (size_t)dims, path, ": truncated IDX header");
+  std::vector<int64_t> shape;
+  size_t expected = 1;
+  for (int d = 0; d < dims; ++d) {
+    shape.push_back(big_endian_u32(s, 4 + 4 * d));
+    expected *= (size_t)shape.back();
+  }
+  *data = 4 + 4 * (size_t)dims;
+  QKV_CHECK(s.size() - *data >= expected, path, ": truncated: the header promises ", expected, " bytes of data, the file has ",
+            s.size() - *data);
+  QKV_CHECK(s.size() - *data == expected, path, ": ", s.size() - *data - expected, " bytes after the data");
+  return shape;
+}
+
+}  // namespace
+
+ImageSet load_idx(const std::string& images_path, const std::string& labels_path) {
+  std::string images = read_maybe_gzipped(images_path), labels = read_maybe_gzipped(labels_path);
+  size_t image_data = 0, label_data = 0;
+  std::vector<int64_t> ishape = idx_header(images, 3, images_path, &image_data);
+  std::vector<int64_t> lshape = idx_header(labels, 1, labels_path, &label_data);
+  QKV_CHECK(ishape[0] == lshape[0], images_path, " has ", ishape[0], " images but ", labels_path, " has ", lshape[0],
+            " labels");
+  QKV_CHECK(ishape[0] > 0 && ishape[1] > 0 && ishape[2] > 0, images_path, ": no images");
+  ImageSet set;
+  set.count = ishape[0], set.channels = 1, set.height = ishape[1], set.width = ishape[2];
+  set.pixels.assign(images.begin() + (ptrdiff_t)image_data, images.end());
+  for (size_t i = label_data; i < labels.size(); ++i) set.labels.push_back((uint8_t)labels[i]);
+  return set;
+}
+
+ImageSet load_idx_folder(const std::string& dir, const std::string& split) {
+  QKV_CHECK(std::filesystem::is_directory(dir), dir, " is not a folder");
+  auto find = [&](const std::string& stem) {
+    for (const char* ext : {"", ".gz"})
+      if (std::filesystem::exists(dir + "/" + stem + ext)) return dir + "/" + stem + ext;
+    fail(dir, ": no ", stem, " or ", stem, ".gz");
+  };
+  return load_idx(find(split + "-images-idx3-ubyte"), find(split + "-labels-idx1-ubyte"));
+}
+
+std::vector<uint8_t> read_image(const std::string& path, int64_t channels, int64_t size) {
+  QKV_CHECK(channels == 1 || channels == 3, "read_image: channels must be 1 or 3, not ", channels);
+  std::string bytes = read_file(path);
+  int w = 0, h = 0, n = 0;
+  unsigned char* px = stbi_load_from_memory(reinterpret_cast<const unsigned char*>(bytes.data()), (int)bytes.size(),
+                                            &w, &h, &n, 3);
+  QKV_CHECK(px, path, ": not a PNG or JPEG image qkv can read (", stbi_failure_reason(), ")");
+  std::vector<float> rgb(px, px + (size_t)w * h * 3);
+  stbi_image_free(px);
+  // Bilinear resize to size x size, pixel centres aligned, then to the channels.
+  std::vector<uint8_t> out((size_t)(channels * size * size));
+  for (int64_t y = 0; y < size; ++y) {
+    float sy = std::clamp((y + 0.5f) * h / size - 0.5f, 0.0f, (float)(h - 1));
+    int y0 = (int)sy, y1 = std::min(y0 + 1, h - 1);
+    float fy = sy - y0;
+    for (int64_t x = 0; x < size; ++x) {
+      float sx = std::clamp((x + 0.5f) * w / size - 0.5f, 0.0f, (float)(w - 1));
+      int x0 = (int)sx, x1 = std::min(x0 + 1, w - 1);
+      float fx = sx - x0;
+      float c[3];
+      for (int k = 0; k < 3; ++k) {
+        auto at = [&](int yy, int xx) { return rgb[((size_t)yy * w + xx) * 3 + k]; };
+        c[k] = (1 - fy) * ((1 - fx) * at(y0, x0) + fx * at(y0, x1)) + fy * ((1 - fx) * at(y1, x0) + fx * at(y1, x1));
+      }
+      auto byte = [](float v) { return (uint8_t)std::clamp(std::lround(v), 0L, 255L); };
+      if (channels == 1) {
+        out[y * size + x] = byte(0.299f * c[0] + 0.587f * c[1] + 0.114f * c[2]);
+      } else {
+        for (int k = 0; k < 3; ++k) out[(k * size + y) * size + x] = byte(c[k]);
+      }
+    }
+  }
+  return out;
+}
+
+float pixel_to_input(uint8_t p) { return (p / 255.0f - 0.5f) / 0.5f; }
+
+Tensor image_batch(const ImageSet& set, const std::vector<int64_t>& indices, const Augment& augment, Rng* rng) {
+  const int64_t B = (int64_t)indices.size(), C = set.channels, H = set.height, W = set.width;
+  Tensor out = Tensor::empty({B, C, H, W});
+  float* o = out.data<float>();
+  const float zero = pixel_to_input(0);
+  for (int64_t b = 0; b < B; ++b) {
+    QKV_CHECK(indices[b] >= 0 && indices[b] < set.count, "image_batch: index ", indices[b], " outside [0, ",
+              set.count, ")");
+    const uint8_t* img = set.image(indices[b]);
+    int64_t dy = 0, dx = 0;
+    bool flip = false;
+    if (rng && augment.pad > 0) {
+      dy = (int64_t)rng->next_below(2 * augment.pad + 1) - augment.pad;
+      dx = (int64_t)rng->next_below(2 * augment.pad + 1) - augment.pad;
+    }
+    if (rng && augment.flip) flip = rng->next_below(2) == 1;
+    for (int64_t c = 0; c < C; ++c)
+      for (int64_t y = 0; y < H; ++y)
+        for (int64_t x = 0; x < W; ++x) {
+          const int64_t sy = y + dy, sx = (flip ? W - 1 - x : x) + dx;
+          o[((b * C + c) * H + y) * W + x] =
+              sy < 0 || sy >= H || sx < 0 || sx >= W ? zero : pixel_to_input(img[(c * H + sy) * W + sx]);
+        }
+  }
+  return out;
+}
+
+void write_heatmap_png(const std::string& path, const std::vector<std::vector<uint8_t>>& images, int64_t channels,
+                       int64_t size, const std::vector<std::vector<float>>& heats, int64_t heat_h, int64_t heat_w,
+                       int64_t scale) {
+  QKV_CHECK(!images.empty() && images.size() == heats.size(), "write_heatmap_png: ", images.size(), " images and ",
+            heats.size(), " heat maps");
+  const int64_t S = size * scale, gap = scale, W = 2 * S + 3 * gap, rows = (int64_t)images.size();
+  const int64_t H = rows * (S + gap) + gap;
+  std::vector<uint8_t> rgb((size_t)(W * H * 3), 255);
+  for (int64_t r = 0; r < rows; ++r) {
+    const std::vector<uint8_t>& image = images[r];
+    const std::vector<float>& heat = heats[r];
+    QKV_CHECK((int64_t)image.size() == channels * size * size && (int64_t)heat.size() == heat_h * heat_w,
+              "write_heatmap_png: image ", r, " or its heat map has the wrong size");
+    float hi = 1e-12f;
+    for (float v : heat) hi = std::max(hi, v);
+    const int64_t top = gap + r * (S + gap);
+    for (int64_t y = 0; y < S; ++y)
+      for (int64_t x = 0; x < S; ++x) {
+        const int64_t iy = y / scale, ix = x / scale;
+        float px[3];
+        for (int k = 0; k < 3; ++k) px[k] = image[((channels == 3 ? k : 0) * size + iy) * size + ix];
+        float hy = std::clamp((y + 0.5f) * heat_h / S - 0.5f, 0.0f, (float)(heat_h - 1));
+        float hx = std::clamp((x + 0.5f) * heat_w / S - 0.5f, 0.0f, (float)(heat_w - 1));
+        int y0 = (int)hy, x0 = (int)hx;
+        int y1 = std::min<int>(y0 + 1, (int)heat_h - 1), x1 = std::min<int>(x0 + 1, (int)heat_w - 1);
+        float fy = hy - y0, fx = hx - x0;
+        auto at = [&](int a, int b) { return heat[a * heat_w + b] / hi; };
+        float h = (1 - fy) * ((1 - fx) * at(y0, x0) + fx * at(y0, x1)) + fy * ((1 - fx) * at(y1, x0) + fx * at(y1, x1));
+        float gray = 0.299f * px[0] + 0.587f * px[1] + 0.114f * px[2];
+        const float red[3] = {255, 30, 10};
+        uint8_t* left = &rgb[((top + y) * W + gap + x) * 3];
+        uint8_t* right = &rgb[((top + y) * W + 2 * gap + S + x) * 3];
+        for (int k = 0; k < 3; ++k) {
+          left[k] = (uint8_t)px[k];
+          right[k] = (uint8_t)std::clamp(0.5f * gray * (1 - h) + h * red[k], 0.0f, 255.0f);
+        }
+      }
+  }
+  std::string bytes;
+  auto append = [](void* context, void* data, int n) {
+    static_cast<std::string*>(context)->append(static_cast<const char*>(data), (size_t)n);
+  };
+  QKV_CHECK(stbi_write_png_to_func(append, &bytes, (int)W, (int)H, 3, rgb.data(), (int)(W * 3)), path,
+            ": cannot encode the PNG");
+  write_file_atomic(path, bytes);
+}
+
+}  // namespace qkv

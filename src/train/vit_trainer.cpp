@@ -1,0 +1,226 @@
+// The training loop for the Vision Transformer, evaluation, the model folder.
+#include "qkv/vit_trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <set>
+
+#include "qkv/io.h"
+#include "qkv/optim.h"
+#include "src/core/json.h"
+#include "src/train/train_state.h"
+
+namespace qkv {
+
+VitTrainOptions VitTrainOptions::from_json(const std::string& text, const std::string& source) {
+  nlohmann::json j = parse_json(text, source);
+  VitTrainOptions o;
+  if (!j.is_object() || !j.contains("train")) return o;
+  const nlohmann::json& t = j["train"];
+  QKV_CHECK(t.is_object(), source, ": 'train' must be an object");
+  static const std::set<std::string> known = {"epochs", "batch_size", "lr", "warmup_steps", "min_lr_ratio",
+                                              "weight_decay", "clip_norm", "label_smoothing", "seed", "augment_pad",
+                                              "augment_flip", "max_train_images"};
+  for (auto& [k, v] : t.items()) QKV_CHECK(known.count(k), source, ": unknown key 'train.", k, "'");
+  o.epochs = json_get<int64_t>(t, "epochs", o.epochs, source);
+  o.batch_size = json_get<int64_t>(t, "batch_size", o.batch_size, source);
+  o.lr = json_get<float>(t, "lr", o.lr, source);
+  o.warmup_steps = json_get<int64_t>(t, "warmup_steps", o.warmup_steps, source);
+  o.min_lr_ratio = json_get<float>(t, "min_lr_ratio", o.min_lr_ratio, source);
+  o.weight_decay = json_get<float>(t, "weight_decay", o.weight_decay, source);
+  o.clip_norm = json_get<float>(t, "clip_norm", o.clip_norm, source);
+  o.label_smoothing = json_get<float>(t, "label_smoothing", o.label_smoothing, source);
+  o.seed = json_get<uint64_t>(t, "seed", o.seed, source);
+  o.augment_pad = json_get<int64_t>(t, "augment_pad", o.augment_pad, source);
+  o.augment_flip = json_get<bool>(t, "augment_flip", o.augment_flip, source);
+  o.max_train_images = json_get<int64_t>(t, "max_train_images", o.max_train_images, source);
+  QKV_CHECK(o.epochs > 0 && o.batch_size > 0 && o.lr > 0 && o.warmup_steps >= 0 && o.augment_pad >= 0 &&
+                o.max_train_images >= 0,
+            source, ": train.epochs, batch_size and lr must be positive; warmup_steps, augment_pad and "
+            "max_train_images not negative");
+  return o;
+}
+
+Tensor classify_images(VisionTransformer& model, const Tensor& images) {
+  NoGradGuard no_grad;
+  return softmax(model.forward(images));
+}
+
+VitEvaluation evaluate_vit(VisionTransformer& model, const ImageSet& set, int64_t batch_size) {
+  NoGradGuard no_grad;
+  const bool was_training = model.is_training();
+  model.eval();
+  const int64_t C = model.config().num_classes;
+  QKV_CHECK(set.channels == model.config().channels && set.height == model.config().image_size &&
+                set.width == model.config().image_size,
+            "evaluate: images are ", set.channels, "x", set.height, "x", set.width, ", the model takes ",
+            model.config().channels, "x", model.config().image_size, "x", model.config().image_size);
+  VitEvaluation e;
+  e.confusion.assign((size_t)(C * C), 0);
+  int64_t correct = 0;
+  for (int64_t start = 0; start < set.count; start += batch_size) {
+    std::vector<int64_t> idx((size_t)std::min(batch_size, set.count - start));
+    std::iota(idx.begin(), idx.end(), start);
+    Tensor logits = model.forward(image_batch(set, idx));
+    const float* l = logits.data<float>();
+    for (size_t i = 0; i < idx.size(); ++i) {
+      const int64_t predicted = std::max_element(l + i * C, l + (i + 1) * C) - (l + i * C);
+      const int64_t truth = set.labels[idx[i]];
+      QKV_CHECK(truth >= 0 && truth < C, "evaluate: label ", truth, " of image ", idx[i], " is not one of the ", C,
+                " classes");
+      e.confusion[truth * C + predicted]++;
+      correct += predicted == truth;
+    }
+  }
+  e.images = set.count;
+  e.accuracy = set.count ? (double)correct / set.count : 0;
+  if (was_training) model.train();
+  return e;
+}
+
+void save_vit_model(VisionTransformer& model, const std::string& dir, const std::string& trainer_state_json) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  QKV_CHECK(std::filesystem::is_directory(dir), "cannot create the model folder ", dir, ec ? ": " + ec.message() : "");
+  write_file_atomic(dir + "/config.json", model.config().to_json() + "\n");
+  save_safetensors(dir + "/model.safetensors", model.state_dict(), {{"format", "qkv"}, {"arch", "vit"}});
+  write_file_atomic(dir + "/trainer_state.json", trainer_state_json);
+}
+
+std::shared_ptr<VisionTransformer> load_vit_model(const std::string& dir) {
+  QKV_CHECK(std::filesystem::is_directory(dir), "model folder ", dir, " does not exist");
+  const std::string config_path = dir + "/config.json";
+  Rng rng(0);
+  auto model = std::make_shared<VisionTransformer>(ViTConfig::from_json(read_file(config_path), config_path), rng);
+  SafetensorsFile weights = load_safetensors(dir + "/model.safetensors");
+  try {
+    model->load_state_dict(weights.as_map());
+  } catch (const Error& e) {
+    fail(dir, "/model.safetensors: ", e.what());
+  }
+  model->eval();
+  return model;
+}
+
+namespace {
+
+const std::string kStateFile = "/trainer_state.safetensors";
+
+// The order of epoch e's images: a shuffle seeded by (seed, e), so a resumed
+// run needs no saved order.
+std::vector<int64_t> epoch_order(int64_t count, uint64_t seed, int64_t epoch) {
+  std::vector<int64_t> order((size_t)count);
+  std::iota(order.begin(), order.end(), 0);
+  Rng rng(seed * 1000003u + (uint64_t)epoch);
+  for (int64_t i = count - 1; i > 0; --i) std::swap(order[i], order[rng.next_below((uint64_t)i + 1)]);
+  return order;
+}
+
+}  // namespace
+
+void train_vit(VisionTransformer& model, const ImageSet& train_all, const ImageSet& test, const VitTrainOptions& o,
+               const std::string& out_dir, const VitCallbacks& cb) {
+  const ViTConfig& c = model.config();
+  QKV_CHECK(train_all.channels == c.channels && train_all.height == c.image_size && train_all.width == c.image_size,
+            "train: images are ", train_all.channels, "x", train_all.height, "x", train_all.width,
+            ", the config asks for ", c.channels, "x", c.image_size, "x", c.image_size);
+  const int64_t count = o.max_train_images > 0 ? std::min(o.max_train_images, train_all.count) : train_all.count;
+  for (int64_t i = 0; i < count; ++i)
+    QKV_CHECK(train_all.labels[i] >= 0 && train_all.labels[i] < c.num_classes, "train: label ", train_all.labels[i],
+              " of image ", i, " is not one of the ", c.num_classes, " classes");
+  const int64_t per_epoch = std::max<int64_t>(1, count / o.batch_size), total = per_epoch * o.epochs;
+  model.train();
+  AdamW opt(model.parameters(), {.lr = o.lr, .weight_decay = o.weight_decay});
+  WarmupCosine schedule{.peak_lr = o.lr, .min_lr = o.lr * o.min_lr_ratio, .warmup_steps = o.warmup_steps,
+                        .total_steps = total};
+  int64_t step = 0, skipped = 0;
+  double best = -1;
+  nlohmann::json history = nlohmann::json::array();
+  if (o.resume) {
+    const std::string path = out_dir + kStateFile;
+    SafetensorsFile f = load_safetensors(path);
+    QKV_CHECK(f.metadata.count("format") && f.metadata.at("format") == "qkv-vit-trainer-state", path,
+              ": not a qkv ViT trainer state");
+    restore_training_state(f, path, model, opt);
+    step = checkpoint_tensor(f, path, "step").to_ints()[0];
+    skipped = checkpoint_tensor(f, path, "skipped").to_ints()[0];
+    best = std::stod(f.metadata.count("best_accuracy") ? f.metadata.at("best_accuracy") : "-1");
+    if (f.metadata.count("history")) history = nlohmann::json::parse(f.metadata.at("history"));
+    QKV_CHECK(step < total, "train --resume: the checkpoint is at step ", step, ", nothing to do for ", total,
+              " steps (", o.epochs, " epochs)");
+    QKV_CHECK(step % per_epoch == 0, path, ": saved mid-epoch at step ", step, " of ", per_epoch,
+              " per epoch; resume with the same data and batch_size");
+  }
+  const Augment augment{o.augment_pad, o.augment_flip};
+  auto start = std::chrono::steady_clock::now();
+  const int64_t first_step = step;
+  int64_t skipped_in_a_row = 0;
+  for (int64_t epoch = step / per_epoch + 1; epoch <= o.epochs; ++epoch) {
+    std::vector<int64_t> order = epoch_order(count, o.seed, epoch);
+    double loss_sum = 0;
+    int64_t loss_count = 0;
+    for (int64_t b = 0; b < per_epoch; ++b) {
+      ++step;
+      std::vector<int64_t> idx(order.begin() + b * o.batch_size, order.begin() + std::min((b + 1) * o.batch_size, count));
+      Rng augment_rng(o.seed ^ (0xa46e0000ull + (uint64_t)step * 0x9e3779b97f4a7c15ull));
+      Tensor images = image_batch(train_all, idx, augment, &augment_rng);
+      std::vector<int64_t> labels;
+      for (int64_t i : idx) labels.push_back(train_all.labels[i]);
+      const float lr = schedule.lr_at(step);
+      opt.set_lr(lr);
+      opt.zero_grad();
+      Tensor loss = cross_entropy(model.forward(images), Tensor::from_ints(labels, {(int64_t)labels.size()}),
+                                  {.label_smoothing = o.label_smoothing});
+      float value = loss.item();
+      bool finite = std::isfinite(value);
+      if (finite) {
+        loss.backward();
+        finite = std::isfinite(clip_grad_norm(model.parameters(), o.clip_norm));
+      }
+      if (!finite) {
+        ++skipped;
+        QKV_CHECK(++skipped_in_a_row <= o.max_skipped_in_a_row, "train: ", skipped_in_a_row,
+                  " steps in a row had a non-finite loss or gradient (step ", step,
+                  "); stopping. The last good checkpoint is in ", out_dir);
+        continue;
+      }
+      skipped_in_a_row = 0;
+      opt.step();
+      loss_sum += value, ++loss_count;
+      if (cb.progress) {
+        double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        double done = (double)(step - first_step);
+        cb.progress({step, total, epoch, o.epochs, value, lr, done * o.batch_size / std::max(secs, 1e-9),
+                     secs / done * (total - step), skipped});
+      }
+    }
+    VitEvaluation e = evaluate_vit(model, test);
+    double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    VitEpochReport r{epoch, loss_count ? loss_sum / loss_count : NAN, e.accuracy, seconds, e.accuracy > best};
+    history.push_back({{"epoch", epoch}, {"step", step}, {"train_loss", r.train_loss},
+                       {"test_accuracy", e.accuracy}, {"seconds", seconds}});
+    nlohmann::ordered_json state = {{"epoch", epoch},           {"epochs", o.epochs},
+                                    {"step", step},             {"best_accuracy", std::max(best, e.accuracy)},
+                                    {"skipped_steps", skipped}, {"history", history}};
+    if (r.best) {
+      best = e.accuracy;
+      save_vit_model(model, out_dir, state.dump(2) + "\n");
+    } else {
+      write_file_atomic(out_dir + "/trainer_state.json", state.dump(2) + "\n");
+    }
+    std::vector<std::pair<std::string, Tensor>> t;
+    append_training_state(t, model, opt);
+    t.emplace_back("step", Tensor::from_ints({step}, {1}));
+    t.emplace_back("skipped", Tensor::from_ints({skipped}, {1}));
+    char best_text[64];
+    std::snprintf(best_text, sizeof best_text, "%.17g", best);
+    save_safetensors(out_dir + kStateFile, t,
+                     {{"format", "qkv-vit-trainer-state"}, {"best_accuracy", best_text}, {"history", history.dump()}});
+    if (cb.epoch_done) cb.epoch_done(r);
+  }
+}
+
+}  // namespace qkv
