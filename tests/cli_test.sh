@@ -110,6 +110,42 @@ check "data synth" 0 "$QKV" data synth-zh-ja --pairs 5 --seed 3
 check "data synth bad pairs" nonzero "$QKV" data synth-zh-ja --pairs 0
 one_line_error "data synth bad pairs"
 
+# The Vision Transformer on a tiny IDX folder: 4 images of 8x8, two classes.
+mkdir -p "$tmp/idx"
+{ printf '\0\0\010\003\0\0\0\004\0\0\0\010\0\0\0\010'; head -c 128 /dev/zero; head -c 128 /dev/zero | tr '\0' '\377'; } >"$tmp/idx/train-images-idx3-ubyte"
+printf '\0\0\010\001\0\0\0\004\0\0\001\001' >"$tmp/idx/train-labels-idx1-ubyte"
+cp "$tmp/idx/train-images-idx3-ubyte" "$tmp/idx/t10k-images-idx3-ubyte"
+cp "$tmp/idx/train-labels-idx1-ubyte" "$tmp/idx/t10k-labels-idx1-ubyte"
+printf '{"arch": "vit", "image_size": 8, "patch_size": 4, "d_model": 8, "nhead": 2, "num_layers": 1, "num_classes": 2,\n "class_names": ["dark", "light"], "train": {"epochs": 2, "batch_size": 2, "warmup_steps": 1}}\n' >"$tmp/vit.json"
+check "train vit" 0 "$QKV" train --config "$tmp/vit.json" --train "$tmp/idx" --out "$tmp/vit"
+for f in config.json model.safetensors trainer_state.json trainer_state.safetensors; do
+  [ -f "$tmp/vit/$f" ] || { echo "FAIL train vit wrote no $f"; failures=$((failures + 1)); }
+done
+grep -q "test accuracy" "$tmp/out" || { echo "FAIL train vit reports no test accuracy"; cat "$tmp/out"; failures=$((failures + 1)); }
+check "train vit --resume" 0 "$QKV" train --config "$tmp/vit.json" --train "$tmp/idx" --out "$tmp/vit" --epochs 3 --resume
+grep -q '"epoch": 3' "$tmp/vit/trainer_state.json" || { echo "FAIL vit resume did not reach epoch 3"; failures=$((failures + 1)); }
+check "train vit --steps" nonzero "$QKV" train --config "$tmp/vit.json" --train "$tmp/idx" --out "$tmp/vit2" --steps 3
+one_line_error "train vit --steps"
+check "eval vit --json" 0 "$QKV" eval --json --model "$tmp/vit" --test "$tmp/idx"
+grep -q '"accuracy"' "$tmp/out" && grep -q '"confusion"' "$tmp/out" || { echo "FAIL eval vit --json"; cat "$tmp/out"; failures=$((failures + 1)); }
+check "eval vit" 0 "$QKV" eval --model "$tmp/vit" --test "$tmp/idx"
+grep -q "confusion matrix" "$tmp/out" || { echo "FAIL eval vit table"; cat "$tmp/out"; failures=$((failures + 1)); }
+check "classify --index" 0 "$QKV" classify --model "$tmp/vit" --test "$tmp/idx" --index 0 --index 3 --top-k 2 --attention-map "$tmp/rollout.png"
+grep -q "light" "$tmp/out" || { echo "FAIL classify lacks class names"; cat "$tmp/out"; failures=$((failures + 1)); }
+[ "$(head -c 4 "$tmp/rollout.png" | od -An -c | tr -d ' ')" = "211PNG" ] || { echo "FAIL rollout is not a PNG"; failures=$((failures + 1)); }
+check "classify a PNG" 0 "$QKV" classify --model "$tmp/vit" "$tmp/rollout.png"
+check "classify a text file" nonzero "$QKV" classify --model "$tmp/vit" "$tmp/vit.json"
+one_line_error "classify a text file"
+check "classify missing image" nonzero "$QKV" classify --model "$tmp/vit" "$tmp/none.png"
+one_line_error "classify missing image"
+head -c 100 "$tmp/idx/t10k-images-idx3-ubyte" >"$tmp/idx/t10k-images-idx3-ubyte.cut"
+mv "$tmp/idx/t10k-images-idx3-ubyte.cut" "$tmp/idx/t10k-images-idx3-ubyte"
+check "eval vit truncated IDX" nonzero "$QKV" eval --model "$tmp/vit" --test "$tmp/idx"
+one_line_error "eval vit truncated IDX"
+grep -q "t10k-images-idx3-ubyte: truncated" "$tmp/err" || { echo "FAIL truncated IDX message"; cat "$tmp/err"; failures=$((failures + 1)); }
+check "bench vit tiny" 0 "$QKV" bench vit --steps 1 --json --python false
+grep -q '"qkv_train_images_per_s"' "$tmp/out" || { echo "FAIL bench vit json"; failures=$((failures + 1)); }
+
 # Benchmarks: a tiny run of each suite prints its table; a wrong suite is one clear error.
 check "bench attention tiny" 0 "$QKV" bench attention --n 64 96 --seconds 0.01 --python false
 grep -q "flash" "$tmp/out" && grep -q "naive" "$tmp/out" || { echo "FAIL bench attention table"; cat "$tmp/out"; failures=$((failures + 1)); }

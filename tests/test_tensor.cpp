@@ -1,4 +1,6 @@
 // Tensor layout, views, dtypes and the autograd engine.
+#include <omp.h>
+
 #include "qkv/allocator.h"
 #include "qkv/ops.h"
 #include "qkv/rng.h"
@@ -87,6 +89,36 @@ TEST(Tensor, SeededRandomIsReproducible) {
   for (float x : v) s += (x - m) * (x - m);
   EXPECT_NEAR(m, 0.0, 0.03);
   EXPECT_NEAR(std::sqrt(s / v.size()), 1.0, 0.03);
+}
+
+TEST(Tensor, LargeCopiesSplitAcrossThreadsCopyEveryElement) {
+  omp_set_num_threads(2);  // large copies take the threaded path
+  Rng rng(3);
+  Tensor x = Tensor::randn({6, 70, 5, 33}, rng);  // 277 KB
+  std::vector<float> v = x.to_vector();
+  Tensor same = x.clone();
+  EXPECT_EQ(same.to_vector(), v);
+  Tensor moved = x.permute({2, 0, 3, 1}).contiguous();  // strided source, every row a gather
+  ASSERT_EQ(moved.shape(), (Shape{5, 6, 33, 70}));
+  const float* m = moved.data<float>();
+  int64_t wrong = 0;
+  for (int64_t a = 0; a < 6; ++a)
+    for (int64_t b = 0; b < 70; ++b)
+      for (int64_t c = 0; c < 5; ++c)
+        for (int64_t d = 0; d < 33; ++d)
+          wrong += m[((c * 6 + a) * 33 + d) * 70 + b] != v[((a * 70 + b) * 5 + c) * 33 + d];
+  EXPECT_EQ(wrong, 0);
+  Tensor big = Tensor::randn({7, 90, 5, 33}, rng);  // 416 KB; its slice is over the threaded size too
+  std::vector<float> bv = big.to_vector();
+  Tensor sliced = big.slice(1, 3, 88).contiguous();  // rows of a view, split between threads at uneven points
+  ASSERT_EQ(sliced.shape(), (Shape{7, 85, 5, 33}));
+  const float* sl = sliced.data<float>();
+  wrong = 0;
+  for (int64_t a = 0; a < 7; ++a)
+    for (int64_t b = 0; b < 85; ++b)
+      for (int64_t r = 0; r < 5 * 33; ++r) wrong += sl[(a * 85 + b) * 165 + r] != bv[(a * 90 + b + 3) * 165 + r];
+  EXPECT_EQ(wrong, 0);
+  omp_set_num_threads(1);
 }
 
 TEST(Autograd, ChainAndAccumulation) {

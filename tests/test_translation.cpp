@@ -121,7 +121,12 @@ TEST_P(SentencePiece, TrainsRoundTripsSavesAndLoads) {
   c.type = "sentencepiece";
   c.model_type = GetParam();
   c.vocab_size = 700;
-  std::unique_ptr<Tokenizer> tok = train_tokenizer(c, both_sides(pairs));
+  std::vector<std::string> texts = both_sides(pairs);
+  // Full-width punctuation, spaces and Latin letters come back as written (no NFKC).
+  const std::vector<std::string> written = {"你好，世界！", "（私は）学生です？", "ＡＢＣ  two  spaces"};
+  for (int i = 0; i < 3; ++i) texts.insert(texts.end(), written.begin(), written.end());
+  std::unique_ptr<Tokenizer> tok = train_tokenizer(c, texts);
+  for (const std::string& w : written) EXPECT_EQ(tok->decode(tok->encode(w)), w);
   EXPECT_LE(tok->size(), 700);
   EXPECT_GT(tok->size(), 300);
   EXPECT_EQ(tok->pieces({Tokenizer::kPad, Tokenizer::kBos, Tokenizer::kEos, Tokenizer::kUnk}),
@@ -143,7 +148,7 @@ TEST_P(SentencePiece, TrainsRoundTripsSavesAndLoads) {
   EXPECT_THROW(tok->encode("bad \xff"), Error);
 
   // The same text gives the same model, byte for byte.
-  EXPECT_EQ(train_tokenizer(c, both_sides(pairs))->serialize(), tok->serialize());
+  EXPECT_EQ(train_tokenizer(c, texts)->serialize(), tok->serialize());
 
   // Saved and loaded the way a model folder holds it.
   char tmpl[] = "/tmp/qkv_spm_XXXXXX";
@@ -452,6 +457,23 @@ TEST(BeamSearch, BeamsShareTheirSentencesCrossAttentionKeysAndValues) {
   EXPECT_EQ(st.cross[0].first.size(0), 1);
   EXPECT_EQ(st.src_lengths.to_ints(), std::vector<int64_t>{b.src_lengths.to_ints()[1]});
   EXPECT_THROW(model.select_rows(st, {0, 1}), Error);  // not whole sentences of 3 beams
+
+  // Shared K/V give the logits and attention weights that copied K/V give.
+  std::unique_ptr<DecodeState> copied = model.start_decoding(b.src, b.src_lengths, 10);
+  std::unique_ptr<DecodeState> shared = model.start_decoding(b.src, b.src_lengths, 10);
+  model.Seq2Seq::expand_beams(*copied, 2, 3);  // the default: every row copied
+  model.expand_beams(*shared, 2, 3);
+  EXPECT_EQ(dynamic_cast<TransformerDecodeState&>(*copied).cross[0].first.size(0), 6);
+  std::vector<std::vector<int64_t>> steps = {{1, 1, 1, 1, 1, 1}, {5, 6, 7, 8, 9, 10}, {11, 12, 13, 14, 15, 16}};
+  for (size_t i = 0; i < steps.size(); ++i) {
+    Tensor a = model.decode_step(Tensor::from_ints(steps[i], {6, 1}), *copied, /*need_weights=*/true);
+    Tensor wa = model.cross_weights();
+    Tensor c = model.decode_step(Tensor::from_ints(steps[i], {6, 1}), *shared, /*need_weights=*/true);
+    EXPECT_TRUE(testing::all_close(c, a, 1e-5f, 1e-4f)) << "step " << i;
+    EXPECT_TRUE(testing::all_close(model.cross_weights(), wa, 1e-6f, 1e-5f)) << "step " << i;
+    model.select_rows(*copied, {1, 1, 0, 5, 3, 4});  // beams reorder within their sentences
+    model.select_rows(*shared, {1, 1, 0, 5, 3, 4});
+  }
 }
 
 }  // namespace

@@ -156,19 +156,25 @@ TEST(ImageBatch, NormalizesCropsAndFlipsReproducibly) {
   Tensor x = image_batch(s, {0, 1, 2, 3}, {.pad = 2, .flip = true}, &a);
   Tensor y = image_batch(s, {0, 1, 2, 3}, {.pad = 2, .flip = true}, &b);
   EXPECT_EQ(x.to_vector(), y.to_vector());  // the same draws
-  // A flip alone mirrors each image or leaves it.
+  // A flip alone mirrors each image or leaves it, and mirrors some.
+  ImageSet many = stripes(16, 1);
+  std::vector<int64_t> all(16);
+  for (int64_t i = 0; i < 16; ++i) all[i] = i;
   Rng f(9);
-  Tensor flipped = image_batch(s, {0, 1, 2, 3}, {.pad = 0, .flip = true}, &f);
-  for (int64_t i = 0; i < 4; ++i) {
+  Tensor flipped = image_batch(many, all, {.pad = 0, .flip = true}, &f);
+  int mirrored = 0;
+  for (int64_t i = 0; i < 16; ++i) {
     bool same = true, mirror = true;
     for (int64_t yy = 0; yy < 8; ++yy)
       for (int64_t xx = 0; xx < 8; ++xx) {
         float v = flipped.data<float>()[(i * 8 + yy) * 8 + xx];
-        same &= v == plain_value(s, i, yy, xx);
-        mirror &= v == plain_value(s, i, yy, 7 - xx);
+        same &= v == plain_value(many, i, yy, xx);
+        mirror &= v == plain_value(many, i, yy, 7 - xx);
       }
     EXPECT_TRUE(same || mirror) << i;
+    mirrored += mirror && !same;
   }
+  EXPECT_GT(mirrored, 0);
   // A crop shifts the image and fills with zeros (-1 after normalization).
   Rng c(3);
   Tensor cropped = image_batch(s, {0, 1, 2, 3}, {.pad = 3, .flip = false}, &c);

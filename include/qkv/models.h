@@ -57,6 +57,8 @@ std::shared_ptr<Seq2Seq> make_seq2seq(const std::string& config_json, const std:
 
 // Rows `rows` of t along its first dimension (a copy; differentiable for F32).
 Tensor select_rows(const Tensor& t, const std::vector<int64_t>& rows);
+// 0, 0, .., 1, 1, ..: each of `sentences` rows repeated k times (its beams).
+std::vector<int64_t> beam_rows(int64_t sentences, int64_t k);
 
 struct TransformerConfig {
   std::string arch = "transformer";

@@ -44,9 +44,10 @@ public:
   // layer keeps its attention weights (layers[i]->last_self_weights).
   Tensor forward(const Tensor& images, bool need_weights = false);
   // Attention rollout (Abnar and Zuidema 2020) of the last forward with
-  // need_weights: R = prod_l (0.5 I + 0.5 mean_heads A_l), rows renormalized;
+  // need_weights: R = prod_l (0.5 I + 0.5 mean_heads A_l), a product of
+  // row-stochastic matrices, so its rows sum to 1;
   // -> [B, grid, grid], what the pooled output draws from each patch
-  // (the mean of R's patch rows, or the class token's row).
+  // (the mean of R's patch rows, or the class token's row without its own column).
   Tensor rollout() const;
   const ViTConfig& config() const { return config_; }
   std::string summary() const;

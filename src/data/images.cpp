@@ -57,11 +57,14 @@ std::vector<int64_t> idx_header(const std::string& s, int want_dims, const std::
   QKV_CHECK(s.size() >= 4 + 4 * (size_t)dims, path, ": truncated IDX header");
   std::vector<int64_t> shape;
   size_t expected = 1;
+  *data = 4 + 4 * (size_t)dims;
   for (int d = 0; d < dims; ++d) {
     shape.push_back(big_endian_u32(s, 4 + 4 * d));
+    // Checked as it grows, so a header of huge dimensions cannot wrap around to a small size.
+    QKV_CHECK(shape.back() == 0 || expected <= (s.size() - *data) / (size_t)shape.back(), path,
+              ": truncated: the header's dimensions promise more bytes than the file's ", s.size() - *data);
     expected *= (size_t)shape.back();
   }
-  *data = 4 + 4 * (size_t)dims;
   QKV_CHECK(s.size() - *data >= expected, path, ": truncated: the header promises ", expected, " bytes of data, the file has ",
             s.size() - *data);
   QKV_CHECK(s.size() - *data == expected, path, ": ", s.size() - *data - expected, " bytes after the data");

@@ -213,10 +213,13 @@ private:
 std::unique_ptr<Tokenizer> train_tokenizer(const TokenizerConfig& config, const std::vector<std::string>& texts) {
   QKV_CHECK(!texts.empty(), "cannot build a tokenizer from no text");
   if (config.type == "char") return std::make_unique<CharTokenizer>(CharTokenizer::build(texts));
-  // One thread and no sampling: the same text gives the same model.
+  // One thread and no sampling: the same text gives the same model. No
+  // normalization: decode(encode(x)) gives x back, full-width punctuation and
+  // spaces included, so scores compare against the references as written.
   std::string args = "model_type=" + config.model_type + " vocab_size=" + std::to_string(config.vocab_size) +
                      " character_coverage=" + std::to_string(config.character_coverage) +
                      " pad_id=0 bos_id=1 eos_id=2 unk_id=3 bos_piece=<bos> eos_piece=<eos> hard_vocab_limit=false num_threads=1"
+                     " normalization_rule_name=identity remove_extra_whitespaces=false"
                      " input_sentence_size=0 minloglevel=2";
   VectorSentences sentences(texts);
   std::string proto;

@@ -92,7 +92,8 @@ std::vector<BeamHypothesis> beam_translate(Seq2Seq& model, const std::vector<std
           next_token.push_back(Tokenizer::kPad);
         }
         alive[s] = next;
-        if ((int64_t)finished[s].size() >= K) continue;  // done: its rows leave
+        const bool live = std::any_of(next.begin(), next.end(), [](auto& h) { return std::isfinite(h.score); });
+        if ((int64_t)finished[s].size() >= K || !live) continue;  // done: its rows leave
         still_active.push_back(s);
         origin.insert(origin.end(), next_origin.begin(), next_origin.end());
         next_last.insert(next_last.end(), next_token.begin(), next_token.end());

@@ -7,12 +7,16 @@
 
 namespace qkv {
 
-void Seq2Seq::expand_beams(DecodeState& state, int64_t sentences, int64_t k) {
+std::vector<int64_t> beam_rows(int64_t sentences, int64_t k) {
   QKV_CHECK(k >= 1, "expand_beams: k must be at least 1, got ", k);
   std::vector<int64_t> rows;
   for (int64_t s = 0; s < sentences; ++s)
     for (int64_t i = 0; i < k; ++i) rows.push_back(s);
-  select_rows(state, rows);
+  return rows;
+}
+
+void Seq2Seq::expand_beams(DecodeState& state, int64_t sentences, int64_t k) {
+  select_rows(state, beam_rows(sentences, k));
 }
 
 std::shared_ptr<Seq2Seq> make_seq2seq(const std::string& config_json, const std::string& source, int64_t vocab_size,

@@ -210,9 +210,7 @@ void TranslationTransformer::expand_beams(DecodeState& base, int64_t sentences, 
   auto& st = dynamic_cast<TransformerDecodeState&>(base);
   QKV_CHECK(st.beams == 1 && k >= 1 && sentences == st.src_lengths.size(0), "transformer: expand_beams(", sentences,
             ", ", k, ") on a state of ", st.src_lengths.size(0), " sentences with ", st.beams, " beams");
-  std::vector<int64_t> rows;
-  for (int64_t s = 0; s < sentences; ++s)
-    for (int64_t i = 0; i < k; ++i) rows.push_back(s);
+  const std::vector<int64_t> rows = beam_rows(sentences, k);
   for (KVCache& c : st.self) {  // the self-attention caches become one per beam ...
     c.k = qkv::select_rows(c.k, rows);
     c.v = qkv::select_rows(c.v, rows);

@@ -42,6 +42,7 @@ ViTConfig ViTConfig::from_json(const std::string& text, const std::string& sourc
             ": 2-D sinusoidal positions need d_model divisible by 4");
   QKV_CHECK(c.num_layers > 0 && c.mlp_ratio > 0 && c.num_classes > 1, source,
             ": num_layers and mlp_ratio must be positive, num_classes at least 2");
+  QKV_CHECK(c.dim_feedforward() >= 1, source, ": mlp_ratio ", c.mlp_ratio, " leaves no MLP width");
   QKV_CHECK(c.dropout >= 0 && c.dropout < 1, source, ": dropout must be in [0, 1)");
   QKV_CHECK(c.class_names.empty() || (int64_t)c.class_names.size() == c.num_classes, source, ": ",
             c.class_names.size(), " class_names for ", c.num_classes, " classes");

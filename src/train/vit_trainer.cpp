@@ -127,10 +127,20 @@ void train_vit(VisionTransformer& model, const ImageSet& train_all, const ImageS
   QKV_CHECK(train_all.channels == c.channels && train_all.height == c.image_size && train_all.width == c.image_size,
             "train: images are ", train_all.channels, "x", train_all.height, "x", train_all.width,
             ", the config asks for ", c.channels, "x", c.image_size, "x", c.image_size);
+  QKV_CHECK(test.channels == c.channels && test.height == c.image_size && test.width == c.image_size,
+            "train: test images are ", test.channels, "x", test.height, "x", test.width, ", the config asks for ",
+            c.channels, "x", c.image_size, "x", c.image_size);
   const int64_t count = o.max_train_images > 0 ? std::min(o.max_train_images, train_all.count) : train_all.count;
   for (int64_t i = 0; i < count; ++i)
     QKV_CHECK(train_all.labels[i] >= 0 && train_all.labels[i] < c.num_classes, "train: label ", train_all.labels[i],
               " of image ", i, " is not one of the ", c.num_classes, " classes");
+  for (int64_t i = 0; i < test.count; ++i)
+    QKV_CHECK(test.labels[i] >= 0 && test.labels[i] < c.num_classes, "train: label ", test.labels[i],
+              " of test image ", i, " is not one of the ", c.num_classes, " classes");
+  // What fixes the data order: a resume must see the same (epochs may grow,
+  // which stretches the cosine from there on).
+  const std::string data_key = std::to_string(count) + " images, batch_size " + std::to_string(o.batch_size) +
+                               ", seed " + std::to_string(o.seed);
   const int64_t per_epoch = std::max<int64_t>(1, count / o.batch_size), total = per_epoch * o.epochs;
   model.train();
   AdamW opt(model.parameters(), {.lr = o.lr, .weight_decay = o.weight_decay});
@@ -151,8 +161,10 @@ void train_vit(VisionTransformer& model, const ImageSet& train_all, const ImageS
     if (f.metadata.count("history")) history = nlohmann::json::parse(f.metadata.at("history"));
     QKV_CHECK(step < total, "train --resume: the checkpoint is at step ", step, ", nothing to do for ", total,
               " steps (", o.epochs, " epochs)");
-    QKV_CHECK(step % per_epoch == 0, path, ": saved mid-epoch at step ", step, " of ", per_epoch,
-              " per epoch; resume with the same data and batch_size");
+    const std::string saved = f.metadata.count("data") ? f.metadata.at("data") : "(not recorded)";
+    QKV_CHECK(saved == data_key, path, ": saved for ", saved, "; this run has ", data_key,
+              " (resume with the same images, batch_size and seed)");
+    QKV_CHECK(step % per_epoch == 0, path, ": saved mid-epoch at step ", step, " of ", per_epoch, " per epoch");
   }
   const Augment augment{o.augment_pad, o.augment_flip};
   auto start = std::chrono::steady_clock::now();
@@ -218,7 +230,10 @@ void train_vit(VisionTransformer& model, const ImageSet& train_all, const ImageS
     char best_text[64];
     std::snprintf(best_text, sizeof best_text, "%.17g", best);
     save_safetensors(out_dir + kStateFile, t,
-                     {{"format", "qkv-vit-trainer-state"}, {"best_accuracy", best_text}, {"history", history.dump()}});
+                     {{"format", "qkv-vit-trainer-state"},
+                      {"best_accuracy", best_text},
+                      {"history", history.dump()},
+                      {"data", data_key}});
     if (cb.epoch_done) cb.epoch_done(r);
   }
 }

@@ -20,6 +20,7 @@
 #include "qkv/translation.h"
 #include "qkv/nn.h"
 #include "qkv/optim.h"
+#include "qkv/vit.h"
 #include "tools/qkv/commands.h"
 
 namespace qkv::cli {
@@ -446,12 +447,97 @@ int run_bench_attention(const BenchArgs& a) {
   return 0;
 }
 
+// --- vit: the recipe's Vision Transformer, qkv vs the same model in PyTorch ---
+
+int run_bench_vit(const BenchArgs& a) {
+  // configs/vit-fashion-mnist.json's shape: 28x28x1, patches 7x7, d_model 128, 4 heads, 4 layers, mlp ratio 2.
+  ViTConfig c;
+  c.image_size = 28, c.patch_size = 7, c.channels = 1, c.d_model = 128, c.nhead = 4, c.num_layers = 4;
+  c.mlp_ratio = 2, c.num_classes = 10, c.dropout = 0;
+  for (int i = 0; i < 10; ++i) c.class_names.push_back(std::to_string(i));
+  Rng rng(0);
+  VisionTransformer model(c, rng);
+  AdamW opt(model.parameters(), {.lr = 1e-3f, .weight_decay = 0.05f});
+  std::vector<int64_t> labels;
+  for (int i = 0; i < 128; ++i) labels.push_back((int64_t)rng.next_below(10));
+  Tensor x = Tensor::randn({128, 1, 28, 28}, rng), y = Tensor::from_ints(labels, {128});
+  Tensor xi = Tensor::randn({256, 1, 28, 28}, rng);
+  const bool progress = !a.json && isatty(STDERR_FILENO);
+  if (progress) std::fprintf(stderr, "\rbench vit: qkv ...   ");
+  model.train();
+  auto train_step = [&] {
+    opt.zero_grad();
+    Tensor loss = cross_entropy(model.forward(x), y, {.label_smoothing = 0.1f});
+    loss.backward();
+    clip_grad_norm(model.parameters(), 1.0f);
+    opt.step();
+  };
+  auto best_of_3 = [&](const std::function<void()>& f, int calls) {
+    f();
+    double best = 1e30;
+    for (int r = 0; r < 3; ++r) {
+      auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < calls; ++i) f();
+      best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / calls);
+    }
+    return best;
+  };
+  const int steps = std::max(2, a.steps);
+  const double train_s = best_of_3(train_step, steps);
+  model.eval();
+  const double infer_s = best_of_3([&] {
+    NoGradGuard no_grad;
+    model.forward(xi);
+  }, steps);
+  if (progress) std::fprintf(stderr, "\rbench vit: PyTorch (scripts/bench_vit_torch.py) ...   ");
+  nlohmann::json torch = run_peer(a.python + " scripts/bench_vit_torch.py --threads " + std::to_string(thread_count()) +
+                                  " --steps " + std::to_string(steps));
+  if (progress) std::fprintf(stderr, "\r%70s\r", "");
+  nlohmann::ordered_json out = {{"suite", "vit"},
+                                {"threads", thread_count()},
+                                {"parameters", model.parameter_count()},
+                                {"model", model.summary()},
+                                {"qkv_train_images_per_s", 128 / train_s},
+                                {"qkv_infer_images_per_s", 256 / infer_s}};
+  const bool have_torch = torch.contains("train_images_per_s");
+  if (have_torch) {
+    out["torch"] = torch["torch"];
+    out["torch_parameters"] = torch["parameters"];
+    out["torch_train_images_per_s"] = torch["train_images_per_s"];
+    out["torch_infer_images_per_s"] = torch["infer_images_per_s"];
+    out["train_ratio"] = 128 / train_s / torch["train_images_per_s"].get<double>();
+    out["infer_ratio"] = 256 / infer_s / torch["infer_images_per_s"].get<double>();
+  } else {
+    out["train_ratio"] = nullptr;
+    out["infer_ratio"] = nullptr;
+  }
+  if (a.json) {
+    std::cout << out.dump(2) << "\n";
+    return 0;
+  }
+  std::printf("qkv bench vit: %s\n  training: batches of 128 (AdamW, label smoothing 0.1); inference: batches of 256; "
+              "%d threads\n\n",
+              model.summary().c_str(), thread_count());
+  std::printf("  %-8s %14s %14s\n", "", "train img/s", "infer img/s");
+  std::printf("  %-8s %14.0f %14.0f\n", "qkv", 128 / train_s, 256 / infer_s);
+  if (have_torch) {
+    std::printf("  %-8s %14.0f %14.0f   (PyTorch %s, %lld parameters)\n", "PyTorch",
+                torch["train_images_per_s"].get<double>(), torch["infer_images_per_s"].get<double>(),
+                torch["torch"].get<std::string>().c_str(), (long long)torch["parameters"].get<int64_t>());
+    std::printf("  %-8s %13.2fx %13.2fx\n", "ratio", out["train_ratio"].get<double>(), out["infer_ratio"].get<double>());
+  } else {
+    std::printf("  PyTorch  not available (needs python3 with torch)\n");
+  }
+  return 0;
+}
+
 int run_bench(const BenchArgs& a) {
   set_threads(a.threads);
   if (a.suite == "attention") return run_bench_attention(a);
   if (a.suite == "train") return run_bench_train(a);
   if (a.suite == "decode") return run_bench_decode(a);
-  QKV_CHECK(a.suite == "ops", "bench: unknown suite '", a.suite, "' (available: ops, attention, train, decode)");
+  if (a.suite == "vit") return run_bench_vit(a);
+  QKV_CHECK(a.suite == "ops", "bench: unknown suite '", a.suite, "' (available: ops, attention, train, decode, vit)");
   std::vector<GemmRow> gemms = {
       {"square 256", 1, 256, 256, 256, false},
       {"square 512", 1, 512, 512, 512, false},
@@ -505,16 +591,16 @@ int run_bench(const BenchArgs& a) {
 Run add_bench(CLI::App& app) {
   auto args = std::make_shared<BenchArgs>();
   CLI::App* sub =
-      app.add_subcommand("bench", "Measure speed side by side with a peer (suites: ops, attention, train, decode)");
-  sub->add_option("suite", args->suite, "Which benchmark: ops | attention | train | decode")->required();
+      app.add_subcommand("bench", "Measure speed side by side with a peer (suites: ops, attention, train, decode, vit)");
+  sub->add_option("suite", args->suite, "Which benchmark: ops | attention | train | decode | vit")->required();
   sub->add_option("--model", args->model, "decode: a trained model folder")->capture_default_str();
   sub->add_option("--test", args->test, "decode: sentences to translate (TSV)")->capture_default_str();
   sub->add_option("--sentences", args->sentences, "decode: how many")->capture_default_str();
-  sub->add_option("--steps", args->steps, "train: timed training steps")->capture_default_str();
+  sub->add_option("--steps", args->steps, "train, vit: timed training steps")->capture_default_str();
   sub->add_option("--n", args->lengths, "attention: sequence lengths")->capture_default_str();
   sub->add_option("--max-naive", args->max_naive, "attention: longest length for the naive path")->capture_default_str();
   sub->add_flag("--causal", args->causal, "attention: causal mask");
-  sub->add_option("--python", args->python, "attention: Python with torch for the peer column")->capture_default_str();
+  sub->add_option("--python", args->python, "attention, train, vit: Python with torch for the peer column")->capture_default_str();
   sub->add_flag("--json", args->json, "Print one JSON object instead of tables");
   sub->add_option("--threads", args->threads, "Threads (0: all cores)")->capture_default_str();
   sub->add_option("--seconds", args->seconds, "Seconds per measurement round")->capture_default_str();

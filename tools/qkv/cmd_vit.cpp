@@ -131,10 +131,12 @@ int run_classify(const ClassifyArgs& a) {
   if (!a.indices.empty()) {
     QKV_CHECK(!a.test.empty(), "classify: --index needs --test FOLDER");
     ImageSet test = load_idx_folder(a.test, "t10k");
-    QKV_CHECK(test.channels * test.height * test.width == pixels && test.height == size, a.test, ": images are ",
-              test.height, "x", test.width, ", the model takes ", size, "x", size);
+    QKV_CHECK(test.channels == c.channels && test.height == size && test.width == size, a.test, ": images are ",
+              test.channels, "x", test.height, "x", test.width, ", the model takes ", c.channels, "x", size, "x", size);
     for (int64_t i : a.indices) {
       QKV_CHECK(i >= 0 && i < test.count, "classify: --index ", i, " outside [0, ", test.count, ")");
+      QKV_CHECK(test.labels[i] >= 0 && test.labels[i] < c.num_classes, a.test, ": label ", test.labels[i],
+                " of image ", i, " is not one of the model's ", c.num_classes, " classes");
       names.push_back(a.test + " #" + std::to_string(i) + " (" + c.class_names[test.labels[i]] + ")");
       images.emplace_back(test.image(i), test.image(i) + pixels);
     }
