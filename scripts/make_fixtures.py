@@ -403,6 +403,111 @@ def make_vit(out_dir):
     save_file(t, os.path.join(out_dir, "vit_golden.safetensors"), metadata={"torch": torch.__version__})
 
 
+def moe_ref(x2, router, ws, prefix, E, K):
+    """Top-K routing over E SwiGLU experts, gates renormalized; the Switch load-balancing loss (weight 0.01)."""
+    probs = torch.softmax(x2 @ router.t(), -1)
+    top_p, top_i = probs.topk(K, -1)
+    gates = top_p / top_p.sum(-1, keepdim=True)
+    y = torch.zeros_like(x2)
+    for j in range(K):
+        for e in range(E):
+            sel = top_i[:, j] == e
+            if sel.any():
+                xe = x2[sel]
+                h = F.silu(F.linear(xe, ws[f"{prefix}experts.{e}.w1.weight"])) * F.linear(xe, ws[f"{prefix}experts.{e}.w2.weight"])
+                y = y.index_add(0, sel.nonzero()[:, 0], gates[sel, j:j + 1] * F.linear(h, ws[f"{prefix}experts.{e}.w3.weight"]))
+    fraction = F.one_hot(top_i, E).sum(1).to(x2.dtype).mean(0) / K
+    return y, 0.01 * E * (fraction * probs.mean(0)).sum()
+
+
+def make_decoder(out_dir):
+    """The decoder-only LM as plain PyTorch: a dense case (RMSNorm, RoPE, QK-Norm, grouped-query heads,
+    SwiGLU, tied output) and a MoE case (LayerNorm, learned positions, 4 SwiGLU experts top-2, untied output).
+    Loss: sum(logits * r) (+ the MoE auxiliary loss)."""
+    torch.manual_seed(17)
+    t = {}
+    dt = torch.float64
+    B, T, V, D, H, L, FF = 2, 7, 23, 16, 4, 2, 24
+    Dh = D // H
+    for case, moe in (("lm_dense", False), ("lm_moe", True)):
+        Hkv = 2 if not moe else H
+        p = {"embed.weight": torch.randn(V, D, dtype=dt) * 0.5}
+        if moe:
+            p["positions.weight"] = torch.randn(T + 3, D, dtype=dt) * 0.3
+            p["output_proj.weight"] = torch.randn(V, D, dtype=dt) / 4
+        for i in range(L):
+            a = f"layers.{i}."
+            p[a + "self_attn.qkv_proj.weight"] = torch.randn((H + 2 * Hkv) * Dh, D, dtype=dt) / 4
+            p[a + "self_attn.qkv_proj.bias"] = torch.randn((H + 2 * Hkv) * Dh, dtype=dt) / 4
+            p[a + "self_attn.out_proj.weight"] = torch.randn(D, H * Dh, dtype=dt) / 4
+            p[a + "self_attn.out_proj.bias"] = torch.randn(D, dtype=dt) / 4
+            if not moe:
+                p[a + "self_attn.q_norm.weight"] = 1 + torch.randn(Dh, dtype=dt) / 4
+                p[a + "self_attn.k_norm.weight"] = 1 + torch.randn(Dh, dtype=dt) / 4
+            for n in ("norm1", "norm2"):
+                p[a + n + ".weight"] = 1 + torch.randn(D, dtype=dt) / 4
+                if moe:
+                    p[a + n + ".bias"] = torch.randn(D, dtype=dt) / 4
+            if moe:
+                p[a + "mlp.router.weight"] = torch.randn(4, D, dtype=dt) / 2
+                for e in range(4):
+                    p[a + f"mlp.experts.{e}.w1.weight"] = torch.randn(FF, D, dtype=dt) / 4
+                    p[a + f"mlp.experts.{e}.w2.weight"] = torch.randn(FF, D, dtype=dt) / 4
+                    p[a + f"mlp.experts.{e}.w3.weight"] = torch.randn(D, FF, dtype=dt) / 4
+            else:
+                p[a + "mlp.w1.weight"] = torch.randn(FF, D, dtype=dt) / 4
+                p[a + "mlp.w2.weight"] = torch.randn(FF, D, dtype=dt) / 4
+                p[a + "mlp.w3.weight"] = torch.randn(D, FF, dtype=dt) / 4
+        p["norm.weight"] = 1 + torch.randn(D, dtype=dt) / 4
+        if moe:
+            p["norm.bias"] = torch.randn(D, dtype=dt) / 4
+        for v in p.values():
+            v.requires_grad_(True)
+
+        def norm(x, name):
+            if moe:
+                return F.layer_norm(x, (D,), p[name + ".weight"], p[name + ".bias"], 1e-5)
+            return rms_norm(x, p[name + ".weight"], 1e-5)
+
+        ids = torch.randint(0, V, (B, T))
+        x = F.embedding(ids, p["embed.weight"])
+        if moe:
+            x = x + p["positions.weight"][:T]
+        causal = torch.triu(torch.ones(T, T, dtype=torch.bool), 1)
+        aux = torch.zeros((), dtype=dt)
+        for i in range(L):
+            a = f"layers.{i}."
+            h = norm(x, a + "norm1")
+            q, k, v = F.linear(h, p[a + "self_attn.qkv_proj.weight"], p[a + "self_attn.qkv_proj.bias"]).split(
+                [H * Dh, Hkv * Dh, Hkv * Dh], -1)
+            q, k = q.view(B, T, H, Dh).transpose(1, 2), k.view(B, T, Hkv, Dh).transpose(1, 2)
+            v = v.view(B, T, Hkv, Dh).transpose(1, 2)
+            if not moe:
+                q = rope_ref(rms_norm(q, p[a + "self_attn.q_norm.weight"], 1e-6))
+                k = rope_ref(rms_norm(k, p[a + "self_attn.k_norm.weight"], 1e-6))
+            k, v = k.repeat_interleave(H // Hkv, 1), v.repeat_interleave(H // Hkv, 1)
+            scores = (q @ k.transpose(-1, -2) / Dh ** 0.5).masked_fill(causal, float("-inf"))
+            ctx = (scores.softmax(-1) @ v).transpose(1, 2).reshape(B, T, D)
+            x = x + F.linear(ctx, p[a + "self_attn.out_proj.weight"], p[a + "self_attn.out_proj.bias"])
+            h = norm(x, a + "norm2")
+            if moe:
+                y, aux_i = moe_ref(h.reshape(-1, D), p[a + "mlp.router.weight"], p, a + "mlp.", 4, 2)
+                x = x + y.reshape(B, T, D)
+                aux = aux + aux_i
+            else:
+                x = x + F.linear(F.silu(F.linear(h, p[a + "mlp.w1.weight"])) * F.linear(h, p[a + "mlp.w2.weight"]),
+                                 p[a + "mlp.w3.weight"])
+        x = norm(x, "norm")
+        out = F.linear(x, p["output_proj.weight"] if moe else p["embed.weight"])
+        r = torch.randn(out.shape, dtype=dt)
+        ((out * r).sum() + aux).backward()
+        store(t, case, {}, out, r, p, {k_: v_.grad for k_, v_ in p.items()})
+        t[f"{case}.ids"] = ids
+        t[f"{case}.aux"] = aux.detach().float().reshape(1)
+    t = {k_: v_.contiguous() for k_, v_ in t.items()}
+    save_file(t, os.path.join(out_dir, "decoder_golden.safetensors"), metadata={"torch": torch.__version__})
+
+
 def make_metrics(out_dir):
     """sacreBLEU's corpus BLEU (tokenize='char') and chrF on fixed sentences."""
     import json
@@ -494,6 +599,7 @@ def main():
     make_mlp(args.out)
     make_blocks(args.out)
     make_vit(args.out)
+    make_decoder(args.out)
     make_metrics(args.out)
     make_python_written(args.out)
     print(f"wrote {n} op cases, the MLP AdamW steps and the Python-written files to {args.out}")

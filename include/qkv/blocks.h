@@ -190,6 +190,9 @@ public:
   TransformerEncoderLayer(TransformerLayerOptions options, Rng& rng);
   // x [B, S, D]; call carries the source padding (and a causal flag for decoder-only use).
   Tensor forward(const Tensor& x, const AttentionCall& call = {});
+  // Causal self-attention over a KV cache (decoder-only models): x [B, T, D]
+  // are positions cache.length .. cache.length+T-1.
+  Tensor forward_cached(const Tensor& x, KVCache& cache);
   std::shared_ptr<MultiheadAttention> self_attn;
   std::shared_ptr<FeedForward> mlp;
   std::shared_ptr<Norm> norm1, norm2;
@@ -197,6 +200,7 @@ public:
   std::shared_ptr<Dropout> dropout1, dropout2;
 
 private:
+  Tensor run(const Tensor& x, const std::function<Tensor(const Tensor&)>& attend);  // Pre- or Post-Norm wiring
   TransformerLayerOptions options_;
 };
 

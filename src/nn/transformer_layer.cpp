@@ -57,13 +57,20 @@ TransformerEncoderLayer::TransformerEncoderLayer(TransformerLayerOptions o, Rng&
   dropout2 = register_module("dropout2", std::make_shared<Dropout>(o.dropout, rng.next_bits()));
 }
 
-Tensor TransformerEncoderLayer::forward(const Tensor& x_in, const AttentionCall& call) {
-  Tensor x = x_in;
-  auto attend = [&](const Tensor& h) {
+Tensor TransformerEncoderLayer::forward(const Tensor& x, const AttentionCall& call) {
+  return run(x, [&](const Tensor& h) {
     AttentionOutput a = self_attn->forward(h, call);
     last_self_weights = a.weights;
     return a.out;
-  };
+  });
+}
+
+Tensor TransformerEncoderLayer::forward_cached(const Tensor& x, KVCache& cache) {
+  return run(x, [&](const Tensor& h) { return self_attn->forward_cached(h, cache).out; });
+}
+
+Tensor TransformerEncoderLayer::run(const Tensor& x_in, const std::function<Tensor(const Tensor&)>& attend) {
+  Tensor x = x_in;
   if (options_.norm_first) {
     x = add(x, dropout1->forward(attend(norm1->forward(x))));
     return add(x, dropout2->forward(mlp->forward(norm2->forward(x))));

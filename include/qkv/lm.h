@@ -1,0 +1,70 @@
+// qkv/lm.h — the decoder-only language model: the modern variants together.
+//
+//   x      = E[ids] (+ P[positions] for learned or sinusoidal positions)
+//   blocks   L causal self-attention + MLP layers (Pre-Norm or Post-Norm,
+//            LayerNorm or RMSNorm, QK-Norm, RoPE, grouped-query heads,
+//            dense / SwiGLU / Mixture-of-Experts MLP)
+//   logits = norm(x) E^T   (tied; or a separate output projection)
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "qkv/blocks.h"
+
+namespace qkv {
+
+struct DecoderConfig {
+  std::string arch = "decoder";
+  int64_t vocab_size = 0;
+  int64_t d_model = 128, nhead = 4;
+  int64_t num_kv_heads = 0;  // grouped-query attention; 0: nhead
+  int64_t num_layers = 4, dim_feedforward = 512;
+  float dropout = 0.0f;
+  std::string activation = "gelu";  // relu | gelu | gelu_tanh | silu (dense MLP)
+  bool norm_first = true;
+  std::string norm = "rmsnorm";     // layernorm | rmsnorm
+  std::string mlp = "swiglu";       // dense | swiglu | moe
+  bool qk_norm = false;
+  std::string positions = "rope";   // rope | learned | sinusoidal
+  int64_t context = 256;            // the longest sequence (learned positions' table size)
+  bool tie_output = true;
+  MoEOptions moe;
+  // Unknown keys and bad values are errors naming `source`; "train" and "tokenizer" are skipped.
+  static DecoderConfig from_json(const std::string& text, const std::string& source);
+  std::string to_json() const;
+  TransformerLayerOptions layer_options() const;
+};
+
+// Parameters: embed.weight [V, D], positions.weight [context, D] (learned),
+// layers.i.* (TransformerEncoderLayer run causally), norm.* (Pre-Norm),
+// output_proj.weight [V, D] (untied).
+class DecoderLM : public Module {
+public:
+  DecoderLM(const DecoderConfig& config, Rng& rng);
+  // ids [B, T] -> logits [B, T, V]; position t sees tokens 0..t.
+  Tensor forward(const Tensor& ids);
+  // One KV cache per layer for `capacity` positions.
+  std::vector<KVCache> make_caches(int64_t batch, int64_t capacity) const;
+  // ids [B, T] at positions caches[0].length .. +T-1 -> logits [B, T, V]:
+  // the prompt at once (prefill), then one token at a time.
+  Tensor forward_cached(const Tensor& ids, std::vector<KVCache>& caches);
+  // The MoE layers' load-balancing losses of the last forward (undefined without MoE).
+  Tensor aux_loss() const;
+  const DecoderConfig& config() const { return config_; }
+  std::string summary() const;
+
+  std::shared_ptr<Embedding> embed;
+  std::shared_ptr<LearnedPositionalEmbedding> positions;
+  std::vector<std::shared_ptr<TransformerEncoderLayer>> layers;
+  std::shared_ptr<Norm> norm;
+  std::shared_ptr<Linear> output_proj;
+  std::shared_ptr<Dropout> dropout;
+
+private:
+  Tensor embed_tokens(const Tensor& ids, int64_t offset);
+  Tensor logits(const Tensor& x);
+  DecoderConfig config_;
+};
+
+}  // namespace qkv
