@@ -52,8 +52,8 @@ Tensor image_batch(const ImageSet& set, const std::vector<int64_t>& indices, con
 
 // Writes images with heat maps beside them as one PNG, a row per image: the
 // image (C x size x size bytes, scaled up by `scale`) on the left, on the
-// right the image in gray under its heat map (heat_h x heat_w values, scaled
-// to their maximum and upsampled bilinearly) in red.
+// right the image in gray under its heat map (heat_h x heat_w values,
+// stretched to their own min..max and upsampled bilinearly) in red.
 void write_heatmap_png(const std::string& path, const std::vector<std::vector<uint8_t>>& images, int64_t channels,
                        int64_t size, const std::vector<std::vector<float>>& heats, int64_t heat_h, int64_t heat_w,
                        int64_t scale = 8);

@@ -175,8 +175,9 @@ void write_heatmap_png(const std::string& path, const std::vector<std::vector<ui
     const std::vector<float>& heat = heats[r];
     QKV_CHECK((int64_t)image.size() == channels * size * size && (int64_t)heat.size() == heat_h * heat_w,
               "write_heatmap_png: image ", r, " or its heat map has the wrong size");
-    float hi = 1e-12f;
-    for (float v : heat) hi = std::max(hi, v);
+    // The map's own range: rollout is close to uniform, so its min..max carries the picture.
+    const float lo = *std::min_element(heat.begin(), heat.end());
+    const float span = std::max(*std::max_element(heat.begin(), heat.end()) - lo, 1e-12f);
     const int64_t top = gap + r * (S + gap);
     for (int64_t y = 0; y < S; ++y)
       for (int64_t x = 0; x < S; ++x) {
@@ -188,7 +189,7 @@ void write_heatmap_png(const std::string& path, const std::vector<std::vector<ui
         int y0 = (int)hy, x0 = (int)hx;
         int y1 = std::min<int>(y0 + 1, (int)heat_h - 1), x1 = std::min<int>(x0 + 1, (int)heat_w - 1);
         float fy = hy - y0, fx = hx - x0;
-        auto at = [&](int a, int b) { return heat[a * heat_w + b] / hi; };
+        auto at = [&](int a, int b) { return (heat[a * heat_w + b] - lo) / span; };
         float h = (1 - fy) * ((1 - fx) * at(y0, x0) + fx * at(y0, x1)) + fy * ((1 - fx) * at(y1, x0) + fx * at(y1, x1));
         float gray = 0.299f * px[0] + 0.587f * px[1] + 0.114f * px[2];
         const float red[3] = {255, 30, 10};
