@@ -146,6 +146,25 @@ grep -q "t10k-images-idx3-ubyte: truncated" "$tmp/err" || { echo "FAIL truncated
 check "bench vit tiny" 0 "$QKV" bench vit --steps 1 --json --python false
 grep -q '"qkv_train_images_per_s"' "$tmp/out" || { echo "FAIL bench vit json"; failures=$((failures + 1)); }
 
+# A decoder language model on a short text, then generation from it.
+for i in $(seq 30); do printf 'the cat sat on the mat.\n\n' >>"$tmp/lm.txt"; done
+printf '{"arch": "decoder", "d_model": 32, "nhead": 4, "num_layers": 1, "dim_feedforward": 64, "context": 32,\n "train": {"steps": 20, "batch_size": 4, "eval_every": 10}}\n' >"$tmp/lm.json"
+check "train decoder" 0 "$QKV" train --config "$tmp/lm.json" --train "$tmp/lm.txt" --out "$tmp/lm"
+grep -q "perplexity" "$tmp/out" || { echo "FAIL train decoder reports no perplexity"; cat "$tmp/out"; failures=$((failures + 1)); }
+check "train decoder --resume" 0 "$QKV" train --config "$tmp/lm.json" --train "$tmp/lm.txt" --out "$tmp/lm" --steps 30 --resume
+grep -q '"step": 30' "$tmp/lm/trainer_state.json" || { echo "FAIL decoder resume did not reach step 30"; failures=$((failures + 1)); }
+check "generate" 0 "$QKV" generate --model "$tmp/lm" --prompt "the cat" --max-new-tokens 10 --temperature 0.8 --top-k 5 --top-p 0.9 --seed 2
+grep -q "^the cat" "$tmp/out" || { echo "FAIL generate does not echo the prompt"; cat "$tmp/out"; failures=$((failures + 1)); }
+check "generate too long a prompt" nonzero "$QKV" generate --model "$tmp/lm" --prompt "$(printf 'x%.0s' $(seq 40))"
+one_line_error "generate too long a prompt"
+check "generate --truncate-prompt" 0 "$QKV" generate --model "$tmp/lm" --prompt "$(printf 'x%.0s' $(seq 40))" --max-new-tokens 3 --truncate-prompt
+check "generate bad top-p" nonzero "$QKV" generate --model "$tmp/lm" --top-p 1.5
+one_line_error "generate bad top-p"
+printf 'good\nbad\377\n' >"$tmp/badlm.txt"
+check "train decoder invalid UTF-8" nonzero "$QKV" train --config "$tmp/lm.json" --train "$tmp/badlm.txt" --out "$tmp/lm2"
+one_line_error "train decoder invalid UTF-8"
+grep -q "line 2: invalid UTF-8" "$tmp/err" || { echo "FAIL decoder UTF-8 error lacks the line"; cat "$tmp/err"; failures=$((failures + 1)); }
+
 # Benchmarks: a tiny run of each suite prints its table; a wrong suite is one clear error.
 check "bench attention tiny" 0 "$QKV" bench attention --n 64 96 --seconds 0.01 --python false
 grep -q "flash" "$tmp/out" && grep -q "naive" "$tmp/out" || { echo "FAIL bench attention table"; cat "$tmp/out"; failures=$((failures + 1)); }

@@ -1,6 +1,6 @@
-// qkv/tokenizer.h — text <-> token ids. Two kinds behind one interface: a
-// character vocabulary, and SentencePiece (unigram or BPE) trained on the
-// training text. Every kind numbers the specials the same way, so models and
+// qkv/tokenizer.h — text <-> token ids. Three kinds behind one interface: a
+// character vocabulary, SentencePiece (unigram or BPE) trained on the
+// training text, and bytes (for language models: any text, no training). Every kind numbers the specials the same way, so models and
 // decoders never ask which one they have.
 #pragma once
 
@@ -24,13 +24,15 @@ public:
   virtual int64_t size() const = 0;
   // The "tokenizer" object of config.json (type and options) ...
   virtual std::string config_json() const = 0;
-  // ... and the file in the model folder that holds the vocabulary.
+  // ... and the file in the model folder that holds the vocabulary ("" when none is needed).
   virtual std::string file_name() const = 0;
   virtual std::string serialize() const = 0;
 };
 
 // The "tokenizer" field of a model config:
 //   "char" or {"type": "char"}
+//   "bytes" or {"type": "bytes"}: ids 4..259 are the bytes 0..255; decode
+//     returns the bytes as they are (a multi-byte character may be cut)
 //   {"type": "sentencepiece", "model_type": "unigram" | "bpe", "vocab_size": 4000,
 //    "character_coverage": 1.0}
 // Unknown keys and values are errors naming `source`.

@@ -145,6 +145,45 @@ private:
   sentencepiece::SentencePieceProcessor sp_;
 };
 
+// Bytes: id 4 + b for byte b. Nothing to learn and nothing to save.
+class ByteTokenizer final : public Tokenizer {
+public:
+  std::vector<int64_t> encode(const std::string& text) const override {
+    std::vector<int64_t> ids;
+    for (unsigned char c : text) ids.push_back(4 + (int64_t)c);
+    return ids;
+  }
+  std::string decode(const std::vector<int64_t>& ids) const override {
+    std::string out;
+    for (int64_t id : ids) {
+      if (id == kEos) break;
+      if (id >= 4 && id < 260) out += (char)(id - 4);
+      else if (id == kUnk || id >= 260 || id < 0) out += "\xEF\xBF\xBD";
+    }
+    return out;
+  }
+  std::vector<std::string> pieces(const std::vector<int64_t>& ids) const override {
+    static const char* kNames[] = {"<pad>", "<bos>", "<eos>", "<unk>"};
+    std::vector<std::string> out;
+    for (int64_t id : ids) {
+      if (id >= 0 && id < 4) {
+        out.push_back(kNames[id]);
+      } else if (id >= 4 + 0x20 && id < 4 + 0x7f) {
+        out.push_back(std::string(1, (char)(id - 4)));
+      } else {
+        char hex[8];
+        std::snprintf(hex, sizeof hex, "\\x%02X", (unsigned)((id - 4) & 0xff));
+        out.push_back(hex);
+      }
+    }
+    return out;
+  }
+  int64_t size() const override { return 260; }
+  std::string config_json() const override { return R"({"type": "bytes"})"; }
+  std::string file_name() const override { return ""; }
+  std::string serialize() const override { return ""; }
+};
+
 TokenizerConfig TokenizerConfig::from_json(const std::string& text, const std::string& source) {
   nlohmann::json j = parse_json(text, source);
   TokenizerConfig c;
@@ -162,8 +201,8 @@ TokenizerConfig TokenizerConfig::from_json(const std::string& text, const std::s
   } catch (const nlohmann::json::exception& e) {
     fail(source, ": tokenizer: ", e.what());
   }
-  QKV_CHECK(c.type == "char" || c.type == "sentencepiece", source, ": tokenizer type must be \"char\" or ",
-            "\"sentencepiece\", not \"", c.type, "\"");
+  QKV_CHECK(c.type == "char" || c.type == "sentencepiece" || c.type == "bytes", source,
+            ": tokenizer type must be \"char\", \"sentencepiece\" or \"bytes\", not \"", c.type, "\"");
   QKV_CHECK(c.model_type == "unigram" || c.model_type == "bpe", source,
             ": tokenizer model_type must be \"unigram\" or \"bpe\", not \"", c.model_type, "\"");
   QKV_CHECK(c.vocab_size >= 8, source, ": tokenizer vocab_size must be at least 8, not ", c.vocab_size);
@@ -211,6 +250,7 @@ private:
 }  // namespace
 
 std::unique_ptr<Tokenizer> train_tokenizer(const TokenizerConfig& config, const std::vector<std::string>& texts) {
+  if (config.type == "bytes") return std::make_unique<ByteTokenizer>();
   QKV_CHECK(!texts.empty(), "cannot build a tokenizer from no text");
   if (config.type == "char") return std::make_unique<CharTokenizer>(CharTokenizer::build(texts));
   // One thread and no sampling: the same text gives the same model. No
@@ -235,6 +275,7 @@ std::unique_ptr<Tokenizer> train_tokenizer(const TokenizerConfig& config, const 
 
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& config_json, const std::string& dir) {
   TokenizerConfig c = TokenizerConfig::from_json(config_json, dir + "/config.json");
+  if (c.type == "bytes") return std::make_unique<ByteTokenizer>();
   if (c.type == "char") {
     std::string path = dir + "/tokenizer.json";
     return std::make_unique<CharTokenizer>(CharTokenizer::from_json(read_file(path), path));

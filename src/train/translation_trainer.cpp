@@ -264,7 +264,8 @@ void save_translation_model(const TranslationModel& m, const std::string& dir, c
   QKV_CHECK(std::filesystem::is_directory(dir), "cannot create the model folder ", dir, ec ? ": " + ec.message() : "");
   nlohmann::ordered_json config = nlohmann::ordered_json::parse(m.model->config_json());
   config["tokenizer"] = nlohmann::ordered_json::parse(m.tokenizer->config_json());
-  write_file_atomic(dir + "/" + m.tokenizer->file_name(), m.tokenizer->serialize());
+  if (!m.tokenizer->file_name().empty())
+    write_file_atomic(dir + "/" + m.tokenizer->file_name(), m.tokenizer->serialize());
   write_file_atomic(dir + "/config.json", config.dump(2) + "\n");
   save_safetensors(dir + "/model.safetensors", m.model->state_dict(),
                    {{"format", "qkv"}, {"arch", config.value("arch", "")}});

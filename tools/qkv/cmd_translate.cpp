@@ -68,7 +68,11 @@ int run_train(const TrainArgs& a) {
               "config trains for --epochs");
     return run_vit_train({a.config, config_text, a.train, a.valid, a.out, a.epochs, a.lr, a.seed, a.resume});
   }
-  QKV_CHECK(a.epochs == 0, "train: --epochs is for vit configs; translation trains for --steps");
+  QKV_CHECK(a.epochs == 0, "train: --epochs is for vit configs; translation and decoder models train for --steps");
+  if (is_decoder_config(config_text)) {
+    QKV_CHECK(a.batch_tokens == 0, "train: --batch-tokens is for translation; a decoder config sets train.batch_size");
+    return run_lm_train({a.config, config_text, a.train, a.valid, a.out, a.steps, a.lr, a.seed, a.resume});
+  }
   TrainOptions o = TrainOptions::from_json(config_text, a.config);
   if (a.steps > 0) o.steps = a.steps;
   if (a.batch_tokens > 0) o.batch_tokens = a.batch_tokens;
@@ -190,17 +194,18 @@ Run add_data(CLI::App& app) {
 Run add_train(CLI::App& app) {
   auto args = std::make_shared<TrainArgs>();
   CLI::App* sub = app.add_subcommand(
-      "train", "Train a model from a config: translation on tab-separated parallel text, or a vit on IDX images");
+      "train", "Train a model from a config: translation on tab-separated parallel text, a vit on IDX images, "
+               "a decoder language model on plain text");
   sub->add_option("--config", args->config,
                   "Model and training config (JSON), e.g. configs/transformer-zh-ja.json, configs/vit-fashion-mnist.json")
       ->required();
   sub->add_option("--train", args->train,
                   "Training pairs, source<TAB>target per line; for vit a folder of IDX files (train-images-idx3-ubyte[.gz], "
-                  "train-labels-idx1-ubyte[.gz])")
+                  "train-labels-idx1-ubyte[.gz]); for decoder a UTF-8 text file (documents separated by blank lines)")
       ->required();
   sub->add_option("--valid", args->valid,
                   "Validation pairs (default: the last 5% of --train); for vit the folder of the t10k test files "
-                  "(default: --train)");
+                  "(default: --train); for decoder a text file (default: the last 5% of --train's tokens)");
   sub->add_option("--out", args->out, "Model folder to write")->required();
   sub->add_option("--steps", args->steps, "Training steps (overrides the config)");
   sub->add_option("--epochs", args->epochs, "vit: epochs (overrides the config)");

@@ -17,6 +17,7 @@ Run add_train(CLI::App& app);
 Run add_translate(CLI::App& app);
 Run add_eval(CLI::App& app);
 Run add_classify(CLI::App& app);
+Run add_generate(CLI::App& app);
 
 }  // namespace qkv::cli
 
@@ -42,6 +43,18 @@ struct VitTrainArgs {
 };
 int run_vit_train(const VitTrainArgs& a);
 int run_vit_eval(const std::string& model_dir, const std::string& test_dir, bool json);
+
+// Decoder-only language models behind qkv train (cmd_lm.cpp): a config whose
+// "arch" is "decoder" goes there.
+bool is_decoder_config(const std::string& config_text);
+struct LmTrainArgs {
+  std::string config_path, config_text, train, valid, out;
+  int64_t steps = 0;  // 0: the config's
+  double lr = 0;      // 0: the config's
+  int64_t seed = -1;
+  bool resume = false;
+};
+int run_lm_train(const LmTrainArgs& a);
 
 // Sets the OpenMP (and so OpenBLAS) thread count; 0 keeps the default.
 void set_threads(int threads);

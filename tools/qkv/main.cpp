@@ -34,6 +34,7 @@ int main(int argc, char** argv) {
   add(qkv::cli::add_translate);
   add(qkv::cli::add_eval);
   add(qkv::cli::add_classify);
+  add(qkv::cli::add_generate);
   add(qkv::cli::add_inspect);
   add(qkv::cli::add_bench);
   try {

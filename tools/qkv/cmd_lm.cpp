@@ -1,0 +1,126 @@
+// Decoder-only language models from the command line: qkv train when the
+// config's arch is "decoder", and qkv generate.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "qkv/io.h"
+#include "qkv/lm_trainer.h"
+#include "qkv/utf8.h"
+#include "tools/qkv/commands.h"
+
+namespace qkv::cli {
+
+bool is_decoder_config(const std::string& config_text) {
+  nlohmann::json j = nlohmann::json::parse(config_text, nullptr, /*allow_exceptions=*/false);
+  return j.is_object() && j.value("arch", "") == "decoder";
+}
+
+int run_lm_train(const LmTrainArgs& a) {
+  LmTrainOptions o = LmTrainOptions::from_json(a.config_text, a.config_path);
+  if (a.steps > 0) o.steps = a.steps;
+  if (a.lr > 0) o.lr = (float)a.lr;
+  if (a.seed >= 0) o.seed = (uint64_t)a.seed;
+  o.resume = a.resume;
+  const std::string train_text = read_file(a.train);
+  LanguageModel m = a.resume ? load_language_model(a.out)
+                             : new_language_model(a.config_text, a.config_path, train_text, o.seed);
+  if (a.resume) m.model->train();
+  std::vector<int64_t> train, valid;
+  try {
+    train = pack_documents(*m.tokenizer, train_text);
+  } catch (const Error& e) {
+    fail(a.train, ":", e.what());
+  }
+  if (!a.valid.empty()) {
+    try {
+      valid = pack_documents(*m.tokenizer, read_file(a.valid));
+    } catch (const Error& e) {
+      fail(a.valid, ":", e.what());
+    }
+  } else {  // hold out the last 5% of the tokens
+    const size_t n = std::max<size_t>(2, train.size() / 20);
+    QKV_CHECK(train.size() > 2 * n, a.train, ": too little text to hold some out for validation; pass --valid");
+    valid.assign(train.end() - (ptrdiff_t)n, train.end());
+    train.resize(train.size() - n);
+  }
+  std::printf("qkv train: %s\n  %zu training tokens, %zu validation tokens; %lld steps of %lld x %lld tokens, %d threads\n",
+              m.model->summary().c_str(), train.size(), valid.size(), (long long)o.steps, (long long)o.batch_size,
+              (long long)m.model->config().context, thread_count());
+  LmCallbacks cb;
+  cb.progress = [](const LmProgress& p) {
+    static bool tty = isatty(STDOUT_FILENO);
+    const int width = 24;
+    int filled = (int)(width * p.step / p.total_steps);
+    if (!tty && p.step % std::max<int64_t>(1, p.total_steps / 10) != 0 && p.step != 1) return;
+    std::printf("%s[%s%s] step %lld/%lld  loss %.3f  %.0f tok/s  lr %.2e  ETA %dm%02ds%s", tty ? "\r" : "",
+                std::string(filled, '#').c_str(), std::string(width - filled, '.').c_str(), (long long)p.step,
+                (long long)p.total_steps, p.loss, p.tokens_per_second, p.lr, (int)p.eta_seconds / 60,
+                (int)p.eta_seconds % 60, p.skipped_steps ? ("  skipped " + std::to_string(p.skipped_steps)).c_str() : "");
+    if (!tty) std::putchar('\n');
+    std::fflush(stdout);
+  };
+  cb.evaluated = [](const LmEvalReport& r) {
+    std::printf("%sstep %lld: valid loss %.4f  perplexity %.3f%s\n", isatty(STDOUT_FILENO) ? "\n" : "",
+                (long long)r.step, r.valid_loss, r.perplexity, r.best ? "  (best, saved)" : "");
+    std::fflush(stdout);
+  };
+  train_language_model(m, train, valid, o, a.out, cb);
+  std::printf("model: %s\n", a.out.c_str());
+  return 0;
+}
+
+namespace {
+
+struct GenerateArgs {
+  std::string model, prompt;
+  GenerateOptions options;
+  int threads = 0;
+};
+
+int run_generate(GenerateArgs a) {
+  set_threads(a.threads);
+  LanguageModel m = load_language_model(a.model);
+  QKV_CHECK(invalid_utf8_offset(a.prompt) == std::string::npos, "generate: the prompt is not valid UTF-8");
+  std::fputs(a.prompt.c_str(), stdout);
+  std::fflush(stdout);
+  std::vector<int64_t> out = generate(m, a.prompt, a.options, [](const std::string& piece) {
+    std::fwrite(piece.data(), 1, piece.size(), stdout);
+    std::fflush(stdout);
+  });
+  std::putchar('\n');
+  if ((int64_t)out.size() < a.options.max_new_tokens && !out.empty() &&
+      (int64_t)out.size() + 1 >= m.model->config().context)
+    std::fprintf(stderr, "generate: stopped at the model's context of %lld tokens\n",
+                 (long long)m.model->config().context);
+  return 0;
+}
+
+}  // namespace
+
+Run add_generate(CLI::App& app) {
+  auto args = std::make_shared<GenerateArgs>();
+  CLI::App* sub = app.add_subcommand(
+      "generate", "Continue a prompt with a decoder model: prefill, then one token at a time with the KV cache, "
+                  "streamed to stdout");
+  sub->add_option("--model", args->model, "Language-model folder (arch decoder)")->required();
+  sub->add_option("--prompt", args->prompt, "Text to continue")->capture_default_str();
+  sub->add_option("--max-new-tokens", args->options.max_new_tokens, "Stop after this many tokens")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  sub->add_option("--temperature", args->options.temperature, "Sampling temperature (0: greedy)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  sub->add_option("--top-k", args->options.top_k, "Sample from the k most likely tokens (0: all)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  sub->add_option("--top-p", args->options.top_p, "Sample from the smallest set with this much probability")
+      ->capture_default_str()->check(CLI::Range(0.0, 1.0));
+  sub->add_option("--seed", args->options.seed, "Seed of the sampling")->capture_default_str();
+  sub->add_flag("--truncate-prompt", args->options.truncate_prompt,
+                "Keep the prompt's last tokens when it does not fit the context (default: an error)");
+  sub->add_option("--threads", args->threads, "Threads (0: all cores)");
+  return [args] { return run_generate(*args); };
+}
+
+}  // namespace qkv::cli
