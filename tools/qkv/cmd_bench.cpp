@@ -4,10 +4,12 @@
 //         shapes (GFLOP/s and their ratio); softmax, layer norm and GELU in
 //         GB/s; memory requests to the system per warm training step.
 #include <cblas.h>
+#include <omp.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <functional>
 #include <cstdio>
 #include <iostream>
@@ -20,6 +22,7 @@
 #include "qkv/translation.h"
 #include "qkv/nn.h"
 #include "qkv/optim.h"
+#include "qkv/lm.h"
 #include "qkv/vit.h"
 #include "tools/qkv/commands.h"
 
@@ -531,13 +534,152 @@ int run_bench_vit(const BenchArgs& a) {
   return 0;
 }
 
+// --- generate: decoder-only models, prefill and cached decoding, vs plain PyTorch with its own KV cache ---
+
+// Bytes/s of summing a buffer far larger than the caches, all threads (the decode bound's denominator).
+double read_bandwidth() {
+  const int64_t n = (int64_t)1 << 27;  // 512 MiB of floats
+  std::vector<float> buf((size_t)n, 1.0f);
+  double best = 0;
+  for (int round = 0; round < 3; ++round) {
+    auto t0 = std::chrono::steady_clock::now();
+    double total = 0;
+#pragma omp parallel reduction(+ : total)
+    {  // each thread sums its slice into 32 independent lanes, so loads, not one add chain, set the pace
+      const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
+      const int64_t lo = n * t / threads / 32 * 32, hi = n * (t + 1) / threads / 32 * 32;
+      float lanes[32] = {};
+      const float* p = buf.data();
+      for (int64_t i = lo; i < hi; i += 32)
+        for (int j = 0; j < 32; ++j) lanes[j] += p[i + j];
+      for (float l : lanes) total += l;
+    }
+    double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (!(total > 0)) std::fprintf(stderr, "bandwidth: unexpected sum\n");
+    best = std::max(best, (double)n * 4 / dt);
+  }
+  return best;
+}
+
+int run_bench_generate(const BenchArgs& a) {
+  struct Size {
+    const char* name;
+    int64_t vocab, d, heads, layers, ff;
+  };
+  const std::vector<Size> sizes = {{"20M", 4096, 512, 8, 6, 1408}, {"100M", 16000, 768, 12, 12, 2048}};
+  const int64_t prompt_len = 128, new_tokens = 32;
+  const bool progress = !a.json && isatty(STDERR_FILENO);
+  if (progress) std::fprintf(stderr, "\rbench generate: memory bandwidth ...   ");
+  const double bandwidth = read_bandwidth();
+  nlohmann::ordered_json rows = nlohmann::ordered_json::array();
+  double best_fraction = 0;
+  for (const Size& s : sizes) {
+    DecoderConfig c;
+    c.vocab_size = s.vocab, c.d_model = s.d, c.nhead = s.heads, c.num_layers = s.layers, c.dim_feedforward = s.ff;
+    c.context = prompt_len + new_tokens + 8, c.norm = "rmsnorm", c.mlp = "swiglu", c.positions = "rope";
+    Rng rng(1);
+    DecoderLM model(c, rng);
+    model.eval();
+    NoGradGuard no_grad;
+    std::vector<int64_t> prompt;
+    for (int64_t i = 0; i < prompt_len; ++i) prompt.push_back(4 + (i * 7919) % (s.vocab - 4));
+    if (progress) std::fprintf(stderr, "\rbench generate: qkv %s ...          ", s.name);
+    {  // warm up the allocator and the kernels
+      std::vector<KVCache> warm = model.make_caches(1, c.context);
+      model.forward_cached(Tensor::from_ints({prompt.begin(), prompt.begin() + 8}, {1, 8}), warm);
+    }
+    std::vector<KVCache> caches = model.make_caches(1, c.context);
+    auto t0 = std::chrono::steady_clock::now();
+    Tensor logits = model.forward_cached(Tensor::from_ints(prompt, {1, prompt_len}), caches);
+    const double prefill = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::vector<int64_t> tokens;
+    t0 = std::chrono::steady_clock::now();
+    for (int64_t i = 0; i < new_tokens; ++i) {
+      const int64_t V = logits.size(-1);
+      const float* last = logits.data<float>() + (logits.size(1) - 1) * V;
+      tokens.push_back(2 + (std::max_element(last + 2, last + V) - (last + 2)));
+      logits = model.forward_cached(Tensor::from_ints({tokens.back()}, {1, 1}), caches);
+    }
+    const double decode = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double weight_bytes = 4.0 * (double)model.parameter_count();
+    const double decode_tps = new_tokens / decode, fraction = weight_bytes * decode_tps / bandwidth;
+    best_fraction = std::max(best_fraction, fraction);
+    rows.push_back({{"impl", "qkv"},
+                    {"size", s.name},
+                    {"params", model.parameter_count()},
+                    {"prefill_tokens_per_s", prompt_len / prefill},
+                    {"decode_tokens_per_s", decode_tps},
+                    {"bandwidth_fraction", fraction}});
+    // The same weights in plain PyTorch.
+    char tmpl[] = "/tmp/qkv_bench_generate_XXXXXX";
+    const char* dir = mkdtemp(tmpl);
+    QKV_CHECK(dir, "bench generate: cannot make a temporary folder");
+    const std::string weights = std::string(dir) + "/model.safetensors";
+    save_safetensors(weights, model.state_dict(), {});
+    if (progress) std::fprintf(stderr, "\rbench generate: PyTorch %s ...          ", s.name);
+    nlohmann::json config = nlohmann::json::parse(c.to_json());
+    nlohmann::json torch = run_peer(a.python + " scripts/bench_generate_torch.py --weights " + weights +
+                                    " --config '" + config.dump() + "' --prompt-len " + std::to_string(prompt_len) +
+                                    " --new-tokens " + std::to_string(new_tokens) + " --threads " +
+                                    std::to_string(thread_count()));
+    std::filesystem::remove_all(dir);
+    if (torch.contains("decode_tokens_per_s")) {
+      int64_t same = 0;
+      auto theirs = torch["tokens"].get<std::vector<int64_t>>();
+      for (size_t i = 0; i < std::min(theirs.size(), tokens.size()) && theirs[i] == tokens[i]; ++i) ++same;
+      const double ttps = torch["decode_tokens_per_s"].get<double>();
+      rows.push_back({{"impl", "torch"},
+                      {"size", s.name},
+                      {"params", torch["params"]},
+                      {"prefill_tokens_per_s", torch["prefill_tokens_per_s"]},
+                      {"decode_tokens_per_s", ttps},
+                      {"bandwidth_fraction", weight_bytes * ttps / bandwidth},
+                      {"same_greedy_tokens", same}});
+    }
+  }
+  if (progress) std::fprintf(stderr, "\r%70s\r", "");
+  nlohmann::ordered_json out = {{"suite", "generate"},
+                                {"threads", thread_count()},
+                                {"prompt_tokens", prompt_len},
+                                {"new_tokens", new_tokens},
+                                {"read_bandwidth_gb_per_s", bandwidth / 1e9},
+                                {"rows", rows},
+                                {"bandwidth_fraction", best_fraction}};
+  if (a.json) {
+    std::cout << out.dump(2) << "\n";
+    return 0;
+  }
+  std::printf("qkv bench generate: decoder (RMSNorm, RoPE, SwiGLU, tied), batch 1, prompt %lld tokens, %lld greedy "
+              "tokens, float32, %d threads;\nmeasured read bandwidth %.1f GB/s; bound = weights bytes per token / "
+              "bandwidth\n\n",
+              (long long)prompt_len, (long long)new_tokens, thread_count(), bandwidth / 1e9);
+  std::printf("  %-6s %-6s %12s %16s %16s %12s\n", "size", "impl", "params", "prefill tok/s", "decode tok/s",
+              "of bound");
+  for (auto& r : rows)
+    std::printf("  %-6s %-6s %12lld %16.0f %16.1f %11.0f%%\n", r["size"].get<std::string>().c_str(),
+                r["impl"].get<std::string>().c_str(), (long long)r["params"].get<int64_t>(),
+                r["prefill_tokens_per_s"].get<double>(), r["decode_tokens_per_s"].get<double>(),
+                100 * r["bandwidth_fraction"].get<double>());
+  if (rows.size() == sizes.size()) std::printf("  PyTorch not available (needs python3 with torch and safetensors)\n");
+  for (size_t i = 0; i + 1 < rows.size(); ++i)
+    if (rows[i]["impl"] == "qkv" && rows[i + 1]["impl"] == "torch")
+      std::printf("  %s: decode %.2fx, prefill %.2fx PyTorch; greedy tokens identical for the first %lld of %lld\n",
+                  rows[i]["size"].get<std::string>().c_str(),
+                  rows[i]["decode_tokens_per_s"].get<double>() / rows[i + 1]["decode_tokens_per_s"].get<double>(),
+                  rows[i]["prefill_tokens_per_s"].get<double>() / rows[i + 1]["prefill_tokens_per_s"].get<double>(),
+                  (long long)rows[i + 1]["same_greedy_tokens"].get<int64_t>(), (long long)new_tokens);
+  return 0;
+}
+
 int run_bench(const BenchArgs& a) {
   set_threads(a.threads);
   if (a.suite == "attention") return run_bench_attention(a);
   if (a.suite == "train") return run_bench_train(a);
   if (a.suite == "decode") return run_bench_decode(a);
   if (a.suite == "vit") return run_bench_vit(a);
-  QKV_CHECK(a.suite == "ops", "bench: unknown suite '", a.suite, "' (available: ops, attention, train, decode, vit)");
+  if (a.suite == "generate") return run_bench_generate(a);
+  QKV_CHECK(a.suite == "ops", "bench: unknown suite '", a.suite,
+            "' (available: ops, attention, train, decode, vit, generate)");
   std::vector<GemmRow> gemms = {
       {"square 256", 1, 256, 256, 256, false},
       {"square 512", 1, 512, 512, 512, false},
@@ -591,8 +733,9 @@ int run_bench(const BenchArgs& a) {
 Run add_bench(CLI::App& app) {
   auto args = std::make_shared<BenchArgs>();
   CLI::App* sub =
-      app.add_subcommand("bench", "Measure speed side by side with a peer (suites: ops, attention, train, decode, vit)");
-  sub->add_option("suite", args->suite, "Which benchmark: ops | attention | train | decode | vit")->required();
+      app.add_subcommand("bench", "Measure speed side by side with a peer (suites: ops, attention, train, decode, vit, generate)");
+  sub->add_option("suite", args->suite, "Which benchmark: ops | attention | train | decode | vit | generate")
+      ->required();
   sub->add_option("--model", args->model, "decode: a trained model folder")->capture_default_str();
   sub->add_option("--test", args->test, "decode: sentences to translate (TSV)")->capture_default_str();
   sub->add_option("--sentences", args->sentences, "decode: how many")->capture_default_str();
