@@ -83,10 +83,7 @@ TransformerLayerOptions DecoderConfig::layer_options() const {
   TransformerLayerOptions o;
   o.d_model = d_model, o.nhead = nhead, o.num_kv_heads = num_kv_heads, o.dim_feedforward = dim_feedforward;
   o.dropout = dropout;
-  o.activation = activation == "gelu"        ? Activation::Gelu
-                 : activation == "gelu_tanh" ? Activation::GeluTanh
-                 : activation == "silu"      ? Activation::Silu
-                                             : Activation::Relu;
+  o.activation = activation_from_name(activation);
   o.norm_first = norm_first;
   o.norm = norm == "rmsnorm" ? NormKind::RMSNorm : NormKind::LayerNorm;
   o.mlp = mlp == "swiglu" ? MLPKind::SwiGLU : mlp == "moe" ? MLPKind::MoE : MLPKind::Dense;

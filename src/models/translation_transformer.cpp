@@ -9,16 +9,6 @@
 #include "src/core/json.h"
 
 namespace qkv {
-namespace {
-
-Activation activation_of(const std::string& name) {
-  if (name == "gelu") return Activation::Gelu;
-  if (name == "gelu_tanh") return Activation::GeluTanh;
-  if (name == "silu") return Activation::Silu;
-  return Activation::Relu;
-}
-
-}  // namespace
 
 TransformerConfig TransformerConfig::from_json(const std::string& text, const std::string& source) {
   nlohmann::json j = parse_json(text, source);
@@ -86,7 +76,7 @@ TransformerLayerOptions TransformerConfig::layer_options() const {
   o.nhead = nhead;
   o.dim_feedforward = dim_feedforward;
   o.dropout = dropout;
-  o.activation = activation_of(activation);
+  o.activation = activation_from_name(activation);
   o.norm_first = norm_first;
   o.norm = norm == "rmsnorm" ? NormKind::RMSNorm : NormKind::LayerNorm;
   o.mlp = mlp == "swiglu" ? MLPKind::SwiGLU : mlp == "moe" ? MLPKind::MoE : MLPKind::Dense;

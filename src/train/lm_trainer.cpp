@@ -175,7 +175,8 @@ void train_language_model(LanguageModel& m, const std::vector<int64_t>& train, c
   }
   auto start = std::chrono::steady_clock::now();
   const int64_t first_step = step + 1;
-  int64_t skipped_in_a_row = 0, tokens_seen = 0;
+  SkipCounter skips{.total = skipped, .max_in_a_row = o.max_skipped_in_a_row};
+  int64_t tokens_seen = 0;
   for (step = first_step; step <= o.steps; ++step) {
     // The windows of step s depend only on (seed, s): a resumed run draws the same ones.
     Rng windows(o.seed * 0x9e3779b97f4a7c15ull + (uint64_t)step);
@@ -192,25 +193,13 @@ void train_language_model(LanguageModel& m, const std::vector<int64_t>& train, c
     Tensor loss = cross_entropy(logits, Tensor::from_ints(target, {o.batch_size * C}));
     const float value = loss.item();
     if (Tensor aux = model.aux_loss(); aux.defined()) loss = add(loss, aux);
-    bool finite = std::isfinite(value);
-    if (finite) {
-      loss.backward();
-      finite = std::isfinite(clip_grad_norm(model.parameters(), o.clip_norm));
-    }
-    if (!finite) {
-      ++skipped;
-      QKV_CHECK(++skipped_in_a_row <= o.max_skipped_in_a_row, "train: ", skipped_in_a_row,
-                " steps in a row had a non-finite loss or gradient (step ", step,
-                "); stopping. The last good checkpoint is in ", out_dir);
-    } else {
-      skipped_in_a_row = 0;
-      opt.step();
+    if (step_if_finite(loss, value, model, opt, o.clip_norm, skips, step, out_dir)) {
       tokens_seen += o.batch_size * C;
       if (cb.progress) {
         double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         double done = (double)(step - first_step + 1);
         cb.progress({step, o.steps, value, lr, tokens_seen / std::max(secs, 1e-9), secs / done * (o.steps - step),
-                     skipped});
+                     skips.total});
       }
     }
     if (step % o.eval_every == 0 || step == o.steps) {
@@ -222,7 +211,7 @@ void train_language_model(LanguageModel& m, const std::vector<int64_t>& train, c
       nlohmann::ordered_json state = {{"step", step},
                                       {"steps", o.steps},
                                       {"best_valid_loss", std::min(best, r.valid_loss)},
-                                      {"skipped_steps", skipped},
+                                      {"skipped_steps", skips.total},
                                       {"history", history}};
       if (r.best) {
         best = r.valid_loss;
@@ -230,14 +219,9 @@ void train_language_model(LanguageModel& m, const std::vector<int64_t>& train, c
       } else {
         write_file_atomic(out_dir + "/trainer_state.json", state.dump(2) + "\n");
       }
-      std::vector<std::pair<std::string, Tensor>> t;
-      append_training_state(t, model, opt);
-      t.emplace_back("step", Tensor::from_ints({step}, {1}));
-      t.emplace_back("skipped", Tensor::from_ints({skipped}, {1}));
-      char best_text[64];
-      std::snprintf(best_text, sizeof best_text, "%.17g", best);
-      save_safetensors(state_path, t,
-                       {{"format", "qkv-lm-trainer-state"}, {"best_loss", best_text}, {"history", history.dump()}});
+      save_trainer_state(state_path, model, opt, step, skips.total, {},
+                         {{"format", "qkv-lm-trainer-state"}, {"best_loss", exact_text(best)},
+                          {"history", history.dump()}});
       if (cb.evaluated) cb.evaluated(r);
     }
   }

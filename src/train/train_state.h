@@ -3,7 +3,10 @@
 // random stream of the model ("rng.model.*"), as safetensors tensors.
 #pragma once
 
+#include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -55,6 +58,54 @@ inline void restore_training_state(const SafetensorsFile& f, const std::string& 
     fail(path, ": ", e.what());
   }
   for (auto& [name, r] : model.named_rngs()) restore_rng(*r, checkpoint_tensor(f, path, "rng.model." + name));
+}
+
+// The non-finite guard every trainer shares: backward, clip, and an AdamW
+// step only when the loss and the gradient norm are finite; a skipped step
+// leaves parameters and optimizer state untouched. Too many skips in a row
+// stop training with an error naming the folder that holds the last good
+// checkpoint. Returns whether the step was taken.
+struct SkipCounter {
+  int64_t total = 0, in_a_row = 0, max_in_a_row = 20;
+};
+
+inline bool step_if_finite(const Tensor& loss, float loss_value, Module& model, AdamW& opt, float clip_norm,
+                           SkipCounter& skips, int64_t step, const std::string& out_dir) {
+  bool finite = std::isfinite(loss_value);
+  if (finite) {
+    loss.backward();
+    finite = std::isfinite(clip_grad_norm(model.parameters(), clip_norm));
+  }
+  if (!finite) {
+    ++skips.total;
+    QKV_CHECK(++skips.in_a_row <= skips.max_in_a_row, "train: ", skips.in_a_row,
+              " steps in a row had a non-finite loss or gradient (step ", step,
+              "); stopping. The last good checkpoint is in ", out_dir);
+    return false;
+  }
+  skips.in_a_row = 0;
+  opt.step();
+  return true;
+}
+
+// Writes a trainer state file: the shared state, "step" and "skipped", any
+// `extra` tensors, and `metadata` (with its "format").
+inline void save_trainer_state(const std::string& path, Module& model, const AdamW& opt, int64_t step,
+                               int64_t skipped, std::vector<std::pair<std::string, Tensor>> extra,
+                               const std::map<std::string, std::string>& metadata) {
+  std::vector<std::pair<std::string, Tensor>> t;
+  append_training_state(t, model, opt);
+  t.emplace_back("step", Tensor::from_ints({step}, {1}));
+  t.emplace_back("skipped", Tensor::from_ints({skipped}, {1}));
+  for (auto& e : extra) t.push_back(std::move(e));
+  save_safetensors(path, t, metadata);
+}
+
+// A double as text that reads back exactly (for metadata).
+inline std::string exact_text(double v) {
+  char text[64];
+  std::snprintf(text, sizeof text, "%.17g", v);
+  return text;
 }
 
 }  // namespace qkv

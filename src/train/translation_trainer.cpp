@@ -183,7 +183,8 @@ void train_translation(TranslationModel& m, const std::vector<SentencePair>& tra
         QKV_CHECK(i >= 0 && i < (int64_t)train_ids.size(), out_dir, kStateFile,
                   ": the saved data order does not fit this training set; resume with the same --train");
   }
-  int64_t skipped_in_a_row = 0, tokens_seen = 0;
+  SkipCounter skips{.max_in_a_row = o.max_skipped_in_a_row};
+  int64_t tokens_seen = 0;
   const int64_t first_step = s.step + 1;
   auto start = std::chrono::steady_clock::now();
   for (int64_t step = first_step; step <= o.steps; ++step) {
@@ -199,19 +200,10 @@ void train_translation(TranslationModel& m, const std::vector<SentencePair>& tra
     Tensor loss = translation_loss(model, b, o.label_smoothing);
     float loss_value = loss.item();
     if (cb.inject_nonfinite && cb.inject_nonfinite(step)) loss_value = NAN;
-    bool finite = std::isfinite(loss_value);
-    if (finite) {
-      loss.backward();
-      finite = std::isfinite(clip_grad_norm(model.parameters(), o.clip_norm));
-    }
-    if (!finite) {  // skip: parameters and optimizer state untouched
-      ++s.skipped;
-      QKV_CHECK(++skipped_in_a_row <= o.max_skipped_in_a_row, "train: ", skipped_in_a_row,
-                " steps in a row had a non-finite loss or gradient (step ", step,
-                "); stopping. The last good checkpoint is in ", out_dir);
-    } else {
-      skipped_in_a_row = 0;
-      opt.step();
+    skips.total = s.skipped;
+    const bool stepped = step_if_finite(loss, loss_value, model, opt, o.clip_norm, skips, step, out_dir);
+    s.skipped = skips.total;
+    if (stepped) {
       tokens_seen += b.target_tokens;
       if (cb.progress) {
         double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

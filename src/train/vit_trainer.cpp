@@ -169,7 +169,7 @@ void train_vit(VisionTransformer& model, const ImageSet& train_all, const ImageS
   const Augment augment{o.augment_pad, o.augment_flip};
   auto start = std::chrono::steady_clock::now();
   const int64_t first_step = step;
-  int64_t skipped_in_a_row = 0;
+  SkipCounter skips{.total = skipped, .max_in_a_row = o.max_skipped_in_a_row};
   for (int64_t epoch = step / per_epoch + 1; epoch <= o.epochs; ++epoch) {
     std::vector<int64_t> order = epoch_order(count, o.seed, epoch);
     double loss_sum = 0;
@@ -186,27 +186,14 @@ void train_vit(VisionTransformer& model, const ImageSet& train_all, const ImageS
       opt.zero_grad();
       Tensor loss = cross_entropy(model.forward(images), Tensor::from_ints(labels, {(int64_t)labels.size()}),
                                   {.label_smoothing = o.label_smoothing});
-      float value = loss.item();
-      bool finite = std::isfinite(value);
-      if (finite) {
-        loss.backward();
-        finite = std::isfinite(clip_grad_norm(model.parameters(), o.clip_norm));
-      }
-      if (!finite) {
-        ++skipped;
-        QKV_CHECK(++skipped_in_a_row <= o.max_skipped_in_a_row, "train: ", skipped_in_a_row,
-                  " steps in a row had a non-finite loss or gradient (step ", step,
-                  "); stopping. The last good checkpoint is in ", out_dir);
-        continue;
-      }
-      skipped_in_a_row = 0;
-      opt.step();
+      const float value = loss.item();
+      if (!step_if_finite(loss, value, model, opt, o.clip_norm, skips, step, out_dir)) continue;
       loss_sum += value, ++loss_count;
       if (cb.progress) {
         double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         double done = (double)(step - first_step);
         cb.progress({step, total, epoch, o.epochs, value, lr, done * o.batch_size / std::max(secs, 1e-9),
-                     secs / done * (total - step), skipped});
+                     secs / done * (total - step), skips.total});
       }
     }
     VitEvaluation e = evaluate_vit(model, test);
@@ -216,24 +203,18 @@ void train_vit(VisionTransformer& model, const ImageSet& train_all, const ImageS
                        {"test_accuracy", e.accuracy}, {"seconds", seconds}});
     nlohmann::ordered_json state = {{"epoch", epoch},           {"epochs", o.epochs},
                                     {"step", step},             {"best_accuracy", std::max(best, e.accuracy)},
-                                    {"skipped_steps", skipped}, {"history", history}};
+                                    {"skipped_steps", skips.total}, {"history", history}};
     if (r.best) {
       best = e.accuracy;
       save_vit_model(model, out_dir, state.dump(2) + "\n");
     } else {
       write_file_atomic(out_dir + "/trainer_state.json", state.dump(2) + "\n");
     }
-    std::vector<std::pair<std::string, Tensor>> t;
-    append_training_state(t, model, opt);
-    t.emplace_back("step", Tensor::from_ints({step}, {1}));
-    t.emplace_back("skipped", Tensor::from_ints({skipped}, {1}));
-    char best_text[64];
-    std::snprintf(best_text, sizeof best_text, "%.17g", best);
-    save_safetensors(out_dir + kStateFile, t,
-                     {{"format", "qkv-vit-trainer-state"},
-                      {"best_accuracy", best_text},
-                      {"history", history.dump()},
-                      {"data", data_key}});
+    save_trainer_state(out_dir + kStateFile, model, opt, step, skips.total, {},
+                       {{"format", "qkv-vit-trainer-state"},
+                        {"best_accuracy", exact_text(best)},
+                        {"history", history.dump()},
+                        {"data", data_key}});
     if (cb.epoch_done) cb.epoch_done(r);
   }
 }

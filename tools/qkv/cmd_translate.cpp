@@ -45,19 +45,11 @@ struct TrainArgs {
   bool resume = false;
 };
 
-// A one-line progress bar, redrawn in place on a terminal, printed every 10% otherwise.
 void show_progress(const TrainProgress& p) {
-  static bool tty = isatty(STDOUT_FILENO);
-  const int width = 24;
-  int filled = (int)(width * p.step / p.total_steps);
-  if (!tty && p.step % std::max<int64_t>(1, p.total_steps / 10) != 0 && p.step != 1) return;
-  std::printf("%s[%s%s] step %lld/%lld  loss %.3f  %.0f tok/s  lr %.2e  ETA %s%s", tty ? "\r" : "",
-               std::string(filled, '#').c_str(), std::string(width - filled, '.').c_str(), (long long)p.step,
-               (long long)p.total_steps, p.loss, p.tokens_per_second, p.lr,
-               (std::to_string((int)p.eta_seconds / 60) + "m" + std::to_string((int)p.eta_seconds % 60) + "s").c_str(),
-               p.skipped_steps ? ("  skipped " + std::to_string(p.skipped_steps)).c_str() : "");
-  if (!tty) std::putchar('\n');
-  std::fflush(stdout);
+  char stats[128];
+  std::snprintf(stats, sizeof stats, "loss %.3f  %.0f tok/s  lr %.2e", p.loss, p.tokens_per_second, p.lr);
+  print_progress(p.step, p.total_steps, "step " + std::to_string(p.step) + "/" + std::to_string(p.total_steps), stats,
+                 p.eta_seconds, p.skipped_steps);
 }
 
 int run_train(const TrainArgs& a) {

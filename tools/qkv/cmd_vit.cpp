@@ -27,17 +27,12 @@ bool is_vit_model(const std::string& dir) {
 namespace {
 
 void show_progress(const VitProgress& p) {
-  static bool tty = isatty(STDOUT_FILENO);
-  const int width = 24;
-  int filled = (int)(width * p.step / p.total_steps);
-  if (!tty && p.step % std::max<int64_t>(1, p.total_steps / 20) != 0) return;
-  std::printf("%s[%s%s] epoch %lld/%lld step %lld/%lld  loss %.3f  %.0f img/s  lr %.2e  ETA %dm%02ds%s",
-              tty ? "\r" : "", std::string(filled, '#').c_str(), std::string(width - filled, '.').c_str(),
-              (long long)p.epoch, (long long)p.epochs, (long long)p.step, (long long)p.total_steps, p.loss,
-              p.images_per_second, p.lr, (int)p.eta_seconds / 60, (int)p.eta_seconds % 60,
-              p.skipped_steps ? ("  skipped " + std::to_string(p.skipped_steps)).c_str() : "");
-  if (!tty) std::putchar('\n');
-  std::fflush(stdout);
+  char stats[128];
+  std::snprintf(stats, sizeof stats, "loss %.3f  %.0f img/s  lr %.2e", p.loss, p.images_per_second, p.lr);
+  print_progress(p.step, p.total_steps,
+                 "epoch " + std::to_string(p.epoch) + "/" + std::to_string(p.epochs) + " step " +
+                     std::to_string(p.step) + "/" + std::to_string(p.total_steps),
+                 stats, p.eta_seconds, p.skipped_steps, 20);
 }
 
 }  // namespace

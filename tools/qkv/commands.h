@@ -56,6 +56,11 @@ struct LmTrainArgs {
 };
 int run_lm_train(const LmTrainArgs& a);
 
+// A one-line progress bar: "[####....] <position>  <stats>  ETA 1m05s", redrawn
+// in place on a terminal; otherwise a line every total/lines steps.
+void print_progress(int64_t step, int64_t total, const std::string& position, const std::string& stats,
+                    double eta_seconds, int64_t skipped, int64_t lines = 10);
+
 // Sets the OpenMP (and so OpenBLAS) thread count; 0 keeps the default.
 void set_threads(int threads);
 int thread_count();

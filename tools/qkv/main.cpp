@@ -2,6 +2,10 @@
 //
 // Errors are one line on stderr starting with "qkv: " and a non-zero exit.
 #include <omp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
 
 #include <iostream>
 #include <map>
@@ -15,6 +19,18 @@ void set_threads(int threads) {
   if (threads > 0) omp_set_num_threads(threads);
 }
 int thread_count() { return omp_get_max_threads(); }
+
+void print_progress(int64_t step, int64_t total, const std::string& position, const std::string& stats,
+                    double eta_seconds, int64_t skipped, int64_t lines) {
+  static const bool tty = isatty(STDOUT_FILENO);
+  if (!tty && step % std::max<int64_t>(1, total / lines) != 0 && step != 1) return;
+  const int width = 24, filled = (int)(width * step / std::max<int64_t>(total, 1));
+  std::printf("%s[%s%s] %s  %s  ETA %dm%02ds%s", tty ? "\r" : "", std::string(filled, '#').c_str(),
+              std::string(width - filled, '.').c_str(), position.c_str(), stats.c_str(), (int)eta_seconds / 60,
+              (int)eta_seconds % 60, skipped ? ("  skipped " + std::to_string(skipped)).c_str() : "");
+  if (!tty) std::putchar('\n');
+  std::fflush(stdout);
+}
 
 }  // namespace qkv::cli
 
