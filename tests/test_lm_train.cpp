@@ -100,6 +100,30 @@ TEST(LanguageModel, ReproducesARepetitiveTextAndGeneratesFromTheCache) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(LanguageModel, SentencePieceBpeModelTrainsSavesAndLoads) {
+  omp_set_num_threads(1);
+  std::string text;
+  for (int i = 0; i < 40; ++i) text += "私は中国人です。彼は日本人です。\n\n";
+  LanguageModel m = new_language_model(R"({"arch": "decoder", "d_model": 32, "nhead": 4, "num_layers": 1,
+      "dim_feedforward": 64, "context": 24, "tokenizer": {"type": "sentencepiece", "model_type": "bpe",
+      "vocab_size": 40}})", "config", text, 2);
+  EXPECT_EQ(m.tokenizer->file_name(), "tokenizer.model");
+  EXPECT_LE(m.tokenizer->size(), 40);
+  EXPECT_EQ(m.model->config().vocab_size, m.tokenizer->size());
+  std::vector<int64_t> stream = pack_documents(*m.tokenizer, text);
+  EXPECT_LT(stream.size(), text.size() / 3);  // pieces, not bytes
+  const std::string dir = temp_dir();
+  LmTrainOptions o;
+  o.steps = 40, o.batch_size = 4, o.lr = 0.01f, o.warmup_steps = 4, o.eval_every = 40;
+  train_language_model(m, stream, stream, o, dir, {});
+  EXPECT_TRUE(std::filesystem::exists(dir + "/tokenizer.model"));
+  LanguageModel back = load_language_model(dir);
+  EXPECT_EQ(back.tokenizer->encode("彼は日本人です。"), m.tokenizer->encode("彼は日本人です。"));
+  GenerateOptions greedy{.max_new_tokens = 8, .temperature = 0};
+  EXPECT_EQ(generate(back, "私は", greedy), generate(m, "私は", greedy));
+  std::filesystem::remove_all(dir);
+}
+
 TEST(LanguageModel, StreamNeverSplitsACharacter) {
   // A byte model writes each 3-byte character of Japanese one byte per step;
   // every piece handed to the stream must still be valid UTF-8 on its own.
