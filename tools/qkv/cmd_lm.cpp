@@ -86,10 +86,10 @@ int run_generate(GenerateArgs a) {
     std::fflush(stdout);
   });
   std::putchar('\n');
-  if ((int64_t)out.size() < a.options.max_new_tokens && !out.empty() &&
-      (int64_t)out.size() + 1 >= m.model->config().context)
-    std::fprintf(stderr, "generate: stopped at the model's context of %lld tokens\n",
-                 (long long)m.model->config().context);
+  const int64_t context = m.model->config().context;
+  const int64_t prompt_tokens = std::min<int64_t>(1 + (int64_t)m.tokenizer->encode(a.prompt).size(), context - 1);
+  if ((int64_t)out.size() < a.options.max_new_tokens && prompt_tokens + (int64_t)out.size() >= context)
+    std::fprintf(stderr, "generate: stopped at the model's context of %lld tokens\n", (long long)context);
   return 0;
 }
 
