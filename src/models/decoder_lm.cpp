@@ -6,6 +6,7 @@
 
 #include "qkv/position.h"
 #include "src/core/json.h"
+#include "src/models/block_config.h"
 
 namespace qkv {
 
@@ -21,27 +22,10 @@ DecoderConfig DecoderConfig::from_json(const std::string& text, const std::strin
   c.arch = json_get<std::string>(j, "arch", c.arch, source);
   json_one_of(c.arch, {"decoder"}, "arch", source);
   c.vocab_size = json_get<int64_t>(j, "vocab_size", c.vocab_size, source);
-  c.d_model = json_get<int64_t>(j, "d_model", c.d_model, source);
-  c.nhead = json_get<int64_t>(j, "nhead", c.nhead, source);
   c.num_kv_heads = json_get<int64_t>(j, "num_kv_heads", c.num_kv_heads, source);
   c.num_layers = json_get<int64_t>(j, "num_layers", c.num_layers, source);
-  c.dim_feedforward = json_get<int64_t>(j, "dim_feedforward", c.dim_feedforward, source);
-  c.dropout = json_get<float>(j, "dropout", c.dropout, source);
-  c.activation = json_get<std::string>(j, "activation", c.activation, source);
-  json_one_of(c.activation, {"relu", "gelu", "gelu_tanh", "silu"}, "activation", source);
-  c.norm_first = json_get<bool>(j, "norm_first", c.norm_first, source);
-  c.norm = json_get<std::string>(j, "norm", c.norm, source);
-  json_one_of(c.norm, {"layernorm", "rmsnorm"}, "norm", source);
-  c.mlp = json_get<std::string>(j, "mlp", c.mlp, source);
-  json_one_of(c.mlp, {"dense", "swiglu", "moe"}, "mlp", source);
-  c.qk_norm = json_get<bool>(j, "qk_norm", c.qk_norm, source);
-  c.positions = json_get<std::string>(j, "positions", c.positions, source);
-  json_one_of(c.positions, {"rope", "learned", "sinusoidal"}, "positions", source);
   c.context = json_get<int64_t>(j, "context", c.context, source);
-  c.tie_output = json_get<bool>(j, "tie_output", c.tie_output, source);
-  c.moe.num_experts = json_get<int64_t>(j, "num_experts", c.moe.num_experts, source);
-  c.moe.top_k = json_get<int64_t>(j, "top_k", c.moe.top_k, source);
-  c.moe.aux_loss_weight = json_get<float>(j, "aux_loss_weight", c.moe.aux_loss_weight, source);
+  read_block_fields(j, source, c, {"rope", "learned", "sinusoidal"});
   QKV_CHECK(c.d_model > 0 && c.nhead > 0 && c.d_model % c.nhead == 0, source, ": d_model ", c.d_model,
             " must be a positive multiple of nhead ", c.nhead);
   const int64_t kv = c.num_kv_heads ? c.num_kv_heads : c.nhead;
@@ -80,16 +64,8 @@ std::string DecoderConfig::to_json() const {
 }
 
 TransformerLayerOptions DecoderConfig::layer_options() const {
-  TransformerLayerOptions o;
-  o.d_model = d_model, o.nhead = nhead, o.num_kv_heads = num_kv_heads, o.dim_feedforward = dim_feedforward;
-  o.dropout = dropout;
-  o.activation = activation_from_name(activation);
-  o.norm_first = norm_first;
-  o.norm = norm == "rmsnorm" ? NormKind::RMSNorm : NormKind::LayerNorm;
-  o.mlp = mlp == "swiglu" ? MLPKind::SwiGLU : mlp == "moe" ? MLPKind::MoE : MLPKind::Dense;
-  o.moe = moe;
-  o.qk_norm = qk_norm;
-  o.rotary = positions == "rope";
+  TransformerLayerOptions o = block_layer_options(*this);
+  o.num_kv_heads = num_kv_heads;
   return o;
 }
 

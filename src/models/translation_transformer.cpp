@@ -7,6 +7,7 @@
 #include "qkv/models.h"
 #include "qkv/position.h"
 #include "src/core/json.h"
+#include "src/models/block_config.h"
 
 namespace qkv {
 
@@ -22,27 +23,10 @@ TransformerConfig TransformerConfig::from_json(const std::string& text, const st
   c.arch = json_get<std::string>(j, "arch", c.arch, source);
   json_one_of(c.arch, {"transformer"}, "arch", source);
   c.vocab_size = json_get<int64_t>(j, "vocab_size", 0, source);
-  c.d_model = json_get<int64_t>(j, "d_model", c.d_model, source);
-  c.nhead = json_get<int64_t>(j, "nhead", c.nhead, source);
   c.num_encoder_layers = json_get<int64_t>(j, "num_encoder_layers", c.num_encoder_layers, source);
   c.num_decoder_layers = json_get<int64_t>(j, "num_decoder_layers", c.num_decoder_layers, source);
-  c.dim_feedforward = json_get<int64_t>(j, "dim_feedforward", c.dim_feedforward, source);
-  c.dropout = json_get<float>(j, "dropout", c.dropout, source);
-  c.activation = json_get<std::string>(j, "activation", c.activation, source);
-  json_one_of(c.activation, {"relu", "gelu", "gelu_tanh", "silu"}, "activation", source);
-  c.norm_first = json_get<bool>(j, "norm_first", c.norm_first, source);
-  c.norm = json_get<std::string>(j, "norm", c.norm, source);
-  json_one_of(c.norm, {"layernorm", "rmsnorm"}, "norm", source);
-  c.mlp = json_get<std::string>(j, "mlp", c.mlp, source);
-  json_one_of(c.mlp, {"dense", "swiglu", "moe"}, "mlp", source);
-  c.qk_norm = json_get<bool>(j, "qk_norm", c.qk_norm, source);
-  c.positions = json_get<std::string>(j, "positions", c.positions, source);
-  json_one_of(c.positions, {"sinusoidal", "learned", "rope"}, "positions", source);
   c.max_len = json_get<int64_t>(j, "max_len", c.max_len, source);
-  c.tie_output = json_get<bool>(j, "tie_output", c.tie_output, source);
-  c.moe.num_experts = json_get<int64_t>(j, "num_experts", c.moe.num_experts, source);
-  c.moe.top_k = json_get<int64_t>(j, "top_k", c.moe.top_k, source);
-  c.moe.aux_loss_weight = json_get<float>(j, "aux_loss_weight", c.moe.aux_loss_weight, source);
+  read_block_fields(j, source, c, {"sinusoidal", "learned", "rope"});
   QKV_CHECK(c.d_model > 0 && c.nhead > 0 && c.d_model % c.nhead == 0, source, ": d_model ", c.d_model,
             " must be a positive multiple of nhead ", c.nhead);
   QKV_CHECK(c.num_encoder_layers > 0 && c.num_decoder_layers > 0 && c.dim_feedforward > 0 && c.max_len > 0, source,
@@ -70,21 +54,7 @@ std::string TransformerConfig::to_json() const {
   return j.dump(2) + "\n";
 }
 
-TransformerLayerOptions TransformerConfig::layer_options() const {
-  TransformerLayerOptions o;
-  o.d_model = d_model;
-  o.nhead = nhead;
-  o.dim_feedforward = dim_feedforward;
-  o.dropout = dropout;
-  o.activation = activation_from_name(activation);
-  o.norm_first = norm_first;
-  o.norm = norm == "rmsnorm" ? NormKind::RMSNorm : NormKind::LayerNorm;
-  o.mlp = mlp == "swiglu" ? MLPKind::SwiGLU : mlp == "moe" ? MLPKind::MoE : MLPKind::Dense;
-  o.moe = moe;
-  o.qk_norm = qk_norm;
-  o.rotary = positions == "rope";
-  return o;
-}
+TransformerLayerOptions TransformerConfig::layer_options() const { return block_layer_options(*this); }
 
 TranslationTransformer::TranslationTransformer(const TransformerConfig& c, Rng& rng) : config_(c) {
   QKV_CHECK(c.vocab_size > 4, "transformer: vocab_size must be set (got ", c.vocab_size, ")");
