@@ -14,13 +14,6 @@
 namespace qkv {
 namespace {
 
-std::string temp_dir() {
-  char tmpl[] = "/tmp/qkv_lm_XXXXXX";
-  const char* d = mkdtemp(tmpl);
-  EXPECT_NE(d, nullptr);
-  return d;
-}
-
 TEST(ByteTokenizer, RoundTripsAnyTextAndPacksDocuments) {
   std::unique_ptr<Tokenizer> tok = train_tokenizer(TokenizerConfig{.type = "bytes"}, {"unused"});
   EXPECT_EQ(tok->size(), 260);
@@ -54,7 +47,7 @@ TEST(LanguageModel, ReproducesARepetitiveTextAndGeneratesFromTheCache) {
   for (int i = 0; i < 40; ++i) text += "the cat sat on the mat. ";
   LanguageModel m = new_language_model(kTinyConfig, "config", text, 3);
   std::vector<int64_t> stream = pack_documents(*m.tokenizer, text);
-  const std::string dir = temp_dir();
+  const std::string dir = testing::temp_dir("lm");
   std::vector<LmEvalReport> reports;
   train_language_model(m, stream, stream, LmTrainOptions::from_json(kTinyConfig, "config"), dir,
                        {.evaluated = [&](const LmEvalReport& r) { reports.push_back(r); }});
@@ -112,7 +105,7 @@ TEST(LanguageModel, SentencePieceBpeModelTrainsSavesAndLoads) {
   EXPECT_EQ(m.model->config().vocab_size, m.tokenizer->size());
   std::vector<int64_t> stream = pack_documents(*m.tokenizer, text);
   EXPECT_LT(stream.size(), text.size() / 3);  // pieces, not bytes
-  const std::string dir = temp_dir();
+  const std::string dir = testing::temp_dir("lm");
   LmTrainOptions o;
   o.steps = 40, o.batch_size = 4, o.lr = 0.01f, o.warmup_steps = 4, o.eval_every = 40;
   train_language_model(m, stream, stream, o, dir, {});
@@ -132,7 +125,7 @@ TEST(LanguageModel, StreamNeverSplitsACharacter) {
   LanguageModel m = new_language_model(R"({"arch": "decoder", "d_model": 32, "nhead": 4, "num_layers": 1,
       "dim_feedforward": 64, "context": 40})", "config", text, 5);
   std::vector<int64_t> stream = pack_documents(*m.tokenizer, text);
-  const std::string dir = temp_dir();
+  const std::string dir = testing::temp_dir("lm");
   LmTrainOptions o;
   o.steps = 60, o.batch_size = 8, o.lr = 0.01f, o.warmup_steps = 5, o.eval_every = 60;
   train_language_model(m, stream, stream, o, dir, {});

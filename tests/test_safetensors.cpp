@@ -16,13 +16,6 @@ namespace {
 
 using testing::all_close;
 
-std::string temp_dir() {
-  char tmpl[] = "/tmp/qkv_test_XXXXXX";
-  const char* d = mkdtemp(tmpl);
-  EXPECT_NE(d, nullptr);
-  return d;
-}
-
 // 8-byte length + header + data.
 std::string file_bytes(const std::string& header, const std::string& data, int64_t header_len = -1) {
   uint64_t n = header_len < 0 ? header.size() : (uint64_t)header_len;
@@ -32,7 +25,7 @@ std::string file_bytes(const std::string& header, const std::string& data, int64
 }
 
 TEST(Safetensors, RoundTripEveryDType) {
-  std::string dir = temp_dir();
+  std::string dir = testing::temp_dir("test");
   Tensor f32 = Tensor::from_vector({0, 1, 2, 3, 4, 5}, {2, 3});
   std::vector<std::pair<std::string, Tensor>> tensors = {
       {"a.weight", f32.transpose(0, 1)},  // non-contiguous: written contiguous
@@ -80,7 +73,7 @@ TEST(Safetensors, ReadsFilesWrittenByPython) {
 // For scripts/make_fixtures.py --check-qkv-file: Python loads what qkv writes.
 TEST(Safetensors, WritesFileForPythonCheck) {
   const char* out = std::getenv("QKV_INTEROP_OUT");
-  std::string path = out ? out : temp_dir() + "/qkv_written.safetensors";
+  std::string path = out ? out : testing::temp_dir("test") + "/qkv_written.safetensors";
   save_safetensors(path, std::vector<std::pair<std::string, Tensor>>{
                              {"weight", scale(Tensor::arange(6), 0.5f).reshape({2, 3})},
                              {"ids", Tensor::from_ints({1, 2, 3}, {3})}});
@@ -137,7 +130,7 @@ class MalformedSafetensors : public ::testing::TestWithParam<Malformed> {};
 
 TEST_P(MalformedSafetensors, RejectedWithClearError) {
   const Malformed& c = GetParam();
-  std::string path = temp_dir() + "/" + c.name + ".safetensors";
+  std::string path = testing::temp_dir("test") + "/" + c.name + ".safetensors";
   std::ofstream(path, std::ios::binary) << c.bytes;
   try {
     load_safetensors(path);
@@ -164,7 +157,7 @@ TEST(Safetensors, MissingFileIsAClearError) {
 }
 
 TEST(Safetensors, FailedSaveLeavesPreviousFileIntact) {
-  std::string dir = temp_dir(), path = dir + "/m.safetensors";
+  std::string dir = testing::temp_dir("test"), path = dir + "/m.safetensors";
   Tensor a = Tensor::ones({3});
   save_safetensors(path, std::vector<std::pair<std::string, Tensor>>{{"a", a}});
   // A save that fails (a name given twice) must not touch the existing file.
@@ -195,7 +188,7 @@ namespace {
 // A process killed while saving (again and again) leaves a file that loads,
 // whole: either the previous checkpoint or the new one, never a mix.
 TEST(Safetensors, KillDuringSaveLeavesALoadableCheckpoint) {
-  std::string path = temp_dir() + "/ckpt.safetensors";
+  std::string path = testing::temp_dir("test") + "/ckpt.safetensors";
   save_safetensors(path, std::vector<std::pair<std::string, Tensor>>{{"w", Tensor::full({1 << 20}, -1.0f)}});
   for (int round = 0; round < 5; ++round) {
     pid_t child = fork();

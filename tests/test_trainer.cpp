@@ -13,13 +13,6 @@
 namespace qkv {
 namespace {
 
-std::string temp_dir() {
-  char tmpl[] = "/tmp/qkv_trainer_XXXXXX";
-  const char* d = mkdtemp(tmpl);
-  EXPECT_NE(d, nullptr);
-  return d;
-}
-
 const char* kConfig = R"({"d_model": 32, "nhead": 4, "num_encoder_layers": 1, "num_decoder_layers": 1,
                           "dim_feedforward": 64, "dropout": 0.1})";
 
@@ -40,7 +33,7 @@ std::map<std::string, Tensor> state_of(const std::string& dir) {
 TEST(Trainer, ResumedRunEqualsStraightRunBitForBit) {
   omp_set_num_threads(1);  // the same thread count gives the same numbers; one makes it simplest
   auto train = synth_zh_ja(120, 5), valid = synth_zh_ja(10, 6, train);
-  const std::string straight = temp_dir(), interrupted = temp_dir();
+  const std::string straight = testing::temp_dir("trainer"), interrupted = testing::temp_dir("trainer");
 
   TranslationModel a = new_translation_model(kConfig, "config", train, 1);
   train_translation(a, train, valid, small_options(12), straight, {});
@@ -69,12 +62,12 @@ TEST(Trainer, ResumedRunEqualsStraightRunBitForBit) {
   // A resume with nothing left to do, or from a folder without state, is a clear error.
   EXPECT_THROW(train_translation(resumed, train, valid, o, interrupted, {}), Error);
   TranslationModel c = new_translation_model(kConfig, "config", train, 1);
-  EXPECT_THROW(train_translation(c, train, valid, o, temp_dir(), {}), Error);
+  EXPECT_THROW(train_translation(c, train, valid, o, testing::temp_dir("trainer"), {}), Error);
 }
 
 TEST(Trainer, NonFiniteStepsAreSkippedWithoutTouchingTheModel) {
   auto train = synth_zh_ja(80, 7), valid = synth_zh_ja(8, 8, train);
-  const std::string dir = temp_dir();
+  const std::string dir = testing::temp_dir("trainer");
   TranslationModel m = new_translation_model(kConfig, "config", train, 2);
   std::vector<float> before_skip;
   auto snapshot = [&] {
@@ -119,7 +112,7 @@ TEST(Trainer, SentencePieceModelFolderSavesAndLoads) {
       "dim_feedforward": 64, "tokenizer": {"type": "sentencepiece", "model_type": "bpe", "vocab_size": 500}})";
   TranslationModel m = new_translation_model(config, "config", train, 3);
   EXPECT_LE(m.tokenizer->size(), 500);
-  const std::string dir = temp_dir();
+  const std::string dir = testing::temp_dir("trainer");
   train_translation(m, train, valid, small_options(6), dir, {});
   EXPECT_TRUE(std::filesystem::exists(dir + "/tokenizer.model"));
   nlohmann::json saved = nlohmann::json::parse(read_file(dir + "/config.json"));

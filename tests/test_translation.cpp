@@ -151,8 +151,7 @@ TEST_P(SentencePiece, TrainsRoundTripsSavesAndLoads) {
   EXPECT_EQ(train_tokenizer(c, texts)->serialize(), tok->serialize());
 
   // Saved and loaded the way a model folder holds it.
-  char tmpl[] = "/tmp/qkv_spm_XXXXXX";
-  std::string dir = mkdtemp(tmpl);
+  const std::string dir = testing::temp_dir("spm");
   EXPECT_EQ(tok->file_name(), "tokenizer.model");
   write_file_atomic(dir + "/tokenizer.model", tok->serialize());
   std::unique_ptr<Tokenizer> back = load_tokenizer(tok->config_json(), dir);

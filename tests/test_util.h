@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <stdlib.h>
+
 #include <cmath>
 #include <functional>
 #include <string>
@@ -51,5 +53,13 @@ inline Tensor numeric_gradient(Tensor& x, const std::function<double()>& loss, f
 }
 
 inline std::string fixture(const std::string& name) { return std::string(QKV_FIXTURES_DIR) + "/" + name; }
+
+// A fresh folder /tmp/qkv_<name>_XXXXXX for one test's files.
+inline std::string temp_dir(const std::string& name = "test") {
+  std::string tmpl = "/tmp/qkv_" + name + "_XXXXXX";
+  const char* d = mkdtemp(tmpl.data());
+  EXPECT_NE(d, nullptr) << "cannot make " << tmpl;
+  return d ? d : "";
+}
 
 }  // namespace qkv::testing

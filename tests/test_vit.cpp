@@ -19,13 +19,6 @@ namespace {
 
 using testing::all_close;
 
-std::string temp_dir() {
-  char tmpl[] = "/tmp/qkv_vit_XXXXXX";
-  const char* d = mkdtemp(tmpl);
-  EXPECT_NE(d, nullptr);
-  return d;
-}
-
 const std::map<std::string, Tensor>& golden() {
   static std::map<std::string, Tensor> f = load_safetensors(testing::fixture("vit_golden.safetensors")).as_map();
   return f;
@@ -91,7 +84,7 @@ void write(const std::string& path, const std::string& bytes) {
 }
 
 TEST(Idx, ReadsPlainAndGzippedFilesAndRejectsBrokenOnes) {
-  const std::string d = temp_dir();
+  const std::string d = testing::temp_dir("vit");
   std::vector<uint8_t> pixels(2 * 3 * 4);
   for (size_t i = 0; i < pixels.size(); ++i) pixels[i] = (uint8_t)(i * 10);
   write(d + "/train-images-idx3-ubyte", idx_bytes({2, 3, 4}, pixels));
@@ -200,7 +193,7 @@ VitTrainOptions tiny_options(int64_t epochs) {
 TEST(VitTraining, LearnsStripesKeepsTheBestAndResumesExactly) {
   omp_set_num_threads(1);
   ImageSet train = stripes(640, 1), test = stripes(200, 2);
-  const std::string straight = temp_dir(), halves = temp_dir();
+  const std::string straight = testing::temp_dir("vit"), halves = testing::temp_dir("vit");
   Rng r1(4);
   VisionTransformer a(tiny_config(), r1);
   std::vector<VitEpochReport> reports;
