@@ -8,6 +8,7 @@
 #include "qkv/ops.h"
 #include "qkv/rng.h"
 #include "src/kernels/cpu/vec_math.h"
+#include "src/kernels/kernels.h"
 #include "tests/test_util.h"
 
 namespace qkv {
@@ -113,6 +114,8 @@ std::vector<OpCase> op_table() {
       {"matmul_transposed", {{{4, 6}, N, T}, {{6, 3}, N, T}}, [](const V& x) { return matmul(x[0], x[1]); }},
       {"matmul_sliced", {{{2, 4, 5}, N, S}, {{2, 5, 3}}}, [](const V& x) { return matmul(x[0], x[1]); }},
       {"linear", {{{2, 3, 5}}, {{4, 5}}, {{4}}}, [](const V& x) { return linear(x[0], x[1], x[2]); }},
+      {"linear_one_row", {{{1, 37}}, {{7, 37}}, {{7}}}, [](const V& x) { return linear(x[0], x[1], x[2]); }},
+      {"linear_four_rows", {{{4, 19}}, {{9, 19}}}, [](const V& x) { return linear(x[0], x[1]); }},
       {"linear_no_bias_transposed", {{{5, 3}, N, T}, {{4, 3}}}, [](const V& x) { return linear(x[0], x[1]); }},
       {"softmax", {{{6, 11}}}, [](const V& x) { return softmax(x[0]); }},
       {"softmax_transposed", {{{5, 4}, N, T}}, [](const V& x) { return softmax(x[0]); }},
@@ -256,6 +259,29 @@ TEST(Ops, LargeShapesFastMatchesReference) {
   EXPECT_TRUE(all_close(fast_sm, softmax(a), 1e-6f, 1e-4f));
   EXPECT_TRUE(all_close(fast_ln, layer_norm(a, Tensor(), Tensor()), 1e-5f, 1e-4f));
   EXPECT_TRUE(all_close(fast_sum, sum(a, {0}), 1e-4f, 1e-4f));
+}
+
+TEST(Ops, GemvKernelMatchesReference) {
+  // The fast gemm's own kernel for 1-4 rows against W^T: strided rows, alpha,
+  // beta, a ragged tail of W's rows and of k, and sizes that split across two threads.
+  omp_set_num_threads(2);
+  for (int64_t m : {1, 2, 3, 4}) {
+    for (auto [n, k] : {std::pair<int64_t, int64_t>{7, 21}, {10, 64}, {301, 517}, {1030, 96}}) {
+      for (float beta : {0.0f, 0.5f}) {
+        Rng rng(m * 1000 + n + k);
+        const int64_t lda = k + 3, ldb = k + 5, ldc = n + 2;
+        Tensor a = Tensor::randn({m, lda}, rng), b = Tensor::randn({n, ldb}, rng), c0 = Tensor::randn({m, ldc}, rng);
+        Tensor c_fast = c0.clone(), c_ref = c0.clone();
+        GemmArgs g{.trans_a = false, .trans_b = true, .m = m, .n = n, .k = k, .alpha = 0.75f,
+                   .a = a.data<float>(), .lda = lda, .b = b.data<float>(), .ldb = ldb, .beta = beta};
+        g.c = c_fast.data<float>(), g.ldc = ldc;
+        cpu::gemm(g);
+        g.c = c_ref.data<float>();
+        ref::gemm(g);
+        EXPECT_TRUE(all_close(c_fast, c_ref, 1e-4f, 1e-4f)) << "m " << m << " n " << n << " k " << k << " beta " << beta;
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -1,12 +1,89 @@
-// Fast GEMM: the single place qkv calls BLAS (OpenBLAS, OpenMP build).
+// Fast GEMM: the single place qkv calls BLAS (OpenBLAS, OpenMP build), plus
+// its own kernel for the case BLAS handles worst: a few rows of activations
+// against a weight matrix stored [out, in], as in y = x W^T with one token per
+// sequence (decoding). That product is bound by reading W once from memory, so
+// the kernel streams W's rows exactly once, with wide FMA accumulators, and
+// splits the rows between the OpenMP threads.
 #include <cblas.h>
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
 
 #include "src/kernels/kernels.h"
 
 namespace qkv::cpu {
+namespace {
+
+// Rows of A handled by the streaming kernel; more rows reuse W enough that
+// BLAS's blocked GEMM wins.
+constexpr int64_t kMaxGemvRows = 4;
+
+#if defined(__AVX512F__)
+inline float hsum(__m512 v) {  // through memory: GCC 12 warns on the lane-extract intrinsics
+  alignas(64) float t[16];
+  _mm512_store_ps(t, v);
+  float s = 0.0f;
+  for (float x : t) s += x;
+  return s;
+}
+#endif
+
+// x . w over k floats: four independent accumulators of full vector width, so
+// loads, not one chain of dependent adds, set the pace. One row of W is one
+// sequential stream, which the hardware prefetcher follows at full bandwidth
+// (measured: interleaving four rows of W ran at 70-80% of it).
+inline float dot(const float* x, const float* w, int64_t k) {
+  int64_t i = 0;
+  float s = 0.0f;
+#if defined(__AVX512F__)
+  __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
+  for (; i + 64 <= k; i += 64) {
+    a0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(w + i), a0);
+    a1 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 16), _mm512_loadu_ps(w + i + 16), a1);
+    a2 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 32), _mm512_loadu_ps(w + i + 32), a2);
+    a3 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 48), _mm512_loadu_ps(w + i + 48), a3);
+  }
+  for (; i + 16 <= k; i += 16) a0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(w + i), a0);
+  s = hsum(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+#elif defined(__AVX2__) && defined(__FMA__)
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+  for (; i + 32 <= k; i += 32) {
+    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(w + i), a0);
+    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8), _mm256_loadu_ps(w + i + 8), a1);
+    a2 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 16), _mm256_loadu_ps(w + i + 16), a2);
+    a3 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 24), _mm256_loadu_ps(w + i + 24), a3);
+  }
+  for (; i + 8 <= k; i += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(w + i), a0);
+  const __m256 v = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
+  alignas(32) float t[8];
+  _mm256_store_ps(t, v);
+  for (float e : t) s += e;
+#endif
+  for (; i < k; ++i) s += x[i] * w[i];
+  return s;
+}
+
+inline void store(float* c, float v, float alpha, float beta) {
+  *c = beta == 0.0f ? alpha * v : alpha * v + beta * *c;  // beta 0 ignores what c held (NaN included), as BLAS does
+}
+
+// C[m, n] = alpha * A[m, k] W[n, k]^T + beta * C, for m <= kMaxGemvRows: each
+// row of W is read from memory once, then from L1 for the other rows of A.
+void gemv_rows(const GemmArgs& g) {
+  const bool threaded = g.n * g.k >= (1 << 16) && omp_get_max_threads() > 1 && !omp_in_parallel();
+#pragma omp parallel for schedule(static) if (threaded)
+  for (int64_t j = 0; j < g.n; ++j) {
+    const float* w = g.b + j * g.ldb;
+    for (int64_t i = 0; i < g.m; ++i) store(g.c + i * g.ldc + j, dot(g.a + i * g.lda, w, g.k), g.alpha, g.beta);
+  }
+}
+
+}  // namespace
 
 void gemm(const GemmArgs& g) {
   if (g.m == 0 || g.n == 0) return;
+  if (!g.trans_a && g.trans_b && g.m <= kMaxGemvRows && g.k >= 16) return gemv_rows(g);
   cblas_sgemm(CblasRowMajor, g.trans_a ? CblasTrans : CblasNoTrans, g.trans_b ? CblasTrans : CblasNoTrans,
               (blasint)g.m, (blasint)g.n, (blasint)g.k, g.alpha, g.a, (blasint)g.lda, g.b, (blasint)g.ldb, g.beta,
               g.c, (blasint)g.ldc);
