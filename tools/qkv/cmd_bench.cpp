@@ -22,6 +22,7 @@
 #include "qkv/translation.h"
 #include "qkv/nn.h"
 #include "qkv/optim.h"
+#include "qkv/tokenizer.h"
 #include "qkv/lm.h"
 #include "qkv/vit.h"
 #include "tools/qkv/commands.h"
@@ -562,33 +563,33 @@ double read_bandwidth() {
 }
 
 int run_bench_generate(const BenchArgs& a) {
-  struct Size {
-    const char* name;
-    int64_t vocab, d, heads, layers, ff;
-  };
-  const std::vector<Size> sizes = {{"20M", 4096, 512, 8, 6, 1408}, {"100M", 16000, 768, 12, 12, 2048}};
+  // The two benchmark sizes are the shipped recipes; the vocabulary is their tokenizer's size.
+  const std::vector<std::pair<std::string, std::string>> sizes = {{"20M", "configs/lm-20m.json"},
+                                                                   {"100M", "configs/lm-100m.json"}};
   const int64_t prompt_len = 128, new_tokens = 32;
   const bool progress = !a.json && isatty(STDERR_FILENO);
   if (progress) std::fprintf(stderr, "\rbench generate: memory bandwidth ...   ");
   const double bandwidth = read_bandwidth();
   nlohmann::ordered_json rows = nlohmann::ordered_json::array();
   double best_fraction = 0;
-  for (const Size& s : sizes) {
-    DecoderConfig c;
-    c.vocab_size = s.vocab, c.d_model = s.d, c.nhead = s.heads, c.num_layers = s.layers, c.dim_feedforward = s.ff;
-    c.context = prompt_len + new_tokens + 8, c.norm = "rmsnorm", c.mlp = "swiglu", c.positions = "rope";
+  for (const auto& [name, path] : sizes) {
+    const std::string text = read_file(path);
+    DecoderConfig c = DecoderConfig::from_json(text, path);
+    c.vocab_size = TokenizerConfig::from_json(nlohmann::json::parse(text).at("tokenizer").dump(), path).vocab_size;
+    QKV_CHECK(c.context >= prompt_len + new_tokens, path, ": context must hold ", prompt_len + new_tokens, " tokens");
+    c.dropout = 0.0f;
     Rng rng(1);
     DecoderLM model(c, rng);
     model.eval();
     NoGradGuard no_grad;
     std::vector<int64_t> prompt;
-    for (int64_t i = 0; i < prompt_len; ++i) prompt.push_back(4 + (i * 7919) % (s.vocab - 4));
-    if (progress) std::fprintf(stderr, "\rbench generate: qkv %s ...          ", s.name);
+    for (int64_t i = 0; i < prompt_len; ++i) prompt.push_back(4 + (i * 7919) % (c.vocab_size - 4));
+    if (progress) std::fprintf(stderr, "\rbench generate: qkv %s ...          ", name.c_str());
     {  // warm up the allocator and the kernels
-      std::vector<KVCache> warm = model.make_caches(1, c.context);
+      std::vector<KVCache> warm = model.make_caches(1, prompt_len + new_tokens);
       model.forward_cached(Tensor::from_ints({prompt.begin(), prompt.begin() + 8}, {1, 8}), warm);
     }
-    std::vector<KVCache> caches = model.make_caches(1, c.context);
+    std::vector<KVCache> caches = model.make_caches(1, prompt_len + new_tokens);
     auto t0 = std::chrono::steady_clock::now();
     Tensor logits = model.forward_cached(Tensor::from_ints(prompt, {1, prompt_len}), caches);
     const double prefill = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -605,7 +606,7 @@ int run_bench_generate(const BenchArgs& a) {
     const double decode_tps = new_tokens / decode, fraction = weight_bytes * decode_tps / bandwidth;
     best_fraction = std::max(best_fraction, fraction);
     rows.push_back({{"impl", "qkv"},
-                    {"size", s.name},
+                    {"size", name},
                     {"params", model.parameter_count()},
                     {"prefill_tokens_per_s", prompt_len / prefill},
                     {"decode_tokens_per_s", decode_tps},
@@ -616,7 +617,7 @@ int run_bench_generate(const BenchArgs& a) {
     QKV_CHECK(dir, "bench generate: cannot make a temporary folder");
     const std::string weights = std::string(dir) + "/model.safetensors";
     save_safetensors(weights, model.state_dict(), {});
-    if (progress) std::fprintf(stderr, "\rbench generate: PyTorch %s ...          ", s.name);
+    if (progress) std::fprintf(stderr, "\rbench generate: PyTorch %s ...          ", name.c_str());
     nlohmann::json config = nlohmann::json::parse(c.to_json());
     nlohmann::json torch = run_peer(a.python + " scripts/bench_generate_torch.py --weights " + weights +
                                     " --config '" + config.dump() + "' --prompt-len " + std::to_string(prompt_len) +
@@ -629,7 +630,7 @@ int run_bench_generate(const BenchArgs& a) {
       for (size_t i = 0; i < std::min(theirs.size(), tokens.size()) && theirs[i] == tokens[i]; ++i) ++same;
       const double ttps = torch["decode_tokens_per_s"].get<double>();
       rows.push_back({{"impl", "torch"},
-                      {"size", s.name},
+                      {"size", name},
                       {"params", torch["params"]},
                       {"prefill_tokens_per_s", torch["prefill_tokens_per_s"]},
                       {"decode_tokens_per_s", ttps},
