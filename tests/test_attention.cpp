@@ -80,6 +80,42 @@ TEST_P(FlashVsNaive, ForwardAndGradientsAgree) {
 INSTANTIATE_TEST_SUITE_P(Shapes, FlashVsNaive, ::testing::ValuesIn(attention_table()),
                          [](const ::testing::TestParamInfo<AttnCase>& info) { return info.param.name; });
 
+// Self-attention from one packed [B, T, (H + 2 Hkv) Dh] projection: the flash
+// path reads the heads in place and writes dqkv in one buffer; the naive path
+// splits the heads out and composes ops. Both must agree, forward and backward.
+TEST(Attention, PackedSelfAttentionFlashEqualsNaive) {
+  omp_set_num_threads(2);
+  const std::vector<AttnCase> cases = {
+      {"single", 1, 1, 1, 1, 1, 16, 16},
+      {"vit_like", 3, 4, 4, 16, 16, 32, 32},
+      {"causal_two_tiles", 1, 3, 3, 130, 130, 64, 64, true},
+      {"grouped_query_causal", 2, 4, 2, 70, 70, 32, 32, true},
+      {"padding", 3, 2, 2, 40, 40, 16, 16, false, {40, 9, 0}},
+  };
+  for (const AttnCase& c : cases) {
+    auto run = [&](AttentionImpl impl) {
+      Rng rng(23);
+      const int64_t C = (c.heads + 2 * c.kv_heads) * c.dh;
+      Tensor qkv = Tensor::randn({c.batch, c.t, C}, rng).set_requires_grad(true);
+      AttentionOptions o;
+      o.causal = c.causal;
+      o.impl = impl;
+      if (!c.lengths.empty()) o.key_padding_lengths = Tensor::from_ints(c.lengths, {c.batch});
+      Tensor out = packed_self_attention(qkv, c.heads, c.kv_heads, o);
+      EXPECT_EQ(out.shape(), (Shape{c.batch, c.t, c.heads * c.dh})) << c.name;
+      sum(mul(out, Tensor::randn(out.shape(), rng))).backward();
+      return std::pair{out, qkv.grad()};
+    };
+    auto [flash_out, flash_grad] = run(AttentionImpl::Flash);
+    auto [naive_out, naive_grad] = run(AttentionImpl::Naive);
+    EXPECT_TRUE(all_close(flash_out, naive_out, 2e-5f, 1e-4f)) << c.name << " out";
+    EXPECT_TRUE(all_close(flash_grad, naive_grad, 1e-4f, 1e-3f)) << c.name << " dqkv";
+  }
+  Tensor bad = Tensor::zeros({1, 2, 10});
+  EXPECT_THROW(packed_self_attention(bad, 2, 1), Error);  // 10 is not a multiple of H + 2 Hkv = 4
+  EXPECT_THROW(packed_self_attention(Tensor::zeros({1, 2, 12}), 3, 2), Error);  // H not a multiple of Hkv
+}
+
 TEST(Attention, HandComputed) {
   // One query, two keys: scores q.k / sqrt(2) = [1, 0] -> weights softmax([1, 0]).
   Tensor q = Tensor::from_vector({std::sqrt(2.0f), 0}, {1, 1, 1, 2});

@@ -44,6 +44,15 @@ struct AttentionOptions {
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const AttentionOptions& options = {});
 
+// Self-attention straight from a packed projection: qkv [B, T, (H + 2 Hkv) Dh]
+// holds each row's q (H heads), k and v (Hkv heads each) side by side, as one
+// fused projection writes them. Returns [B, T, H Dh], the heads side by side
+// again. The same values and gradients as splitting qkv into heads and calling
+// scaled_dot_product_attention, without the copies into and out of the
+// [B, H, T, Dh] layout on the flash path (which reads and writes the packed
+// rows in place, and writes dqkv in one buffer).
+Tensor packed_self_attention(const Tensor& qkv, int64_t heads, int64_t kv_heads, const AttentionOptions& options = {});
+
 // The naive path, also returning the attention weights [B, H, T, S].
 struct AttentionWithWeights {
   Tensor out;

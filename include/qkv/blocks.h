@@ -89,6 +89,7 @@ public:
 private:
   Tensor heads(const Tensor& x, int64_t count) const;  // [B,T,count*Dh] -> [B,count,T,Dh]
   Tensor prepare(const Tensor& heads, const std::shared_ptr<RMSNorm>& norm, int64_t offset) const;
+  AttentionOptions attention_options(const AttentionCall& call);
   MultiheadAttentionOptions options_;
   int64_t head_dim_, kv_heads_;
   Rng dropout_rng_;

@@ -61,8 +61,7 @@ std::pair<Tensor, Tensor> MultiheadAttention::project_kv(const Tensor& memory, i
   return {prepare(heads(kv[0], kv_heads_), k_norm, position_offset), heads(kv[1], kv_heads_)};
 }
 
-AttentionOutput MultiheadAttention::attend(const Tensor& q, const Tensor& k, const Tensor& v,
-                                           const AttentionCall& call) {
+AttentionOptions MultiheadAttention::attention_options(const AttentionCall& call) {
   AttentionOptions o;
   o.causal = call.causal;
   o.key_padding_lengths = call.key_padding_lengths;
@@ -71,6 +70,12 @@ AttentionOutput MultiheadAttention::attend(const Tensor& q, const Tensor& k, con
     o.dropout = options_.dropout;
     o.rng = &dropout_rng_;
   }
+  return o;
+}
+
+AttentionOutput MultiheadAttention::attend(const Tensor& q, const Tensor& k, const Tensor& v,
+                                           const AttentionCall& call) {
+  const AttentionOptions o = attention_options(call);
   // Beams sharing a source: q has G rows per row of k and v (the G
   // hypotheses of one sentence). Without a mask their queries are
   // independent, so they become one block of G*T queries against the
@@ -106,7 +111,11 @@ AttentionOutput MultiheadAttention::forward(const Tensor& x, const AttentionCall
   QKV_CHECK(x.dim() == 3 && x.size(-1) == options_.d_model, "MultiheadAttention: x must be [B, T, ",
             options_.d_model, "], got ", shape_str(x.shape()));
   const int64_t qn = options_.nhead * head_dim_, kvn = kv_heads_ * head_dim_;
-  std::vector<Tensor> qkv = split(qkv_proj->forward(x), {qn, kvn, kvn}, -1);
+  Tensor packed = qkv_proj->forward(x);
+  if (!q_norm && !options_.rotary && !call.need_weights) {  // nothing to do per head between projection and attention
+    return {out_proj->forward(packed_self_attention(packed, options_.nhead, kv_heads_, attention_options(call))), {}};
+  }
+  std::vector<Tensor> qkv = split(packed, {qn, kvn, kvn}, -1);
   Tensor q = prepare(heads(qkv[0], options_.nhead), q_norm, call.position_offset);
   Tensor k = prepare(heads(qkv[1], kv_heads_), k_norm, call.position_offset);
   return attend(q, k, heads(qkv[2], kv_heads_), call);

@@ -3,6 +3,7 @@
 #include "qkv/attention.h"
 
 #include <cmath>
+#include <optional>
 
 #include "src/kernels/cpu/flash_attention.h"
 #include "src/ops/dispatch.h"
@@ -64,24 +65,28 @@ Tensor structural_mask(const Dims& d, const AttentionOptions& o) {
   return mask;
 }
 
-// The head stride to read k or v [B, Hkv, S, D] in place, or 0 when it must be
-// made contiguous: rows contiguous, heads evenly spaced (a prefix of a KV cache qualifies).
-int64_t readable_head_stride(const Tensor& t) {
+// The layout to read k or v [B, Hkv, S, D] in place, if it has one the kernel
+// reads (rows contiguous, any spacing of rows, heads and batches: the valid
+// rows of a KV cache qualify).
+std::optional<cpu::FlashLayout> readable_layout(const Tensor& t) {
   const Shape& st = t.strides();
-  const int64_t S = t.size(2), D = t.size(3), H = t.size(1);
-  if (st[3] == 1 && st[2] == D && st[1] >= S * D && (t.size(0) == 1 || st[0] == H * st[1])) return st[1];
-  return 0;
+  if (st[3] != 1 || st[2] < t.size(3) || st[1] < 0 || st[0] < 0) return std::nullopt;
+  return cpu::FlashLayout{st[0], st[1], st[2]};
 }
 
 Tensor flash_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o, const Dims& d) {
   // Without a gradient to compute, a strided k/v (the valid rows of a KV cache) is read where it lies.
   const bool inference = !any_requires_grad({q, k, v});
-  const int64_t k_stride = inference ? readable_head_stride(k) : 0, v_stride = inference ? readable_head_stride(v) : 0;
+  const auto k_layout = inference ? readable_layout(k) : std::nullopt;
+  const auto v_layout = inference ? readable_layout(v) : std::nullopt;
   Tensor qc = contiguous_values(q);
-  Tensor kc = k_stride ? k.detach() : contiguous_values(k), vc = v_stride ? v.detach() : contiguous_values(v);
+  Tensor kc = k_layout ? k.detach() : contiguous_values(k), vc = v_layout ? v.detach() : contiguous_values(v);
   Tensor lengths = o.key_padding_lengths.defined() ? o.key_padding_lengths.to(DType::I64).contiguous() : Tensor();
-  cpu::FlashShape f{d.batch, d.heads, d.kv_heads, d.t, d.s, d.dh, d.dv, k_stride, v_stride, scale_of(o, d), o.causal,
-                    lengths.defined() ? lengths.data<int64_t>() : nullptr};
+  cpu::FlashShape f{d.batch, d.heads, d.kv_heads, d.t, d.s, d.dh, d.dv};
+  if (k_layout) f.k = *k_layout;
+  if (v_layout) f.v = *v_layout;
+  f.scale = scale_of(o, d), f.causal = o.causal;
+  f.key_lengths = lengths.defined() ? lengths.data<int64_t>() : nullptr;
   Tensor out = Tensor::empty({d.batch, d.heads, d.t, d.dv});
   Tensor lse = Tensor::empty({d.batch, d.heads, d.t});
   cpu::flash_attention_forward(f, qc.data<float>(), kc.data<float>(), vc.data<float>(), out.data<float>(),
@@ -97,6 +102,16 @@ Tensor flash_attention(const Tensor& q, const Tensor& k, const Tensor& v, const 
     return {dq, dk, dv};
   });
   return out;
+}
+
+// Flash unless asked for the naive path or given what only it supports.
+bool use_flash(const AttentionOptions& o) {
+  const bool flash = o.impl == AttentionImpl::Flash ||
+                     (o.impl == AttentionImpl::Auto && !o.attn_mask.defined() && o.dropout == 0.0f);
+  QKV_CHECK(!(flash && (o.attn_mask.defined() || o.dropout > 0.0f)),
+            "attention: the flash path supports causal and key padding masks, not attn_mask or dropout; "
+            "use AttentionImpl::Naive or Auto");
+  return flash;
 }
 
 AttentionWithWeights naive_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o,
@@ -123,13 +138,54 @@ AttentionWithWeights naive_attention(const Tensor& q, const Tensor& k, const Ten
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o) {
   Dims d = check_attention(q, k, v, o);
-  bool flash = o.impl == AttentionImpl::Flash ||
-               (o.impl == AttentionImpl::Auto && !o.attn_mask.defined() && o.dropout == 0.0f);
-  QKV_CHECK(!(flash && (o.attn_mask.defined() || o.dropout > 0.0f)),
-            "attention: the flash path supports causal and key padding masks, not attn_mask or dropout; "
-            "use AttentionImpl::Naive or Auto");
-  if (flash) return flash_attention(q, k, v, o, d);
+  if (use_flash(o)) return flash_attention(q, k, v, o, d);
   return naive_attention(q, k, v, o, d).out;
+}
+
+Tensor packed_self_attention(const Tensor& qkv, int64_t heads, int64_t kv_heads, const AttentionOptions& o) {
+  require_f32(qkv, "attention", "qkv");
+  QKV_CHECK(qkv.dim() == 3 && heads > 0 && kv_heads > 0 && heads % kv_heads == 0 &&
+                qkv.size(2) % (heads + 2 * kv_heads) == 0,
+            "attention: packed qkv must be [B, T, (H + 2 Hkv) Dh] with H a multiple of Hkv; got ",
+            shape_str(qkv.shape()), " for H = ", heads, ", Hkv = ", kv_heads);
+  const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2), Dh = C / (heads + 2 * kv_heads);
+  auto split_heads = [&](int64_t from, int64_t count) {
+    return qkv.slice(2, from * Dh, (from + count) * Dh).reshape({B, T, count, Dh}).permute({0, 2, 1, 3});
+  };
+  if (!use_flash(o)) {  // the composed path: the same ops a caller would write
+    Tensor out = scaled_dot_product_attention(split_heads(0, heads), split_heads(heads, kv_heads),
+                                              split_heads(heads + kv_heads, kv_heads), o);
+    return out.permute({0, 2, 1, 3}).reshape({B, T, heads * Dh});
+  }
+  // Shapes and masks checked as for the unpacked call (views only, no copies).
+  const Dims d = check_attention(split_heads(0, heads).detach(), split_heads(heads, kv_heads).detach(),
+                                 split_heads(heads + kv_heads, kv_heads).detach(), o);
+  Tensor packed = contiguous_values(qkv);
+  Tensor lengths = o.key_padding_lengths.defined() ? o.key_padding_lengths.to(DType::I64).contiguous() : Tensor();
+  cpu::FlashShape f{d.batch, d.heads, d.kv_heads, d.t, d.s, d.dh, d.dv};
+  f.q = {T * C, Dh, C};
+  f.k = f.v = f.q;
+  f.o = {T * heads * Dh, Dh, heads * Dh};
+  f.scale = scale_of(o, d), f.causal = o.causal;
+  f.key_lengths = lengths.defined() ? lengths.data<int64_t>() : nullptr;
+  Tensor out = Tensor::empty({B, T, heads * Dh});
+  Tensor lse = Tensor::empty({B, heads, T});
+  const float* base = packed.data<float>();
+  cpu::flash_attention_forward(f, base, base + heads * Dh, base + (heads + kv_heads) * Dh, out.data<float>(),
+                               lse.data<float>());
+  record_op(out, "packed_self_attention", {qkv}, [packed, lse, lengths, f, heads, kv_heads, Dh](const BackwardArgs& a) {
+    Tensor dout = a.grad_out.contiguous();
+    Tensor dqkv = Tensor::zeros(packed.shape());
+    cpu::FlashShape fb = f;
+    fb.key_lengths = lengths.defined() ? lengths.data<int64_t>() : nullptr;
+    const float* p = packed.data<float>();
+    float* dp = dqkv.data<float>();
+    const int64_t k_at = heads * Dh, v_at = (heads + kv_heads) * Dh;
+    cpu::flash_attention_backward(fb, p, p + k_at, p + v_at, a.out.data<float>(), dout.data<float>(),
+                                  lse.data<float>(), dp, dp + k_at, dp + v_at);
+    return std::vector<Tensor>{dqkv};
+  });
+  return out;
 }
 
 AttentionWithWeights attention_with_weights(const Tensor& q, const Tensor& k, const Tensor& v,

@@ -35,8 +35,25 @@ int64_t visible_keys(const FlashShape& f, int64_t b, int64_t i) {
   return std::max<int64_t>(hi, 0);
 }
 
-int64_t k_stride(const FlashShape& f) { return f.k_head_stride ? f.k_head_stride : f.s * f.dh; }
-int64_t v_stride(const FlashShape& f) { return f.v_head_stride ? f.v_head_stride : f.s * f.dv; }
+// A layout with its zero strides replaced by the contiguous [B, heads, rows, D] ones.
+FlashLayout resolved(FlashLayout l, int64_t heads, int64_t rows, int64_t d) {
+  if (l.row == 0) l.row = d;
+  if (l.head == 0) l.head = rows * l.row;
+  if (l.batch == 0) l.batch = heads * l.head;
+  return l;
+}
+
+struct Layouts {
+  FlashLayout q, k, v, o;
+  explicit Layouts(const FlashShape& f)
+      : q(resolved(f.q, f.heads, f.t, f.dh)),
+        k(resolved(f.k, f.kv_heads, f.s, f.dh)),
+        v(resolved(f.v, f.kv_heads, f.s, f.dv)),
+        o(resolved(f.o, f.heads, f.t, f.dv)) {}
+};
+
+// The first row of head h of batch b.
+inline int64_t at(const FlashLayout& l, int64_t b, int64_t h) { return b * l.batch + h * l.head; }
 
 // C[m,n] (+)= alpha * op(A) op(B) on raw row-major pointers.
 void small_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
@@ -52,6 +69,7 @@ void small_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, 
 void flash_attention_forward(const FlashShape& f, const float* q, const float* k, const float* v, float* out,
                              float* lse) {
   const int64_t G = f.heads / f.kv_heads;
+  const Layouts L(f);
   const int64_t q_tiles = (f.t + Br - 1) / Br;
   const int64_t tasks = f.batch * f.heads * q_tiles;
 #pragma omp parallel if (tasks > 1)
@@ -66,16 +84,16 @@ void flash_attention_forward(const FlashShape& f, const float* q, const float* k
     for (int64_t task = 0; task < tasks; ++task) {
       const int64_t qt = task % q_tiles, bh = task / q_tiles, b = bh / f.heads, h = bh % f.heads;
       const int64_t q0 = qt * Br, rows = std::min(Br, f.t - q0);
-      const float* Q = q + (bh * f.t + q0) * f.dh;
-      const float* K = k + (b * f.kv_heads + h / G) * k_stride(f);
-      const float* V = v + (b * f.kv_heads + h / G) * v_stride(f);
+      const float* Q = q + at(L.q, b, h) + q0 * L.q.row;
+      const float* K = k + at(L.k, b, h / G);
+      const float* V = v + at(L.v, b, h / G);
       const int64_t tile_hi = visible_keys(f, b, q0 + rows - 1);  // rows see more keys further down
       std::fill(m, m + rows, -INFINITY);
       std::fill(l, l + rows, 0.0f);
       std::fill(O, O + rows * f.dv, 0.0f);
       for (int64_t k0 = 0; k0 < tile_hi; k0 += Bc) {
         const int64_t cols = std::min(Bc, tile_hi - k0);
-        small_gemm(false, true, rows, cols, f.dh, f.scale, Q, f.dh, K + k0 * f.dh, f.dh, 0.0f, S, Bc);
+        small_gemm(false, true, rows, cols, f.dh, f.scale, Q, L.q.row, K + k0 * L.k.row, L.k.row, 0.0f, S, Bc);
         for (int64_t r = 0; r < rows; ++r) {
           float* s = S + r * Bc;
           const int64_t vis = std::clamp<int64_t>(visible_keys(f, b, q0 + r) - k0, 0, cols);
@@ -97,10 +115,10 @@ void flash_attention_forward(const FlashShape& f, const float* q, const float* k
           float* o = O + r * f.dv;
           for (int64_t d = 0; d < f.dv; ++d) o[d] *= alpha;
         }
-        small_gemm(false, false, rows, f.dv, cols, 1.0f, S, Bc, V + k0 * f.dv, f.dv, 1.0f, O, f.dv);
+        small_gemm(false, false, rows, f.dv, cols, 1.0f, S, Bc, V + k0 * L.v.row, L.v.row, 1.0f, O, f.dv);
       }
       for (int64_t r = 0; r < rows; ++r) {
-        float* dst = out + (bh * f.t + q0 + r) * f.dv;
+        float* dst = out + at(L.o, b, h) + (q0 + r) * L.o.row;
         const float inv = l[r] > 0 ? 1.0f / l[r] : 0.0f;
         for (int64_t d = 0; d < f.dv; ++d) dst[d] = O[r * f.dv + d] * inv;
         lse[bh * f.t + q0 + r] = l[r] > 0 ? m[r] + std::log(l[r]) : -INFINITY;
@@ -114,6 +132,7 @@ void flash_attention_forward(const FlashShape& f, const float* q, const float* k
 void flash_attention_backward(const FlashShape& f, const float* q, const float* k, const float* v, const float* out,
                               const float* dout, const float* lse, float* dq, float* dk, float* dv) {
   const int64_t G = f.heads / f.kv_heads;
+  const Layouts L(f);
   const int64_t tasks = f.batch * f.kv_heads;
 #pragma omp parallel if (tasks > 1)
   {
@@ -124,22 +143,23 @@ void flash_attention_backward(const FlashShape& f, const float* q, const float* 
 #pragma omp for schedule(dynamic)
     for (int64_t task = 0; task < tasks; ++task) {
       const int64_t b = task / f.kv_heads, hk = task % f.kv_heads;
-      const float* K = k + task * k_stride(f);
-      const float* V = v + task * v_stride(f);
-      float* dK = dk + task * f.s * f.dh;
-      float* dV = dv + task * f.s * f.dv;
+      const float* K = k + at(L.k, b, hk);
+      const float* V = v + at(L.v, b, hk);
+      float* dK = dk + at(L.k, b, hk);
+      float* dV = dv + at(L.v, b, hk);
+      const int64_t qr = L.q.row, kr = L.k.row, vr = L.v.row, orow = L.o.row;
       const int64_t key_hi = visible_keys(f, b, f.t - 1);
       for (int64_t g = 0; g < G; ++g) {
-        const int64_t bh = b * f.heads + hk * G + g;
-        const float* Q = q + bh * f.t * f.dh;
-        const float* O = out + bh * f.t * f.dv;
-        const float* dO = dout + bh * f.t * f.dv;
-        const float* L = lse + bh * f.t;
-        float* dQ = dq + bh * f.t * f.dh;
+        const int64_t h = hk * G + g, bh = b * f.heads + h;
+        const float* Q = q + at(L.q, b, h);
+        const float* O = out + at(L.o, b, h);
+        const float* dO = dout + at(L.o, b, h);
+        const float* lse_row = lse + bh * f.t;
+        float* dQ = dq + at(L.q, b, h);
         for (int64_t i = 0; i < f.t; ++i) {
           float s = 0;
 #pragma omp simd reduction(+ : s)
-          for (int64_t d = 0; d < f.dv; ++d) s += dO[i * f.dv + d] * O[i * f.dv + d];
+          for (int64_t d = 0; d < f.dv; ++d) s += dO[i * orow + d] * O[i * orow + d];
           D[i] = s;
         }
         for (int64_t k0 = 0; k0 < key_hi; k0 += Bc) {
@@ -148,25 +168,25 @@ void flash_attention_backward(const FlashShape& f, const float* q, const float* 
           const int64_t first_q = f.causal ? std::max<int64_t>(0, k0 - (f.s - f.t)) : 0;
           for (int64_t q0 = first_q / Br * Br; q0 < f.t; q0 += Br) {
             const int64_t rows = std::min(Br, f.t - q0);
-            small_gemm(false, true, rows, cols, f.dh, f.scale, Q + q0 * f.dh, f.dh, K + k0 * f.dh, f.dh, 0.0f, P, Bc);
+            small_gemm(false, true, rows, cols, f.dh, f.scale, Q + q0 * qr, qr, K + k0 * kr, kr, 0.0f, P, Bc);
             for (int64_t r = 0; r < rows; ++r) {
               float* p = P + r * Bc;
-              const float row_lse = L[q0 + r];
+              const float row_lse = lse_row[q0 + r];
               const int64_t vis =
                   row_lse == -INFINITY ? 0 : std::clamp<int64_t>(visible_keys(f, b, q0 + r) - k0, 0, cols);
               for (int64_t j = 0; j < vis; ++j) p[j] = fast_exp(p[j] - row_lse);
               std::fill(p + vis, p + cols, 0.0f);
             }
-            small_gemm(true, false, cols, f.dv, rows, 1.0f, P, Bc, dO + q0 * f.dv, f.dv, 1.0f, dV + k0 * f.dv, f.dv);
-            small_gemm(false, true, rows, cols, f.dv, 1.0f, dO + q0 * f.dv, f.dv, V + k0 * f.dv, f.dv, 0.0f, dP, Bc);
+            small_gemm(true, false, cols, f.dv, rows, 1.0f, P, Bc, dO + q0 * orow, orow, 1.0f, dV + k0 * vr, vr);
+            small_gemm(false, true, rows, cols, f.dv, 1.0f, dO + q0 * orow, orow, V + k0 * vr, vr, 0.0f, dP, Bc);
             for (int64_t r = 0; r < rows; ++r) {
               const float di = D[q0 + r];
               float* dp = dP + r * Bc;
               const float* p = P + r * Bc;
               for (int64_t j = 0; j < cols; ++j) dp[j] = p[j] * (dp[j] - di);
             }
-            small_gemm(false, false, rows, f.dh, cols, f.scale, dP, Bc, K + k0 * f.dh, f.dh, 1.0f, dQ + q0 * f.dh, f.dh);
-            small_gemm(true, false, cols, f.dh, rows, f.scale, dP, Bc, Q + q0 * f.dh, f.dh, 1.0f, dK + k0 * f.dh, f.dh);
+            small_gemm(false, false, rows, f.dh, cols, f.scale, dP, Bc, K + k0 * kr, kr, 1.0f, dQ + q0 * qr, qr);
+            small_gemm(true, false, cols, f.dh, rows, f.scale, dP, Bc, Q + q0 * qr, qr, 1.0f, dK + k0 * kr, kr);
           }
         }
       }

@@ -12,12 +12,21 @@ namespace qkv::cpu {
 constexpr int64_t kFlashQueryTile = 64;
 constexpr int64_t kFlashKeyTile = 128;
 
-// q [B,H,T,Dh], k [B,Hkv,S,Dh], v [B,Hkv,S,Dv], out [B,H,T,Dv], lse [B,H,T]; contiguous,
-// except that consecutive (batch, head) blocks of k and v may lie kv_head_stride
-// elements apart (>= S*Dh): the first S rows of a larger KV cache, read in place.
+// Where the rows of one operand lie: element strides between batches, heads
+// and rows; each row's Dh (or Dv) elements are contiguous. A zero stride means
+// the contiguous layout [B, heads, rows, D].
+struct FlashLayout {
+  int64_t batch = 0, head = 0, row = 0;
+};
+
+// q [B,H,T,Dh], k [B,Hkv,S,Dh], v [B,Hkv,S,Dv], out [B,H,T,Dv], lse [B,H,T]
+// (contiguous). The layouts let q, k, v and out (with dout) lie elsewhere: the
+// first S rows of a larger KV cache, or the heads side by side on each row of
+// a packed [B, T, (H + 2 Hkv) Dh] projection. dq, dk, dv take the layouts of
+// q, k, v.
 struct FlashShape {
   int64_t batch = 0, heads = 0, kv_heads = 0, t = 0, s = 0, dh = 0, dv = 0;
-  int64_t k_head_stride = 0, v_head_stride = 0;  // 0: S*Dh and S*Dv (contiguous)
+  FlashLayout q, k, v, o;
   float scale = 1.0f;
   bool causal = false;
   const int64_t* key_lengths = nullptr;  // [B] or null
