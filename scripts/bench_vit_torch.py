@@ -1,16 +1,17 @@
 #!/usr/bin/env python3
 """The Vision Transformer of `qkv bench vit` in PyTorch, for the side-by-side figure.
 
-The same model as configs/vit-fashion-mnist.json: 28x28 grayscale images cut
-into 7x7 patches (16 tokens, the patch embedding a Conv2d of stride 7),
-learned positions, d_model 128, 4 heads, 4 Pre-Norm nn.TransformerEncoderLayer
-blocks with GELU and dim_feedforward 256, final LayerNorm, mean pooling,
-10 classes. Training: cross-entropy with label smoothing 0.1, AdamW, batches
+The model of configs/vit-fashion-mnist.json, its sizes given by `qkv bench vit`
+as flags (defaults: 28x28 grayscale images cut into 7x7 patches, the patch
+embedding a Conv2d of stride 7; learned positions; d_model 128, 4 heads,
+4 Pre-Norm nn.TransformerEncoderLayer blocks with GELU and dim_feedforward
+384; final LayerNorm, mean pooling, 10 classes). Training: cross-entropy with label smoothing 0.1, AdamW, batches
 of 128 random images; inference: batches of 256 in eval mode without
 gradients. Prints one JSON object:
 {"torch": version, "threads": n, "parameters": n, "train_images_per_s": x, "infer_images_per_s": x}
 
-Usage: bench_vit_torch.py [--threads 2] [--steps 10]
+Usage: bench_vit_torch.py [--threads 2] [--steps 10] [--image 28] [--patch 7]
+         [--channels 1] [--d-model 128] [--heads 4] [--layers 4] [--ff 384] [--classes 10]
 """
 import argparse
 import json
@@ -23,7 +24,7 @@ import torch.nn.functional as F
 
 
 class ViT(nn.Module):
-    def __init__(self, image=28, patch=7, channels=1, d=128, heads=4, layers=4, ff=256, classes=10):
+    def __init__(self, image=28, patch=7, channels=1, d=128, heads=4, layers=4, ff=384, classes=10):
         super().__init__()
         self.patch_embed = nn.Conv2d(channels, d, patch, stride=patch)
         self.pos_embed = nn.Parameter(0.02 * torch.randn((image // patch) ** 2, d))
@@ -55,12 +56,21 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--image", type=int, default=28)
+    ap.add_argument("--patch", type=int, default=7)
+    ap.add_argument("--channels", type=int, default=1)
+    ap.add_argument("--d-model", type=int, default=128)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--ff", type=int, default=384)
+    ap.add_argument("--classes", type=int, default=10)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    model = ViT()
+    model = ViT(args.image, args.patch, args.channels, args.d_model, args.heads, args.layers, args.ff, args.classes)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.05)
-    x, y = torch.randn(128, 1, 28, 28), torch.randint(0, 10, (128,))
+    shape = (args.channels, args.image, args.image)
+    x, y = torch.randn(128, *shape), torch.randint(0, args.classes, (128,))
 
     def train_step():
         opt.zero_grad(set_to_none=True)
@@ -72,7 +82,7 @@ def main():
     model.train()
     train_s = best_seconds(train_step, args.steps)
     model.eval()
-    xi = torch.randn(256, 1, 28, 28)
+    xi = torch.randn(256, *shape)
 
     def infer():
         with torch.no_grad():

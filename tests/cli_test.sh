@@ -143,7 +143,10 @@ mv "$tmp/idx/t10k-images-idx3-ubyte.cut" "$tmp/idx/t10k-images-idx3-ubyte"
 check "eval vit truncated IDX" nonzero "$QKV" eval --model "$tmp/vit" --test "$tmp/idx"
 one_line_error "eval vit truncated IDX"
 grep -q "t10k-images-idx3-ubyte: truncated" "$tmp/err" || { echo "FAIL truncated IDX message"; cat "$tmp/err"; failures=$((failures + 1)); }
-check "bench vit tiny" 0 "$QKV" bench vit --steps 1 --json --python false
+# The benchmarks build the recipe's model, read from the repository root.
+check "bench vit outside the repository" nonzero bash -c "cd '$tmp' && '$QKV' bench vit --steps 1 --python false"
+one_line_error "bench vit outside the repository"
+check "bench vit tiny" 0 bash -c "cd '$FIXTURES/../..' && '$QKV' bench vit --steps 1 --json --python false"
 grep -q '"qkv_train_images_per_s"' "$tmp/out" || { echo "FAIL bench vit json"; failures=$((failures + 1)); }
 
 # A decoder language model on a short text, then generation from it.

@@ -271,6 +271,7 @@ TEST(Ops, GemvKernelMatchesReference) {
         Rng rng(m * 1000 + n + k);
         const int64_t lda = k + 3, ldb = k + 5, ldc = n + 2;
         Tensor a = Tensor::randn({m, lda}, rng), b = Tensor::randn({n, ldb}, rng), c0 = Tensor::randn({m, ldc}, rng);
+        if (beta == 0.0f) c0.fill_(NAN);  // beta 0 ignores what C held, as BLAS does
         Tensor c_fast = c0.clone(), c_ref = c0.clone();
         GemmArgs g{.trans_a = false, .trans_b = true, .m = m, .n = n, .k = k, .alpha = 0.75f,
                    .a = a.data<float>(), .lda = lda, .b = b.data<float>(), .ldb = ldb, .beta = beta};

@@ -74,6 +74,18 @@ std::optional<cpu::FlashLayout> readable_layout(const Tensor& t) {
   return cpu::FlashLayout{st[0], st[1], st[2]};
 }
 
+// The kernel's shape for contiguous operands; `lengths` (I64, or undefined) must outlive its use.
+cpu::FlashShape flash_shape(const Dims& d, const AttentionOptions& o, const Tensor& lengths) {
+  cpu::FlashShape f{d.batch, d.heads, d.kv_heads, d.t, d.s, d.dh, d.dv};
+  f.scale = scale_of(o, d), f.causal = o.causal;
+  f.key_lengths = lengths.defined() ? lengths.data<int64_t>() : nullptr;
+  return f;
+}
+
+Tensor key_lengths_i64(const AttentionOptions& o) {
+  return o.key_padding_lengths.defined() ? o.key_padding_lengths.to(DType::I64).contiguous() : Tensor();
+}
+
 Tensor flash_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o, const Dims& d) {
   // Without a gradient to compute, a strided k/v (the valid rows of a KV cache) is read where it lies.
   const bool inference = !any_requires_grad({q, k, v});
@@ -81,12 +93,10 @@ Tensor flash_attention(const Tensor& q, const Tensor& k, const Tensor& v, const 
   const auto v_layout = inference ? readable_layout(v) : std::nullopt;
   Tensor qc = contiguous_values(q);
   Tensor kc = k_layout ? k.detach() : contiguous_values(k), vc = v_layout ? v.detach() : contiguous_values(v);
-  Tensor lengths = o.key_padding_lengths.defined() ? o.key_padding_lengths.to(DType::I64).contiguous() : Tensor();
-  cpu::FlashShape f{d.batch, d.heads, d.kv_heads, d.t, d.s, d.dh, d.dv};
+  Tensor lengths = key_lengths_i64(o);
+  cpu::FlashShape f = flash_shape(d, o, lengths);
   if (k_layout) f.k = *k_layout;
   if (v_layout) f.v = *v_layout;
-  f.scale = scale_of(o, d), f.causal = o.causal;
-  f.key_lengths = lengths.defined() ? lengths.data<int64_t>() : nullptr;
   Tensor out = Tensor::empty({d.batch, d.heads, d.t, d.dv});
   Tensor lse = Tensor::empty({d.batch, d.heads, d.t});
   cpu::flash_attention_forward(f, qc.data<float>(), kc.data<float>(), vc.data<float>(), out.data<float>(),
@@ -149,25 +159,25 @@ Tensor packed_self_attention(const Tensor& qkv, int64_t heads, int64_t kv_heads,
             "attention: packed qkv must be [B, T, (H + 2 Hkv) Dh] with H a multiple of Hkv; got ",
             shape_str(qkv.shape()), " for H = ", heads, ", Hkv = ", kv_heads);
   const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2), Dh = C / (heads + 2 * kv_heads);
-  auto split_heads = [&](int64_t from, int64_t count) {
-    return qkv.slice(2, from * Dh, (from + count) * Dh).reshape({B, T, count, Dh}).permute({0, 2, 1, 3});
+  QKV_CHECK(Dh > 0, "attention: packed qkv has no head dimension: ", shape_str(qkv.shape()));
+  auto split_heads = [&](const Tensor& x, int64_t from, int64_t count) {
+    return x.slice(2, from * Dh, (from + count) * Dh).reshape({B, T, count, Dh}).permute({0, 2, 1, 3});
   };
   if (!use_flash(o)) {  // the composed path: the same ops a caller would write
-    Tensor out = scaled_dot_product_attention(split_heads(0, heads), split_heads(heads, kv_heads),
-                                              split_heads(heads + kv_heads, kv_heads), o);
+    Tensor out = scaled_dot_product_attention(split_heads(qkv, 0, heads), split_heads(qkv, heads, kv_heads),
+                                              split_heads(qkv, heads + kv_heads, kv_heads), o);
     return out.permute({0, 2, 1, 3}).reshape({B, T, heads * Dh});
   }
-  // Shapes and masks checked as for the unpacked call (views only, no copies).
-  const Dims d = check_attention(split_heads(0, heads).detach(), split_heads(heads, kv_heads).detach(),
-                                 split_heads(heads + kv_heads, kv_heads).detach(), o);
+  // Shapes and masks checked as for the unpacked call (views of detached values: nothing recorded).
+  const Tensor values = qkv.detach();
+  const Dims d = check_attention(split_heads(values, 0, heads), split_heads(values, heads, kv_heads),
+                                 split_heads(values, heads + kv_heads, kv_heads), o);
   Tensor packed = contiguous_values(qkv);
-  Tensor lengths = o.key_padding_lengths.defined() ? o.key_padding_lengths.to(DType::I64).contiguous() : Tensor();
-  cpu::FlashShape f{d.batch, d.heads, d.kv_heads, d.t, d.s, d.dh, d.dv};
-  f.q = {T * C, Dh, C};
+  Tensor lengths = key_lengths_i64(o);
+  cpu::FlashShape f = flash_shape(d, o, lengths);
+  f.q = {T * C, Dh, C};  // heads side by side on each packed row
   f.k = f.v = f.q;
   f.o = {T * heads * Dh, Dh, heads * Dh};
-  f.scale = scale_of(o, d), f.causal = o.causal;
-  f.key_lengths = lengths.defined() ? lengths.data<int64_t>() : nullptr;
   Tensor out = Tensor::empty({B, T, heads * Dh});
   Tensor lse = Tensor::empty({B, heads, T});
   const float* base = packed.data<float>();

@@ -187,6 +187,14 @@ AttentionRow bench_attention_impl(AttentionImpl impl, int64_t n, bool causal, do
   return row;
 }
 
+// A recipe the benchmarks build their models from, read relative to the
+// repository root (where the peers' scripts are too).
+std::string recipe_text(const std::string& path, const char* suite) {
+  QKV_CHECK(std::filesystem::exists(path), "bench ", suite, ": ", path,
+            " not found; run qkv bench from the repository root");
+  return read_file(path);
+}
+
 // Runs a peer's script and parses the one JSON object it prints; null when
 // Python or torch is missing or the script fails.
 nlohmann::json run_peer(const std::string& cmd_in) {
@@ -454,18 +462,20 @@ int run_bench_attention(const BenchArgs& a) {
 // --- vit: the recipe's Vision Transformer, qkv vs the same model in PyTorch ---
 
 int run_bench_vit(const BenchArgs& a) {
-  // configs/vit-fashion-mnist.json's shape: 28x28x1, patches 7x7, d_model 128, 4 heads, 4 layers, mlp ratio 2.
-  ViTConfig c;
-  c.image_size = 28, c.patch_size = 7, c.channels = 1, c.d_model = 128, c.nhead = 4, c.num_layers = 4;
-  c.mlp_ratio = 2, c.num_classes = 10, c.dropout = 0;
-  for (int i = 0; i < 10; ++i) c.class_names.push_back(std::to_string(i));
+  // The recipe's model (learned positions, mean pooling: the shape the PyTorch peer builds).
+  const std::string recipe = "configs/vit-fashion-mnist.json";
+  ViTConfig c = ViTConfig::from_json(recipe_text(recipe, "vit"), recipe);
+  c.dropout = 0;
+  QKV_CHECK(c.positions == "learned" && c.pool == "mean", recipe,
+            ": the PyTorch peer builds learned positions and mean pooling only");
+  const int64_t C = c.channels, S = c.image_size;
   Rng rng(0);
   VisionTransformer model(c, rng);
   AdamW opt(model.parameters(), {.lr = 1e-3f, .weight_decay = 0.05f});
   std::vector<int64_t> labels;
-  for (int i = 0; i < 128; ++i) labels.push_back((int64_t)rng.next_below(10));
-  Tensor x = Tensor::randn({128, 1, 28, 28}, rng), y = Tensor::from_ints(labels, {128});
-  Tensor xi = Tensor::randn({256, 1, 28, 28}, rng);
+  for (int i = 0; i < 128; ++i) labels.push_back((int64_t)rng.next_below((uint64_t)c.num_classes));
+  Tensor x = Tensor::randn({128, C, S, S}, rng), y = Tensor::from_ints(labels, {128});
+  Tensor xi = Tensor::randn({256, C, S, S}, rng);
   const bool progress = !a.json && isatty(STDERR_FILENO);
   if (progress) std::fprintf(stderr, "\rbench vit: qkv ...   ");
   model.train();
@@ -494,8 +504,12 @@ int run_bench_vit(const BenchArgs& a) {
     model.forward(xi);
   }, steps);
   if (progress) std::fprintf(stderr, "\rbench vit: PyTorch (scripts/bench_vit_torch.py) ...   ");
-  nlohmann::json torch = run_peer(a.python + " scripts/bench_vit_torch.py --threads " + std::to_string(thread_count()) +
-                                  " --steps " + std::to_string(steps));
+  nlohmann::json torch = run_peer(
+      a.python + " scripts/bench_vit_torch.py --threads " + std::to_string(thread_count()) + " --steps " +
+      std::to_string(steps) + " --image " + std::to_string(S) + " --patch " + std::to_string(c.patch_size) +
+      " --channels " + std::to_string(C) + " --d-model " + std::to_string(c.d_model) + " --heads " +
+      std::to_string(c.nhead) + " --layers " + std::to_string(c.num_layers) + " --ff " +
+      std::to_string(c.dim_feedforward()) + " --classes " + std::to_string(c.num_classes));
   if (progress) std::fprintf(stderr, "\r%70s\r", "");
   nlohmann::ordered_json out = {{"suite", "vit"},
                                 {"threads", thread_count()},
@@ -573,7 +587,7 @@ int run_bench_generate(const BenchArgs& a) {
   nlohmann::ordered_json rows = nlohmann::ordered_json::array();
   double best_fraction = 0;
   for (const auto& [name, path] : sizes) {
-    const std::string text = read_file(path);
+    const std::string text = recipe_text(path, "generate");
     DecoderConfig c = DecoderConfig::from_json(text, path);
     c.vocab_size = TokenizerConfig::from_json(nlohmann::json::parse(text).at("tokenizer").dump(), path).vocab_size;
     QKV_CHECK(c.context >= prompt_len + new_tokens, path, ": context must hold ", prompt_len + new_tokens, " tokens");

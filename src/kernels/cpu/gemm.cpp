@@ -5,14 +5,17 @@
 // the kernel streams W's rows exactly once, with wide FMA accumulators, and
 // splits the rows between the OpenMP threads.
 #include <cblas.h>
-#include <immintrin.h>
 #include <omp.h>
-
-#include <algorithm>
 
 #include "src/kernels/kernels.h"
 
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+#include <immintrin.h>
+#define QKV_HAVE_GEMV 1  // without wide FMA, BLAS keeps every case
+#endif
+
 namespace qkv::cpu {
+#ifdef QKV_HAVE_GEMV
 namespace {
 
 // Rows of A handled by the streaming kernel; more rows reuse W enough that
@@ -59,7 +62,7 @@ inline float dot(const float* x, const float* w, int64_t k) {
   alignas(32) float t[8];
   _mm256_store_ps(t, v);
   for (float e : t) s += e;
-#endif
+#endif  // (QKV_HAVE_GEMV guarantees one of the two)
   for (; i < k; ++i) s += x[i] * w[i];
   return s;
 }
@@ -68,22 +71,34 @@ inline void store(float* c, float v, float alpha, float beta) {
   *c = beta == 0.0f ? alpha * v : alpha * v + beta * *c;  // beta 0 ignores what c held (NaN included), as BLAS does
 }
 
-// C[m, n] = alpha * A[m, k] W[n, k]^T + beta * C, for m <= kMaxGemvRows: each
-// row of W is read from memory once, then from L1 for the other rows of A.
-void gemv_rows(const GemmArgs& g) {
-  const bool threaded = g.n * g.k >= (1 << 16) && omp_get_max_threads() > 1 && !omp_in_parallel();
-#pragma omp parallel for schedule(static) if (threaded)
-  for (int64_t j = 0; j < g.n; ++j) {
+// Rows [j0, j1) of C[m, n] = alpha * A[m, k] W[n, k]^T + beta * C: each row of
+// W is read from memory once, then from L1 for the other rows of A.
+void gemv_rows(const GemmArgs& g, int64_t j0, int64_t j1) {
+  for (int64_t j = j0; j < j1; ++j) {
     const float* w = g.b + j * g.ldb;
     for (int64_t i = 0; i < g.m; ++i) store(g.c + i * g.ldc + j, dot(g.a + i * g.lda, w, g.k), g.alpha, g.beta);
   }
 }
 
+void gemv(const GemmArgs& g) {
+  // Small products (and calls from inside a parallel region, such as the
+  // flash kernel's tiles) run on the calling thread without opening a team.
+  if (g.n * g.k < (1 << 16) || omp_get_max_threads() == 1 || omp_in_parallel()) return gemv_rows(g, 0, g.n);
+#pragma omp parallel
+  {
+    const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
+    gemv_rows(g, g.n * t / threads, g.n * (t + 1) / threads);
+  }
+}
+
 }  // namespace
+#endif
 
 void gemm(const GemmArgs& g) {
   if (g.m == 0 || g.n == 0) return;
-  if (!g.trans_a && g.trans_b && g.m <= kMaxGemvRows && g.k >= 16) return gemv_rows(g);
+#ifdef QKV_HAVE_GEMV
+  if (!g.trans_a && g.trans_b && g.m <= kMaxGemvRows && g.k >= 16) return gemv(g);
+#endif
   cblas_sgemm(CblasRowMajor, g.trans_a ? CblasTrans : CblasNoTrans, g.trans_b ? CblasTrans : CblasNoTrans,
               (blasint)g.m, (blasint)g.n, (blasint)g.k, g.alpha, g.a, (blasint)g.lda, g.b, (blasint)g.ldb, g.beta,
               g.c, (blasint)g.ldc);
