@@ -22,8 +22,7 @@ using testing::all_close;
 using Fixture = std::map<std::string, Tensor>;
 
 const Fixture& fixture() {
-  static Fixture f = load_safetensors(testing::fixture("blocks_golden.safetensors")).as_map();
-  return f;
+  return testing::fixture_tensors("blocks_golden.safetensors");
 }
 
 StateDict params_of(const std::string& c) {

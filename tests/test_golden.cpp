@@ -59,10 +59,7 @@ std::map<std::string, GoldenFn> golden_ops() {
 
 class Golden : public ::testing::TestWithParam<std::string> {
 protected:
-  static std::map<std::string, Tensor>& fixture() {
-    static std::map<std::string, Tensor> f = load_safetensors(testing::fixture("ops_golden.safetensors")).as_map();
-    return f;
-  }
+  static const std::map<std::string, Tensor>& fixture() { return testing::fixture_tensors("ops_golden.safetensors"); }
 };
 
 TEST_P(Golden, ForwardAndGradientsMatchPyTorch) {
@@ -95,7 +92,7 @@ INSTANTIATE_TEST_SUITE_P(PyTorch, Golden, ::testing::ValuesIn(golden_names()),
 
 TEST(GoldenFixture, CoversEveryCase) {
   // Every case in the fixture has a C++ twin above, and none is silently skipped.
-  auto f = load_safetensors(testing::fixture("ops_golden.safetensors")).as_map();
+  const auto& f = testing::fixture_tensors("ops_golden.safetensors");
   auto ops = golden_ops();
   int cases = 0;
   for (auto& [key, t] : f) {

@@ -15,8 +15,7 @@ namespace {
 using testing::all_close;
 
 const std::map<std::string, Tensor>& golden() {
-  static std::map<std::string, Tensor> f = load_safetensors(testing::fixture("decoder_golden.safetensors")).as_map();
-  return f;
+  return testing::fixture_tensors("decoder_golden.safetensors");
 }
 
 DecoderConfig golden_config(bool moe) {

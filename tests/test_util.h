@@ -7,8 +7,10 @@
 
 #include <cmath>
 #include <functional>
+#include <map>
 #include <string>
 
+#include "qkv/io.h"
 #include "qkv/tensor.h"
 
 namespace qkv::testing {
@@ -53,6 +55,14 @@ inline Tensor numeric_gradient(Tensor& x, const std::function<double()>& loss, f
 }
 
 inline std::string fixture(const std::string& name) { return std::string(QKV_FIXTURES_DIR) + "/" + name; }
+
+// The tensors of a fixture file, read once per test process.
+inline const std::map<std::string, Tensor>& fixture_tensors(const std::string& name) {
+  static std::map<std::string, std::map<std::string, Tensor>> loaded;
+  auto it = loaded.find(name);
+  if (it == loaded.end()) it = loaded.emplace(name, load_safetensors(fixture(name)).as_map()).first;
+  return it->second;
+}
 
 // A fresh folder /tmp/qkv_<name>_XXXXXX for one test's files.
 inline std::string temp_dir(const std::string& name = "test") {

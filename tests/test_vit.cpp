@@ -20,8 +20,7 @@ namespace {
 using testing::all_close;
 
 const std::map<std::string, Tensor>& golden() {
-  static std::map<std::string, Tensor> f = load_safetensors(testing::fixture("vit_golden.safetensors")).as_map();
-  return f;
+  return testing::fixture_tensors("vit_golden.safetensors");
 }
 
 class VitGolden : public ::testing::TestWithParam<std::string> {};

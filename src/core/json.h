@@ -2,6 +2,7 @@
 #pragma once
 
 #include <initializer_list>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -39,6 +40,24 @@ inline void json_one_of(const std::string& value, std::initializer_list<const ch
     list += std::string(list.empty() ? "" : ", ") + a;
   }
   fail(source, ": '", key, "' is '", value, "', expected one of: ", list);
+}
+
+// Fails on the first key of object `j` not in `known`:
+// "SOURCE: unknown key 'PREFIXkey'SUFFIX".
+inline void json_known_keys(const nlohmann::json& j, const std::set<std::string>& known, const std::string& source,
+                            const char* prefix = "", const char* suffix = "") {
+  for (auto& [k, v] : j.items()) QKV_CHECK(known.count(k), source, ": unknown key '", prefix, k, "'", suffix);
+}
+
+// A config's "train" object, its keys checked against `known`; null when the
+// config has none (the options keep their defaults).
+inline const nlohmann::json* train_section(const nlohmann::json& config, const std::set<std::string>& known,
+                                           const std::string& source) {
+  if (!config.is_object() || !config.contains("train")) return nullptr;
+  const nlohmann::json& t = config.at("train");
+  QKV_CHECK(t.is_object(), source, ": 'train' must be an object");
+  json_known_keys(t, known, source, "train.");
+  return &t;
 }
 
 }  // namespace qkv

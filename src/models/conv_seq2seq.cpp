@@ -14,7 +14,7 @@ ConvSeq2SeqConfig ConvSeq2SeqConfig::from_json(const std::string& text, const st
   nlohmann::json j = parse_json(text, source);
   static const std::set<std::string> known = {"arch",  "vocab_size",         "d_model",           "kernel_size",
                                               "nhead", "num_encoder_layers", "num_decoder_layers", "dropout"};
-  for (auto& [k, v] : j.items()) QKV_CHECK(known.count(k), source, ": unknown key '", k, "' for arch conv");
+  json_known_keys(j, known, source, "", " for arch conv");
   ConvSeq2SeqConfig c;
   try {
     c.vocab_size = j.value("vocab_size", c.vocab_size);

@@ -17,7 +17,7 @@ DecoderConfig DecoderConfig::from_json(const std::string& text, const std::strin
       "arch",       "vocab_size", "d_model",   "nhead",       "num_kv_heads", "num_layers", "dim_feedforward",
       "dropout",    "activation", "norm_first", "norm",       "mlp",          "qk_norm",    "positions",
       "context",    "tie_output", "num_experts", "top_k",     "aux_loss_weight", "train",   "tokenizer"};
-  for (auto& [k, v] : j.items()) QKV_CHECK(known.count(k), source, ": unknown key '", k, "'");
+  json_known_keys(j, known, source);
   DecoderConfig c;
   c.arch = json_get<std::string>(j, "arch", c.arch, source);
   json_one_of(c.arch, {"decoder"}, "arch", source);

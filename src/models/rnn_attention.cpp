@@ -11,7 +11,7 @@ namespace qkv {
 RnnAttentionConfig RnnAttentionConfig::from_json(const std::string& text, const std::string& source) {
   nlohmann::json j = parse_json(text, source);
   static const std::set<std::string> known = {"arch", "vocab_size", "embed_dim", "hidden", "attention_dim", "dropout"};
-  for (auto& [k, v] : j.items()) QKV_CHECK(known.count(k), source, ": unknown key '", k, "' for arch rnn_attention");
+  json_known_keys(j, known, source, "", " for arch rnn_attention");
   RnnAttentionConfig c;
   try {
     c.vocab_size = j.value("vocab_size", c.vocab_size);

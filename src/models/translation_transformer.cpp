@@ -18,7 +18,7 @@ TransformerConfig TransformerConfig::from_json(const std::string& text, const st
       "arch", "vocab_size", "d_model", "nhead", "num_encoder_layers", "num_decoder_layers", "dim_feedforward",
       "dropout", "activation", "norm_first", "norm", "mlp", "qk_norm", "positions", "max_len", "tie_output",
       "num_experts", "top_k", "aux_loss_weight", "train"};
-  for (auto& [k, v] : j.items()) QKV_CHECK(known.count(k), source, ": unknown key '", k, "'");
+  json_known_keys(j, known, source);
   TransformerConfig c;
   c.arch = json_get<std::string>(j, "arch", c.arch, source);
   json_one_of(c.arch, {"transformer"}, "arch", source);

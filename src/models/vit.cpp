@@ -15,7 +15,7 @@ ViTConfig ViTConfig::from_json(const std::string& text, const std::string& sourc
   static const std::set<std::string> known = {"arch", "image_size", "patch_size", "channels", "d_model", "nhead",
                                               "num_layers", "mlp_ratio", "num_classes", "dropout", "positions",
                                               "pool", "class_names", "train"};
-  for (auto& [k, v] : j.items()) QKV_CHECK(known.count(k), source, ": unknown key '", k, "'");
+  json_known_keys(j, known, source);
   ViTConfig c;
   c.arch = json_get<std::string>(j, "arch", c.arch, source);
   json_one_of(c.arch, {"vit"}, "arch", source);

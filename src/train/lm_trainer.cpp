@@ -21,12 +21,11 @@ namespace qkv {
 LmTrainOptions LmTrainOptions::from_json(const std::string& text, const std::string& source) {
   nlohmann::json j = parse_json(text, source);
   LmTrainOptions o;
-  if (!j.is_object() || !j.contains("train")) return o;
-  const nlohmann::json& t = j["train"];
-  QKV_CHECK(t.is_object(), source, ": 'train' must be an object");
   static const std::set<std::string> known = {"steps",     "batch_size", "lr",   "warmup_steps",
                                               "weight_decay", "clip_norm", "seed", "eval_every"};
-  for (auto& [k, v] : t.items()) QKV_CHECK(known.count(k), source, ": unknown key 'train.", k, "'");
+  const nlohmann::json* section = train_section(j, known, source);
+  if (!section) return o;
+  const nlohmann::json& t = *section;
   o.steps = json_get<int64_t>(t, "steps", o.steps, source);
   o.batch_size = json_get<int64_t>(t, "batch_size", o.batch_size, source);
   o.lr = json_get<float>(t, "lr", o.lr, source);

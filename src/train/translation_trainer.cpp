@@ -19,13 +19,12 @@ namespace qkv {
 TrainOptions TrainOptions::from_json(const std::string& text, const std::string& source) {
   nlohmann::json j = parse_json(text, source);
   TrainOptions o;
-  if (!j.is_object() || !j.contains("train")) return o;
-  const nlohmann::json& t = j["train"];
-  QKV_CHECK(t.is_object(), source, ": 'train' must be an object");
   static const std::set<std::string> known = {"steps", "batch_tokens", "lr", "warmup_steps", "schedule",
                                               "weight_decay", "clip_norm", "label_smoothing", "seed", "eval_every",
                                               "eval_sentences"};
-  for (auto& [k, v] : t.items()) QKV_CHECK(known.count(k), source, ": unknown key 'train.", k, "'");
+  const nlohmann::json* section = train_section(j, known, source);
+  if (!section) return o;
+  const nlohmann::json& t = *section;
   try {
     o.steps = t.value("steps", o.steps);
     o.batch_tokens = t.value("batch_tokens", o.batch_tokens);

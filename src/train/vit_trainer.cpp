@@ -18,13 +18,12 @@ namespace qkv {
 VitTrainOptions VitTrainOptions::from_json(const std::string& text, const std::string& source) {
   nlohmann::json j = parse_json(text, source);
   VitTrainOptions o;
-  if (!j.is_object() || !j.contains("train")) return o;
-  const nlohmann::json& t = j["train"];
-  QKV_CHECK(t.is_object(), source, ": 'train' must be an object");
   static const std::set<std::string> known = {"epochs", "batch_size", "lr", "warmup_steps", "min_lr_ratio",
                                               "weight_decay", "clip_norm", "label_smoothing", "seed", "augment_pad",
                                               "augment_flip", "max_train_images"};
-  for (auto& [k, v] : t.items()) QKV_CHECK(known.count(k), source, ": unknown key 'train.", k, "'");
+  const nlohmann::json* section = train_section(j, known, source);
+  if (!section) return o;
+  const nlohmann::json& t = *section;
   o.epochs = json_get<int64_t>(t, "epochs", o.epochs, source);
   o.batch_size = json_get<int64_t>(t, "batch_size", o.batch_size, source);
   o.lr = json_get<float>(t, "lr", o.lr, source);
