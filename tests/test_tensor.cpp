@@ -144,6 +144,30 @@ TEST(Autograd, SharedInputsAndViews) {
   EXPECT_EQ(x.grad().to_vector(), (std::vector<float>{4, 12, 8, 16}));
 }
 
+// A first gradient nothing else can reach becomes the leaf's .grad() without a
+// copy; one passed straight through to two leaves (add) must still give each
+// leaf its own buffer, and later accumulation must not leak from one to the other.
+TEST(Autograd, FirstGradientTakenOnlyWhenUnshared) {
+  Tensor a = Tensor::from_vector({1, 2}, {2}).set_requires_grad(true);
+  Tensor b = Tensor::from_vector({3, 4}, {2}).set_requires_grad(true);
+  Tensor w = Tensor::from_vector({5, 6}, {2});
+  sum(mul(add(a, b), w)).backward();  // mul's backward makes a fresh d(add); add passes it to both
+  EXPECT_EQ(a.grad().to_vector(), (std::vector<float>{5, 6}));
+  EXPECT_EQ(b.grad().to_vector(), (std::vector<float>{5, 6}));
+  EXPECT_NE(a.grad().data<float>(), b.grad().data<float>());
+  sum(scale(a, 2.0f)).backward();  // accumulates into a's buffer only
+  EXPECT_EQ(a.grad().to_vector(), (std::vector<float>{7, 8}));
+  EXPECT_EQ(b.grad().to_vector(), (std::vector<float>{5, 6}));
+  // A gradient kept alive elsewhere (here: the caller's seed) is copied, not taken.
+  Tensor c = Tensor::from_vector({1, 2}, {2}).set_requires_grad(true);
+  Tensor seed = Tensor::from_vector({1, 1}, {2});
+  c.backward(seed);
+  EXPECT_NE(c.grad().data<float>(), seed.data<float>());
+  sum(c).backward();
+  EXPECT_EQ(seed.to_vector(), (std::vector<float>{1, 1}));
+  EXPECT_EQ(c.grad().to_vector(), (std::vector<float>{2, 2}));
+}
+
 TEST(Autograd, NoGradRecordsNothing) {
   Tensor w = Tensor::ones({2}).set_requires_grad(true);
   {

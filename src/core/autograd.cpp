@@ -61,13 +61,24 @@ Tensor Tensor::detach() const {
   return Tensor(t);
 }
 
-// Adds g into t's gradient. The first gradient is copied into a buffer the
-// tensor owns, so later in-place accumulation never writes into memory that
-// another tensor (a view or a gradient handed to several inputs) shares.
-static void accumulate(TensorImpl& t, const Tensor& g) {
+// Adds g into t's gradient. The first gradient becomes the tensor's own
+// buffer: taken as it is when nothing else can reach it (its only handle,
+// contiguous, filling its whole storage), otherwise copied, so that later
+// in-place accumulation never writes into memory that another tensor (a view,
+// or a gradient handed to several inputs) shares.
+static void accumulate(TensorImpl& t, Tensor g) {
   QKV_CHECK(g.shape() == t.shape, "backward: gradient of shape ", shape_str(g.shape()), " for a tensor of shape ",
             shape_str(t.shape));
   if (!t.grad) {
+    const std::shared_ptr<TensorImpl>& gi = g.impl_ptr();
+    const bool sole_owner = gi.use_count() == 1 && gi->storage.use_count() == 1 && !gi->grad_fn && !gi->grad &&
+                            gi->offset == 0 && gi->dtype == DType::F32 && g.is_contiguous() &&
+                            gi->storage->nbytes == (size_t)g.numel() * sizeof(float);
+    if (sole_owner) {
+      gi->requires_grad = false;
+      t.grad = gi;
+      return;
+    }
     Tensor owned = Tensor::empty(t.shape);
     owned.copy_(g);
     t.grad = owned.impl_ptr();
@@ -117,8 +128,9 @@ void Tensor::backward(const Tensor& grad_out) const {
     std::vector<Tensor> grads = node->backward(BackwardArgs{Tensor(t), Tensor(g), needs});
     QKV_CHECK(grads.size() == needs.size(), "backward of ", node->op_name, " returned ", grads.size(),
               " gradients for ", needs.size(), " inputs");
+    g.reset();  // a gradient passed straight through (as by add) can then be taken without a copy
     for (size_t i = 0; i < needs.size(); ++i)
-      if (needs[i] && grads[i].defined()) accumulate(*node->inputs[i], grads[i]);
+      if (needs[i] && grads[i].defined()) accumulate(*node->inputs[i], std::move(grads[i]));
     t.reset();
   }
 }

@@ -103,7 +103,7 @@ Tensor flash_attention(const Tensor& q, const Tensor& k, const Tensor& v, const 
                                lse.data<float>());
   record_op(out, "flash_attention", {q, k, v}, [qc, kc, vc, lse, lengths, f](const BackwardArgs& a) -> std::vector<Tensor> {
     Tensor dout = a.grad_out.contiguous();
-    Tensor dq = Tensor::zeros(qc.shape()), dk = Tensor::zeros(kc.shape()), dv = Tensor::zeros(vc.shape());
+    Tensor dq = Tensor::empty(qc.shape()), dk = Tensor::empty(kc.shape()), dv = Tensor::empty(vc.shape());
     cpu::FlashShape fb = f;
     fb.key_lengths = lengths.defined() ? lengths.data<int64_t>() : nullptr;
     cpu::flash_attention_backward(fb, qc.data<float>(), kc.data<float>(), vc.data<float>(), a.out.data<float>(),
@@ -185,7 +185,7 @@ Tensor packed_self_attention(const Tensor& qkv, int64_t heads, int64_t kv_heads,
                                lse.data<float>());
   record_op(out, "packed_self_attention", {qkv}, [packed, lse, lengths, f, heads, kv_heads, Dh](const BackwardArgs& a) {
     Tensor dout = a.grad_out.contiguous();
-    Tensor dqkv = Tensor::zeros(packed.shape());
+    Tensor dqkv = Tensor::empty(packed.shape());  // the kernel writes all of q, k and v
     cpu::FlashShape fb = f;
     fb.key_lengths = lengths.defined() ? lengths.data<int64_t>() : nullptr;
     const float* p = packed.data<float>();

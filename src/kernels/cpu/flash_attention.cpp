@@ -149,6 +149,10 @@ void flash_attention_backward(const FlashShape& f, const float* q, const float* 
       float* dV = dv + at(L.v, b, hk);
       const int64_t qr = L.q.row, kr = L.k.row, vr = L.v.row, orow = L.o.row;
       const int64_t key_hi = visible_keys(f, b, f.t - 1);
+      for (int64_t j = 0; j < f.s; ++j) {  // keys past key_hi (padding) keep these zeros
+        std::fill_n(dK + j * kr, f.dh, 0.0f);
+        std::fill_n(dV + j * vr, f.dv, 0.0f);
+      }
       for (int64_t g = 0; g < G; ++g) {
         const int64_t h = hk * G + g, bh = b * f.heads + h;
         const float* Q = q + at(L.q, b, h);
@@ -156,6 +160,7 @@ void flash_attention_backward(const FlashShape& f, const float* q, const float* 
         const float* dO = dout + at(L.o, b, h);
         const float* lse_row = lse + bh * f.t;
         float* dQ = dq + at(L.q, b, h);
+        for (int64_t i = 0; i < f.t; ++i) std::fill_n(dQ + i * qr, f.dh, 0.0f);
         for (int64_t i = 0; i < f.t; ++i) {
           float s = 0;
 #pragma omp simd reduction(+ : s)

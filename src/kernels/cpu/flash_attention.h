@@ -36,7 +36,8 @@ struct FlashShape {
 // for a row that sees no key, whose output is 0).
 void flash_attention_forward(const FlashShape& f, const float* q, const float* k, const float* v, float* out,
                              float* lse);
-// dq, dk, dv must be zeroed by the caller; gradients are added into them.
+// Writes every element of dq, dk and dv (the caller need not clear them): each
+// task zeroes the rows it owns, then adds the tiles' contributions into them.
 void flash_attention_backward(const FlashShape& f, const float* q, const float* k, const float* v, const float* out,
                               const float* dout, const float* lse, float* dq, float* dk, float* dv);
 
