@@ -285,32 +285,32 @@ TEST(Ops, GemvKernelMatchesReference) {
   }
 }
 
-TEST(Ops, GemmRowSplitMatchesReference) {
-  // Products large enough that the fast gemm splits C's rows between two
-  // threads (one BLAS call each): every transpose pair, strided operands, an
-  // odd row count, alpha and beta (0 over NaN, and 0.5).
+TEST(Ops, GemmThreadSplitMatchesReference) {
+  // Products large enough that the fast gemm splits C between two threads (one
+  // BLAS call each), by rows (301 x 130) and by columns (130 x 301): every
+  // transpose pair, strided operands, odd sizes, alpha and beta (0 over NaN, and 0.5).
   omp_set_num_threads(2);
-  for (bool ta : {false, true}) {
-    for (bool tb : {false, true}) {
-      for (float beta : {0.0f, 0.5f}) {
-        const int64_t m = 301, n = 130, k = 67;
-        Rng rng((ta ? 4 : 0) + (tb ? 2 : 0) + (beta != 0.0f));
-        const int64_t lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 5, ldc = n + 2;
-        Tensor a = Tensor::randn({ta ? k : m, lda}, rng), b = Tensor::randn({tb ? n : k, ldb}, rng);
-        Tensor c0 = Tensor::randn({m, ldc}, rng);
-        if (beta == 0.0f) c0.fill_(NAN);
-        Tensor c_fast = c0.clone(), c_ref = c0.clone();
-        GemmArgs g{.trans_a = ta, .trans_b = tb, .m = m, .n = n, .k = k, .alpha = 0.75f,
-                   .a = a.data<float>(), .lda = lda, .b = b.data<float>(), .ldb = ldb, .beta = beta};
-        g.c = c_fast.data<float>(), g.ldc = ldc;
-        cpu::gemm(g);
-        g.c = c_ref.data<float>();
-        ref::gemm(g);
-        if (beta == 0.0f) {  // the padding columns past n keep what they held
-          for (int64_t i = 0; i < m; ++i)
+  for (auto [m, n] : {std::pair<int64_t, int64_t>{301, 130}, {130, 301}}) {
+    for (bool ta : {false, true}) {
+      for (bool tb : {false, true}) {
+        for (float beta : {0.0f, 0.5f}) {
+          const int64_t k = 67, lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 5, ldc = n + 2;
+          Rng rng(m + (ta ? 4 : 0) + (tb ? 2 : 0) + (beta != 0.0f));
+          Tensor a = Tensor::randn({ta ? k : m, lda}, rng), b = Tensor::randn({tb ? n : k, ldb}, rng);
+          Tensor c0 = Tensor::randn({m, ldc}, rng);
+          if (beta == 0.0f) c0.fill_(NAN);
+          Tensor c_fast = c0.clone(), c_ref = c0.clone();
+          GemmArgs g{.trans_a = ta, .trans_b = tb, .m = m, .n = n, .k = k, .alpha = 0.75f,
+                     .a = a.data<float>(), .lda = lda, .b = b.data<float>(), .ldb = ldb, .beta = beta};
+          g.c = c_fast.data<float>(), g.ldc = ldc;
+          cpu::gemm(g);
+          g.c = c_ref.data<float>();
+          ref::gemm(g);
+          for (int64_t i = 0; i < m; ++i)  // the padding columns past n are not C's; drop their NaNs
             for (int64_t j = n; j < ldc; ++j) c_fast.data<float>()[i * ldc + j] = c_ref.data<float>()[i * ldc + j] = 0;
+          EXPECT_TRUE(all_close(c_fast, c_ref, 1e-4f, 1e-4f))
+              << "m " << m << " n " << n << " ta " << ta << " tb " << tb << " beta " << beta;
         }
-        EXPECT_TRUE(all_close(c_fast, c_ref, 1e-4f, 1e-4f)) << "ta " << ta << " tb " << tb << " beta " << beta;
       }
     }
   }

@@ -5,10 +5,13 @@
 // the kernel streams W's rows exactly once, with wide FMA accumulators, and
 // splits the rows between the OpenMP threads.
 //
-// Larger products are split by rows of C too, one single-threaded BLAS call
-// per thread: for the activation-by-weight shapes of a Transformer (thousands
-// of rows, K and N in the hundreds) that ran 5-25% faster in `qkv bench vit`
-// than letting OpenBLAS thread each call itself.
+// Larger products are split between the threads too (C's rows, or its columns
+// when it is wider than tall), one single-threaded BLAS call per thread: for
+// the activation-by-weight shapes of a Transformer (thousands of rows, K and N
+// in the hundreds) that ran 5-25% faster in `qkv bench vit` than letting
+// OpenBLAS thread each call itself.
+#include <algorithm>
+
 #include <cblas.h>
 #include <omp.h>
 
@@ -105,17 +108,28 @@ void gemm(const GemmArgs& g) {
   if (!g.trans_a && g.trans_b && g.m <= kMaxGemvRows && g.k >= 16) return gemv(g);
 #endif
   const int64_t threads = omp_in_parallel() ? 1 : omp_get_max_threads();
-  if (threads > 1 && g.m >= 64 * threads && g.m * g.n * g.k >= (1 << 20)) {
-    // Rows of C split between the threads, one single-threaded BLAS call each.
+  if (threads > 1 && std::max(g.m, g.n) >= 64 * threads && g.m * g.n * g.k >= (1 << 20)) {
+    // C split along its longer side between the threads, one single-threaded
+    // BLAS call each; each thread packs all of the operand it shares.
+    const bool by_rows = g.m >= g.n;
 #pragma omp parallel num_threads(threads)
     {
-      const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-      const int64_t r0 = g.m * t / nt, r1 = g.m * (t + 1) / nt;
-      const float* a = g.trans_a ? g.a + r0 : g.a + r0 * g.lda;  // A stored [k, m] when transposed
-      if (r1 > r0)
-        cblas_sgemm(CblasRowMajor, g.trans_a ? CblasTrans : CblasNoTrans, g.trans_b ? CblasTrans : CblasNoTrans,
-                    (blasint)(r1 - r0), (blasint)g.n, (blasint)g.k, g.alpha, a, (blasint)g.lda, g.b, (blasint)g.ldb,
-                    g.beta, g.c + r0 * g.ldc, (blasint)g.ldc);
+      const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads(), len = by_rows ? g.m : g.n;
+      const int64_t i0 = len * t / nt, i1 = len * (t + 1) / nt;
+      GemmArgs p = g;
+      if (by_rows) {
+        p.m = i1 - i0;
+        p.a = g.trans_a ? g.a + i0 : g.a + i0 * g.lda;  // A is stored [k, m] when transposed
+        p.c = g.c + i0 * g.ldc;
+      } else {
+        p.n = i1 - i0;
+        p.b = g.trans_b ? g.b + i0 * g.ldb : g.b + i0;  // B is stored [n, k] when transposed
+        p.c = g.c + i0;
+      }
+      if (i1 > i0)
+        cblas_sgemm(CblasRowMajor, p.trans_a ? CblasTrans : CblasNoTrans, p.trans_b ? CblasTrans : CblasNoTrans,
+                    (blasint)p.m, (blasint)p.n, (blasint)p.k, p.alpha, p.a, (blasint)p.lda, p.b, (blasint)p.ldb,
+                    p.beta, p.c, (blasint)p.ldc);
     }
     return;
   }
