@@ -168,6 +168,30 @@ TEST(Autograd, FirstGradientTakenOnlyWhenUnshared) {
   EXPECT_EQ(c.grad().to_vector(), (std::vector<float>{2, 2}));
 }
 
+// A backward function that hands out its incoming gradient, a view of it, and
+// a tensor it keeps: no leaf may end up sharing memory with another leaf or
+// with the kept tensor.
+TEST(Autograd, FirstGradientNeverSharedWithViewsOrKeptTensors) {
+  Tensor a = Tensor::zeros({4}).set_requires_grad(true);
+  Tensor b = Tensor::zeros({2, 2}).set_requires_grad(true);
+  Tensor c = Tensor::zeros({4}).set_requires_grad(true);
+  Tensor kept = Tensor::full({4}, 3.0f);
+  Tensor out = Tensor::zeros({4});
+  record_op(out, "probe", {a, b, c}, [kept](const BackwardArgs& g) -> std::vector<Tensor> {
+    return {g.grad_out, g.grad_out.reshape({2, 2}), kept};
+  });
+  sum(scale(out, 2.0f)).backward();
+  EXPECT_EQ(a.grad().to_vector(), (std::vector<float>{2, 2, 2, 2}));
+  EXPECT_EQ(b.grad().to_vector(), (std::vector<float>{2, 2, 2, 2}));
+  EXPECT_EQ(c.grad().to_vector(), (std::vector<float>{3, 3, 3, 3}));
+  EXPECT_NE(a.grad().data<float>(), b.grad().data<float>());
+  EXPECT_NE(c.grad().data<float>(), kept.data<float>());
+  kept.fill_(0.0f);
+  a.grad().fill_(5.0f);
+  EXPECT_EQ(b.grad().to_vector(), (std::vector<float>{2, 2, 2, 2}));
+  EXPECT_EQ(c.grad().to_vector(), (std::vector<float>{3, 3, 3, 3}));
+}
+
 TEST(Autograd, NoGradRecordsNothing) {
   Tensor w = Tensor::ones({2}).set_requires_grad(true);
   {
