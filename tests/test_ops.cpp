@@ -261,6 +261,21 @@ TEST(Ops, LargeShapesFastMatchesReference) {
   EXPECT_TRUE(all_close(fast_sum, sum(a, {0}), 1e-4f, 1e-4f));
 }
 
+// Runs g (all but C set, ldc included) through the fast gemm and the
+// reference twin, each on its own copy of a random C [m, ldc] (all NaN when
+// beta is 0: BLAS then ignores what C held), and compares the whole buffers,
+// so the padding columns past n must come back untouched as well.
+::testing::AssertionResult fast_gemm_matches_reference(GemmArgs g, Rng& rng) {
+  Tensor c0 = Tensor::randn({g.m, g.ldc}, rng);
+  if (g.beta == 0.0f) c0.fill_(NAN);
+  Tensor c_fast = c0.clone(), c_ref = c0.clone();
+  g.c = c_fast.data<float>();
+  cpu::gemm(g);
+  g.c = c_ref.data<float>();
+  ref::gemm(g);
+  return all_close(c_fast, c_ref, 1e-4f, 1e-4f);
+}
+
 TEST(Ops, GemvKernelMatchesReference) {
   // The fast gemm's own kernel for 1-4 rows against W^T: strided rows, alpha,
   // beta, a ragged tail of W's rows and of k, and sizes that split across two threads.
@@ -269,17 +284,11 @@ TEST(Ops, GemvKernelMatchesReference) {
     for (auto [n, k] : {std::pair<int64_t, int64_t>{7, 21}, {10, 64}, {301, 517}, {1030, 96}}) {
       for (float beta : {0.0f, 0.5f}) {
         Rng rng(m * 1000 + n + k);
-        const int64_t lda = k + 3, ldb = k + 5, ldc = n + 2;
-        Tensor a = Tensor::randn({m, lda}, rng), b = Tensor::randn({n, ldb}, rng), c0 = Tensor::randn({m, ldc}, rng);
-        if (beta == 0.0f) c0.fill_(NAN);  // beta 0 ignores what C held, as BLAS does
-        Tensor c_fast = c0.clone(), c_ref = c0.clone();
+        const int64_t lda = k + 3, ldb = k + 5;
+        Tensor a = Tensor::randn({m, lda}, rng), b = Tensor::randn({n, ldb}, rng);
         GemmArgs g{.trans_a = false, .trans_b = true, .m = m, .n = n, .k = k, .alpha = 0.75f,
-                   .a = a.data<float>(), .lda = lda, .b = b.data<float>(), .ldb = ldb, .beta = beta};
-        g.c = c_fast.data<float>(), g.ldc = ldc;
-        cpu::gemm(g);
-        g.c = c_ref.data<float>();
-        ref::gemm(g);
-        EXPECT_TRUE(all_close(c_fast, c_ref, 1e-4f, 1e-4f)) << "m " << m << " n " << n << " k " << k << " beta " << beta;
+                   .a = a.data<float>(), .lda = lda, .b = b.data<float>(), .ldb = ldb, .beta = beta, .ldc = n + 2};
+        EXPECT_TRUE(fast_gemm_matches_reference(g, rng)) << "m " << m << " n " << n << " k " << k << " beta " << beta;
       }
     }
   }
@@ -294,21 +303,12 @@ TEST(Ops, GemmThreadSplitMatchesReference) {
     for (bool ta : {false, true}) {
       for (bool tb : {false, true}) {
         for (float beta : {0.0f, 0.5f}) {
-          const int64_t k = 67, lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 5, ldc = n + 2;
+          const int64_t k = 67, lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 5;
           Rng rng(m + (ta ? 4 : 0) + (tb ? 2 : 0) + (beta != 0.0f));
           Tensor a = Tensor::randn({ta ? k : m, lda}, rng), b = Tensor::randn({tb ? n : k, ldb}, rng);
-          Tensor c0 = Tensor::randn({m, ldc}, rng);
-          if (beta == 0.0f) c0.fill_(NAN);
-          Tensor c_fast = c0.clone(), c_ref = c0.clone();
           GemmArgs g{.trans_a = ta, .trans_b = tb, .m = m, .n = n, .k = k, .alpha = 0.75f,
-                     .a = a.data<float>(), .lda = lda, .b = b.data<float>(), .ldb = ldb, .beta = beta};
-          g.c = c_fast.data<float>(), g.ldc = ldc;
-          cpu::gemm(g);
-          g.c = c_ref.data<float>();
-          ref::gemm(g);
-          for (int64_t i = 0; i < m; ++i)  // the padding columns past n are not C's; drop their NaNs
-            for (int64_t j = n; j < ldc; ++j) c_fast.data<float>()[i * ldc + j] = c_ref.data<float>()[i * ldc + j] = 0;
-          EXPECT_TRUE(all_close(c_fast, c_ref, 1e-4f, 1e-4f))
+                     .a = a.data<float>(), .lda = lda, .b = b.data<float>(), .ldb = ldb, .beta = beta, .ldc = n + 2};
+          EXPECT_TRUE(fast_gemm_matches_reference(g, rng))
               << "m " << m << " n " << n << " ta " << ta << " tb " << tb << " beta " << beta;
         }
       }

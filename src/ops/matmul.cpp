@@ -171,8 +171,8 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
       dw = Tensor::empty({out_features, in});
       GemmArgs g{true, false, out_features, in, rows, 1.0f, dy.data<float>(), std::max<int64_t>(out_features, 1),
                  x2.data<float>(), std::max<int64_t>(in, 1), 0.0f, dw.data<float>(), std::max<int64_t>(in, 1)};
-      if (rows > 0 && in > 0) gemm(g);
-      else dw.fill_(0.0f);
+      if (rows > 0) gemm(g);
+      else dw.fill_(0.0f);  // no rows: dW is 0
     }
     if (a.needs_grad.size() > 2 && a.needs_grad[2]) {
       db = Tensor::empty({out_features});

@@ -102,6 +102,14 @@ void gemv(const GemmArgs& g) {
 }  // namespace
 #endif
 
+namespace {
+void blas(const GemmArgs& g) {
+  cblas_sgemm(CblasRowMajor, g.trans_a ? CblasTrans : CblasNoTrans, g.trans_b ? CblasTrans : CblasNoTrans,
+              (blasint)g.m, (blasint)g.n, (blasint)g.k, g.alpha, g.a, (blasint)g.lda, g.b, (blasint)g.ldb, g.beta,
+              g.c, (blasint)g.ldc);
+}
+}  // namespace
+
 void gemm(const GemmArgs& g) {
   if (g.m == 0 || g.n == 0) return;
 #ifdef QKV_HAVE_GEMV
@@ -126,16 +134,11 @@ void gemm(const GemmArgs& g) {
         p.b = g.trans_b ? g.b + i0 * g.ldb : g.b + i0;  // B is stored [n, k] when transposed
         p.c = g.c + i0;
       }
-      if (i1 > i0)
-        cblas_sgemm(CblasRowMajor, p.trans_a ? CblasTrans : CblasNoTrans, p.trans_b ? CblasTrans : CblasNoTrans,
-                    (blasint)p.m, (blasint)p.n, (blasint)p.k, p.alpha, p.a, (blasint)p.lda, p.b, (blasint)p.ldb,
-                    p.beta, p.c, (blasint)p.ldc);
+      if (i1 > i0) blas(p);
     }
     return;
   }
-  cblas_sgemm(CblasRowMajor, g.trans_a ? CblasTrans : CblasNoTrans, g.trans_b ? CblasTrans : CblasNoTrans,
-              (blasint)g.m, (blasint)g.n, (blasint)g.k, g.alpha, g.a, (blasint)g.lda, g.b, (blasint)g.ldb, g.beta,
-              g.c, (blasint)g.ldc);
+  blas(g);
 }
 
 }  // namespace qkv::cpu
