@@ -5,6 +5,7 @@
 
 #include <functional>
 
+#include "qkv/nn.h"
 #include "qkv/ops.h"
 #include "qkv/rng.h"
 #include "src/kernels/cpu/vec_math.h"
@@ -117,6 +118,12 @@ std::vector<OpCase> op_table() {
       {"linear_one_row", {{{1, 37}}, {{7, 37}}, {{7}}}, [](const V& x) { return linear(x[0], x[1], x[2]); }},
       {"linear_four_rows", {{{4, 19}}, {{9, 19}}}, [](const V& x) { return linear(x[0], x[1]); }},
       {"linear_no_bias_transposed", {{{5, 3}, N, T}, {{4, 3}}}, [](const V& x) { return linear(x[0], x[1]); }},
+      {"linear_gelu", {{{2, 3, 5}}, {{4, 5}}, {{4}}},
+       [](const V& x) { return linear(x[0], x[1], x[2], Activation::Gelu); }},
+      {"linear_tanh_four_rows", {{{4, 19}}, {{9, 19}}, {{9}}},
+       [](const V& x) { return linear(x[0], x[1], x[2], Activation::Tanh); }},
+      {"linear_silu_no_bias", {{{6, 7}, N, T}, {{3, 7}}},
+       [](const V& x) { return linear(x[0], x[1], Tensor(), Activation::Silu); }},
       {"softmax", {{{6, 11}}}, [](const V& x) { return softmax(x[0]); }},
       {"softmax_transposed", {{{5, 4}, N, T}}, [](const V& x) { return softmax(x[0]); }},
       {"log_softmax", {{{6, 11}}}, [](const V& x) { return log_softmax(x[0]); }},
@@ -265,15 +272,44 @@ TEST(Ops, LargeShapesFastMatchesReference) {
 // reference twin, each on its own copy of a random C [m, ldc] (all NaN when
 // beta is 0: BLAS then ignores what C held), and compares the whole buffers,
 // so the padding columns past n must come back untouched as well.
-::testing::AssertionResult fast_gemm_matches_reference(GemmArgs g, Rng& rng) {
+// With gelu_in_place, the epilogue also applies GELU to C in place.
+::testing::AssertionResult fast_gemm_matches_reference(GemmArgs g, Rng& rng, bool gelu_in_place = false) {
   Tensor c0 = Tensor::randn({g.m, g.ldc}, rng);
   if (g.beta == 0.0f) c0.fill_(NAN);
   Tensor c_fast = c0.clone(), c_ref = c0.clone();
+  g.act = UnaryOp::Gelu, g.ld_act = g.ldc;
   g.c = c_fast.data<float>();
+  if (gelu_in_place) g.act_out = g.c;
   cpu::gemm(g);
   g.c = c_ref.data<float>();
+  if (gelu_in_place) g.act_out = g.c;
   ref::gemm(g);
   return all_close(c_fast, c_ref, 1e-4f, 1e-4f);
+}
+
+TEST(Ops, LinearWithActivationMatchesLinearThenActivation) {
+  // The fused activation (run by each GEMM thread on its rows, here 301 rows
+  // split between two) against the two ops one after the other: values with
+  // and without history, and the gradients of all three inputs.
+  omp_set_num_threads(2);
+  for (Activation act : {Activation::Relu, Activation::Gelu, Activation::GeluTanh, Activation::Silu, Activation::Tanh}) {
+    Rng rng(11 + (int)act);
+    Tensor x = Tensor::randn({301, 67}, rng), w = Tensor::randn({130, 67}, rng, 0.2f), b = Tensor::randn({130}, rng);
+    Tensor r = Tensor::randn({301, 130}, rng);
+    auto grads = [&](bool fused) {
+      std::vector<Tensor> in = {x.clone().set_requires_grad(true), w.clone().set_requires_grad(true),
+                                b.clone().set_requires_grad(true)};
+      Tensor y = fused ? linear(in[0], in[1], in[2], act) : activate(linear(in[0], in[1], in[2]), act);
+      sum(mul(y, r)).backward();
+      return std::vector<Tensor>{y, in[0].grad(), in[1].grad(), in[2].grad()};
+    };
+    std::vector<Tensor> fused = grads(true), plain = grads(false);
+    for (size_t i = 0; i < fused.size(); ++i)
+      EXPECT_TRUE(all_close(fused[i], plain[i], 1e-6f, 1e-6f)) << "activation " << (int)act << " tensor " << i;
+    NoGradGuard no_grad;  // the in-place path
+    EXPECT_TRUE(all_close(linear(x, w, b, act), activate(linear(x, w, b), act), 1e-6f, 1e-6f)) << (int)act;
+  }
+  omp_set_num_threads(1);
 }
 
 TEST(Ops, GemvKernelMatchesReference) {
@@ -283,12 +319,16 @@ TEST(Ops, GemvKernelMatchesReference) {
   for (int64_t m : {1, 2, 3, 4}) {
     for (auto [n, k] : {std::pair<int64_t, int64_t>{7, 21}, {10, 64}, {301, 517}, {1030, 96}}) {
       for (float beta : {0.0f, 0.5f}) {
-        Rng rng(m * 1000 + n + k);
-        const int64_t lda = k + 3, ldb = k + 5;
-        Tensor a = Tensor::randn({m, lda}, rng), b = Tensor::randn({n, ldb}, rng);
-        GemmArgs g{.trans_a = false, .trans_b = true, .m = m, .n = n, .k = k, .alpha = 0.75f,
-                   .a = a.data<float>(), .lda = lda, .b = b.data<float>(), .ldb = ldb, .beta = beta, .ldc = n + 2};
-        EXPECT_TRUE(fast_gemm_matches_reference(g, rng)) << "m " << m << " n " << n << " k " << k << " beta " << beta;
+        for (bool with_bias : {false, true}) {
+          Rng rng(m * 1000 + n + k);
+          const int64_t lda = k + 3, ldb = k + 5;
+          Tensor a = Tensor::randn({m, lda}, rng), b = Tensor::randn({n, ldb}, rng), bias = Tensor::randn({n}, rng);
+          GemmArgs g{.trans_a = false, .trans_b = true, .m = m, .n = n, .k = k, .alpha = 0.75f,
+                     .a = a.data<float>(), .lda = lda, .b = b.data<float>(), .ldb = ldb, .beta = beta, .ldc = n + 2,
+                     .bias = with_bias ? bias.data<float>() : nullptr};
+          EXPECT_TRUE(fast_gemm_matches_reference(g, rng, with_bias))
+              << "m " << m << " n " << n << " k " << k << " beta " << beta << " bias and GELU " << with_bias;
+        }
       }
     }
   }
@@ -297,7 +337,8 @@ TEST(Ops, GemvKernelMatchesReference) {
 TEST(Ops, GemmThreadSplitMatchesReference) {
   // Products large enough that the fast gemm splits C between two threads (one
   // BLAS call each), by rows (301 x 130) and by columns (130 x 301): every
-  // transpose pair, strided operands, odd sizes, alpha and beta (0 over NaN, and 0.5).
+  // transpose pair, strided operands, odd sizes, alpha and beta (0 over NaN, and
+  // 0.5), half of them with a bias, half with GELU applied in place.
   omp_set_num_threads(2);
   for (auto [m, n] : {std::pair<int64_t, int64_t>{301, 130}, {130, 301}}) {
     for (bool ta : {false, true}) {
@@ -306,9 +347,11 @@ TEST(Ops, GemmThreadSplitMatchesReference) {
           const int64_t k = 67, lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 5;
           Rng rng(m + (ta ? 4 : 0) + (tb ? 2 : 0) + (beta != 0.0f));
           Tensor a = Tensor::randn({ta ? k : m, lda}, rng), b = Tensor::randn({tb ? n : k, ldb}, rng);
+          Tensor bias = Tensor::randn({n}, rng);
           GemmArgs g{.trans_a = ta, .trans_b = tb, .m = m, .n = n, .k = k, .alpha = 0.75f,
-                     .a = a.data<float>(), .lda = lda, .b = b.data<float>(), .ldb = ldb, .beta = beta, .ldc = n + 2};
-          EXPECT_TRUE(fast_gemm_matches_reference(g, rng))
+                     .a = a.data<float>(), .lda = lda, .b = b.data<float>(), .ldb = ldb, .beta = beta, .ldc = n + 2,
+                     .bias = ta == tb ? bias.data<float>() : nullptr};  // the bias's column offset in both splits
+          EXPECT_TRUE(fast_gemm_matches_reference(g, rng, /*gelu_in_place=*/ta))
               << "m " << m << " n " << n << " ta " << ta << " tb " << tb << " beta " << beta;
         }
       }

@@ -139,7 +139,6 @@ private:
   int64_t hidden_;
 };
 
-enum class Activation { Relu, Gelu, GeluTanh, Silu, Tanh };
 Tensor activate(const Tensor& x, Activation activation);
 // "relu" | "gelu" | "gelu_tanh" | "silu" | "tanh" (config names); anything else is an error.
 Activation activation_from_name(const std::string& name);
@@ -154,7 +153,7 @@ struct MLPOptions {
 class MLP : public Module {
 public:
   MLP(MLPOptions options, Rng& rng);
-  Tensor forward(const Tensor& x) const { return fc2->forward(activate(fc1->forward(x), activation)); }
+  Tensor forward(const Tensor& x) const { return fc2->forward(linear(x, fc1->weight, fc1->bias, activation)); }
   std::shared_ptr<Linear> fc1, fc2;
   Activation activation;
 };

@@ -58,8 +58,15 @@ Tensor mean(const Tensor& x, const std::vector<int64_t>& axes, ReduceOptions opt
 // is shared by every batch. Transposed views go to BLAS as transpose flags.
 Tensor matmul(const Tensor& a, const Tensor& b);
 // y = x W^T + b, as torch.nn.functional.linear: x [..., in], weight [out, in],
-// bias [out] or undefined -> [..., out]. The bias is the GEMM's initial C.
+// bias [out] or undefined -> [..., out]. The GEMM adds the bias to its output
+// rows as it finishes them.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+// The nonlinearities of an MLP, by name in configs (see activation_from_name).
+enum class Activation { Relu, Gelu, GeluTanh, Silu, Tanh };
+// act(x W^T + b): the same values as the linear and the activation one after
+// the other, with the activation applied by each GEMM thread to its rows of
+// the product while they are in its cache.
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation activation);
 
 // --- softmax family (last axis) ---
 Tensor softmax(const Tensor& x);

@@ -13,8 +13,14 @@
 
 namespace qkv {
 
-// C[M,N] = alpha * op(A) op(B) + beta * C, row-major; op(X) = X or X^T.
+enum class BinaryOp { Add, Sub, Mul, Div };
+enum class UnaryOp { Exp, Log, Tanh, Sigmoid, Relu, Gelu, GeluTanh, Silu };
+
+// C[M,N] = alpha * op(A) op(B) + beta * C + bias, row-major; op(X) = X or X^T.
 // A is [M,K] (or [K,M] when trans_a) with row stride lda; likewise B, C.
+// Epilogue, in this order: bias (optional, [N]) is added to every row of C;
+// then, when act_out is set, act_out [M,N] (row stride ld_act) = act(C);
+// act_out == c applies it in place.
 struct GemmArgs {
   bool trans_a = false, trans_b = false;
   int64_t m = 0, n = 0, k = 0;
@@ -26,10 +32,12 @@ struct GemmArgs {
   float beta = 0.0f;
   float* c = nullptr;
   int64_t ldc = 0;
+  const float* bias = nullptr;
+  UnaryOp act = UnaryOp::Relu;
+  float* act_out = nullptr;
+  int64_t ld_act = 0;
 };
 
-enum class BinaryOp { Add, Sub, Mul, Div };
-enum class UnaryOp { Exp, Log, Tanh, Sigmoid, Relu, Gelu, GeluTanh, Silu };
 
 // A broadcast loop: out (contiguous, `shape`) = a op b, where a and b are read
 // through `a_strides` / `b_strides` (0 along broadcast dimensions).

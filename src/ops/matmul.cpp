@@ -124,7 +124,23 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   return out;
 }
 
-Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+namespace {
+
+UnaryOp unary_op(Activation a) {
+  switch (a) {
+    case Activation::Relu: return UnaryOp::Relu;
+    case Activation::Gelu: return UnaryOp::Gelu;
+    case Activation::GeluTanh: return UnaryOp::GeluTanh;
+    case Activation::Silu: return UnaryOp::Silu;
+    case Activation::Tanh: return UnaryOp::Tanh;
+  }
+  fail("linear: unknown activation");
+}
+
+// y = act(x W^T + b), or x W^T + b when act is null. With an activation and
+// history to record, the product before it (pre) is kept for the backward:
+// dpre = dy * act'(pre), then the linear's backward with dpre.
+Tensor linear_impl(const Tensor& x, const Tensor& weight, const Tensor& bias, const UnaryOp* act) {
   require_f32(x, "linear", "x");
   require_f32(weight, "linear", "weight");
   QKV_CHECK(weight.dim() == 2, "linear: weight must be [out, in], got ", shape_str(weight.shape()));
@@ -142,23 +158,29 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   Shape out_shape = x.shape();
   out_shape.back() = out_features;
   Tensor y = Tensor::empty(out_shape);
-  float* py = y.data<float>();
-  if (bias.defined()) {
-    Tensor bc = contiguous_values(bias);
-    for (int64_t r = 0; r < rows; ++r) std::copy_n(bc.data<float>(), out_features, py + r * out_features);
-  }
+  // Without history the activation runs in place on the product.
+  Tensor pre = act && any_requires_grad({x, weight, bias}) ? Tensor::empty(out_shape) : Tensor();
+  Tensor b = bias.defined() ? contiguous_values(bias) : Tensor();
   GemmArgs g;
   g.trans_b = true;
   g.m = rows, g.n = out_features, g.k = in;
   g.a = x2.data<float>(), g.lda = std::max<int64_t>(in, 1);
   g.b = w.data<float>(), g.ldb = std::max<int64_t>(in, 1);
-  g.beta = bias.defined() ? 1.0f : 0.0f;
-  g.c = py, g.ldc = std::max<int64_t>(out_features, 1);
+  g.c = pre.defined() ? pre.data<float>() : y.data<float>(), g.ldc = std::max<int64_t>(out_features, 1);
+  g.bias = b.defined() ? b.data<float>() : nullptr;
+  if (act) g.act = *act, g.act_out = y.data<float>(), g.ld_act = g.ldc;
   if (rows > 0 && out_features > 0) QKV_KERNEL(gemm)(g);
-  record_op(y, "linear", {x, weight, bias}, [x2, w, in, out_features, rows, x_shape = x.shape()](
-                                                const BackwardArgs& a) -> std::vector<Tensor> {
+  const UnaryOp op = act ? *act : UnaryOp::Relu;
+  record_op(y, act ? "linear_activation" : "linear", {x, weight, bias},
+            [x2, w, pre, op, in, out_features, rows, x_shape = x.shape()](const BackwardArgs& a) -> std::vector<Tensor> {
     Tensor dy = a.grad_out.contiguous();
     auto gemm = QKV_KERNEL(gemm);
+    if (pre.defined()) {  // through the activation first
+      Tensor dpre = Tensor::empty(pre.shape());
+      QKV_KERNEL(unary_backward)(op, pre.data<float>(), a.out.data<float>(), dy.data<float>(), dpre.data<float>(),
+                                 pre.numel());
+      dy = dpre;
+    }
     Tensor dx, dw, db;
     if (a.needs_grad[0]) {  // dx [rows, in] = dy [rows, out] W [out, in]
       dx = Tensor::empty(x_shape);
@@ -181,6 +203,17 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
     return {dx, dw, db};
   });
   return y;
+}
+
+}  // namespace
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  return linear_impl(x, weight, bias, nullptr);
+}
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation activation) {
+  const UnaryOp op = unary_op(activation);
+  return linear_impl(x, weight, bias, &op);
 }
 
 }  // namespace qkv

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <vector>
 
+#include <omp.h>
+
 #include "src/kernels/cpu/vec_math.h"
 #include "src/kernels/kernels.h"
 
@@ -93,9 +95,17 @@ static constexpr float kSqrt2OverPi = 0.7978845608028654f;
 static constexpr float kInvSqrt2 = 0.7071067811865476f;
 static constexpr float kInvSqrt2Pi = 0.3989422804014327f;
 
+// Small maps, and maps called from a thread of a parallel region (a GEMM
+// epilogue), run on the calling thread without entering OpenMP at all: an
+// `if` clause that comes out false still sets up a team of one, which costs
+// more than a short row.
 template <class F>
 static void map(const float* x, float* y, int64_t n, F f) {
-#pragma omp parallel for schedule(static) if (n >= kParallelGrain)
+  if (n < kParallelGrain || omp_in_parallel()) {
+    for (int64_t i = 0; i < n; ++i) y[i] = f(x[i]);
+    return;
+  }
+#pragma omp parallel for schedule(static)
   for (int64_t c = 0; c < n; c += 4096) {
     int64_t e = std::min<int64_t>(n, c + 4096);
     for (int64_t i = c; i < e; ++i) y[i] = f(x[i]);
@@ -118,7 +128,11 @@ void unary_forward(UnaryOp op, const float* x, float* y, int64_t n) {
 
 template <class F>
 static void map_backward(const float* x, const float* y, const float* dy, float* dx, int64_t n, F f) {
-#pragma omp parallel for schedule(static) if (n >= kParallelGrain)
+  if (n < kParallelGrain || omp_in_parallel()) {
+    for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * f(x[i], y ? y[i] : 0.0f);
+    return;
+  }
+#pragma omp parallel for schedule(static)
   for (int64_t c = 0; c < n; c += 4096) {
     int64_t e = std::min<int64_t>(n, c + 4096);
     for (int64_t i = c; i < e; ++i) dx[i] = dy[i] * f(x[i], y ? y[i] : 0.0f);
