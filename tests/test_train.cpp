@@ -1,5 +1,7 @@
 // Modules, optimizers, schedules, clipping; a PyTorch-checked AdamW training
 // step; a tiny end-to-end learning task; allocation-free warm steps; determinism.
+#include <omp.h>
+
 #include <cmath>
 
 #include "qkv/allocator.h"
@@ -91,6 +93,34 @@ TEST(Optim, SchedulesAndClipping) {
   EXPECT_NEAR(b.grad().to_vector()[0], 0.8f, 1e-5f);
   EXPECT_NEAR(clip_grad_norm({a, b}, 2.0f), 1.0f, 1e-5f);  // under the limit: unchanged
   EXPECT_NEAR(a.grad().to_vector()[0], 0.6f, 1e-5f);
+}
+
+TEST(Train, ClippingAndAdamWSplitBetweenThreadsMatchOneThread) {
+  // Enough parameters that both run as one region with each thread taking a
+  // share of every tensor (odd sizes, a parameter without a gradient, one
+  // gradient set from a strided view): the same steps on one thread and on two.
+  auto run = [](int threads) {
+    omp_set_num_threads(threads);
+    Rng rng(3);
+    std::vector<Tensor> params;
+    for (int64_t n : {70001, 3, 1000, 517}) params.push_back(Tensor::randn({n}, rng).set_requires_grad(true));
+    AdamW opt(params, {.lr = 0.01f, .weight_decay = 0.1f});
+    std::vector<float> norms;
+    for (int step = 0; step < 3; ++step) {
+      Rng g(10 + step);
+      for (size_t i = 0; i < 3; ++i) params[i].set_grad(Tensor::randn(params[i].shape(), g, 3.0f));
+      params[2].set_grad(Tensor::randn({1000, 2}, g).slice(1, 0, 1).reshape({1000}));  // stride 2
+      norms.push_back(clip_grad_norm(params, 1.0f));
+      opt.step();
+    }
+    omp_set_num_threads(1);
+    return std::make_pair(params, norms);
+  };
+  auto [one, one_norms] = run(1);
+  auto [two, two_norms] = run(2);
+  for (size_t s = 0; s < one_norms.size(); ++s) EXPECT_NEAR(one_norms[s], two_norms[s], 1e-3f) << "step " << s;
+  EXPECT_GT(one_norms[0], 100.0f);  // far over the limit: the clipping scaled every gradient
+  for (size_t i = 0; i < one.size(); ++i) EXPECT_TRUE(testing::all_close(one[i], two[i], 1e-6f, 1e-5f)) << "param " << i;
 }
 
 // Three AdamW steps of a 4 -> 8 -> 3 GELU MLP, against torch.optim.AdamW.

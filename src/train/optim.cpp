@@ -1,8 +1,43 @@
 #include "qkv/optim.h"
 
+#include <omp.h>
+
 #include <cmath>
 
 namespace qkv {
+namespace {
+
+// Runs f(i, begin, end) on every tensor i's elements [0, sizes[i]) in one
+// OpenMP region: each thread takes its share of every tensor, so no thread
+// waits at a barrier between tensors (most of a model's tensors are too small
+// to be worth a parallel region of their own).
+template <class F>
+void for_each_share(const std::vector<int64_t>& sizes, F f) {
+  int64_t total = 0;
+  for (int64_t n : sizes) total += n;
+  if (total < 65536 || omp_get_max_threads() == 1 || omp_in_parallel()) {
+    for (size_t i = 0; i < sizes.size(); ++i) f(i, 0, sizes[i]);
+    return;
+  }
+#pragma omp parallel
+  {
+    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+    for (size_t i = 0; i < sizes.size(); ++i) f(i, sizes[i] * t / nt, sizes[i] * (t + 1) / nt);
+  }
+}
+
+// The parameters' gradients, contiguous (undefined where a parameter has none).
+std::vector<Tensor> contiguous_grads(const std::vector<Tensor>& params, std::vector<int64_t>* sizes) {
+  std::vector<Tensor> grads;
+  for (const Tensor& p : params) {
+    Tensor g = p.grad();
+    grads.push_back(g.defined() ? g.contiguous() : g);
+    sizes->push_back(g.defined() ? g.numel() : 0);
+  }
+  return grads;
+}
+
+}  // namespace
 
 SGD::SGD(std::vector<Tensor> params, SGDOptions options) : params_(std::move(params)), options_(options) {
   for (const Tensor& p : params_) velocity_.push_back(Tensor::zeros(p.shape()));
@@ -43,28 +78,26 @@ void AdamW::zero_grad() {
 
 void AdamW::step() {
   ++step_;
-  const float b1 = options_.beta1, b2 = options_.beta2, lr = options_.lr;
+  const float b1 = options_.beta1, b2 = options_.beta2, lr = options_.lr, eps = options_.eps;
   const float bc1 = 1.0f - std::pow(b1, (float)step_);
   const float bc2_sqrt = std::sqrt(1.0f - std::pow(b2, (float)step_));
   const float step_size = lr / bc1;
   const float decay = 1.0f - lr * options_.weight_decay;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    Tensor g = params_[i].grad();
-    if (!g.defined()) continue;
-    Tensor gc = g.contiguous();
+  std::vector<int64_t> sizes;
+  const std::vector<Tensor> grads = contiguous_grads(params_, &sizes);
+  for_each_share(sizes, [&](size_t i, int64_t begin, int64_t end) {
+    if (begin == end) return;
     float* p = params_[i].data<float>();
     float* m = exp_avg_[i].data<float>();
     float* v = exp_avg_sq_[i].data<float>();
-    const float* d = gc.data<float>();
-    const int64_t n = params_[i].numel();
-#pragma omp parallel for schedule(static) if (n >= 65536)
-    for (int64_t j = 0; j < n; ++j) {
+    const float* d = grads[i].data<float>();
+    for (int64_t j = begin; j < end; ++j) {
       p[j] *= decay;
       m[j] = b1 * m[j] + (1.0f - b1) * d[j];
       v[j] = b2 * v[j] + (1.0f - b2) * d[j] * d[j];
-      p[j] -= step_size * m[j] / (std::sqrt(v[j]) / bc2_sqrt + options_.eps);
+      p[j] -= step_size * m[j] / (std::sqrt(v[j]) / bc2_sqrt + eps);
     }
-  }
+  });
 }
 
 StateDict AdamW::state() const {
@@ -91,25 +124,27 @@ void AdamW::load_state(const StateDict& state, int64_t step) {
 }
 
 float clip_grad_norm(const std::vector<Tensor>& params, float max_norm) {
+  std::vector<int64_t> sizes;
+  const std::vector<Tensor> grads = contiguous_grads(params, &sizes);
+  const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+  std::vector<double> partial(threads, 0.0);  // per thread, added in thread order: the same total every run
+  for_each_share(sizes, [&](size_t i, int64_t begin, int64_t end) {
+    const float* d = grads[i].defined() ? grads[i].data<float>() : nullptr;
+    double s = 0;
+    for (int64_t j = begin; j < end; ++j) s += (double)d[j] * d[j];
+    partial[threads > 1 ? omp_get_thread_num() : 0] += s;
+  });
   double total = 0;
-  for (const Tensor& p : params) {
-    Tensor g = p.grad();
-    if (!g.defined()) continue;
-    Tensor c = g.contiguous();
-    const float* d = c.data<float>();
-    for (int64_t j = 0; j < c.numel(); ++j) total += (double)d[j] * d[j];
-  }
+  for (double s : partial) total += s;
   float norm = (float)std::sqrt(total);
   if (!std::isfinite(norm) || norm <= max_norm) return norm;
-  float s = max_norm / (norm + 1e-6f);
-  for (const Tensor& p : params) {
-    Tensor g = p.grad();
-    if (!g.defined()) continue;
-    Tensor c = g.contiguous();
-    float* d = c.data<float>();
-    for (int64_t j = 0; j < c.numel(); ++j) d[j] *= s;
-    if (!c.same_storage(g)) Tensor(p).set_grad(c);  // a gradient set from a view: replace it
-  }
+  const float scale = max_norm / (norm + 1e-6f);
+  for_each_share(sizes, [&](size_t i, int64_t begin, int64_t end) {
+    float* d = grads[i].defined() ? grads[i].data<float>() : nullptr;
+    for (int64_t j = begin; j < end; ++j) d[j] *= scale;
+  });
+  for (size_t i = 0; i < params.size(); ++i)  // a gradient set from a view: replace it
+    if (grads[i].defined() && !grads[i].same_storage(params[i].grad())) Tensor(params[i]).set_grad(grads[i]);
   return norm;
 }
 
