@@ -121,12 +121,17 @@ void epilogue(const GemmArgs& g, bool add_bias) {
 }
 
 // BLAS, then the epilogue on the rows just written: each thread finishes its
-// own part of C while that part is still in its cache.
+// own part of C while that part is still in its cache. A bias over beta 0 is
+// written into C first and the product added to it (beta 1): OpenBLAS clears
+// C before a beta-0 product anyway, so the bias then costs no pass of its own.
 void blas(const GemmArgs& g) {
+  const bool bias_first = g.bias && g.beta == 0.0f;
+  if (bias_first)
+    for (int64_t i = 0; i < g.m; ++i) std::copy_n(g.bias, g.n, g.c + i * g.ldc);
   cblas_sgemm(CblasRowMajor, g.trans_a ? CblasTrans : CblasNoTrans, g.trans_b ? CblasTrans : CblasNoTrans,
-              (blasint)g.m, (blasint)g.n, (blasint)g.k, g.alpha, g.a, (blasint)g.lda, g.b, (blasint)g.ldb, g.beta,
-              g.c, (blasint)g.ldc);
-  if (g.bias || g.act_out) epilogue(g, true);
+              (blasint)g.m, (blasint)g.n, (blasint)g.k, g.alpha, g.a, (blasint)g.lda, g.b, (blasint)g.ldb,
+              bias_first ? 1.0f : g.beta, g.c, (blasint)g.ldc);
+  if ((g.bias && !bias_first) || g.act_out) epilogue(g, !bias_first);
 }
 }  // namespace
 
