@@ -38,7 +38,6 @@ struct GemmArgs {
   int64_t ld_act = 0;
 };
 
-
 // A broadcast loop: out (contiguous, `shape`) = a op b, where a and b are read
 // through `a_strides` / `b_strides` (0 along broadcast dimensions).
 struct BroadcastLoop {
