@@ -95,21 +95,23 @@ static constexpr float kSqrt2OverPi = 0.7978845608028654f;
 static constexpr float kInvSqrt2 = 0.7071067811865476f;
 static constexpr float kInvSqrt2Pi = 0.3989422804014327f;
 
-// Small maps, and maps called from a thread of a parallel region (a GEMM
+// body(begin, end) over [0, n) in chunks split between the threads. Small
+// ranges, and ranges from a thread already in a parallel region (a GEMM
 // epilogue), run on the calling thread without entering OpenMP at all: an
 // `if` clause that comes out false still sets up a team of one, which costs
 // more than a short row.
+template <class Body>
+static void for_chunks(int64_t n, Body body) {
+  if (n < kParallelGrain || omp_in_parallel()) return body(0, n);
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < n; c += 4096) body(c, std::min<int64_t>(n, c + 4096));
+}
+
 template <class F>
 static void map(const float* x, float* y, int64_t n, F f) {
-  if (n < kParallelGrain || omp_in_parallel()) {
-    for (int64_t i = 0; i < n; ++i) y[i] = f(x[i]);
-    return;
-  }
-#pragma omp parallel for schedule(static)
-  for (int64_t c = 0; c < n; c += 4096) {
-    int64_t e = std::min<int64_t>(n, c + 4096);
-    for (int64_t i = c; i < e; ++i) y[i] = f(x[i]);
-  }
+  for_chunks(n, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) y[i] = f(x[i]);
+  });
 }
 
 void unary_forward(UnaryOp op, const float* x, float* y, int64_t n) {
@@ -128,15 +130,9 @@ void unary_forward(UnaryOp op, const float* x, float* y, int64_t n) {
 
 template <class F>
 static void map_backward(const float* x, const float* y, const float* dy, float* dx, int64_t n, F f) {
-  if (n < kParallelGrain || omp_in_parallel()) {
-    for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * f(x[i], y ? y[i] : 0.0f);
-    return;
-  }
-#pragma omp parallel for schedule(static)
-  for (int64_t c = 0; c < n; c += 4096) {
-    int64_t e = std::min<int64_t>(n, c + 4096);
-    for (int64_t i = c; i < e; ++i) dx[i] = dy[i] * f(x[i], y ? y[i] : 0.0f);
-  }
+  for_chunks(n, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) dx[i] = dy[i] * f(x[i], y ? y[i] : 0.0f);
+  });
 }
 
 void unary_backward(UnaryOp op, const float* x, const float* y, const float* dy, float* dx, int64_t n) {

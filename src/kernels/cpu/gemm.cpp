@@ -105,17 +105,17 @@ void gemv(const GemmArgs& g) {
 #endif
 
 namespace {
-// The epilogue on g's part of C: bias, then the activation (over all of it at
-// once when C and act_out are dense; unary_forward stays on this thread inside
-// the split's parallel region).
-void epilogue(const GemmArgs& g, bool add_bias) {
-  if (add_bias && g.bias) {
-    for (int64_t i = 0; i < g.m; ++i) {
-      float* c = g.c + i * g.ldc;
-      for (int64_t j = 0; j < g.n; ++j) c[j] += g.bias[j];
-    }
+// The epilogue on g's part of C, done by the thread that wrote it. The bias:
+void add_bias_rows(const GemmArgs& g) {
+  for (int64_t i = 0; i < g.m; ++i) {
+    float* c = g.c + i * g.ldc;
+    for (int64_t j = 0; j < g.n; ++j) c[j] += g.bias[j];
   }
-  if (!g.act_out) return;
+}
+
+// and then the activation, over all of it at once when C and act_out are
+// dense (unary_forward stays on this thread inside the split's parallel region).
+void activate_rows(const GemmArgs& g) {
   if (g.ldc == g.n && g.ld_act == g.n) return unary_forward(g.act, g.c, g.act_out, g.m * g.n);
   for (int64_t i = 0; i < g.m; ++i) unary_forward(g.act, g.c + i * g.ldc, g.act_out + i * g.ld_act, g.n);
 }
@@ -131,7 +131,8 @@ void blas(const GemmArgs& g) {
   cblas_sgemm(CblasRowMajor, g.trans_a ? CblasTrans : CblasNoTrans, g.trans_b ? CblasTrans : CblasNoTrans,
               (blasint)g.m, (blasint)g.n, (blasint)g.k, g.alpha, g.a, (blasint)g.lda, g.b, (blasint)g.ldb,
               bias_first ? 1.0f : g.beta, g.c, (blasint)g.ldc);
-  if ((g.bias && !bias_first) || g.act_out) epilogue(g, !bias_first);
+  if (g.bias && !bias_first) add_bias_rows(g);
+  if (g.act_out) activate_rows(g);
 }
 }  // namespace
 
@@ -140,7 +141,7 @@ void gemm(const GemmArgs& g) {
 #ifdef QKV_HAVE_GEMV
   if (!g.trans_a && g.trans_b && g.m <= kMaxGemvRows && g.k >= 16) {
     gemv(g);  // bias included
-    if (g.act_out) epilogue(g, false);
+    if (g.act_out) activate_rows(g);
     return;
   }
 #endif
