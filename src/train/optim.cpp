@@ -7,22 +7,22 @@
 namespace qkv {
 namespace {
 
-// Runs f(i, begin, end) on every tensor i's elements [0, sizes[i]) in one
-// OpenMP region: each thread takes its share of every tensor, so no thread
+// Runs f(i, begin, end, thread) on every tensor i's elements [0, sizes[i]) in
+// one OpenMP region: each thread takes its share of every tensor, so no thread
 // waits at a barrier between tensors (most of a model's tensors are too small
-// to be worth a parallel region of their own).
+// to be worth a parallel region of their own). thread < omp_get_max_threads().
 template <class F>
 void for_each_share(const std::vector<int64_t>& sizes, F f) {
   int64_t total = 0;
   for (int64_t n : sizes) total += n;
   if (total < 65536 || omp_get_max_threads() == 1 || omp_in_parallel()) {
-    for (size_t i = 0; i < sizes.size(); ++i) f(i, 0, sizes[i]);
+    for (size_t i = 0; i < sizes.size(); ++i) f(i, 0, sizes[i], 0);
     return;
   }
 #pragma omp parallel
   {
     const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-    for (size_t i = 0; i < sizes.size(); ++i) f(i, sizes[i] * t / nt, sizes[i] * (t + 1) / nt);
+    for (size_t i = 0; i < sizes.size(); ++i) f(i, sizes[i] * t / nt, sizes[i] * (t + 1) / nt, t);
   }
 }
 
@@ -85,7 +85,7 @@ void AdamW::step() {
   const float decay = 1.0f - lr * options_.weight_decay;
   std::vector<int64_t> sizes;
   const std::vector<Tensor> grads = contiguous_grads(params_, &sizes);
-  for_each_share(sizes, [&](size_t i, int64_t begin, int64_t end) {
+  for_each_share(sizes, [&](size_t i, int64_t begin, int64_t end, int64_t) {
     if (begin == end) return;
     float* p = params_[i].data<float>();
     float* m = exp_avg_[i].data<float>();
@@ -126,20 +126,19 @@ void AdamW::load_state(const StateDict& state, int64_t step) {
 float clip_grad_norm(const std::vector<Tensor>& params, float max_norm) {
   std::vector<int64_t> sizes;
   const std::vector<Tensor> grads = contiguous_grads(params, &sizes);
-  const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
-  std::vector<double> partial(threads, 0.0);  // per thread, added in thread order: the same total every run
-  for_each_share(sizes, [&](size_t i, int64_t begin, int64_t end) {
+  std::vector<double> partial(omp_get_max_threads(), 0.0);  // per thread, added in thread order: the same total every run
+  for_each_share(sizes, [&](size_t i, int64_t begin, int64_t end, int64_t thread) {
     const float* d = grads[i].defined() ? grads[i].data<float>() : nullptr;
     double s = 0;
     for (int64_t j = begin; j < end; ++j) s += (double)d[j] * d[j];
-    partial[threads > 1 ? omp_get_thread_num() : 0] += s;
+    partial[thread] += s;
   });
   double total = 0;
   for (double s : partial) total += s;
   float norm = (float)std::sqrt(total);
   if (!std::isfinite(norm) || norm <= max_norm) return norm;
   const float scale = max_norm / (norm + 1e-6f);
-  for_each_share(sizes, [&](size_t i, int64_t begin, int64_t end) {
+  for_each_share(sizes, [&](size_t i, int64_t begin, int64_t end, int64_t) {
     float* d = grads[i].defined() ? grads[i].data<float>() : nullptr;
     for (int64_t j = begin; j < end; ++j) d[j] *= scale;
   });
