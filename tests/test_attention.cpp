@@ -11,6 +11,7 @@
 #include "qkv/ops.h"
 #include "qkv/rng.h"
 #include "src/kernels/cpu/flash_attention.h"
+#include "src/kernels/kernels.h"
 #include "tests/test_util.h"
 
 namespace qkv {
@@ -154,11 +155,11 @@ TEST(Attention, FlashBackwardWritesEveryGradientElement) {
     Tensor out = Tensor::empty({c.batch * c.heads * c.t * c.dh}), lse = Tensor::empty({c.batch * c.heads * c.t});
     Tensor dout = Tensor::randn(out.shape(), rng);
     const float* p = in.data<float>();
-    cpu::flash_attention_forward(f, p, p + k_at, p + v_at, out.data<float>(), lse.data<float>());
+    cpu::kernels().flash_attention_forward(f, p, p + k_at, p + v_at, out.data<float>(), lse.data<float>());
     auto backward_from = [&](float fill) {
       Tensor d = Tensor::full({total}, fill);
       float* dp = d.data<float>();
-      cpu::flash_attention_backward(f, p, p + k_at, p + v_at, out.data<float>(), dout.data<float>(),
+      cpu::kernels().flash_attention_backward(f, p, p + k_at, p + v_at, out.data<float>(), dout.data<float>(),
                                     lse.data<float>(), dp, dp + k_at, dp + v_at);
       return d;
     };

@@ -12,8 +12,112 @@
 
 #include "qkv/io.h"
 #include "qkv/tensor.h"
+#include "src/kernels/kernels.h"
 
 namespace qkv::testing {
+
+// Unit roundoff of float32: 2^-24.
+constexpr double kFloat32Unit = 5.9604644775390625e-8;
+
+// How a float32 result was computed, for the rounding bound below: through
+// `stages` successive operations (a matmul, a softmax, a norm, a residual add,
+// each backward step...), each a sum of at most `terms` terms.
+struct Float32Bound {
+  int64_t terms = 1;
+  int64_t stages = 1;
+};
+
+// ours (float32 arithmetic) against ref (float64 arithmetic, or float32 with
+// double accumulation), element by element, with a bound that follows from
+// float32 rounding rather than from one machine's results:
+//
+//   |ours_i - ref_i| <= u sqrt(terms) stages (|ref_i| + rms(ref))
+//
+// A sum of n float32 terms is off by about u sqrt(n) times the magnitudes
+// summed (the probabilistic bound of Higham and Mary, SIAM J. Sci. Comput.
+// 2019, with a factor of 1 where theirs holds with high probability), and the
+// errors of successive stages add up. The magnitudes summed are not known
+// element by element; the tensor's RMS stands for them, since the elements
+// of one tensor are sums of terms of the same size: an element that is small
+// only because its terms cancel (a gradient summed over tokens) still carries
+// the rounding error of those terms. A comparison against |ref_i| alone fails
+// there on any CPU whose BLAS sums in another order.
+inline ::testing::AssertionResult float32_close(const Tensor& ours, const Tensor& ref, Float32Bound b) {
+  if (ours.shape() != ref.shape())
+    return ::testing::AssertionFailure() << "shapes differ: " << shape_str(ours.shape()) << " vs "
+                                         << shape_str(ref.shape());
+  std::vector<float> va = ours.to_vector(), vb = ref.to_vector();
+  double sq = 0;
+  for (float v : vb) sq += (double)v * v;
+  const double rms = vb.empty() ? 0 : std::sqrt(sq / (double)vb.size());
+  const double per_unit = kFloat32Unit * std::sqrt((double)std::max<int64_t>(b.terms, 1)) * (double)b.stages;
+  double worst = 0;  // the largest error / bound
+  size_t worst_i = 0;
+  for (size_t i = 0; i < va.size(); ++i) {
+    if (std::isnan(va[i]) != std::isnan(vb[i])) return ::testing::AssertionFailure() << "NaN mismatch at element " << i;
+    if (std::isnan(va[i]) || va[i] == vb[i]) continue;
+    const double bound = per_unit * (std::fabs((double)vb[i]) + rms);
+    const double ratio = std::fabs((double)va[i] - vb[i]) / bound;  // inf when the bound is 0
+    if (ratio > worst) worst = ratio, worst_i = i;
+  }
+  if (worst > 1)
+    return ::testing::AssertionFailure() << "element " << worst_i << ": " << va[worst_i] << " vs " << vb[worst_i]
+                                         << ", error " << std::fabs((double)va[worst_i] - vb[worst_i]) << " is "
+                                         << worst << "x the float32 bound (terms " << b.terms << ", stages "
+                                         << b.stages << ", rms " << rms << ")";
+  return ::testing::AssertionSuccess() << "worst error " << worst << " of the bound";
+}
+
+// C = alpha op(A) op(B) + beta C0 + bias (then act, when g.act_out is set),
+// computed by a fast GEMM and by the reference, against the classical bound
+// for a float32 dot product of k terms (Higham, "Accuracy and Stability of
+// Numerical Algorithms", theorem 3.5): gamma_{k+2} times the magnitudes
+// summed, |alpha| sum_p |a_ip b_pj| + |beta c0_ij| + |bias_j|, plus the
+// reference's own rounding to float. GELU (the only activation the tests
+// fuse) has slope below 1.13 and our erf is good to 3e-7 absolute, about
+// 5 units of rounding. fast, ref and c0 are [m, ldc]: the padding columns
+// past n must come back exactly as they were in c0.
+inline ::testing::AssertionResult gemm_close(const GemmArgs& g, const Tensor& c0, const Tensor& fast, const Tensor& ref) {
+  const std::vector<float> vc0 = c0.to_vector(), vf = fast.to_vector(), vr = ref.to_vector();
+  const double gamma = (g.k + 2) * kFloat32Unit / (1 - (g.k + 2) * kFloat32Unit);
+  for (int64_t i = 0; i < g.m; ++i)
+    for (int64_t j = 0; j < g.ldc; ++j) {
+      const size_t at = (size_t)(i * g.ldc + j);
+      if (j >= g.n) {
+        if (!(vf[at] == vc0[at] || (std::isnan(vf[at]) && std::isnan(vc0[at]))))
+          return ::testing::AssertionFailure() << "padding element [" << i << "," << j << "] changed";
+        continue;
+      }
+      double magnitude = 0, pre = 0;
+      for (int64_t p = 0; p < g.k; ++p) {
+        const double a = g.trans_a ? g.a[p * g.lda + i] : g.a[i * g.lda + p];
+        const double b = g.trans_b ? g.b[j * g.ldb + p] : g.b[p * g.ldb + j];
+        magnitude += std::fabs(a * b);
+        pre += a * b;
+      }
+      magnitude *= std::fabs(g.alpha);
+      pre *= g.alpha;
+      if (g.beta != 0.0f) magnitude += std::fabs(g.beta * vc0[at]), pre += g.beta * vc0[at];
+      if (g.bias) magnitude += std::fabs(g.bias[j]), pre += g.bias[j];
+      double bound = gamma * magnitude + kFloat32Unit * std::fabs(pre);
+      if (g.act_out) bound = 1.13 * bound + 8 * kFloat32Unit * (std::fabs(pre) + std::fabs(vr[at]));
+      if (std::isnan(vf[at]) || std::isnan(vr[at]) || std::fabs((double)vf[at] - vr[at]) > bound)
+        return ::testing::AssertionFailure() << "element [" << i << "," << j << "]: " << vf[at] << " vs " << vr[at]
+                                             << ", bound " << bound << " (k " << g.k << ")";
+    }
+  return ::testing::AssertionSuccess();
+}
+
+// The same for y = x W^T + b with x [m,k], W [n,k] (nn.Linear's layout).
+inline ::testing::AssertionResult gemm_close(const Tensor& fast, const Tensor& ref, const Tensor& x, const Tensor& w,
+                                             const Tensor& bias) {
+  Tensor xc = x.contiguous(), wc = w.contiguous();
+  GemmArgs g;
+  g.trans_b = true, g.m = x.size(0), g.n = w.size(0), g.k = x.size(1);
+  g.a = xc.data<float>(), g.lda = g.k, g.b = wc.data<float>(), g.ldb = g.k, g.ldc = g.n;
+  g.bias = bias.defined() ? bias.data<float>() : nullptr;
+  return gemm_close(g, Tensor::zeros(fast.shape()), fast, ref);
+}
 
 // |a - b| <= atol + rtol * |b| element-wise; reports the worst element.
 inline ::testing::AssertionResult all_close(const Tensor& a, const Tensor& b, float atol, float rtol) {

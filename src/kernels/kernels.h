@@ -1,15 +1,21 @@
 // Internal: the compute kernels, in two twins with identical signatures.
 //
 //   qkv::ref  naive loops, written to be obviously right; the specification.
-//   qkv::cpu  the fast versions (OpenBLAS, OpenMP, vectorizable inner loops).
+//   qkv::cpu  the fast versions (OpenBLAS, OpenMP, vectorizable inner loops),
+//             compiled once per instruction-set level (qkv/cpu.h) into
+//             qkv::cpu::generic, ::avx2 and ::avx512; cpu::kernels() is the
+//             table of the level chosen at start-up.
 //
-// Every op in src/ops dispatches between them at one point (`reference_kernels()`),
-// and tests/test_ops.cpp runs every op both ways and compares.
+// Every op in src/ops dispatches between them at one point (QKV_KERNEL in
+// src/ops/dispatch.h), and tests/test_ops.cpp runs every op both ways and
+// compares; CTest runs those tests again under each level the CPU supports.
 // All pointers are to contiguous float32 row-major data unless strides are given.
 #pragma once
 
 #include <cstdint>
 #include <vector>
+
+#include "qkv/cpu.h"
 
 namespace qkv {
 
@@ -82,9 +88,56 @@ struct BroadcastLoop {
 namespace ref {
 QKV_DECLARE_KERNELS
 }
+
 namespace cpu {
+
+struct FlashShape;
+
+// One level's fast kernels: the same functions as qkv::ref, plus the flash
+// attention pair (src/kernels/cpu/flash_attention.h), whose reference twin is
+// the naive attention op.
+struct Kernels {
+  CpuIsa isa;
+  decltype(&ref::gemm) gemm;
+  decltype(&ref::binary) binary;
+  decltype(&ref::masked_fill) masked_fill;
+  decltype(&ref::unary_forward) unary_forward;
+  decltype(&ref::unary_backward) unary_backward;
+  decltype(&ref::sum_middle) sum_middle;
+  decltype(&ref::softmax_forward) softmax_forward;
+  decltype(&ref::softmax_backward) softmax_backward;
+  decltype(&ref::log_softmax_forward) log_softmax_forward;
+  decltype(&ref::log_softmax_backward) log_softmax_backward;
+  decltype(&ref::layer_norm_forward) layer_norm_forward;
+  decltype(&ref::layer_norm_backward) layer_norm_backward;
+  decltype(&ref::rms_norm_forward) rms_norm_forward;
+  decltype(&ref::rms_norm_backward) rms_norm_backward;
+  decltype(&ref::embedding_forward) embedding_forward;
+  decltype(&ref::embedding_backward) embedding_backward;
+  decltype(&ref::cross_entropy_forward) cross_entropy_forward;
+  decltype(&ref::cross_entropy_backward) cross_entropy_backward;
+  void (*flash_attention_forward)(const FlashShape& f, const float* q, const float* k, const float* v, float* out,
+                                  float* lse);
+  void (*flash_attention_backward)(const FlashShape& f, const float* q, const float* k, const float* v,
+                                   const float* out, const float* dout, const float* lse, float* dq, float* dk,
+                                   float* dv);
+};
+
+// The table of the level in use (qkv::cpu_isa()): what every op calls.
+const Kernels& kernels();
+// One level's table; a level the CPU cannot run is a qkv::Error.
+const Kernels& kernels(CpuIsa isa);
+
+// Inside a kernel variant's own files (compiled with QKV_CPU_NS set to its
+// level's name), the variant's functions; they call each other directly.
+#ifdef QKV_CPU_NS
+namespace QKV_CPU_NS {
 QKV_DECLARE_KERNELS
-}
+const Kernels& table();
+}  // namespace QKV_CPU_NS
+#endif
+
+}  // namespace cpu
 
 #undef QKV_DECLARE_KERNELS
 

@@ -5,8 +5,9 @@
 #include "qkv/ops.h"
 #include "src/kernels/kernels.h"
 
-// The kernel `name` of the twin selected for this thread.
-#define QKV_KERNEL(name) (::qkv::reference_kernels() ? &::qkv::ref::name : &::qkv::cpu::name)
+// The kernel `name` of the twin selected for this thread: the reference, or
+// the fast one of the instruction-set level in use.
+#define QKV_KERNEL(name) (::qkv::reference_kernels() ? &::qkv::ref::name : ::qkv::cpu::kernels().name)
 
 namespace qkv {
 

@@ -24,13 +24,14 @@ static Tensor rowwise(const char* name, const Tensor& x_in, RowKernel fwd_ref, R
 }
 
 Tensor softmax(const Tensor& x) {
-  return rowwise("softmax", x, ref::softmax_forward, cpu::softmax_forward, ref::softmax_backward,
-                 cpu::softmax_backward);
+  const cpu::Kernels& k = cpu::kernels();
+  return rowwise("softmax", x, ref::softmax_forward, k.softmax_forward, ref::softmax_backward, k.softmax_backward);
 }
 
 Tensor log_softmax(const Tensor& x) {
-  return rowwise("log_softmax", x, ref::log_softmax_forward, cpu::log_softmax_forward, ref::log_softmax_backward,
-                 cpu::log_softmax_backward);
+  const cpu::Kernels& k = cpu::kernels();
+  return rowwise("log_softmax", x, ref::log_softmax_forward, k.log_softmax_forward, ref::log_softmax_backward,
+                 k.log_softmax_backward);
 }
 
 }  // namespace qkv

@@ -3,7 +3,6 @@
 //   ops   our matmul / linear ops against raw OpenBLAS sgemm on the same
 //         shapes (GFLOP/s and their ratio); softmax, layer norm and GELU in
 //         GB/s; memory requests to the system per warm training step.
-#include <cblas.h>
 #include <omp.h>
 #include <unistd.h>
 
@@ -17,6 +16,7 @@
 
 #include "qkv/allocator.h"
 #include "qkv/attention.h"
+#include "qkv/cpu.h"
 #include "qkv/io.h"
 #include "qkv/trainer.h"
 #include "qkv/translation.h"
@@ -25,6 +25,7 @@
 #include "qkv/tokenizer.h"
 #include "qkv/lm.h"
 #include "qkv/vit.h"
+#include "src/kernels/blas.h"
 #include "tools/qkv/commands.h"
 
 namespace qkv::cli {
@@ -91,12 +92,12 @@ nlohmann::ordered_json bench_gemm(const GemmRow& r, double seconds) {
   double raw = seconds_per_call(
       [&] {
         if (r.weight_layout) {
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)(r.batch * r.m), (blasint)r.n, (blasint)r.k,
+          blas::sgemm()(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)(r.batch * r.m), (blasint)r.n, (blasint)r.k,
                       1.0f, a.data<float>(), (blasint)r.k, b.data<float>(), (blasint)r.k, 0.0f, c.data<float>(),
                       (blasint)r.n);
         } else {
           for (int64_t i = 0; i < r.batch; ++i)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)r.m, (blasint)r.n, (blasint)r.k, 1.0f,
+            blas::sgemm()(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)r.m, (blasint)r.n, (blasint)r.k, 1.0f,
                         a.data<float>() + i * r.m * r.k, (blasint)r.k, b.data<float>() + i * r.k * r.n, (blasint)r.n,
                         0.0f, c.data<float>() + i * r.m * r.n, (blasint)r.n);
         }
@@ -284,6 +285,7 @@ int run_bench_train(const BenchArgs& a) {
     out["ratio"] = nullptr;
   }
   if (a.json) {
+    out["runtime"] = runtime_json();
     std::cout << out.dump(2) << "\n";
     return 0;
   }
@@ -378,6 +380,7 @@ int run_bench_decode(const BenchArgs& a) {
     out["rows"].push_back({{"mode", r.name}, {"seconds", r.seconds}, {"sentences_per_s", sources.size() / r.seconds},
                            {"tokens_per_s", r.tokens / r.seconds}});
   if (a.json) {
+    out["runtime"] = runtime_json();
     std::cout << out.dump(2) << "\n";
     return 0;
   }
@@ -437,6 +440,7 @@ int run_bench_attention(const BenchArgs& a) {
     out["rows"].push_back(j);
   }
   if (a.json) {
+    out["runtime"] = runtime_json();
     std::cout << out.dump(2) << "\n";
     return 0;
   }
@@ -530,6 +534,7 @@ int run_bench_vit(const BenchArgs& a) {
     out["infer_ratio"] = nullptr;
   }
   if (a.json) {
+    out["runtime"] = runtime_json();
     std::cout << out.dump(2) << "\n";
     return 0;
   }
@@ -661,6 +666,7 @@ int run_bench_generate(const BenchArgs& a) {
                                 {"rows", rows},
                                 {"bandwidth_fraction", best_fraction}};
   if (a.json) {
+    out["runtime"] = runtime_json();
     std::cout << out.dump(2) << "\n";
     return 0;
   }
@@ -688,6 +694,7 @@ int run_bench_generate(const BenchArgs& a) {
 
 int run_bench(const BenchArgs& a) {
   set_threads(a.threads);
+  if (!a.json) std::printf("%s\n", runtime_summary().c_str());
   if (a.suite == "attention") return run_bench_attention(a);
   if (a.suite == "train") return run_bench_train(a);
   if (a.suite == "decode") return run_bench_decode(a);
@@ -733,6 +740,7 @@ int run_bench(const BenchArgs& a) {
   }
   out["allocations"] = bench_allocations();
   if (a.json) {
+    out["runtime"] = runtime_json();
     std::cout << out.dump(2) << "\n";
   } else {
     auto& al = out["allocations"];

@@ -4,6 +4,7 @@
 
 #include <CLI/CLI.hpp>
 #include <functional>
+#include <nlohmann/json.hpp>
 
 namespace qkv::cli {
 
@@ -18,6 +19,12 @@ Run add_translate(CLI::App& app);
 Run add_eval(CLI::App& app);
 Run add_classify(CLI::App& app);
 Run add_generate(CLI::App& app);
+Run add_info(CLI::App& app);
+
+// What runs the figures (cmd_info.cpp): the CPU, its features, the kernel
+// level, the GEMM library and its kernel, the threads. `qkv info --json` and
+// every `qkv bench --json` carry it.
+nlohmann::ordered_json runtime_json();
 
 }  // namespace qkv::cli
 

@@ -10,6 +10,7 @@
 #include <iostream>
 #include <map>
 
+#include "qkv/cpu.h"
 #include "qkv/error.h"
 #include "tools/qkv/commands.h"
 
@@ -37,7 +38,7 @@ void print_progress(int64_t step, int64_t total, const std::string& position, co
 int main(int argc, char** argv) {
   CLI::App app{"qkv: attention and Transformers end to end -- train, run fast, and show what they attend to."};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "qkv 0.1.0");
+  app.set_version_flag("--version", [] { return "qkv 0.1.0\n" + qkv::runtime_summary(); });
   std::map<CLI::App*, qkv::cli::Run> runs;
   auto add = [&](qkv::cli::Run (*adder)(CLI::App&)) {
     size_t before = app.get_subcommands({}).size();
@@ -53,6 +54,7 @@ int main(int argc, char** argv) {
   add(qkv::cli::add_generate);
   add(qkv::cli::add_inspect);
   add(qkv::cli::add_bench);
+  add(qkv::cli::add_info);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -9,7 +9,7 @@
 #include "src/kernels/cpu/vec_math.h"
 #include "src/kernels/kernels.h"
 
-namespace qkv::cpu {
+namespace qkv::cpu::QKV_CPU_NS {
 
 constexpr int64_t kParallelGrain = 1 << 15;  // elements below which one thread is faster
 
@@ -189,4 +189,4 @@ void sum_middle(const float* x, float* y, int64_t outer, int64_t n, int64_t inne
   }
 }
 
-}  // namespace qkv::cpu
+}  // namespace qkv::cpu::QKV_CPU_NS

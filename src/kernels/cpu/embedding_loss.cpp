@@ -6,7 +6,7 @@
 #include "src/kernels/cpu/vec_math.h"
 #include "src/kernels/kernels.h"
 
-namespace qkv::cpu {
+namespace qkv::cpu::QKV_CPU_NS {
 
 void embedding_forward(const float* weight, const int64_t* ids, float* out, int64_t tokens, int64_t dim) {
 #pragma omp parallel for schedule(static) if (tokens * dim >= 65536)
@@ -69,4 +69,4 @@ void cross_entropy_backward(const float* logits, const int64_t* targets, const f
   }
 }
 
-}  // namespace qkv::cpu
+}  // namespace qkv::cpu::QKV_CPU_NS

@@ -17,15 +17,31 @@
 #include <cmath>
 #include <vector>
 
-#include "qkv/tensor.h"
+#include "qkv/allocator.h"
 #include "src/kernels/cpu/vec_math.h"
 #include "src/kernels/kernels.h"
 
-namespace qkv::cpu {
+namespace qkv::cpu::QKV_CPU_NS {
 namespace {
 
 constexpr int64_t Br = kFlashQueryTile;
 constexpr int64_t Bc = kFlashKeyTile;
+
+// A thread's scratch floats, from the caching allocator (a warm call asks the
+// system for no memory).
+class Scratch {
+public:
+  explicit Scratch(int64_t floats) : bytes_(sizeof(float) * std::max<int64_t>(floats, 1)) {
+    data_ = static_cast<float*>(allocate_bytes(bytes_));
+  }
+  ~Scratch() { free_bytes(data_, bytes_); }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  float* data() const { return data_; }
+private:
+  size_t bytes_;
+  float* data_;
+};
 
 // Keys [0, visible_keys(i)) are visible to query row i.
 int64_t visible_keys(const FlashShape& f, int64_t b, int64_t i) {
@@ -74,12 +90,11 @@ void flash_attention_forward(const FlashShape& f, const float* q, const float* k
   const int64_t tasks = f.batch * f.heads * q_tiles;
 #pragma omp parallel if (tasks > 1)
   {
-    Tensor scores = Tensor::empty({Br, Bc}), acc = Tensor::empty({Br, f.dv});
-    Tensor row_max = Tensor::empty({Br}), row_sum = Tensor::empty({Br});
-    float* S = scores.data<float>();
-    float* O = acc.data<float>();
-    float* m = row_max.data<float>();
-    float* l = row_sum.data<float>();
+    Scratch scores(Br * Bc), acc(Br * f.dv), row_max(Br), row_sum(Br);
+    float* S = scores.data();
+    float* O = acc.data();
+    float* m = row_max.data();
+    float* l = row_sum.data();
 #pragma omp for schedule(dynamic)
     for (int64_t task = 0; task < tasks; ++task) {
       const int64_t qt = task % q_tiles, bh = task / q_tiles, b = bh / f.heads, h = bh % f.heads;
@@ -136,10 +151,10 @@ void flash_attention_backward(const FlashShape& f, const float* q, const float* 
   const int64_t tasks = f.batch * f.kv_heads;
 #pragma omp parallel if (tasks > 1)
   {
-    Tensor probs = Tensor::empty({Br, Bc}), dprobs = Tensor::empty({Br, Bc}), rowdot = Tensor::empty({f.t});
-    float* P = probs.data<float>();
-    float* dP = dprobs.data<float>();
-    float* D = rowdot.data<float>();
+    Scratch probs(Br * Bc), dprobs(Br * Bc), rowdot(f.t);
+    float* P = probs.data();
+    float* dP = dprobs.data();
+    float* D = rowdot.data();
 #pragma omp for schedule(dynamic)
     for (int64_t task = 0; task < tasks; ++task) {
       const int64_t b = task / f.kv_heads, hk = task % f.kv_heads;
@@ -199,4 +214,4 @@ void flash_attention_backward(const FlashShape& f, const float* q, const float* 
   }
 }
 
-}  // namespace qkv::cpu
+}  // namespace qkv::cpu::QKV_CPU_NS

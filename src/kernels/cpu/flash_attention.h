@@ -32,6 +32,9 @@ struct FlashShape {
   const int64_t* key_lengths = nullptr;  // [B] or null
 };
 
+#ifdef QKV_CPU_NS  // declared inside each kernel variant; elsewhere called through cpu::kernels()
+namespace QKV_CPU_NS {
+
 // Writes out and lse (log-sum-exp of each query row's scaled scores; -inf
 // for a row that sees no key, whose output is 0).
 void flash_attention_forward(const FlashShape& f, const float* q, const float* k, const float* v, float* out,
@@ -40,5 +43,8 @@ void flash_attention_forward(const FlashShape& f, const float* q, const float* k
 // task zeroes the rows it owns, then adds the tiles' contributions into them.
 void flash_attention_backward(const FlashShape& f, const float* q, const float* k, const float* v, const float* out,
                               const float* dout, const float* lse, float* dq, float* dk, float* dv);
+
+}  // namespace QKV_CPU_NS
+#endif
 
 }  // namespace qkv::cpu

@@ -13,9 +13,9 @@
 // activation) on its own part of C while it is still in that core's cache.
 #include <algorithm>
 
-#include <cblas.h>
 #include <omp.h>
 
+#include "src/kernels/blas.h"
 #include "src/kernels/kernels.h"
 
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
@@ -23,7 +23,7 @@
 #define QKV_HAVE_GEMV 1  // without wide FMA, BLAS keeps every case
 #endif
 
-namespace qkv::cpu {
+namespace qkv::cpu::QKV_CPU_NS {
 #ifdef QKV_HAVE_GEMV
 namespace {
 
@@ -128,7 +128,7 @@ void blas(const GemmArgs& g) {
   const bool bias_first = g.bias && g.beta == 0.0f;
   if (bias_first)
     for (int64_t i = 0; i < g.m; ++i) std::copy_n(g.bias, g.n, g.c + i * g.ldc);
-  cblas_sgemm(CblasRowMajor, g.trans_a ? CblasTrans : CblasNoTrans, g.trans_b ? CblasTrans : CblasNoTrans,
+  blas::sgemm()(CblasRowMajor, g.trans_a ? CblasTrans : CblasNoTrans, g.trans_b ? CblasTrans : CblasNoTrans,
               (blasint)g.m, (blasint)g.n, (blasint)g.k, g.alpha, g.a, (blasint)g.lda, g.b, (blasint)g.ldb,
               bias_first ? 1.0f : g.beta, g.c, (blasint)g.ldc);
   if (g.bias && !bias_first) add_bias_rows(g);
@@ -174,4 +174,4 @@ void gemm(const GemmArgs& g) {
   blas(g);
 }
 
-}  // namespace qkv::cpu
+}  // namespace qkv::cpu::QKV_CPU_NS

@@ -6,7 +6,7 @@
 
 #include "src/kernels/kernels.h"
 
-namespace qkv::cpu {
+namespace qkv::cpu::QKV_CPU_NS {
 
 constexpr int64_t kColumnBlock = 64;
 
@@ -119,4 +119,4 @@ void rms_norm_backward(const float* x, const float* w, const float* rstd, const 
   }
 }
 
-}  // namespace qkv::cpu
+}  // namespace qkv::cpu::QKV_CPU_NS

@@ -5,7 +5,7 @@
 #include "src/kernels/cpu/vec_math.h"
 #include "src/kernels/kernels.h"
 
-namespace qkv::cpu {
+namespace qkv::cpu::QKV_CPU_NS {
 
 static inline float row_max(const float* x, int64_t n) {
   float m = -INFINITY;
@@ -71,4 +71,4 @@ void log_softmax_backward(const float* y, const float* dy, float* dx, int64_t ro
   }
 }
 
-}  // namespace qkv::cpu
+}  // namespace qkv::cpu::QKV_CPU_NS

@@ -8,7 +8,14 @@
 #include <cmath>
 #include <cstdint>
 
-namespace qkv::cpu {
+// Each kernel variant compiles these for its own instruction set, so they
+// live in its namespace: inline functions shared by name between variants
+// would let the linker keep one copy (say the AVX-512 one) for all of them.
+#ifndef QKV_CPU_NS
+#error "vec_math.h belongs to a kernel variant: define QKV_CPU_NS (CMake does for src/kernels/cpu)"
+#endif
+
+namespace qkv::cpu::QKV_CPU_NS {
 
 // exp(x) = 2^n exp(r), n = round(x / ln 2), r = x - n ln 2 in [-ln2/2, ln2/2]
 // (ln 2 split in two parts so r stays exact), exp(r) by its Taylor series to
@@ -55,4 +62,4 @@ inline float fast_erf(float x) {
   return std::copysign(a < 0.5f ? near : far, x);
 }
 
-}  // namespace qkv::cpu
+}  // namespace qkv::cpu::QKV_CPU_NS

@@ -1,0 +1,62 @@
+// qkv/cpu.h — which CPU this is, and which kernels run on it.
+//
+// qkv's fast kernels are compiled once per instruction-set level and one is
+// chosen at start-up from what CPUID and the operating system say the CPU can
+// run, never from a table of CPU models:
+//
+//   generic  x86-64 baseline (SSE2): runs anywhere
+//   avx2     x86-64-v3: AVX2, FMA, F16C, BMI1/2
+//   avx512   x86-64-v4: AVX-512 F, BW, CD, DQ, VL (with the ZMM state enabled by the OS)
+//
+// The environment variable QKV_ISA=generic|avx2|avx512 forces a level at or
+// below the best one the CPU supports (the tests run the kernel table under
+// each); a level above it is refused with an error. The GEMM runs on
+// OpenBLAS, whose kernel ("core") qkv chooses from the same features
+// (OpenBLAS's own choice goes by CPU model and falls back to 2005-era SSE3
+// kernels on models it does not know); OPENBLAS_CORETYPE set by the user wins.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace qkv {
+
+enum class CpuIsa { Generic, Avx2, Avx512 };
+
+const char* isa_name(CpuIsa isa);
+// "generic" | "avx2" | "avx512" -> the level; anything else is a qkv::Error.
+CpuIsa parse_isa(const std::string& name);
+
+struct CpuInfo {
+  std::string vendor;      // "GenuineIntel", "AuthenticAMD", ...
+  std::string model_name;  // the brand string, e.g. "AMD EPYC 9R14 96-Core Processor"
+  int family = 0, model = 0, stepping = 0;
+  // Instruction-set features the CPU reports and the OS has enabled, in
+  // CPUID's names ("avx2", "fma", "avx512f", "avx512_bf16", "amx_tile", ...).
+  std::vector<std::string> features;
+  CpuIsa best = CpuIsa::Generic;  // the highest level both CPU and OS support
+
+  bool has(const std::string& feature) const;
+};
+
+// Read once, on first use.
+const CpuInfo& cpu_info();
+
+// The kernel level in use: QKV_ISA if set, else cpu_info().best.
+CpuIsa cpu_isa();
+bool isa_supported(CpuIsa isa);
+
+// What runs the GEMM: the library, its kernel, and how that kernel was chosen.
+struct BlasInfo {
+  std::string library;  // "OpenBLAS 0.3.21 DYNAMIC_ARCH ..." (its own config string)
+  std::string path;     // the shared library loaded
+  std::string core;     // the kernel set in use, as OpenBLAS names it ("Haswell", "SkylakeX", ...)
+  std::string chosen_by;  // "CPU features (avx512)" or "OPENBLAS_CORETYPE from the environment"
+};
+const BlasInfo& blas_info();  // loads the BLAS library if it is not loaded yet
+
+// Several lines, "name: value", for `qkv info` and every `qkv bench` header:
+// the CPU, its features, the kernel level, the BLAS and its kernel, threads.
+std::string runtime_summary();
+
+}  // namespace qkv

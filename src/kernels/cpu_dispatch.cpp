@@ -1,0 +1,52 @@
+// The one place that picks a kernel variant: the level qkv::cpu_isa() names
+// (the CPU's best, or QKV_ISA), checked against what the CPU can run.
+#include <omp.h>
+
+#include <sstream>
+
+#include "qkv/error.h"
+#include "src/kernels/kernels.h"
+
+namespace qkv::cpu {
+
+namespace generic { const Kernels& table(); }
+namespace avx2 { const Kernels& table(); }
+namespace avx512 { const Kernels& table(); }
+
+const Kernels& kernels(CpuIsa isa) {
+  QKV_CHECK(isa_supported(isa), "kernels for ", isa_name(isa), ": this CPU (", cpu_info().model_name,
+            ") supports at most ", isa_name(cpu_info().best));
+  switch (isa) {
+    case CpuIsa::Generic: return generic::table();
+    case CpuIsa::Avx2: return avx2::table();
+    case CpuIsa::Avx512: return avx512::table();
+  }
+  fail("kernels: unknown instruction-set level");
+}
+
+const Kernels& kernels() {
+  static const Kernels& k = kernels(cpu_isa());
+  return k;
+}
+
+}  // namespace qkv::cpu
+
+namespace qkv {
+
+std::string runtime_summary() {
+  const CpuInfo& cpu = cpu_info();
+  const BlasInfo& blas = blas_info();
+  std::ostringstream os;
+  os << "cpu:      " << (cpu.model_name.empty() ? "(no brand string)" : cpu.model_name) << " (" << cpu.vendor
+     << ", family " << cpu.family << " model " << cpu.model << ")\n";
+  os << "features:";
+  for (const std::string& f : cpu.features) os << " " << f;
+  os << "\nkernels:  " << isa_name(cpu_isa());
+  if (cpu_isa() != cpu.best) os << " (forced by QKV_ISA; this CPU runs up to " << isa_name(cpu.best) << ")";
+  else os << " (the best this CPU runs; QKV_ISA=generic|avx2|avx512 forces a lower level)";
+  os << "\ngemm:     " << blas.library << "; kernel " << blas.core << ", chosen by " << blas.chosen_by << "\n";
+  os << "threads:  " << omp_get_max_threads() << "\n";
+  return os.str();
+}
+
+}  // namespace qkv

@@ -1,0 +1,108 @@
+// The CPU features, the kernel level chosen from them, and the GEMM kernel
+// that follows: what `qkv info` reports is what runs, a forced level is the
+// one that runs, and every level this CPU supports computes the same numbers
+// as the reference kernels (CTest also runs the whole kernel table under each
+// level; these check all levels in one process).
+#include <omp.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "qkv/cpu.h"
+#include "qkv/rng.h"
+#include "src/kernels/kernels.h"
+#include "tests/test_util.h"
+
+namespace qkv {
+namespace {
+
+const std::vector<CpuIsa> kLevels = {CpuIsa::Generic, CpuIsa::Avx2, CpuIsa::Avx512};
+
+TEST(Cpu, LevelFollowsFeatures) {
+  const CpuInfo& cpu = cpu_info();
+  EXPECT_FALSE(cpu.vendor.empty());
+  EXPECT_TRUE(cpu.has("sse2")) << "every x86-64 CPU has SSE2";
+  const bool v3 = cpu.has("avx2") && cpu.has("fma") && cpu.has("f16c") && cpu.has("bmi2");
+  const bool v4 = v3 && cpu.has("avx512f") && cpu.has("avx512bw") && cpu.has("avx512vl") && cpu.has("avx512dq");
+  EXPECT_EQ(cpu.best, v4 ? CpuIsa::Avx512 : v3 ? CpuIsa::Avx2 : CpuIsa::Generic);
+  for (CpuIsa isa : kLevels) {
+    EXPECT_EQ(isa_supported(isa), (int)isa <= (int)cpu.best) << isa_name(isa);
+    EXPECT_EQ(parse_isa(isa_name(isa)), isa);
+    if (!isa_supported(isa)) {
+      EXPECT_THROW(cpu::kernels(isa), Error) << isa_name(isa) << " is above what this CPU runs";
+    } else {
+      EXPECT_EQ(cpu::kernels(isa).isa, isa);
+    }
+  }
+  EXPECT_THROW(parse_isa("avx3"), Error);
+}
+
+TEST(Cpu, TheForcedLevelIsTheOneThatRuns) {
+  const char* forced = std::getenv("QKV_ISA");
+  const CpuIsa expected = forced && *forced ? parse_isa(forced) : cpu_info().best;
+  EXPECT_EQ(cpu_isa(), expected);
+  EXPECT_EQ(cpu::kernels().isa, expected);
+  const std::string summary = runtime_summary();
+  EXPECT_NE(summary.find(std::string("kernels:  ") + isa_name(expected)), std::string::npos) << summary;
+}
+
+TEST(Cpu, GemmKernelFollowsTheLevel) {
+  // OpenBLAS's own choice goes by CPU model and fell back to SSE3 kernels on
+  // a Xeon it did not know; qkv's goes by the level in use.
+  const BlasInfo& blas = blas_info();
+  EXPECT_NE(blas.library.find("OpenBLAS"), std::string::npos) << blas.library;
+  const char* user = std::getenv("OPENBLAS_CORETYPE");
+  if (user && *user) GTEST_SKIP() << "OPENBLAS_CORETYPE=" << user << " is set: the user's choice wins";
+  switch (cpu_isa()) {
+    case CpuIsa::Avx512: EXPECT_TRUE(blas.core == "SkylakeX" || blas.core == "Cooperlake") << blas.core; break;
+    case CpuIsa::Avx2: EXPECT_TRUE(blas.core == "Haswell" || blas.core == "Zen") << blas.core; break;
+    case CpuIsa::Generic:
+      EXPECT_TRUE(blas.core == "Sandybridge" || blas.core == "Nehalem" || blas.core == "Prescott") << blas.core;
+      break;
+  }
+}
+
+// Each level the CPU runs against the reference on a few kernels in one
+// process: the GEMM through BLAS and through the streaming GEMV, softmax,
+// layer norm and GELU (the vectorized exp and erf).
+TEST(Cpu, EveryLevelMatchesTheReference) {
+  omp_set_num_threads(2);
+  Rng rng(5);
+  const int64_t m = 67, n = 45, k = 130;
+  Tensor a = Tensor::randn({m, k}, rng), w = Tensor::randn({n, k}, rng), bias = Tensor::randn({n}, rng);
+  Tensor x = Tensor::randn({33, 70}, rng);
+  for (CpuIsa isa : kLevels) {
+    if (!isa_supported(isa)) continue;
+    const cpu::Kernels& fast = cpu::kernels(isa);
+    for (int64_t rows : {m, (int64_t)3}) {  // BLAS, and the few-row GEMV path
+      GemmArgs g;
+      g.trans_b = true, g.m = rows, g.n = n, g.k = k;
+      g.a = a.data<float>(), g.lda = k, g.b = w.data<float>(), g.ldb = k, g.bias = bias.data<float>(), g.ldc = n;
+      Tensor c_fast = Tensor::zeros({rows, n}), c_ref = Tensor::zeros({rows, n});
+      g.c = c_fast.data<float>();
+      fast.gemm(g);
+      g.c = c_ref.data<float>();
+      ref::gemm(g);
+      EXPECT_TRUE(testing::gemm_close(c_fast, c_ref, a.slice(0, 0, rows), w, bias)) << isa_name(isa) << " gemm " << rows;
+    }
+    const int64_t r = x.size(0), cols = x.size(1);
+    Tensor y_fast = Tensor::empty(x.shape()), y_ref = Tensor::empty(x.shape());
+    const testing::Float32Bound row_bound{.terms = cols, .stages = 4};
+    fast.softmax_forward(x.data<float>(), y_fast.data<float>(), r, cols);
+    ref::softmax_forward(x.data<float>(), y_ref.data<float>(), r, cols);
+    EXPECT_TRUE(testing::float32_close(y_fast, y_ref, row_bound)) << isa_name(isa) << " softmax";
+    Tensor mean = Tensor::empty({r}), rstd = Tensor::empty({r});
+    fast.layer_norm_forward(x.data<float>(), nullptr, nullptr, y_fast.data<float>(), mean.data<float>(),
+                            rstd.data<float>(), r, cols, 1e-5f);
+    ref::layer_norm_forward(x.data<float>(), nullptr, nullptr, y_ref.data<float>(), mean.data<float>(),
+                            rstd.data<float>(), r, cols, 1e-5f);
+    EXPECT_TRUE(testing::float32_close(y_fast, y_ref, row_bound)) << isa_name(isa) << " layer_norm";
+    fast.unary_forward(UnaryOp::Gelu, x.data<float>(), y_fast.data<float>(), x.numel());
+    ref::unary_forward(UnaryOp::Gelu, x.data<float>(), y_ref.data<float>(), x.numel());
+    // erf to 3e-7 absolute (src/kernels/cpu/vec_math.h): a few units of rounding.
+    EXPECT_TRUE(testing::float32_close(y_fast, y_ref, {.terms = 1, .stages = 8})) << isa_name(isa) << " gelu";
+  }
+}
+
+}  // namespace
+}  // namespace qkv

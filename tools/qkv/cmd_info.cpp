@@ -1,0 +1,47 @@
+// qkv info: which CPU this is and what runs on it (kernel level, GEMM
+// library and kernel, threads), the header of every `qkv bench` as well.
+#include <cstdio>
+#include <iostream>
+
+#include "qkv/cpu.h"
+#include "tools/qkv/commands.h"
+
+namespace qkv::cli {
+
+nlohmann::ordered_json runtime_json() {
+  const CpuInfo& cpu = cpu_info();
+  const BlasInfo& blas = blas_info();
+  return {{"cpu", cpu.model_name},
+          {"vendor", cpu.vendor},
+          {"family", cpu.family},
+          {"model", cpu.model},
+          {"features", cpu.features},
+          {"kernels", isa_name(cpu_isa())},
+          {"best_kernels", isa_name(cpu.best)},
+          {"gemm", blas.library},
+          {"gemm_kernel", blas.core},
+          {"gemm_kernel_chosen_by", blas.chosen_by},
+          {"threads", thread_count()}};
+}
+
+namespace {
+struct InfoArgs {
+  bool json = false;
+  int threads = 0;
+};
+}  // namespace
+
+Run add_info(CLI::App& app) {
+  auto args = std::make_shared<InfoArgs>();
+  CLI::App* sub = app.add_subcommand("info", "Show the CPU, its features, and the kernels and GEMM qkv runs on it");
+  sub->add_flag("--json", args->json, "Print one JSON object instead of lines");
+  sub->add_option("--threads", args->threads, "Threads (0: all cores)")->capture_default_str();
+  return [args] {
+    set_threads(args->threads);
+    if (args->json) std::cout << runtime_json().dump(2) << "\n";
+    else std::printf("%s", runtime_summary().c_str());
+    return 0;
+  };
+}
+
+}  // namespace qkv::cli
