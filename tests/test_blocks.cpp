@@ -43,18 +43,25 @@ void check_case(const std::string& c, Module* module, const std::vector<std::str
   if (module) module->load_state_dict(params_of(c));
   std::vector<Tensor> xs;
   for (auto& n : input_names) xs.push_back(input(c, n));
+  // The float32 rounding bound (tests/test_util.h) of one layer, whose
+  // longest sum is over the widths and lengths of its tensors.
+  std::vector<Tensor> all = xs;
+  if (module)
+    for (auto& [k, v] : params_of(c)) all.push_back(v);
+  const int64_t terms = testing::largest_dim(all);
+  const testing::Float32Bound fwd = testing::model_forward(terms, 1), bwd = testing::model_backward(terms, 1);
   Tensor out = forward(xs);
-  EXPECT_TRUE(all_close(out, fixture().at(c + ".out"), 1e-5f, 1e-4f)) << c << " forward";
+  EXPECT_TRUE(testing::float32_close(out, fixture().at(c + ".out"), fwd)) << c << " forward";
   sum(mul(out, fixture().at(c + ".r"))).backward();
   for (size_t i = 0; i < xs.size(); ++i)
-    EXPECT_TRUE(all_close(xs[i].grad(), fixture().at(c + ".grad." + input_names[i]), 2e-5f, 2e-4f))
+    EXPECT_TRUE(testing::float32_close(xs[i].grad(), fixture().at(c + ".grad." + input_names[i]), bwd))
         << c << " gradient of " << input_names[i];
   if (!module) return;
   int checked = 0;
   for (auto& [name, p] : module->named_parameters()) {
     auto it = fixture().find(c + ".pgrad." + name);
     ASSERT_NE(it, fixture().end()) << c << ": fixture lacks the gradient of " << name;
-    EXPECT_TRUE(all_close(p.grad(), it->second, 2e-5f, 2e-4f)) << c << " gradient of " << name;
+    EXPECT_TRUE(testing::float32_close(p.grad(), it->second, bwd)) << c << " gradient of " << name;
     ++checked;
   }
   EXPECT_EQ(checked, (int)params_of(c).size());
@@ -229,14 +236,18 @@ TEST(Blocks, MixtureOfExpertsMatchesTorch) {
   MixtureOfExperts moe(16, 24, {.num_experts = 4, .top_k = 2, .aux_loss_weight = 0.01f}, rng);
   moe.load_state_dict(params_of(c));
   Tensor x = input(c, "x");
+  std::vector<Tensor> all = {x};
+  for (auto& [k, v] : params_of(c)) all.push_back(v);
+  const int64_t terms = testing::largest_dim(all);
+  const testing::Float32Bound fwd = testing::model_forward(terms, 1), bwd = testing::model_backward(terms, 1);
   Tensor out = moe.forward(x);
-  EXPECT_TRUE(all_close(out, fixture().at(c + ".out"), 1e-5f, 1e-4f)) << "forward";
+  EXPECT_TRUE(testing::float32_close(out, fixture().at(c + ".out"), fwd)) << "forward";
   EXPECT_NEAR(moe.aux_loss().item(), fixture().at(c + ".aux").item(), 1e-6f);
   EXPECT_EQ(moe.expert_counts(), fixture().at(c + ".counts").to_ints());
   add(sum(mul(out, fixture().at(c + ".r"))), moe.aux_loss()).backward();
-  EXPECT_TRUE(all_close(x.grad(), fixture().at(c + ".grad.x"), 2e-5f, 2e-4f)) << "gradient of x";
+  EXPECT_TRUE(testing::float32_close(x.grad(), fixture().at(c + ".grad.x"), bwd)) << "gradient of x";
   for (auto& [name, p] : moe.named_parameters())
-    EXPECT_TRUE(all_close(p.grad(), fixture().at(c + ".pgrad." + name), 2e-5f, 2e-4f)) << "gradient of " << name;
+    EXPECT_TRUE(testing::float32_close(p.grad(), fixture().at(c + ".pgrad." + name), bwd)) << "gradient of " << name;
 }
 
 TEST(Blocks, MixtureOfExpertsInALayer) {
