@@ -1,8 +1,9 @@
 // qkv bench SUITE: measurements, side by side with the peer in the same run.
 //
-//   ops   our matmul / linear ops against raw OpenBLAS sgemm on the same
-//         shapes (GFLOP/s and their ratio); softmax, layer norm and GELU in
-//         GB/s; memory requests to the system per warm training step.
+//   ops   our matmul / linear ops against raw sgemm of the loaded BLAS and
+//         torch.matmul on the same shapes (GFLOP/s and qkv over the faster
+//         peer); softmax, layer norm and GELU in GB/s; memory requests to
+//         the system per warm training step.
 #include <omp.h>
 #include <unistd.h>
 
@@ -711,22 +712,51 @@ int run_bench(const BenchArgs& a) {
       {"ffn contract", 1, 2048, 256, 1024, true},
       {"vocab projection", 1, 2048, 8000, 256, true},
       {"attention scores", 256, 32, 32, 64, false},
+      // The ViT recipe (configs/vit-fashion-mnist.json): 128 images x 16 patches, d_model 128, MLP 384.
+      {"vit qkv", 1, 2048, 384, 128, true},
+      {"vit mlp contract", 1, 2048, 128, 384, true},
   };
   nlohmann::ordered_json out;
   out["suite"] = "ops";
   out["threads"] = thread_count();
   out["matmul"] = nlohmann::ordered_json::array();
+  // The second peer: torch.matmul / F.linear on the same shapes and threads
+  // (MKL on x86), all shapes in one Python process, before our rows.
+  std::string cmd = a.python + " scripts/bench_matmul_torch.py --threads " + std::to_string(thread_count()) +
+                    " --seconds " + std::to_string(a.seconds) + " --shapes";
+  for (const GemmRow& r : gemms)
+    cmd += " " + std::to_string(r.batch) + "," + std::to_string(r.m) + "," + std::to_string(r.n) + "," +
+           std::to_string(r.k) + "," + (r.weight_layout ? "1" : "0");
+  if (!a.json) std::fprintf(stderr, "\rbench ops: PyTorch (scripts/bench_matmul_torch.py) ...   ");
+  const nlohmann::json torch = run_peer(cmd);
+  if (!a.json) std::fprintf(stderr, "\r%70s\r", "");
+  const bool have_torch = torch.contains("rows") && torch["rows"].size() == gemms.size();
+  if (have_torch) out["torch"] = torch["torch"];
   if (!a.json) {
-    std::printf("qkv bench ops (%d threads); peer: raw OpenBLAS sgemm on the same buffers in the same run\n\n",
-                thread_count());
-    std::printf("%-18s %-26s %10s %12s %7s\n", "matmul", "shape", "qkv GF/s", "sgemm GF/s", "ratio");
+    std::printf("qkv bench ops (%d threads); peers in the same run: raw sgemm of the loaded BLAS on the same\n"
+                "buffers, and %s; \"vs best\" is qkv over the faster peer\n\n",
+                thread_count(),
+                have_torch ? ("PyTorch " + torch["torch"].get<std::string>() + " torch.matmul / F.linear").c_str()
+                           : "PyTorch (not available: needs python3 with torch)");
+    std::printf("%-18s %-26s %10s %12s %11s %8s\n", "matmul", "shape", "qkv GF/s", "sgemm GF/s", "torch GF/s",
+                "vs best");
   }
-  for (const GemmRow& r : gemms) {
+  for (size_t i = 0; i < gemms.size(); ++i) {
+    const GemmRow& r = gemms[i];
     auto row = bench_gemm(r, a.seconds);
+    double best = row["sgemm_gflops"].get<double>();
+    if (have_torch) {
+      const double t = torch["rows"][i]["gflops"].get<double>();
+      row["torch_gflops"] = t;
+      best = std::max(best, t);
+    }
+    row["vs_best_peer"] = row["qkv_gflops"].get<double>() / best;
     out["matmul"].push_back(row);
     if (!a.json)
-      std::printf("%-18s %-26s %10.1f %12.1f %7.2f\n", r.name.c_str(), row["shape"].get<std::string>().c_str(),
-                  row["qkv_gflops"].get<double>(), row["sgemm_gflops"].get<double>(), row["ratio"].get<double>());
+      std::printf("%-18s %-26s %10.1f %12.1f %11s %8.2f\n", r.name.c_str(), row["shape"].get<std::string>().c_str(),
+                  row["qkv_gflops"].get<double>(), row["sgemm_gflops"].get<double>(),
+                  have_torch ? std::to_string((int)std::lround(row["torch_gflops"].get<double>())).c_str() : "-",
+                  row["vs_best_peer"].get<double>());
   }
   out["bandwidth"] = nlohmann::ordered_json::array();
   if (!a.json) std::printf("\n%-18s %-26s %10s %12s\n", "memory-bound op", "shape", "GB/s", "ms");
