@@ -175,10 +175,25 @@ check "bench attention json" 0 "$QKV" bench attention --json --n 64 --seconds 0.
 grep -q '"peak_extra_bytes"' "$tmp/out" || { echo "FAIL bench attention json"; failures=$((failures + 1)); }
 check "bench train tiny" 0 "$QKV" bench train --steps 1 --json --python false
 grep -q '"qkv_tokens_per_s"' "$tmp/out" || { echo "FAIL bench train json"; failures=$((failures + 1)); }
+grep -q '"gemm_kernel"' "$tmp/out" || { echo "FAIL bench json lacks what ran (runtime)"; failures=$((failures + 1)); }
 check "bench decode" 0 "$QKV" bench decode --model "$tmp/demo/model" --test "$tmp/demo/zh-ja.test.tsv" --sentences 5 --json
 grep -q '"greedy, uncached"' "$tmp/out" || { echo "FAIL bench decode json"; cat "$tmp/out"; failures=$((failures + 1)); }
 check "bench unknown suite" nonzero "$QKV" bench frobnicate
 one_line_error "bench unknown suite"
+
+# What runs: the CPU, the kernel level and the GEMM kernel; a forced level.
+check "info" 0 "$QKV" info
+for want in '^cpu: ' '^features: ' '^kernels: ' '^gemm: .*OpenBLAS' '^threads: '; do
+  grep -q "$want" "$tmp/out" || { echo "FAIL info lacks $want"; cat "$tmp/out"; failures=$((failures + 1)); }
+done
+check "info --json" 0 "$QKV" info --json
+grep -q '"gemm_kernel"' "$tmp/out" || { echo "FAIL info --json"; cat "$tmp/out"; failures=$((failures + 1)); }
+check "--version says what runs" 0 "$QKV" --version
+grep -q '^kernels: ' "$tmp/out" || { echo "FAIL --version lacks the kernels"; cat "$tmp/out"; failures=$((failures + 1)); }
+check "QKV_ISA=generic" 0 env QKV_ISA=generic "$QKV" info
+grep -q '^kernels:  generic (forced by QKV_ISA' "$tmp/out" || { echo "FAIL QKV_ISA=generic"; cat "$tmp/out"; failures=$((failures + 1)); }
+check "QKV_ISA nonsense" nonzero env QKV_ISA=avx3 "$QKV" info
+one_line_error "QKV_ISA nonsense"
 
 if [ $failures -ne 0 ]; then echo "$failures CLI check(s) failed"; exit 1; fi
 echo "all CLI checks passed"

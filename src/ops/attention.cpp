@@ -99,16 +99,16 @@ Tensor flash_attention(const Tensor& q, const Tensor& k, const Tensor& v, const 
   if (v_layout) f.v = *v_layout;
   Tensor out = Tensor::empty({d.batch, d.heads, d.t, d.dv});
   Tensor lse = Tensor::empty({d.batch, d.heads, d.t});
-  cpu::kernels().flash_attention_forward(f, qc.data<float>(), kc.data<float>(), vc.data<float>(), out.data<float>(),
-                               lse.data<float>());
+  cpu::kernels().flash_attention_forward(f, qc.data<float>(), kc.data<float>(), vc.data<float>(),
+                                         out.data<float>(), lse.data<float>());
   record_op(out, "flash_attention", {q, k, v}, [qc, kc, vc, lse, lengths, f](const BackwardArgs& a) -> std::vector<Tensor> {
     Tensor dout = a.grad_out.contiguous();
     Tensor dq = Tensor::empty(qc.shape()), dk = Tensor::empty(kc.shape()), dv = Tensor::empty(vc.shape());
     cpu::FlashShape fb = f;
     fb.key_lengths = lengths.defined() ? lengths.data<int64_t>() : nullptr;
-    cpu::kernels().flash_attention_backward(fb, qc.data<float>(), kc.data<float>(), vc.data<float>(), a.out.data<float>(),
-                                  dout.data<float>(), lse.data<float>(), dq.data<float>(), dk.data<float>(),
-                                  dv.data<float>());
+    cpu::kernels().flash_attention_backward(fb, qc.data<float>(), kc.data<float>(), vc.data<float>(),
+                                            a.out.data<float>(), dout.data<float>(), lse.data<float>(),
+                                            dq.data<float>(), dk.data<float>(), dv.data<float>());
     return {dq, dk, dv};
   });
   return out;
@@ -181,8 +181,8 @@ Tensor packed_self_attention(const Tensor& qkv, int64_t heads, int64_t kv_heads,
   Tensor out = Tensor::empty({B, T, heads * Dh});
   Tensor lse = Tensor::empty({B, heads, T});
   const float* base = packed.data<float>();
-  cpu::kernels().flash_attention_forward(f, base, base + heads * Dh, base + (heads + kv_heads) * Dh, out.data<float>(),
-                               lse.data<float>());
+  cpu::kernels().flash_attention_forward(f, base, base + heads * Dh, base + (heads + kv_heads) * Dh,
+                                         out.data<float>(), lse.data<float>());
   record_op(out, "packed_self_attention", {qkv}, [packed, lse, lengths, f, heads, kv_heads, Dh](const BackwardArgs& a) {
     Tensor dout = a.grad_out.contiguous();
     Tensor dqkv = Tensor::empty(packed.shape());  // the kernel writes all of q, k and v
@@ -192,7 +192,7 @@ Tensor packed_self_attention(const Tensor& qkv, int64_t heads, int64_t kv_heads,
     float* dp = dqkv.data<float>();
     const int64_t k_at = heads * Dh, v_at = (heads + kv_heads) * Dh;
     cpu::kernels().flash_attention_backward(fb, p, p + k_at, p + v_at, a.out.data<float>(), dout.data<float>(),
-                                  lse.data<float>(), dp, dp + k_at, dp + v_at);
+                                            lse.data<float>(), dp, dp + k_at, dp + v_at);
     return std::vector<Tensor>{dqkv};
   });
   return out;

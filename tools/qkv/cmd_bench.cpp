@@ -89,18 +89,18 @@ nlohmann::ordered_json bench_gemm(const GemmRow& r, double seconds) {
   } else {
     ours = seconds_per_call([&] { matmul(a, b); }, seconds);
   }
-  // The peer: OpenBLAS sgemm straight on the same buffers, no tensors, no allocation.
+  // The peer: the loaded BLAS's sgemm straight on the same buffers, no tensors, no allocation.
   double raw = seconds_per_call(
       [&] {
         if (r.weight_layout) {
-          blas::sgemm()(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)(r.batch * r.m), (blasint)r.n, (blasint)r.k,
-                      1.0f, a.data<float>(), (blasint)r.k, b.data<float>(), (blasint)r.k, 0.0f, c.data<float>(),
-                      (blasint)r.n);
+          blas::sgemm()(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)(r.batch * r.m), (blasint)r.n,
+                        (blasint)r.k, 1.0f, a.data<float>(), (blasint)r.k, b.data<float>(), (blasint)r.k, 0.0f,
+                        c.data<float>(), (blasint)r.n);
         } else {
           for (int64_t i = 0; i < r.batch; ++i)
             blas::sgemm()(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)r.m, (blasint)r.n, (blasint)r.k, 1.0f,
-                        a.data<float>() + i * r.m * r.k, (blasint)r.k, b.data<float>() + i * r.k * r.n, (blasint)r.n,
-                        0.0f, c.data<float>() + i * r.m * r.n, (blasint)r.n);
+                          a.data<float>() + i * r.m * r.k, (blasint)r.k, b.data<float>() + i * r.k * r.n,
+                          (blasint)r.n, 0.0f, c.data<float>() + i * r.m * r.n, (blasint)r.n);
         }
       },
       seconds);

@@ -1,7 +1,7 @@
-// Fast GEMM: the single place qkv calls BLAS (OpenBLAS, OpenMP build), plus
-// its own kernel for the case BLAS handles worst: a few rows of activations
-// against a weight matrix stored [out, in], as in y = x W^T with one token per
-// sequence (decoding). That product is bound by reading W once from memory, so
+// Fast GEMM: the single place qkv calls BLAS (OpenBLAS, OpenMP build, loaded
+// by src/kernels/blas.cpp), plus its own kernel for the case BLAS handles
+// worst: a few rows of activations against a weight matrix stored [out, in],
+// as in y = x W^T with one token per sequence (decoding). That product is bound by reading W once from memory, so
 // the kernel streams W's rows exactly once, with wide FMA accumulators, and
 // splits the rows between the OpenMP threads.
 //
@@ -129,8 +129,8 @@ void blas(const GemmArgs& g) {
   if (bias_first)
     for (int64_t i = 0; i < g.m; ++i) std::copy_n(g.bias, g.n, g.c + i * g.ldc);
   blas::sgemm()(CblasRowMajor, g.trans_a ? CblasTrans : CblasNoTrans, g.trans_b ? CblasTrans : CblasNoTrans,
-              (blasint)g.m, (blasint)g.n, (blasint)g.k, g.alpha, g.a, (blasint)g.lda, g.b, (blasint)g.ldb,
-              bias_first ? 1.0f : g.beta, g.c, (blasint)g.ldc);
+                (blasint)g.m, (blasint)g.n, (blasint)g.k, g.alpha, g.a, (blasint)g.lda, g.b, (blasint)g.ldb,
+                bias_first ? 1.0f : g.beta, g.c, (blasint)g.ldc);
   if (g.bias && !bias_first) add_bias_rows(g);
   if (g.act_out) activate_rows(g);
 }
