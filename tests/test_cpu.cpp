@@ -22,8 +22,14 @@ TEST(Cpu, LevelFollowsFeatures) {
   const CpuInfo& cpu = cpu_info();
   EXPECT_FALSE(cpu.vendor.empty());
   EXPECT_TRUE(cpu.has("sse2")) << "every x86-64 CPU has SSE2";
-  const bool v3 = cpu.has("avx2") && cpu.has("fma") && cpu.has("f16c") && cpu.has("bmi2");
-  const bool v4 = v3 && cpu.has("avx512f") && cpu.has("avx512bw") && cpu.has("avx512vl") && cpu.has("avx512dq");
+  // GCC's x86-64-v3 and -v4, the sets the variants are compiled for.
+  auto all = [&](std::initializer_list<const char*> names) {
+    for (const char* n : names)
+      if (!cpu.has(n)) return false;
+    return true;
+  };
+  const bool v3 = all({"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "lzcnt", "movbe"});
+  const bool v4 = v3 && all({"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"});
   EXPECT_EQ(cpu.best, v4 ? CpuIsa::Avx512 : v3 ? CpuIsa::Avx2 : CpuIsa::Generic);
   for (CpuIsa isa : kLevels) {
     EXPECT_EQ(isa_supported(isa), (int)isa <= (int)cpu.best) << isa_name(isa);
