@@ -194,6 +194,10 @@ check "QKV_ISA=generic" 0 env QKV_ISA=generic "$QKV" info
 grep -q '^kernels:  generic (forced by QKV_ISA' "$tmp/out" || { echo "FAIL QKV_ISA=generic"; cat "$tmp/out"; failures=$((failures + 1)); }
 check "QKV_ISA nonsense" nonzero env QKV_ISA=avx3 "$QKV" info
 one_line_error "QKV_ISA nonsense"
+check "threads too many" nonzero "$QKV" info --threads 100000
+one_line_error "threads too many"
+check "threads negative" nonzero "$QKV" info --threads -2
+one_line_error "threads negative"
 
 if [ $failures -ne 0 ]; then echo "$failures CLI check(s) failed"; exit 1; fi
 echo "all CLI checks passed"

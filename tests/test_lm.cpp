@@ -123,7 +123,8 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(DecoderConfig, RejectsNonsenseAndOverlongSequences) {
   for (const char* bad : {R"({"arch": "transformer"})", R"({"d_model": 30, "nhead": 4})",
                           R"({"nhead": 4, "num_kv_heads": 3})", R"({"positions": "alibi"})",
-                          R"({"mlp": "moe", "num_experts": 2, "top_k": 3})", R"({"layers": 2})"}) {
+                          R"({"mlp": "moe", "num_experts": 2, "top_k": 3})", R"({"layers": 2})",
+                          R"({"context": 1})", R"({"context": 0})"}) {
     EXPECT_THROW(DecoderConfig::from_json(bad, "c"), Error) << bad;
   }
   DecoderConfig c = DecoderConfig::from_json(R"({"vocab_size": 11, "context": 8, "d_model": 16, "num_layers": 1})", "c");

@@ -123,6 +123,9 @@ std::vector<Malformed> malformed_cases() {
       {"duplicate_names", file_bytes(R"({"a":)" + f32x2 + R"(,"a":)" + f32x2 + "}", eight), "'a' appears twice"},
       {"trailing_bytes", file_bytes(R"({"a":)" + f32x2 + "}", std::string(12, '\0')), "4 trailing bytes"},
       {"metadata_not_strings", file_bytes(R"({"__metadata__":{"k":1}})", ""), "__metadata__ value for 'k'"},
+      // No elements, but its strides would overflow int64.
+      {"empty_but_huge", file_bytes(R"({"a":{"dtype":"F32","shape":[0,4611686018427387904,4],"data_offsets":[0,0]}})", ""),
+       "overflows"},
   };
 }
 

@@ -21,6 +21,18 @@ TEST(Tensor, ContiguousLayout) {
   EXPECT_THROW(Tensor::empty({2, -1}), Error);
 }
 
+TEST(Tensor, ShapesWhoseSizesOverflowAreErrors) {
+  // Sizes multiply past 2^63, with or without a zero size among them (a
+  // tensor of no elements still has strides), or one is negative.
+  for (const Shape& bad : {Shape{0, int64_t(1) << 62, 4}, Shape{int64_t(1) << 32, int64_t(1) << 32},
+                           Shape{3, -1}}) {
+    EXPECT_THROW(Tensor::empty(bad), Error) << shape_str(bad);
+    EXPECT_THROW(contiguous_strides(bad), Error) << shape_str(bad);
+  }
+  EXPECT_EQ(Tensor::empty({0, int64_t(1) << 40, 4}).numel(), 0);
+  EXPECT_EQ(contiguous_strides({2, 0, 3}), (Shape{0, 3, 1}));
+}
+
 TEST(Tensor, ViewsShareStorage) {
   Tensor t = Tensor::from_vector({0, 1, 2, 3, 4, 5}, {2, 3});
   Tensor tr = t.transpose(0, 1);

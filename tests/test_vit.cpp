@@ -265,7 +265,9 @@ TEST(VitRollout, IsADistributionOverPatches) {
 TEST(VitConfig, RejectsNonsense) {
   for (const char* bad : {R"({"arch": "vit", "image_size": 28, "patch_size": 5})", R"({"arch": "vit", "d_model": 30, "nhead": 4})",
                           R"({"arch": "vit", "pool": "max"})", R"({"arch": "vit", "num_classes": 3, "class_names": ["a"]})",
-                          R"({"arch": "vit", "patch": 4})", R"({"arch": "vit", "channels": 2})", R"({"arch": "vit", "dropout": 1.5})"}) {
+                          R"({"arch": "vit", "patch": 4})", R"({"arch": "vit", "channels": 2})", R"({"arch": "vit", "dropout": 1.5})",
+                          R"({"arch": "vit", "image_size": 2147483648, "patch_size": 1})",
+                          R"({"arch": "vit", "image_size": 4611686018427387904, "patch_size": 2305843009213693952})"}) {
     EXPECT_THROW(ViTConfig::from_json(bad, "c"), Error) << bad;
   }
   ViTConfig c = ViTConfig::from_json(R"({"arch": "vit", "num_classes": 3})", "c");

@@ -19,18 +19,34 @@ std::string shape_str(const Shape& s) {
   return os.str();
 }
 
-int64_t shape_numel(const Shape& s) {
+// The product of the sizes, with every partial product checked: a shape
+// read from a file (a safetensors header, a config) may hold any int64, and
+// one with a zero size still has strides, so sizes past the zero count too.
+static int64_t checked_product(const Shape& s) {
   int64_t n = 1;
-  for (int64_t d : s) n *= d;
+  for (int64_t d : s) {
+    QKV_CHECK(d >= 0, "tensor shape ", shape_str(s), " has a negative size");
+    if (d != 0)
+      QKV_CHECK(!__builtin_mul_overflow(n, d, &n), "tensor shape ", shape_str(s),
+                " is too large (its sizes multiply past 2^63)");
+  }
   return n;
 }
 
+int64_t shape_numel(const Shape& s) {
+  const int64_t nonzero = checked_product(s);
+  for (int64_t d : s)
+    if (d == 0) return 0;
+  return nonzero;
+}
+
 Shape contiguous_strides(const Shape& s) {
+  checked_product(s);  // so that no stride below overflows
   Shape st(s.size());
   int64_t acc = 1;
   for (int64_t i = (int64_t)s.size() - 1; i >= 0; --i) {
     st[i] = acc;
-    acc *= s[i];
+    acc *= s[i];  // a sub-product of the checked one, or 0 past a zero size
   }
   return st;
 }

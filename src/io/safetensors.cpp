@@ -84,14 +84,18 @@ SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& s
     e.name = key;
     std::string dt = value["dtype"].get<std::string>();
     if (!parse_dtype(dt, &e.dtype)) bad("tensor '", key, "': unsupported dtype '", dt, "' (qkv reads F32, F16, BF16, I64, I32, U8)");
-    uint64_t numel = 1;
+    // The sizes other than 0 must multiply within int64 too: a tensor with no
+    // elements still has strides, and [0, 2^62, 4] would overflow them.
+    uint64_t numel = 1, nonzero = 1;
     for (auto& d : value["shape"]) {
       if (!d.is_number_integer()) bad("tensor '", key, "': shape ", value["shape"].dump(), " holds a non-integer");
       if (d.is_number_unsigned() ? false : d.get<int64_t>() < 0)
         bad("tensor '", key, "': shape ", value["shape"].dump(), " has a negative size");
       uint64_t dim = d.get<uint64_t>();
-      if (dim > (uint64_t)INT64_MAX || __builtin_mul_overflow(numel, dim, &numel))
+      if (dim > (uint64_t)INT64_MAX || (dim != 0 && __builtin_mul_overflow(nonzero, dim, &nonzero)) ||
+          nonzero > (uint64_t)INT64_MAX)
         bad("tensor '", key, "': shape ", value["shape"].dump(), " overflows");
+      numel *= dim;  // at most `nonzero`, or 0
       e.shape.push_back((int64_t)dim);
     }
     uint64_t nbytes;

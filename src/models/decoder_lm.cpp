@@ -30,8 +30,8 @@ DecoderConfig DecoderConfig::from_json(const std::string& text, const std::strin
             " must be a positive multiple of nhead ", c.nhead);
   const int64_t kv = c.num_kv_heads ? c.num_kv_heads : c.nhead;
   QKV_CHECK(kv > 0 && c.nhead % kv == 0, source, ": nhead ", c.nhead, " must be a multiple of num_kv_heads ", kv);
-  QKV_CHECK(c.num_layers > 0 && c.dim_feedforward > 0 && c.context > 0, source,
-            ": num_layers, dim_feedforward and context must be positive");
+  QKV_CHECK(c.num_layers > 0 && c.dim_feedforward > 0, source, ": num_layers and dim_feedforward must be positive");
+  QKV_CHECK(c.context >= 2, source, ": context ", c.context, ": must be at least 2 (<bos> and one token)");
   QKV_CHECK(c.dropout >= 0 && c.dropout < 1, source, ": dropout must be in [0, 1)");
   QKV_CHECK(c.mlp != "moe" || (c.moe.top_k >= 1 && c.moe.top_k <= c.moe.num_experts), source,
             ": top_k must be in [1, num_experts]");

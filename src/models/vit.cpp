@@ -35,6 +35,10 @@ ViTConfig ViTConfig::from_json(const std::string& text, const std::string& sourc
   c.class_names = json_get<std::vector<std::string>>(j, "class_names", {}, source);
   QKV_CHECK(c.image_size > 0 && c.patch_size > 0 && c.image_size % c.patch_size == 0, source, ": image_size ",
             c.image_size, " must be a positive multiple of patch_size ", c.patch_size);
+  // patches() squares image_size / patch_size: past this side it would overflow.
+  constexpr int64_t kMaxImageSize = 1 << 16;
+  QKV_CHECK(c.image_size <= kMaxImageSize, source, ": image_size ", c.image_size, " is above the limit of ",
+            kMaxImageSize, " pixels");
   QKV_CHECK(c.channels == 1 || c.channels == 3, source, ": channels must be 1 or 3");
   QKV_CHECK(c.d_model > 0 && c.nhead > 0 && c.d_model % c.nhead == 0, source, ": d_model ", c.d_model,
             " must be a positive multiple of nhead ", c.nhead);

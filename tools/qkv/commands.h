@@ -68,7 +68,8 @@ int run_lm_train(const LmTrainArgs& a);
 void print_progress(int64_t step, int64_t total, const std::string& position, const std::string& stats,
                     double eta_seconds, int64_t skipped, int64_t lines = 10);
 
-// Sets the OpenMP (and so OpenBLAS) thread count; 0 keeps the default.
+// Sets the OpenMP (and so OpenBLAS) thread count; 0 keeps the default; a
+// negative count or one above 1024 is a qkv::Error.
 void set_threads(int threads);
 int thread_count();
 

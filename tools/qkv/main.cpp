@@ -16,7 +16,13 @@
 
 namespace qkv::cli {
 
+// OpenMP starts every thread asked for; libgomp overflowed its stack at
+// --threads 100000. A thousand is far past any useful count on one machine.
+constexpr int kMaxThreads = 1024;
+
 void set_threads(int threads) {
+  QKV_CHECK(threads >= 0 && threads <= kMaxThreads, "--threads ", threads, ": expected 0 (all cores) or 1 to ",
+            kMaxThreads);
   if (threads > 0) omp_set_num_threads(threads);
 }
 int thread_count() { return omp_get_max_threads(); }
