@@ -82,6 +82,10 @@ check "eval --beam 3" 0 "$QKV" eval --json --beam 3 --model "$tmp/demo/model" --
 grep -q '"beam": *3' "$tmp/out" || { echo "FAIL eval --beam"; cat "$tmp/out"; failures=$((failures + 1)); }
 check "translate --beam 0" nonzero "$QKV" translate --beam 0 --model "$tmp/demo/model"
 one_line_error "translate --beam 0"
+for len in 0 9223372036854775807; do
+  check "translate --max-len $len" nonzero sh -c "\"$QKV\" translate --max-len $len --model \"$tmp/demo/model\" < \"$tmp/in.txt\""
+  one_line_error "translate --max-len $len"
+done
 check "eval missing model" nonzero "$QKV" eval --model "$tmp/none" --test "$tmp/demo/zh-ja.test.tsv"
 one_line_error "eval missing model"
 check "train missing config" nonzero "$QKV" train --config "$tmp/none.json" --train "$tmp/demo/zh-ja.train.tsv" --out "$tmp/m"
@@ -109,6 +113,8 @@ check "data synth" 0 "$QKV" data synth-zh-ja --pairs 5 --seed 3
 [ "$(wc -l <"$tmp/out")" -eq 5 ] || { echo "FAIL synth: expected 5 lines"; failures=$((failures + 1)); }
 check "data synth bad pairs" nonzero "$QKV" data synth-zh-ja --pairs 0
 one_line_error "data synth bad pairs"
+check "data synth too many pairs" nonzero "$QKV" data synth-zh-ja --pairs 9223372036854775807
+one_line_error "data synth too many pairs"
 
 # The Vision Transformer on a tiny IDX folder: 4 images of 8x8, two classes.
 mkdir -p "$tmp/idx"

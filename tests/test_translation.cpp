@@ -58,6 +58,12 @@ TEST(SynthZhJa, HeldOutSplitSharesNoSentence) {
   for (auto& p : test) EXPECT_FALSE(seen.count(p.first)) << p.first;
 }
 
+TEST(SynthZhJa, PairCountsOutsideTheGrammarsReachAreErrors) {
+  // INT64_MAX overflowed the give-up count (50 misses per pair).
+  for (int64_t bad : {int64_t(-1), int64_t(10000001), INT64_MAX}) EXPECT_THROW(synth_zh_ja(bad, 1), Error) << bad;
+  EXPECT_TRUE(synth_zh_ja(0, 1).empty());
+}
+
 std::string write_temp(const std::string& bytes) {
   char tmpl[] = "/tmp/qkv_tsv_XXXXXX";
   int fd = mkstemp(tmpl);
@@ -429,6 +435,16 @@ TEST(BeamSearch, BeamOfOneIsGreedyAndScoresAreConsistent) {
   for (int i = 0; i < 3; ++i) hyps.push_back(t.tok.decode(four[i].tokens)), refs.push_back(t.pairs[i].second);
   EXPECT_GT(chrf(hyps, refs), 90.0) << hyps[0] << " vs " << refs[0];
   EXPECT_THROW(beam_translate(model, srcs, 10, {.beam = 0}), Error);
+  // Output lengths outside [1, 4096] (the KV cache holds max_len + 1
+  // positions: INT64_MAX overflowed it, 1e9 asked for gigabytes) and empty
+  // batches (which looped forever) are errors before anything is allocated.
+  for (int64_t bad : {int64_t(0), int64_t(-1), kMaxDecodeLength + 1, int64_t(1000000000), INT64_MAX}) {
+    EXPECT_THROW(greedy_translate(model, srcs, bad), Error) << bad;
+    EXPECT_THROW(beam_translate(model, srcs, bad, {.beam = 8}), Error) << bad;
+    EXPECT_THROW(translate_with_attention(model, srcs[0], bad), Error) << bad;
+  }
+  EXPECT_THROW(greedy_translate(model, srcs, 10, 0), Error);
+  EXPECT_THROW(beam_translate(model, srcs, 10, {.beam = 2, .batch_size = 0}), Error);
 
   // Sentences leave the batch as they finish: a batch decodes each sentence
   // as it would be decoded alone.

@@ -30,6 +30,12 @@ std::vector<std::vector<int64_t>> make_batches(const std::vector<EncodedPair>& d
 // Mean cross-entropy (with label smoothing) of a batch, plus the MoE auxiliary loss.
 Tensor translation_loss(Seq2Seq& model, const Batch& batch, float label_smoothing);
 
+// The decoders below take max_len in [1, kMaxDecodeLength]: the KV cache holds
+// max_len + 1 positions per row, and a larger one is an error before any
+// memory is asked for.
+constexpr int64_t kMaxDecodeLength = 4096;
+void check_max_len(int64_t max_len);
+
 // Greedy decoding from <bos> until <eos> or max_len tokens, sentences in
 // batches. Returns the target ids without <bos>/<eos>.
 std::vector<std::vector<int64_t>> greedy_translate(Seq2Seq& model,

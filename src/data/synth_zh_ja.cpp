@@ -200,7 +200,10 @@ SentencePair ZhJaGenerator::next() {
 }
 
 std::vector<SentencePair> synth_zh_ja(int64_t count, uint64_t seed, const std::vector<SentencePair>& exclude) {
-  QKV_CHECK(count >= 0, "synth-zh-ja: --pairs must be non-negative, got ", count);
+  // The grammar makes a few million distinct sentences at most; the bound
+  // also keeps the give-up count below (50 per pair) far from overflowing.
+  constexpr int64_t kMaxPairs = 10000000;
+  QKV_CHECK(count >= 0 && count <= kMaxPairs, "synth-zh-ja: --pairs ", count, ": expected 0 to ", kMaxPairs);
   std::set<std::string> seen;
   for (auto& p : exclude) seen.insert(p.first);
   ZhJaGenerator gen(seed);

@@ -27,7 +27,9 @@ struct Hypothesis {
 
 std::vector<BeamHypothesis> beam_translate(Seq2Seq& model, const std::vector<std::vector<int64_t>>& sources,
                                            int64_t max_len, const BeamOptions& o) {
-  QKV_CHECK(o.beam >= 1, "beam search: beam must be at least 1, got ", o.beam);
+  QKV_CHECK(o.beam >= 1 && o.batch_size >= 1, "beam search: beam and batch size must be at least 1, got ", o.beam,
+            " and ", o.batch_size);
+  check_max_len(max_len);
   NoGradGuard no_grad;
   const int64_t K = o.beam;
   std::vector<BeamHypothesis> results(sources.size());

@@ -76,9 +76,16 @@ static int64_t best_token(const float* logits, int64_t vocab) {
   return first + (std::max_element(logits + first, logits + vocab) - (logits + first));
 }
 
+void check_max_len(int64_t max_len) {
+  QKV_CHECK(max_len >= 1 && max_len <= kMaxDecodeLength, "decoding: max-len ", max_len, ": expected 1 to ",
+            kMaxDecodeLength, " output tokens");
+}
+
 std::vector<std::vector<int64_t>> greedy_translate(Seq2Seq& model,
                                                    const std::vector<std::vector<int64_t>>& sources, int64_t max_len,
                                                    int64_t batch_size) {
+  check_max_len(max_len);
+  QKV_CHECK(batch_size >= 1, "greedy decoding: batch size must be at least 1, got ", batch_size);
   NoGradGuard no_grad;
   std::vector<std::vector<int64_t>> results(sources.size());
   for (size_t start = 0; start < sources.size(); start += batch_size) {
@@ -127,6 +134,7 @@ std::vector<std::vector<int64_t>> greedy_translate(Seq2Seq& model,
 
 AlignedTranslation translate_with_attention(Seq2Seq& model, const std::vector<int64_t>& source,
                                             int64_t max_len) {
+  check_max_len(max_len);
   NoGradGuard no_grad;
   Batch b = collate({{source, {}}}, {0});
   std::unique_ptr<DecodeState> state = model.start_decoding(b.src, b.src_lengths, max_len + 1);
