@@ -17,8 +17,9 @@ namespace qkv {
 namespace {
 
 // OpenBLAS's name for the fastest of its kernel sets that the level `isa`
-// allows (all of them compute sgemm with the same FMA kernels per family:
-// Cooperlake and SkylakeX share their AVX-512 sgemm; Zen and Haswell their AVX2 one).
+// allows. For sgemm, Cooperlake runs SkylakeX's AVX-512 kernels and Zen runs
+// Haswell's AVX2 ones with its own blocking parameters; below AVX2 the
+// choice follows the features the CPU has.
 std::string core_for(CpuIsa isa, const CpuInfo& cpu) {
   switch (isa) {
     case CpuIsa::Avx512: return cpu.has("avx512_bf16") ? "Cooperlake" : "SkylakeX";

@@ -25,7 +25,7 @@ const Kernels& kernels(CpuIsa isa) {
 }
 
 const Kernels& kernels() {
-  static const Kernels& k = [&]() -> const Kernels& {
+  static const Kernels& k = []() -> const Kernels& {
     const Kernels& chosen = kernels(cpu_isa());
     // Load the BLAS now, from the first op, rather than from inside a kernel's
     // parallel region: a library that cannot be loaded is then an error the
