@@ -45,10 +45,7 @@ void check_case(const std::string& c, Module* module, const std::vector<std::str
   for (auto& n : input_names) xs.push_back(input(c, n));
   // The float32 rounding bound (tests/test_util.h) of one layer, whose
   // longest sum is over the widths and lengths of its tensors.
-  std::vector<Tensor> all = xs;
-  if (module)
-    for (auto& [k, v] : params_of(c)) all.push_back(v);
-  const int64_t terms = testing::largest_dim(all);
+  const int64_t terms = testing::largest_dim(xs, module ? params_of(c) : StateDict{});
   const testing::Float32Bound fwd = testing::model_forward(terms, 1), bwd = testing::model_backward(terms, 1);
   Tensor out = forward(xs);
   EXPECT_TRUE(testing::float32_close(out, fixture().at(c + ".out"), fwd)) << c << " forward";
@@ -236,9 +233,7 @@ TEST(Blocks, MixtureOfExpertsMatchesTorch) {
   MixtureOfExperts moe(16, 24, {.num_experts = 4, .top_k = 2, .aux_loss_weight = 0.01f}, rng);
   moe.load_state_dict(params_of(c));
   Tensor x = input(c, "x");
-  std::vector<Tensor> all = {x};
-  for (auto& [k, v] : params_of(c)) all.push_back(v);
-  const int64_t terms = testing::largest_dim(all);
+  const int64_t terms = testing::largest_dim({x}, params_of(c));
   const testing::Float32Bound fwd = testing::model_forward(terms, 1), bwd = testing::model_backward(terms, 1);
   Tensor out = moe.forward(x);
   EXPECT_TRUE(testing::float32_close(out, fixture().at(c + ".out"), fwd)) << "forward";

@@ -47,9 +47,7 @@ TEST_P(DecoderGolden, ForwardAndGradientsMatchPyTorch) {
   // sum being the feed-forward width, the vocabulary or the tokens. Honest
   // runs stay under 0.2 of it; a dropped term exceeds it 3900x or more (the
   // mutations listed at float32_close).
-  std::vector<Tensor> all = {golden().at(c + ".out")};
-  for (auto& [k, v] : params) all.push_back(v);
-  const int64_t terms = testing::largest_dim(all);
+  const int64_t terms = testing::largest_dim({golden().at(c + ".out")}, params);
   Tensor logits = model.forward(golden().at(c + ".ids"));
   EXPECT_TRUE(testing::float32_close(logits, golden().at(c + ".out"), testing::model_forward(terms, 2))) << c << " forward";
   Tensor loss = sum(mul(logits, golden().at(c + ".r")));

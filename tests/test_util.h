@@ -98,6 +98,12 @@ inline int64_t largest_dim(const std::vector<Tensor>& tensors) {
   return n;
 }
 
+// The same over a model's inputs and its parameters.
+inline int64_t largest_dim(std::vector<Tensor> tensors, const std::map<std::string, Tensor>& params) {
+  for (const auto& [name, t] : params) tensors.push_back(t);
+  return largest_dim(tensors);
+}
+
 // The stages of a Transformer model of `layers` layers, forward: each layer
 // is about 12 (norm, projection, score, softmax, weighted sum, output
 // projection, residual; norm, two or three MLP products, activation,

@@ -43,9 +43,7 @@ TEST_P(VitGolden, ForwardAndGradientsMatchPyTorch) {
   Tensor images = golden().at(c + ".images").clone().set_requires_grad(true);
   // The float32 rounding bound (tests/test_util.h) for 2 layers; the longest
   // sum is a flattened patch or the MLP width.
-  std::vector<Tensor> all = {images};
-  for (auto& [k, v] : params) all.push_back(v);
-  const int64_t terms = testing::largest_dim(all);
+  const int64_t terms = testing::largest_dim({images}, params);
   const testing::Float32Bound fwd = testing::model_forward(terms, 2), bwd = testing::model_backward(terms, 2);
   Tensor out = model.forward(images);
   EXPECT_TRUE(testing::float32_close(out, golden().at(c + ".out"), fwd)) << c << " forward";

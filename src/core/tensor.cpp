@@ -19,14 +19,18 @@ std::string shape_str(const Shape& s) {
   return os.str();
 }
 
-// The product of the sizes, with every partial product checked: a shape
-// read from a file (a safetensors header, a config) may hold any int64, and
-// one with a zero size still has strides, so sizes past the zero count too.
-static int64_t checked_product(const Shape& s) {
+// The product of the sizes other than 0, with every partial product checked:
+// a shape read from a file (a safetensors header, a config) may hold any
+// int64, and one with a zero size still has strides, so sizes past the zero
+// count too. *has_zero says whether a size is 0.
+static int64_t checked_product(const Shape& s, bool* has_zero) {
   int64_t n = 1;
+  *has_zero = false;
   for (int64_t d : s) {
     QKV_CHECK(d >= 0, "tensor shape ", shape_str(s), " has a negative size");
-    if (d != 0)
+    if (d == 0)
+      *has_zero = true;
+    else
       QKV_CHECK(!__builtin_mul_overflow(n, d, &n), "tensor shape ", shape_str(s),
                 " is too large (its sizes multiply past 2^63)");
   }
@@ -34,14 +38,14 @@ static int64_t checked_product(const Shape& s) {
 }
 
 int64_t shape_numel(const Shape& s) {
-  const int64_t nonzero = checked_product(s);
-  for (int64_t d : s)
-    if (d == 0) return 0;
-  return nonzero;
+  bool has_zero;
+  const int64_t nonzero = checked_product(s, &has_zero);
+  return has_zero ? 0 : nonzero;
 }
 
 Shape contiguous_strides(const Shape& s) {
-  checked_product(s);  // so that no stride below overflows
+  bool has_zero;
+  checked_product(s, &has_zero);  // so that no stride below overflows
   Shape st(s.size());
   int64_t acc = 1;
   for (int64_t i = (int64_t)s.size() - 1; i >= 0; --i) {

@@ -40,9 +40,8 @@ Loaded load() {
   l.info.path = QKV_OPENBLAS_PATH;
   const char* user = std::getenv("OPENBLAS_CORETYPE");
   const bool user_set = user && *user;
-  const std::string saved = user_set ? user : "";
   if (user_set) {
-    l.info.chosen_by = "OPENBLAS_CORETYPE=" + saved + " from the environment";
+    l.info.chosen_by = std::string("OPENBLAS_CORETYPE=") + user + " from the environment";
   } else {
     const std::string core = core_for(cpu_isa(), cpu_info());
     l.info.chosen_by = std::string("CPU features (") + isa_name(cpu_isa()) + " -> " + core + ")";

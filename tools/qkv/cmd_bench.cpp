@@ -47,6 +47,12 @@ struct BenchArgs {
   int64_t sentences = 200;                        // decode: how many of them
 };
 
+// A suite's --json output: its figures, plus what ran them.
+void print_json(nlohmann::ordered_json& out) {
+  out["runtime"] = runtime_json();
+  std::cout << out.dump(2) << "\n";
+}
+
 // Best time per call over 5 rounds, each of enough calls to last `seconds`.
 template <class F>
 double seconds_per_call(F&& f, double seconds) {
@@ -286,8 +292,7 @@ int run_bench_train(const BenchArgs& a) {
     out["ratio"] = nullptr;
   }
   if (a.json) {
-    out["runtime"] = runtime_json();
-    std::cout << out.dump(2) << "\n";
+    print_json(out);
     return 0;
   }
   std::printf("qkv bench train: translation Transformer, d_model 256, 4 heads, 3+3 layers, ff 1024, vocabulary 8000,\n"
@@ -381,8 +386,7 @@ int run_bench_decode(const BenchArgs& a) {
     out["rows"].push_back({{"mode", r.name}, {"seconds", r.seconds}, {"sentences_per_s", sources.size() / r.seconds},
                            {"tokens_per_s", r.tokens / r.seconds}});
   if (a.json) {
-    out["runtime"] = runtime_json();
-    std::cout << out.dump(2) << "\n";
+    print_json(out);
     return 0;
   }
   std::printf("qkv bench decode: %s\n  %zu sentences of %s, %d threads, batches of 64 (beam: 16 sentences x 4)\n\n",
@@ -441,8 +445,7 @@ int run_bench_attention(const BenchArgs& a) {
     out["rows"].push_back(j);
   }
   if (a.json) {
-    out["runtime"] = runtime_json();
-    std::cout << out.dump(2) << "\n";
+    print_json(out);
     return 0;
   }
   std::printf("qkv bench attention: batch 1, H = 8, Dh = 64, %s, %d threads; PyTorch %s\n\n",
@@ -535,8 +538,7 @@ int run_bench_vit(const BenchArgs& a) {
     out["infer_ratio"] = nullptr;
   }
   if (a.json) {
-    out["runtime"] = runtime_json();
-    std::cout << out.dump(2) << "\n";
+    print_json(out);
     return 0;
   }
   std::printf("qkv bench vit: %s\n  training: batches of 128 (AdamW, label smoothing 0.1); inference: batches of 256; "
@@ -667,8 +669,7 @@ int run_bench_generate(const BenchArgs& a) {
                                 {"rows", rows},
                                 {"bandwidth_fraction", best_fraction}};
   if (a.json) {
-    out["runtime"] = runtime_json();
-    std::cout << out.dump(2) << "\n";
+    print_json(out);
     return 0;
   }
   std::printf("qkv bench generate: decoder (RMSNorm, RoPE, SwiGLU, tied), batch 1, prompt %lld tokens, %lld greedy "
@@ -770,8 +771,7 @@ int run_bench(const BenchArgs& a) {
   }
   out["allocations"] = bench_allocations();
   if (a.json) {
-    out["runtime"] = runtime_json();
-    std::cout << out.dump(2) << "\n";
+    print_json(out);
   } else {
     auto& al = out["allocations"];
     std::printf("\nallocations: %s\n  system allocations per warm step %.1f, cache hits per step %.0f, peak %.1f MB\n",
