@@ -493,8 +493,63 @@ def make_decoder(out_dir):
         store(t, case, {}, out, r, p, {k_: v_.grad for k_, v_ in p.items()})
         t[f"{case}.ids"] = ids
         t[f"{case}.aux"] = aux.detach().float().reshape(1)
+    make_decoder_separate(t)
     t = {k_: v_.contiguous() for k_, v_ in t.items()}
     save_file(t, os.path.join(out_dir, "decoder_golden.safetensors"), metadata={"torch": torch.__version__})
+
+
+def make_decoder_separate(t):
+    """The layout of pretrained checkpoints (Qwen3-like): separate q/k/v projections with a bias on q and v only
+    and none on out, head_dim 6 with nhead * head_dim (24) != d_model (16), RoPE theta 500000, QK-Norm with eps
+    1e-3, layer RMSNorms with eps 1e-2 (large, so that a dropped eps shows), SwiGLU, tied output."""
+    torch.manual_seed(29)  # its own stream: the cases above stay as they were
+    dt = torch.float64
+    B, T, V, D, H, Hkv, Dh, L, FF = 2, 7, 23, 16, 4, 2, 6, 2, 24
+    eps, qk_eps, theta = 1e-2, 1e-3, 500000.0
+    case = "lm_separate"
+    p = {"embed.weight": torch.randn(V, D, dtype=dt) * 0.5}
+    for i in range(L):
+        a = f"layers.{i}.self_attn."
+        p[a + "q_proj.weight"] = torch.randn(H * Dh, D, dtype=dt) / 4
+        p[a + "q_proj.bias"] = torch.randn(H * Dh, dtype=dt) / 4
+        p[a + "k_proj.weight"] = torch.randn(Hkv * Dh, D, dtype=dt) / 4
+        p[a + "v_proj.weight"] = torch.randn(Hkv * Dh, D, dtype=dt) / 4
+        p[a + "v_proj.bias"] = torch.randn(Hkv * Dh, dtype=dt) / 4
+        p[a + "out_proj.weight"] = torch.randn(D, H * Dh, dtype=dt) / 4
+        p[a + "q_norm.weight"] = 1 + torch.randn(Dh, dtype=dt) / 4
+        p[a + "k_norm.weight"] = 1 + torch.randn(Dh, dtype=dt) / 4
+        a = f"layers.{i}."
+        for n in ("norm1", "norm2"):
+            p[a + n + ".weight"] = 1 + torch.randn(D, dtype=dt) / 4
+        p[a + "mlp.w1.weight"] = torch.randn(FF, D, dtype=dt) / 4
+        p[a + "mlp.w2.weight"] = torch.randn(FF, D, dtype=dt) / 4
+        p[a + "mlp.w3.weight"] = torch.randn(D, FF, dtype=dt) / 4
+    p["norm.weight"] = 1 + torch.randn(D, dtype=dt) / 4
+    for v in p.values():
+        v.requires_grad_(True)
+    ids = torch.randint(0, V, (B, T))
+    x = F.embedding(ids, p["embed.weight"])
+    causal = torch.triu(torch.ones(T, T, dtype=torch.bool), 1)
+    for i in range(L):
+        a = f"layers.{i}.self_attn."
+        h = rms_norm(x, p[f"layers.{i}.norm1.weight"], eps)
+        q = F.linear(h, p[a + "q_proj.weight"], p[a + "q_proj.bias"]).view(B, T, H, Dh).transpose(1, 2)
+        k = F.linear(h, p[a + "k_proj.weight"]).view(B, T, Hkv, Dh).transpose(1, 2)
+        v = F.linear(h, p[a + "v_proj.weight"], p[a + "v_proj.bias"]).view(B, T, Hkv, Dh).transpose(1, 2)
+        q = rope_ref(rms_norm(q, p[a + "q_norm.weight"], qk_eps), theta=theta)
+        k = rope_ref(rms_norm(k, p[a + "k_norm.weight"], qk_eps), theta=theta)
+        k, v = k.repeat_interleave(H // Hkv, 1), v.repeat_interleave(H // Hkv, 1)
+        scores = (q @ k.transpose(-1, -2) / Dh ** 0.5).masked_fill(causal, float("-inf"))
+        ctx = (scores.softmax(-1) @ v).transpose(1, 2).reshape(B, T, H * Dh)
+        x = x + F.linear(ctx, p[a + "out_proj.weight"])
+        h = rms_norm(x, p[f"layers.{i}.norm2.weight"], eps)
+        m = f"layers.{i}.mlp."
+        x = x + F.linear(F.silu(F.linear(h, p[m + "w1.weight"])) * F.linear(h, p[m + "w2.weight"]), p[m + "w3.weight"])
+    out = F.linear(rms_norm(x, p["norm.weight"], eps), p["embed.weight"])
+    r = torch.randn(out.shape, dtype=dt)
+    (out * r).sum().backward()
+    store(t, case, {}, out, r, p, {k_: v_.grad for k_, v_ in p.items()})
+    t[f"{case}.ids"] = ids
 
 
 def make_metrics(out_dir):

@@ -124,8 +124,8 @@ TEST_P(LayerGolden, EncoderLayerMatchesTorch) {
   const bool norm_first = GetParam();
   const std::string c = norm_first ? "encoder_pre" : "encoder_post";
   Rng rng(0);
-  TransformerEncoderLayer layer({.d_model = 16, .nhead = 4, .dim_feedforward = 32, .dropout = 0.0f,
-                                 .norm_first = norm_first},
+  TransformerEncoderLayer layer({.d_model = 16, .dim_feedforward = 32, .dropout = 0.0f, .norm_first = norm_first,
+                                 .attention = {.nhead = 4}},
                                 rng);
   check_case(c, &layer, {"x"}, [&](const std::vector<Tensor>& x) {
     return layer.forward(x[0], {.key_padding_lengths = lengths(c)});
@@ -136,8 +136,8 @@ TEST_P(LayerGolden, DecoderLayerMatchesTorch) {
   const bool norm_first = GetParam();
   const std::string c = norm_first ? "decoder_pre" : "decoder_post";
   Rng rng(0);
-  TransformerDecoderLayer layer({.d_model = 16, .nhead = 4, .dim_feedforward = 32, .dropout = 0.0f,
-                                 .norm_first = norm_first},
+  TransformerDecoderLayer layer({.d_model = 16, .dim_feedforward = 32, .dropout = 0.0f, .norm_first = norm_first,
+                                 .attention = {.nhead = 4}},
                                 rng);
   check_case(c, &layer, {"x", "memory"}, [&](const std::vector<Tensor>& x) {
     return layer.forward(x[0], x[1], {.causal = true}, {.key_padding_lengths = lengths(c)});
@@ -247,9 +247,9 @@ TEST(Blocks, MixtureOfExpertsMatchesTorch) {
 
 TEST(Blocks, MixtureOfExpertsInALayer) {
   Rng rng(0);
-  TransformerEncoderLayer layer({.d_model = 16, .nhead = 2, .dim_feedforward = 32, .dropout = 0.0f,
-                                 .norm_first = true, .norm = NormKind::RMSNorm, .mlp = MLPKind::MoE,
-                                 .moe = {.num_experts = 4, .top_k = 1}},
+  TransformerEncoderLayer layer({.d_model = 16, .dim_feedforward = 32, .dropout = 0.0f, .norm_first = true,
+                                 .norm = NormKind::RMSNorm, .mlp = MLPKind::MoE, .moe = {.num_experts = 4, .top_k = 1},
+                                 .attention = {.nhead = 2}},
                                 rng);
   Tensor x = Tensor::randn({2, 5, 16}, rng);
   Tensor y = layer.forward(x);

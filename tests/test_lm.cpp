@@ -18,15 +18,22 @@ const std::map<std::string, Tensor>& golden() {
   return testing::fixture_tensors("decoder_golden.safetensors");
 }
 
-DecoderConfig golden_config(bool moe) {
+DecoderConfig golden_config(const std::string& name) {
+  if (name == "lm_separate") {  // through the config keys, as a converted checkpoint would set them
+    return DecoderConfig::from_json(R"({"vocab_size": 23, "d_model": 16, "nhead": 4, "num_kv_heads": 2, "head_dim": 6,
+        "num_layers": 2, "dim_feedforward": 24, "dropout": 0, "context": 10, "qkv_layout": "separate",
+        "k_bias": false, "out_bias": false, "qk_norm": true, "qk_norm_eps": 0.001, "norm_eps": 0.01,
+        "rope_theta": 500000})", "lm_separate");
+  }
   DecoderConfig c;
   c.vocab_size = 23, c.d_model = 16, c.nhead = 4, c.num_layers = 2, c.dim_feedforward = 24, c.dropout = 0;
   c.context = 10;
-  if (moe) {
-    c.norm = "layernorm", c.positions = "learned", c.mlp = "moe", c.tie_output = false;
+  if (name == "lm_moe") {
+    c.norm = NormKind::LayerNorm, c.positions = PositionKind::Learned, c.mlp = MLPKind::MoE, c.tie_output = false;
     c.moe.num_experts = 4, c.moe.top_k = 2;
   } else {
-    c.norm = "rmsnorm", c.positions = "rope", c.mlp = "swiglu", c.qk_norm = true, c.num_kv_heads = 2;
+    c.norm = NormKind::RMSNorm, c.positions = PositionKind::Rope, c.mlp = MLPKind::SwiGLU, c.qk_norm = true;
+    c.num_kv_heads = 2;
   }
   return c;
 }
@@ -37,7 +44,7 @@ TEST_P(DecoderGolden, ForwardAndGradientsMatchPyTorch) {
   const std::string c = GetParam();
   const bool moe = c == "lm_moe";
   Rng rng(0);
-  DecoderLM model(golden_config(moe), rng);
+  DecoderLM model(golden_config(c), rng);
   StateDict params;
   const std::string prefix = c + ".param.";
   for (auto& [k, v] : golden())
@@ -68,7 +75,9 @@ TEST_P(DecoderGolden, ForwardAndGradientsMatchPyTorch) {
   EXPECT_EQ(checked, (int)params.size());
 }
 
-INSTANTIATE_TEST_SUITE_P(PyTorch, DecoderGolden, ::testing::Values("lm_dense", "lm_moe"));
+// lm_separate: separate q/k/v with a bias on q and v only, head_dim != d_model / nhead,
+// rope_theta, norm_eps and qk_norm_eps all away from their defaults.
+INSTANTIATE_TEST_SUITE_P(PyTorch, DecoderGolden, ::testing::Values("lm_dense", "lm_moe", "lm_separate"));
 
 class DecoderCache : public ::testing::TestWithParam<std::string> {};
 
@@ -116,13 +125,18 @@ INSTANTIATE_TEST_SUITE_P(
                       R"({"d_model": 32, "nhead": 4, "num_layers": 2, "dim_feedforward": 48, "positions": "sinusoidal",
                           "norm_first": false, "norm": "layernorm", "mlp": "dense"})",
                       R"({"d_model": 32, "nhead": 4, "num_layers": 2, "dim_feedforward": 32, "mlp": "moe",
-                          "num_experts": 3, "top_k": 2})"));
+                          "num_experts": 3, "top_k": 2})",
+                      R"({"d_model": 32, "nhead": 4, "num_kv_heads": 2, "head_dim": 6, "num_layers": 2,
+                          "dim_feedforward": 48, "qkv_layout": "separate", "q_bias": false, "qk_norm": true,
+                          "rope_theta": 500000})"));
 
 TEST(DecoderConfig, RejectsNonsenseAndOverlongSequences) {
   for (const char* bad : {R"({"arch": "transformer"})", R"({"d_model": 30, "nhead": 4})",
                           R"({"nhead": 4, "num_kv_heads": 3})", R"({"positions": "alibi"})",
                           R"({"mlp": "moe", "num_experts": 2, "top_k": 3})", R"({"layers": 2})",
-                          R"({"context": 1})", R"({"context": 0})"}) {
+                          R"({"context": 1})", R"({"context": 0})", R"({"head_dim": 5})",
+                          R"({"qkv_layout": "fused", "k_bias": false})", R"({"rope_theta": 0})",
+                          R"({"norm_eps": -1})", R"({"qkv_layout": "split"})"}) {
     EXPECT_THROW(DecoderConfig::from_json(bad, "c"), Error) << bad;
   }
   DecoderConfig c = DecoderConfig::from_json(R"({"vocab_size": 11, "context": 8, "d_model": 16, "num_layers": 1})", "c");
@@ -147,7 +161,7 @@ TEST(DecoderConfig, BenchmarkRecipesKeepTheirShapes) {
     EXPECT_EQ(c.nhead, z.nhead) << z.name;
     EXPECT_EQ(c.num_layers, z.num_layers) << z.name;
     EXPECT_EQ(c.dim_feedforward, z.dim_feedforward) << z.name;
-    EXPECT_EQ(c.mlp, "swiglu") << z.name;
+    EXPECT_EQ(c.mlp, MLPKind::SwiGLU) << z.name;
     EXPECT_EQ(TokenizerConfig::from_json(nlohmann::json::parse(text)["tokenizer"].dump(), path).vocab_size, z.vocab)
         << z.name;
   }

@@ -15,7 +15,7 @@ namespace qkv {
 namespace {
 
 TEST(ByteTokenizer, RoundTripsAnyTextAndPacksDocuments) {
-  std::unique_ptr<Tokenizer> tok = train_tokenizer(TokenizerConfig{.type = "bytes"}, {"unused"});
+  std::unique_ptr<Tokenizer> tok = train_tokenizer(TokenizerConfig{.type = TokenizerKind::Bytes}, {"unused"});
   EXPECT_EQ(tok->size(), 260);
   const std::string text = "私は中国人です, abc\n";
   std::vector<int64_t> ids = tok->encode(text);

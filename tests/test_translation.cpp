@@ -124,8 +124,8 @@ class SentencePiece : public ::testing::TestWithParam<std::string> {};
 TEST_P(SentencePiece, TrainsRoundTripsSavesAndLoads) {
   auto pairs = synth_zh_ja(1500, 3);
   TokenizerConfig c;
-  c.type = "sentencepiece";
-  c.model_type = GetParam();
+  c.type = TokenizerKind::SentencePiece;
+  c.model_type = GetParam() == "bpe" ? SentencePieceModel::Bpe : SentencePieceModel::Unigram;
   c.vocab_size = 700;
   std::vector<std::string> texts = both_sides(pairs);
   // Full-width punctuation, spaces and Latin letters come back as written (no NFKC).
@@ -178,9 +178,9 @@ TEST_P(SentencePiece, TrainsRoundTripsSavesAndLoads) {
 INSTANTIATE_TEST_SUITE_P(ModelTypes, SentencePiece, ::testing::Values("unigram", "bpe"));
 
 TEST(TokenizerConfig, ReadsStringsAndObjectsRejectsNonsense) {
-  EXPECT_EQ(TokenizerConfig::from_json(R"("char")", "c").type, "char");
+  EXPECT_EQ(TokenizerConfig::from_json(R"("char")", "c").type, TokenizerKind::Char);
   TokenizerConfig c = TokenizerConfig::from_json(R"({"type": "sentencepiece", "model_type": "bpe", "vocab_size": 900})", "c");
-  EXPECT_EQ(c.model_type, "bpe");
+  EXPECT_EQ(c.model_type, SentencePieceModel::Bpe);
   EXPECT_EQ(c.vocab_size, 900);
   for (const char* bad : {R"("words")", R"({"type": "sentencepiece", "model_type": "wordpiece"})",
                           R"({"type": "sentencepiece", "vocab_size": 2})", R"({"type": "char", "size": 9})",
@@ -227,7 +227,7 @@ TEST(TranslationTransformer, ConfigValidation) {
   EXPECT_THROW(TransformerConfig::from_json("{\"d_model\": \"big\"}", "c.json"), Error);
   TransformerConfig c = TransformerConfig::from_json("{\"d_model\": 64, \"mlp\": \"swiglu\"}", "c.json");
   EXPECT_EQ(c.d_model, 64);
-  EXPECT_EQ(TransformerConfig::from_json(c.to_json(), "again").mlp, "swiglu");
+  EXPECT_EQ(TransformerConfig::from_json(c.to_json(), "again").mlp, MLPKind::SwiGLU);
 }
 
 // A tiny model trained for a few hundred steps on 64 sentences; trained once, shared by the tests.
@@ -337,13 +337,17 @@ const std::vector<std::string>& decoding_configs() {
       "{\"d_model\": 32, \"nhead\": 4, \"dim_feedforward\": 32, \"mlp\": \"moe\", \"num_experts\": 3, \"top_k\": 2}",
       "{\"arch\": \"rnn_attention\", \"embed_dim\": 16, \"hidden\": 24, \"attention_dim\": 20}",
       "{\"arch\": \"conv\", \"d_model\": 16, \"kernel_size\": 3, \"num_encoder_layers\": 2, \"num_decoder_layers\": 3, \"nhead\": 2}",
+      // The layout of pretrained checkpoints, cross-attention included: separate q/k/v, a bias on q and v
+      // only, grouped-query heads of width 6 (nhead * head_dim != d_model), RoPE with another base.
+      "{\"d_model\": 32, \"nhead\": 4, \"num_kv_heads\": 2, \"head_dim\": 6, \"dim_feedforward\": 64, \"dropout\": 0, "
+      "\"positions\": \"rope\", \"rope_theta\": 500000, \"qkv_layout\": \"separate\", \"k_bias\": false, \"out_bias\": false}",
   };
   return c;
 }
 
 std::string decoding_config_name(const ::testing::TestParamInfo<std::string>& i) {
   static const char* names[] = {"PreNormSinusoidal", "PostNormLearned", "RopeQKNormSwiGLU", "MixtureOfExperts",
-                                "RnnAttention", "Conv"};
+                                "RnnAttention", "Conv", "SeparateQkvHeadDim"};
   return names[i.index];
 }
 

@@ -31,8 +31,8 @@ TEST_P(VitGolden, ForwardAndGradientsMatchPyTorch) {
   ViTConfig config;
   config.image_size = 12, config.patch_size = 4, config.channels = cls ? 3 : 1, config.d_model = 16;
   config.nhead = 4, config.num_layers = 2, config.mlp_ratio = 2, config.num_classes = 5, config.dropout = 0;
-  config.pool = cls ? "cls" : "mean";
-  config.positions = cls ? "sinusoidal_2d" : "learned";
+  config.pool = cls ? Pool::Cls : Pool::Mean;
+  config.positions = cls ? PositionKind::Sinusoidal2d : PositionKind::Learned;
   Rng rng(0);
   VisionTransformer model(config, rng);
   StateDict params;

@@ -12,6 +12,7 @@
 
 #include "qkv/attention.h"
 #include "qkv/nn.h"
+#include "qkv/position.h"
 
 namespace qkv {
 
@@ -24,16 +25,30 @@ public:
   Tensor weight;
 };
 
+// How q, k and v are projected: one fused matrix (qkv_proj for self-attention,
+// q_proj + kv_proj for cross-attention; one GEMM) or three (q_proj, k_proj,
+// v_proj, as most pretrained checkpoints store them).
+enum class QkvLayout { Fused, Separate };
+
+// Which projections add a bias (Llama: none; Qwen2: q, k, v but not out;
+// Whisper: all but k).
+struct ProjectionBias {
+  bool q = true, k = true, v = true, out = true;
+};
+
 struct MultiheadAttentionOptions {
   int64_t d_model = 0;
   int64_t nhead = 1;
   int64_t num_kv_heads = 0;  // 0: nhead; fewer heads for k and v = grouped-query attention
-  bool bias = true;
+  int64_t head_dim = 0;      // 0: d_model / nhead; else any width (Qwen3, Gemma: nhead * head_dim != d_model)
+  ProjectionBias bias;
   float dropout = 0.0f;      // on the attention weights, in training mode
   bool qk_norm = false;      // RMSNorm over the head dimension of q and k (QK-Norm)
   bool rotary = false;       // RoPE on q and k
-  float rope_theta = 10000.0f;
-  bool cross_attention = false;  // q from x, k and v from a memory: q_proj + kv_proj; else one qkv_proj
+  float rope_theta = 10000.0f;  // RoPE base (Llama 3: 500000); rope scaling would join it here
+  bool cross_attention = false;  // q from x, k and v from a memory
+  QkvLayout qkv_layout = QkvLayout::Fused;
+  float qk_norm_eps = 1e-6f;
 };
 
 // Per-call masks and positions.
@@ -59,9 +74,11 @@ struct AttentionOutput {
   Tensor weights;  // [B, H, T, S] when need_weights, else undefined
 };
 
-// Parameters: self-attention  qkv_proj.{weight,bias} [(H + 2 Hkv) Dh, D]  (rows: q, k, v)
-//             cross-attention q_proj [H Dh, D], kv_proj [2 Hkv Dh, D]     (rows: k, v)
+// Parameters: fused self-attention  qkv_proj.{weight,bias} [(H + 2 Hkv) Dh, D]  (rows: q, k, v)
+//             fused cross-attention q_proj [H Dh, D], kv_proj [2 Hkv Dh, D]     (rows: k, v)
+//             separate (either kind) q_proj [H Dh, D], k_proj, v_proj [Hkv Dh, D]
 //             out_proj [D, H Dh];  with qk_norm: q_norm.weight, k_norm.weight [Dh]
+// Biases as options.bias says; a fused matrix needs the same choice for all its rows.
 class MultiheadAttention : public Module {
 public:
   MultiheadAttention(MultiheadAttentionOptions options, Rng& rng);
@@ -83,11 +100,13 @@ public:
   KVCache make_cache(int64_t batch, int64_t capacity) const;
 
   const MultiheadAttentionOptions& options() const { return options_; }
-  std::shared_ptr<Linear> qkv_proj, q_proj, kv_proj, out_proj;
+  std::shared_ptr<Linear> qkv_proj, q_proj, kv_proj, k_proj, v_proj, out_proj;
   std::shared_ptr<RMSNorm> q_norm, k_norm;
 
 private:
   Tensor heads(const Tensor& x, int64_t count) const;  // [B,T,count*Dh] -> [B,count,T,Dh]
+  // The projections of self-attention, [B,T,H*Dh] and [B,T,Hkv*Dh] twice, before the heads are split.
+  std::vector<Tensor> project_self(const Tensor& x) const;
   Tensor prepare(const Tensor& heads, const std::shared_ptr<RMSNorm>& norm, int64_t offset) const;
   AttentionOptions attention_options(const AttentionCall& call);
   MultiheadAttentionOptions options_;
@@ -167,19 +186,17 @@ public:
 
 struct TransformerLayerOptions {
   int64_t d_model = 0;
-  int64_t nhead = 1;
-  int64_t num_kv_heads = 0;
   int64_t dim_feedforward = 0;
-  float dropout = 0.1f;
+  float dropout = 0.1f;                      // after each sublayer, and on the attention weights
   Activation activation = Activation::Relu;  // for the dense MLP
   bool norm_first = false;                   // Pre-Norm: x + f(norm(x)); else Post-Norm: norm(x + f(x))
   NormKind norm = NormKind::LayerNorm;
   float norm_eps = 1e-5f;
   MLPKind mlp = MLPKind::Dense;
   MoEOptions moe;  // when mlp is MoE
-  bool qk_norm = false;
-  bool rotary = false;
-  bool bias = true;  // in the attention projections
+  // Everything about the attention sublayers; its d_model and dropout are the
+  // layer's. A decoder layer's cross-attention takes the same options without RoPE.
+  MultiheadAttentionOptions attention;
 };
 
 std::shared_ptr<FeedForward> make_feed_forward(const TransformerLayerOptions& options, Rng& rng);
@@ -229,6 +246,39 @@ private:
   // The Pre-Norm or Post-Norm wiring of the three sublayers, shared by forward and forward_cached.
   Tensor run(const Tensor& x, const Sublayer& self, const Sublayer& cross);
   TransformerLayerOptions options_;
+};
+
+// The Transformer-block keys that the translation Transformer's and the
+// decoder LM's configs share (DecoderConfig and TransformerConfig derive from
+// it; each sets its own defaults). layer_options() is the one place they
+// become module options.
+struct BlockConfig {
+  int64_t d_model = 128;
+  int64_t nhead = 4;
+  int64_t num_kv_heads = 0;  // grouped-query attention; 0: nhead
+  int64_t head_dim = 0;      // 0: d_model / nhead
+  int64_t dim_feedforward = 512;
+  float dropout = 0.1f;
+  Activation activation = Activation::Relu;  // of the dense MLP
+  bool norm_first = true;
+  NormKind norm = NormKind::LayerNorm;
+  float norm_eps = 1e-5f;     // of the layer norms
+  MLPKind mlp = MLPKind::Dense;
+  bool qk_norm = false;
+  float qk_norm_eps = 1e-6f;
+  PositionKind positions = PositionKind::Sinusoidal;  // Sinusoidal | Learned | Rope
+  float rope_theta = 10000.0f;
+  ProjectionBias bias;        // q_bias, k_bias, v_bias, out_bias
+  QkvLayout qkv_layout = QkvLayout::Fused;
+  bool tie_output = true;     // output projection = embedding^T
+  MoEOptions moe;             // num_experts, top_k, aux_loss_weight (for mlp moe)
+
+  int64_t kv_heads() const { return num_kv_heads > 0 ? num_kv_heads : nhead; }
+  bool is_moe() const { return mlp == MLPKind::MoE; }
+  TransformerLayerOptions layer_options() const;
+  // The cross-field rules (d_model and nhead, heads and key/value heads, MoE
+  // top_k), as errors naming `source`.
+  void check(const std::string& source) const;
 };
 
 }  // namespace qkv

@@ -14,26 +14,19 @@
 
 namespace qkv {
 
-struct DecoderConfig {
-  std::string arch = "decoder";
+// The block keys (BlockConfig: d_model, nhead, ..., positions, norm) with the
+// decoder's defaults, plus its own.
+struct DecoderConfig : BlockConfig {
   int64_t vocab_size = 0;
-  int64_t d_model = 128, nhead = 4;
-  int64_t num_kv_heads = 0;  // grouped-query attention; 0: nhead
-  int64_t num_layers = 4, dim_feedforward = 512;
-  float dropout = 0.0f;
-  std::string activation = "gelu";  // relu | gelu | gelu_tanh | silu (dense MLP)
-  bool norm_first = true;
-  std::string norm = "rmsnorm";     // layernorm | rmsnorm
-  std::string mlp = "swiglu";       // dense | swiglu | moe
-  bool qk_norm = false;
-  std::string positions = "rope";   // rope | learned | sinusoidal
-  int64_t context = 256;            // the longest sequence (learned positions' table size)
-  bool tie_output = true;
-  MoEOptions moe;
+  int64_t num_layers = 4;
+  int64_t context = 256;  // the longest sequence (learned positions' table size)
+  DecoderConfig() {
+    dim_feedforward = 512, dropout = 0.0f, activation = Activation::Gelu, norm = NormKind::RMSNorm;
+    mlp = MLPKind::SwiGLU, positions = PositionKind::Rope;
+  }
   // Unknown keys and bad values are errors naming `source`; "train" and "tokenizer" are skipped.
   static DecoderConfig from_json(const std::string& text, const std::string& source);
   std::string to_json() const;
-  TransformerLayerOptions layer_options() const;
 };
 
 // Parameters: embed.weight [V, D], positions.weight [context, D] (learned),

@@ -60,29 +60,16 @@ Tensor select_rows(const Tensor& t, const std::vector<int64_t>& rows);
 // 0, 0, .., 1, 1, ..: each of `sentences` rows repeated k times (its beams).
 std::vector<int64_t> beam_rows(int64_t sentences, int64_t k);
 
-struct TransformerConfig {
-  std::string arch = "transformer";
+// The block keys (BlockConfig) with the translation defaults, plus its own.
+struct TransformerConfig : BlockConfig {
   int64_t vocab_size = 0;  // one joint vocabulary for source and target (shared embedding)
-  int64_t d_model = 128;
-  int64_t nhead = 4;
   int64_t num_encoder_layers = 2;
   int64_t num_decoder_layers = 2;
-  int64_t dim_feedforward = 512;
-  float dropout = 0.1f;
-  std::string activation = "relu";  // relu | gelu | gelu_tanh | silu
-  bool norm_first = true;
-  std::string norm = "layernorm";   // layernorm | rmsnorm
-  std::string mlp = "dense";        // dense | swiglu | moe
-  bool qk_norm = false;
-  std::string positions = "sinusoidal";  // sinusoidal | learned | rope
-  int64_t max_len = 256;
-  bool tie_output = true;  // output projection = embedding^T
-  MoEOptions moe;
+  int64_t max_len = 256;   // the learned positions' table size
 
   // From config.json (unknown keys are an error, each value checked).
   static TransformerConfig from_json(const std::string& text, const std::string& source);
   std::string to_json() const;
-  TransformerLayerOptions layer_options() const;
 };
 
 // Everything the decoder keeps between steps: a self-attention KV cache per

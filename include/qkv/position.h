@@ -7,6 +7,10 @@
 
 namespace qkv {
 
+// How a model learns where each token is: added sinusoids, a learned table,
+// rotated q and k (RoPE), or a 2-D sinusoidal grid of image patches.
+enum class PositionKind { Sinusoidal, Learned, Rope, Sinusoidal2d };
+
 // Vaswani et al. 2017:  PE[p, 2i] = sin(p / 10000^{2i/D}),  PE[p, 2i+1] = cos(p / 10000^{2i/D}),
 // for positions offset .. offset+T-1. -> [T, D] (D even).
 Tensor sinusoidal_encoding(int64_t length, int64_t dim, int64_t offset = 0);

@@ -36,9 +36,12 @@ public:
 //   {"type": "sentencepiece", "model_type": "unigram" | "bpe", "vocab_size": 4000,
 //    "character_coverage": 1.0}
 // Unknown keys and values are errors naming `source`.
+enum class TokenizerKind { Char, Bytes, SentencePiece };
+enum class SentencePieceModel { Unigram, Bpe };
+
 struct TokenizerConfig {
-  std::string type = "char";
-  std::string model_type = "unigram";
+  TokenizerKind type = TokenizerKind::Char;
+  SentencePieceModel model_type = SentencePieceModel::Unigram;
   int64_t vocab_size = 4000;  // an upper bound: a small corpus may give fewer pieces
   double character_coverage = 1.0;
   static TokenizerConfig from_json(const std::string& text, const std::string& source);

@@ -17,12 +17,14 @@
 
 namespace qkv {
 
+enum class LrSchedule { InverseSqrt, Cosine };  // after the warmup
+
 struct TrainOptions {
   int64_t steps = 1000;
   int64_t batch_tokens = 4096;
   float lr = 1e-3f;  // peak
   int64_t warmup_steps = 200;
-  std::string schedule = "inverse_sqrt";  // inverse_sqrt | cosine
+  LrSchedule schedule = LrSchedule::InverseSqrt;
   float weight_decay = 0.01f;
   float clip_norm = 1.0f;
   float label_smoothing = 0.1f;

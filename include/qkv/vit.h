@@ -15,15 +15,17 @@
 
 namespace qkv {
 
+// What the classifier head reads: the mean of the patch outputs, or a class token's.
+enum class Pool { Mean, Cls };
+
 struct ViTConfig {
-  std::string arch = "vit";
   int64_t image_size = 28, patch_size = 4, channels = 1;
   int64_t d_model = 64, nhead = 4, num_layers = 4;
   double mlp_ratio = 2.0;  // dim_feedforward = mlp_ratio * d_model
   int64_t num_classes = 10;
   float dropout = 0.0f;
-  std::string positions = "learned";  // learned | sinusoidal_2d
-  std::string pool = "mean";          // mean | cls
+  PositionKind positions = PositionKind::Learned;  // Learned | Sinusoidal2d
+  Pool pool = Pool::Mean;
   std::vector<std::string> class_names;  // shown by qkv classify; default "0", "1", ...
 
   int64_t grid() const { return image_size / patch_size; }

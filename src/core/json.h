@@ -49,15 +49,4 @@ inline void json_known_keys(const nlohmann::json& j, const std::set<std::string>
   for (auto& [k, v] : j.items()) QKV_CHECK(known.count(k), source, ": unknown key '", prefix, k, "'", suffix);
 }
 
-// A config's "train" object, its keys checked against `known`; null when the
-// config has none (the options keep their defaults).
-inline const nlohmann::json* train_section(const nlohmann::json& config, const std::set<std::string>& known,
-                                           const std::string& source) {
-  if (!config.is_object() || !config.contains("train")) return nullptr;
-  const nlohmann::json& t = config.at("train");
-  QKV_CHECK(t.is_object(), source, ": 'train' must be an object");
-  json_known_keys(t, known, source, "train.");
-  return &t;
-}
-
 }  // namespace qkv

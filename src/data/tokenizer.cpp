@@ -13,7 +13,19 @@
 #include "qkv/error.h"
 #include "qkv/io.h"
 #include "qkv/utf8.h"
-#include "src/core/json.h"
+#include "src/config/fields.h"
+
+template <>
+struct qkv::config::EnumNames<qkv::TokenizerKind> {
+  static constexpr std::pair<TokenizerKind, const char*> values[] = {
+      {TokenizerKind::Char, "char"}, {TokenizerKind::SentencePiece, "sentencepiece"}, {TokenizerKind::Bytes, "bytes"}};
+};
+
+template <>
+struct qkv::config::EnumNames<qkv::SentencePieceModel> {
+  static constexpr std::pair<SentencePieceModel, const char*> values[] = {{SentencePieceModel::Unigram, "unigram"},
+                                                                          {SentencePieceModel::Bpe, "bpe"}};
+};
 
 namespace qkv {
 
@@ -185,29 +197,17 @@ public:
 };
 
 TokenizerConfig TokenizerConfig::from_json(const std::string& text, const std::string& source) {
+  using C = TokenizerConfig;
+  static const config::Fields<C> fields = config::Fields<C>("tokenizer.")
+                                              .add("type", &C::type)
+                                              .add("model_type", &C::model_type)
+                                              .add("vocab_size", &C::vocab_size).at_least(8)
+                                              .add("character_coverage", &C::character_coverage).positive().at_most(1);
   nlohmann::json j = parse_json(text, source);
-  TokenizerConfig c;
   if (j.is_string()) j = nlohmann::json{{"type", j}};
   QKV_CHECK(j.is_object(), source, ": \"tokenizer\" must be \"char\" or an object with a \"type\"");
-  for (auto& [key, value] : j.items()) {
-    QKV_CHECK(key == "type" || key == "model_type" || key == "vocab_size" || key == "character_coverage", source,
-              ": unknown tokenizer option \"", key, "\" (known: type, model_type, vocab_size, character_coverage)");
-  }
-  try {
-    c.type = j.value("type", c.type);
-    c.model_type = j.value("model_type", c.model_type);
-    c.vocab_size = j.value("vocab_size", c.vocab_size);
-    c.character_coverage = j.value("character_coverage", c.character_coverage);
-  } catch (const nlohmann::json::exception& e) {
-    fail(source, ": tokenizer: ", e.what());
-  }
-  QKV_CHECK(c.type == "char" || c.type == "sentencepiece" || c.type == "bytes", source,
-            ": tokenizer type must be \"char\", \"sentencepiece\" or \"bytes\", not \"", c.type, "\"");
-  QKV_CHECK(c.model_type == "unigram" || c.model_type == "bpe", source,
-            ": tokenizer model_type must be \"unigram\" or \"bpe\", not \"", c.model_type, "\"");
-  QKV_CHECK(c.vocab_size >= 8, source, ": tokenizer vocab_size must be at least 8, not ", c.vocab_size);
-  QKV_CHECK(c.character_coverage > 0 && c.character_coverage <= 1, source,
-            ": tokenizer character_coverage must be in (0, 1]");
+  TokenizerConfig c;
+  fields.read(j, c, source);
   return c;
 }
 
@@ -250,13 +250,13 @@ private:
 }  // namespace
 
 std::unique_ptr<Tokenizer> train_tokenizer(const TokenizerConfig& config, const std::vector<std::string>& texts) {
-  if (config.type == "bytes") return std::make_unique<ByteTokenizer>();
+  if (config.type == TokenizerKind::Bytes) return std::make_unique<ByteTokenizer>();
   QKV_CHECK(!texts.empty(), "cannot build a tokenizer from no text");
-  if (config.type == "char") return std::make_unique<CharTokenizer>(CharTokenizer::build(texts));
+  if (config.type == TokenizerKind::Char) return std::make_unique<CharTokenizer>(CharTokenizer::build(texts));
   // One thread and no sampling: the same text gives the same model. No
   // normalization: decode(encode(x)) gives x back, full-width punctuation and
   // spaces included, so scores compare against the references as written.
-  std::string args = "model_type=" + config.model_type + " vocab_size=" + std::to_string(config.vocab_size) +
+  std::string args = "model_type=" + std::string(config::name_of(config.model_type)) + " vocab_size=" + std::to_string(config.vocab_size) +
                      " character_coverage=" + std::to_string(config.character_coverage) +
                      " pad_id=0 bos_id=1 eos_id=2 unk_id=3 bos_piece=<bos> eos_piece=<eos> hard_vocab_limit=false num_threads=1"
                      " normalization_rule_name=identity remove_extra_whitespaces=false"
@@ -268,20 +268,20 @@ std::unique_ptr<Tokenizer> train_tokenizer(const TokenizerConfig& config, const 
     QuietStderr quiet;
     status = sentencepiece::SentencePieceTrainer::Train(args, &sentences, &proto);
   }
-  QKV_CHECK(status.ok(), "training the SentencePiece ", config.model_type, " tokenizer (vocab_size ",
+  QKV_CHECK(status.ok(), "training the SentencePiece ", config::name_of(config.model_type), " tokenizer (vocab_size ",
             config.vocab_size, ") failed: ", status.ToString());
-  return std::make_unique<SentencePieceTokenizer>(proto, config.model_type, "the trained SentencePiece model");
+  return std::make_unique<SentencePieceTokenizer>(proto, config::name_of(config.model_type), "the trained SentencePiece model");
 }
 
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& config_json, const std::string& dir) {
   TokenizerConfig c = TokenizerConfig::from_json(config_json, dir + "/config.json");
-  if (c.type == "bytes") return std::make_unique<ByteTokenizer>();
-  if (c.type == "char") {
+  if (c.type == TokenizerKind::Bytes) return std::make_unique<ByteTokenizer>();
+  if (c.type == TokenizerKind::Char) {
     std::string path = dir + "/tokenizer.json";
     return std::make_unique<CharTokenizer>(CharTokenizer::from_json(read_file(path), path));
   }
   std::string path = dir + "/tokenizer.model";
-  return std::make_unique<SentencePieceTokenizer>(read_file(path), c.model_type, path);
+  return std::make_unique<SentencePieceTokenizer>(read_file(path), config::name_of(c.model_type), path);
 }
 
 }  // namespace qkv

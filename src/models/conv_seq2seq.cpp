@@ -2,46 +2,35 @@
 #include "qkv/conv_seq2seq.h"
 
 #include <cmath>
-#include <nlohmann/json.hpp>
-#include <set>
-
 #include "qkv/position.h"
-#include "src/core/json.h"
+#include "src/config/fields.h"
 
 namespace qkv {
 
+static const config::Fields<ConvSeq2SeqConfig>& conv_fields() {
+  using C = ConvSeq2SeqConfig;
+  static const config::Fields<C> fields = config::Fields<C>()
+                                              .constant("arch", "conv")
+                                              .add("vocab_size", &C::vocab_size).at_least(0)
+                                              .add("d_model", &C::d_model).at_least(1)
+                                              .add("kernel_size", &C::kernel_size).at_least(1)
+                                              .add("nhead", &C::nhead).at_least(1)
+                                              .add("num_encoder_layers", &C::num_encoder_layers).at_least(1)
+                                              .add("num_decoder_layers", &C::num_decoder_layers).at_least(1)
+                                              .add("dropout", &C::dropout).fraction()
+                                              .skip("train");
+  return fields;
+}
+
 ConvSeq2SeqConfig ConvSeq2SeqConfig::from_json(const std::string& text, const std::string& source) {
-  nlohmann::json j = parse_json(text, source);
-  static const std::set<std::string> known = {"arch",  "vocab_size",         "d_model",           "kernel_size",
-                                              "nhead", "num_encoder_layers", "num_decoder_layers", "dropout"};
-  json_known_keys(j, known, source, "", " for arch conv");
-  ConvSeq2SeqConfig c;
-  try {
-    c.vocab_size = j.value("vocab_size", c.vocab_size);
-    c.d_model = j.value("d_model", c.d_model);
-    c.kernel_size = j.value("kernel_size", c.kernel_size);
-    c.nhead = j.value("nhead", c.nhead);
-    c.num_encoder_layers = j.value("num_encoder_layers", c.num_encoder_layers);
-    c.num_decoder_layers = j.value("num_decoder_layers", c.num_decoder_layers);
-    c.dropout = j.value("dropout", c.dropout);
-  } catch (const nlohmann::json::exception& e) {
-    fail(source, ": a value has the wrong type (", e.what(), ")");
-  }
-  QKV_CHECK(c.kernel_size >= 1 && c.kernel_size % 2 == 1, source, ": kernel_size must be odd, got ", c.kernel_size);
-  QKV_CHECK(c.d_model > 0 && c.nhead > 0 && c.d_model % c.nhead == 0, source, ": d_model ", c.d_model,
-            " must be a positive multiple of nhead ", c.nhead);
-  QKV_CHECK(c.num_encoder_layers > 0 && c.num_decoder_layers > 0, source, ": layer counts must be positive");
-  QKV_CHECK(c.dropout >= 0 && c.dropout < 1, source, ": dropout must be in [0, 1)");
+  ConvSeq2SeqConfig c = conv_fields().parse(text, source);
+  QKV_CHECK(c.kernel_size % 2 == 1, source, ": kernel_size must be odd, got ", c.kernel_size);
+  QKV_CHECK(c.d_model % c.nhead == 0, source, ": d_model ", c.d_model, " must be a positive multiple of nhead ",
+            c.nhead);
   return c;
 }
 
-std::string ConvSeq2SeqConfig::to_json() const {
-  nlohmann::ordered_json j = {{"arch", "conv"},           {"vocab_size", vocab_size},
-                              {"d_model", d_model},       {"kernel_size", kernel_size},
-                              {"nhead", nhead},           {"num_encoder_layers", num_encoder_layers},
-                              {"num_decoder_layers", num_decoder_layers}, {"dropout", dropout}};
-  return j.dump(2) + "\n";
-}
+std::string ConvSeq2SeqConfig::to_json() const { return conv_fields().write(*this).dump(2) + "\n"; }
 
 GatedConv::GatedConv(int64_t dim, int64_t k, Rng& rng) : kernel_size(k) {
   proj = register_module("proj", std::make_shared<Linear>(LinearOptions{k * dim, 2 * dim}, rng));

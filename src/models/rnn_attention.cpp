@@ -1,38 +1,28 @@
 // The RNN encoder-decoder with additive attention (see qkv/models.h for the formulas).
 #include <cmath>
-#include <nlohmann/json.hpp>
-#include <set>
-
 #include "qkv/models.h"
-#include "src/core/json.h"
+#include "src/config/fields.h"
 
 namespace qkv {
 
-RnnAttentionConfig RnnAttentionConfig::from_json(const std::string& text, const std::string& source) {
-  nlohmann::json j = parse_json(text, source);
-  static const std::set<std::string> known = {"arch", "vocab_size", "embed_dim", "hidden", "attention_dim", "dropout"};
-  json_known_keys(j, known, source, "", " for arch rnn_attention");
-  RnnAttentionConfig c;
-  try {
-    c.vocab_size = j.value("vocab_size", c.vocab_size);
-    c.embed_dim = j.value("embed_dim", c.embed_dim);
-    c.hidden = j.value("hidden", c.hidden);
-    c.attention_dim = j.value("attention_dim", c.attention_dim);
-    c.dropout = j.value("dropout", c.dropout);
-  } catch (const nlohmann::json::exception& e) {
-    fail(source, ": a value has the wrong type (", e.what(), ")");
-  }
-  QKV_CHECK(c.embed_dim > 0 && c.hidden > 0 && c.attention_dim > 0, source,
-            ": embed_dim, hidden and attention_dim must be positive");
-  QKV_CHECK(c.dropout >= 0 && c.dropout < 1, source, ": dropout must be in [0, 1)");
-  return c;
+static const config::Fields<RnnAttentionConfig>& rnn_fields() {
+  using C = RnnAttentionConfig;
+  static const config::Fields<C> fields = config::Fields<C>()
+                                              .constant("arch", "rnn_attention")
+                                              .add("vocab_size", &C::vocab_size).at_least(0)
+                                              .add("embed_dim", &C::embed_dim).at_least(1)
+                                              .add("hidden", &C::hidden).at_least(1)
+                                              .add("attention_dim", &C::attention_dim).at_least(1)
+                                              .add("dropout", &C::dropout).fraction()
+                                              .skip("train");
+  return fields;
 }
 
-std::string RnnAttentionConfig::to_json() const {
-  nlohmann::ordered_json j = {{"arch", "rnn_attention"}, {"vocab_size", vocab_size}, {"embed_dim", embed_dim},
-                              {"hidden", hidden},         {"attention_dim", attention_dim}, {"dropout", dropout}};
-  return j.dump(2) + "\n";
+RnnAttentionConfig RnnAttentionConfig::from_json(const std::string& text, const std::string& source) {
+  return rnn_fields().parse(text, source);
 }
+
+std::string RnnAttentionConfig::to_json() const { return rnn_fields().write(*this).dump(2) + "\n"; }
 
 RnnAttention::RnnAttention(const RnnAttentionConfig& c, Rng& rng) : config_(c) {
   QKV_CHECK(c.vocab_size > 4, "rnn_attention: vocab_size must be set (got ", c.vocab_size, ")");

@@ -6,61 +6,36 @@
 
 #include "qkv/models.h"
 #include "qkv/position.h"
-#include "src/core/json.h"
-#include "src/models/block_config.h"
+#include "src/config/names.h"
 
 namespace qkv {
 
+static const config::Fields<TransformerConfig>& transformer_fields() {
+  using C = TransformerConfig;
+  static const config::Fields<C> fields = config::Fields<C>()
+                                              .constant("arch", "transformer")
+                                              .add("vocab_size", &C::vocab_size).at_least(0)
+                                              .add("num_encoder_layers", &C::num_encoder_layers).at_least(1)
+                                              .add("num_decoder_layers", &C::num_decoder_layers).at_least(1)
+                                              .add("max_len", &C::max_len).at_least(1)
+                                              .include(config::block_fields())
+                                              .skip("train");
+  return fields;
+}
+
 TransformerConfig TransformerConfig::from_json(const std::string& text, const std::string& source) {
-  nlohmann::json j = parse_json(text, source);
-  QKV_CHECK(j.is_object(), source, ": expected a JSON object");
-  static const std::set<std::string> known = {
-      "arch", "vocab_size", "d_model", "nhead", "num_encoder_layers", "num_decoder_layers", "dim_feedforward",
-      "dropout", "activation", "norm_first", "norm", "mlp", "qk_norm", "positions", "max_len", "tie_output",
-      "num_experts", "top_k", "aux_loss_weight", "train"};
-  json_known_keys(j, known, source);
-  TransformerConfig c;
-  c.arch = json_get<std::string>(j, "arch", c.arch, source);
-  json_one_of(c.arch, {"transformer"}, "arch", source);
-  c.vocab_size = json_get<int64_t>(j, "vocab_size", 0, source);
-  c.num_encoder_layers = json_get<int64_t>(j, "num_encoder_layers", c.num_encoder_layers, source);
-  c.num_decoder_layers = json_get<int64_t>(j, "num_decoder_layers", c.num_decoder_layers, source);
-  c.max_len = json_get<int64_t>(j, "max_len", c.max_len, source);
-  read_block_fields(j, source, c, {"sinusoidal", "learned", "rope"});
-  QKV_CHECK(c.d_model > 0 && c.nhead > 0 && c.d_model % c.nhead == 0, source, ": d_model ", c.d_model,
-            " must be a positive multiple of nhead ", c.nhead);
-  QKV_CHECK(c.num_encoder_layers > 0 && c.num_decoder_layers > 0 && c.dim_feedforward > 0 && c.max_len > 0, source,
-            ": layer counts, dim_feedforward and max_len must be positive");
-  QKV_CHECK(c.dropout >= 0 && c.dropout < 1, source, ": dropout must be in [0, 1)");
+  TransformerConfig c = transformer_fields().parse(text, source);
+  c.check(source);
   return c;
 }
 
-std::string TransformerConfig::to_json() const {
-  nlohmann::ordered_json j = {{"arch", arch},         {"vocab_size", vocab_size},
-                              {"d_model", d_model},   {"nhead", nhead},
-                              {"num_encoder_layers", num_encoder_layers},
-                              {"num_decoder_layers", num_decoder_layers},
-                              {"dim_feedforward", dim_feedforward},
-                              {"dropout", dropout},   {"activation", activation},
-                              {"norm_first", norm_first}, {"norm", norm},
-                              {"mlp", mlp},           {"qk_norm", qk_norm},
-                              {"positions", positions}, {"max_len", max_len},
-                              {"tie_output", tie_output}};
-  if (mlp == "moe") {
-    j["num_experts"] = moe.num_experts;
-    j["top_k"] = moe.top_k;
-    j["aux_loss_weight"] = moe.aux_loss_weight;
-  }
-  return j.dump(2) + "\n";
-}
-
-TransformerLayerOptions TransformerConfig::layer_options() const { return block_layer_options(*this); }
+std::string TransformerConfig::to_json() const { return transformer_fields().write(*this).dump(2) + "\n"; }
 
 TranslationTransformer::TranslationTransformer(const TransformerConfig& c, Rng& rng) : config_(c) {
   QKV_CHECK(c.vocab_size > 4, "transformer: vocab_size must be set (got ", c.vocab_size, ")");
   embed = register_module("embed", std::make_shared<Embedding>(c.vocab_size, c.d_model, rng));
   normal_(embed->weight, rng, 1.0f / std::sqrt((float)c.d_model));  // scaled back up by sqrt(D) on lookup
-  if (c.positions == "learned")
+  if (c.positions == PositionKind::Learned)
     positions = register_module("positions", std::make_shared<LearnedPositionalEmbedding>(c.max_len, c.d_model, rng));
   TransformerLayerOptions lo = c.layer_options();
   for (int64_t i = 0; i < c.num_encoder_layers; ++i)
@@ -80,11 +55,11 @@ TranslationTransformer::TranslationTransformer(const TransformerConfig& c, Rng& 
 
 Tensor TranslationTransformer::embed_tokens(const Tensor& ids, int64_t offset) {
   const int64_t len = ids.size(1);
-  QKV_CHECK(offset + len <= config_.max_len || config_.positions != "learned", "transformer: sequence of ",
+  QKV_CHECK(offset + len <= config_.max_len || config_.positions != PositionKind::Learned, "transformer: sequence of ",
             offset + len, " tokens exceeds max_len ", config_.max_len);
   Tensor x = scale(embed->forward(ids), std::sqrt((float)config_.d_model));
-  if (config_.positions == "sinusoidal") x = add(x, sinusoidal_encoding(len, config_.d_model, offset));
-  if (config_.positions == "learned") x = add(x, positions->forward(len, offset));
+  if (config_.positions == PositionKind::Sinusoidal) x = add(x, sinusoidal_encoding(len, config_.d_model, offset));
+  if (config_.positions == PositionKind::Learned) x = add(x, positions->forward(len, offset));
   return dropout->forward(x);
 }
 
@@ -107,7 +82,7 @@ Tensor TranslationTransformer::forward(const Tensor& src, const Tensor& src_leng
 
 std::unique_ptr<DecodeState> TranslationTransformer::start_decoding(const Tensor& src, const Tensor& src_lengths,
                                                                     int64_t capacity) {
-  QKV_CHECK(config_.positions != "learned" || capacity <= config_.max_len, "transformer: ", capacity,
+  QKV_CHECK(config_.positions != PositionKind::Learned || capacity <= config_.max_len, "transformer: ", capacity,
             " target positions exceed max_len ", config_.max_len);
   Tensor memory = encode(src, src_lengths);
   auto st = std::make_unique<TransformerDecodeState>();

@@ -1,53 +1,50 @@
 // The Vision Transformer, its config, and attention rollout.
 #include "qkv/vit.h"
 
-#include <nlohmann/json.hpp>
-#include <set>
-
 #include "qkv/position.h"
-#include "src/core/json.h"
+#include "src/config/names.h"
 
 namespace qkv {
 
+}  // namespace qkv
+
+template <>
+struct qkv::config::EnumNames<qkv::Pool> {
+  static constexpr std::pair<Pool, const char*> values[] = {{Pool::Mean, "mean"}, {Pool::Cls, "cls"}};
+};
+
+namespace qkv {
+
+static const config::Fields<ViTConfig>& vit_fields() {
+  using C = ViTConfig;
+  static const config::Fields<C> fields =
+      config::Fields<C>()
+          .constant("arch", "vit")
+          .add("image_size", &C::image_size).at_least(1).at_most(1 << 16)  // patches() squares image_size / patch_size
+          .add("patch_size", &C::patch_size).at_least(1)
+          .add("channels", &C::channels).at_least(1)
+          .add("d_model", &C::d_model).at_least(1)
+          .add("nhead", &C::nhead).at_least(1)
+          .add("num_layers", &C::num_layers).at_least(1)
+          .add("mlp_ratio", &C::mlp_ratio).positive()
+          .add("num_classes", &C::num_classes).at_least(2)
+          .add("dropout", &C::dropout).fraction()
+          .add("positions", &C::positions).only({PositionKind::Learned, PositionKind::Sinusoidal2d})
+          .add("pool", &C::pool)
+          .add("class_names", &C::class_names)
+          .skip("train");
+  return fields;
+}
+
 ViTConfig ViTConfig::from_json(const std::string& text, const std::string& source) {
-  nlohmann::json j = parse_json(text, source);
-  QKV_CHECK(j.is_object(), source, ": expected a JSON object");
-  static const std::set<std::string> known = {"arch", "image_size", "patch_size", "channels", "d_model", "nhead",
-                                              "num_layers", "mlp_ratio", "num_classes", "dropout", "positions",
-                                              "pool", "class_names", "train"};
-  json_known_keys(j, known, source);
-  ViTConfig c;
-  c.arch = json_get<std::string>(j, "arch", c.arch, source);
-  json_one_of(c.arch, {"vit"}, "arch", source);
-  c.image_size = json_get<int64_t>(j, "image_size", c.image_size, source);
-  c.patch_size = json_get<int64_t>(j, "patch_size", c.patch_size, source);
-  c.channels = json_get<int64_t>(j, "channels", c.channels, source);
-  c.d_model = json_get<int64_t>(j, "d_model", c.d_model, source);
-  c.nhead = json_get<int64_t>(j, "nhead", c.nhead, source);
-  c.num_layers = json_get<int64_t>(j, "num_layers", c.num_layers, source);
-  c.mlp_ratio = json_get<double>(j, "mlp_ratio", c.mlp_ratio, source);
-  c.num_classes = json_get<int64_t>(j, "num_classes", c.num_classes, source);
-  c.dropout = json_get<float>(j, "dropout", c.dropout, source);
-  c.positions = json_get<std::string>(j, "positions", c.positions, source);
-  json_one_of(c.positions, {"learned", "sinusoidal_2d"}, "positions", source);
-  c.pool = json_get<std::string>(j, "pool", c.pool, source);
-  json_one_of(c.pool, {"mean", "cls"}, "pool", source);
-  c.class_names = json_get<std::vector<std::string>>(j, "class_names", {}, source);
-  QKV_CHECK(c.image_size > 0 && c.patch_size > 0 && c.image_size % c.patch_size == 0, source, ": image_size ",
-            c.image_size, " must be a positive multiple of patch_size ", c.patch_size);
-  // patches() squares image_size / patch_size: past this side it would overflow.
-  constexpr int64_t kMaxImageSize = 1 << 16;
-  QKV_CHECK(c.image_size <= kMaxImageSize, source, ": image_size ", c.image_size, " is above the limit of ",
-            kMaxImageSize, " pixels");
+  ViTConfig c = vit_fields().parse(text, source);
+  QKV_CHECK(c.image_size % c.patch_size == 0, source, ": image_size ", c.image_size,
+            " must be a positive multiple of patch_size ", c.patch_size);
   QKV_CHECK(c.channels == 1 || c.channels == 3, source, ": channels must be 1 or 3");
-  QKV_CHECK(c.d_model > 0 && c.nhead > 0 && c.d_model % c.nhead == 0, source, ": d_model ", c.d_model,
-            " must be a positive multiple of nhead ", c.nhead);
-  QKV_CHECK(c.positions != "sinusoidal_2d" || c.d_model % 4 == 0, source,
+  QKV_CHECK(c.d_model % c.nhead == 0, source, ": d_model ", c.d_model, " must be a positive multiple of nhead ", c.nhead);
+  QKV_CHECK(c.positions != PositionKind::Sinusoidal2d || c.d_model % 4 == 0, source,
             ": 2-D sinusoidal positions need d_model divisible by 4");
-  QKV_CHECK(c.num_layers > 0 && c.mlp_ratio > 0 && c.num_classes > 1, source,
-            ": num_layers and mlp_ratio must be positive, num_classes at least 2");
   QKV_CHECK(c.dim_feedforward() >= 1, source, ": mlp_ratio ", c.mlp_ratio, " leaves no MLP width");
-  QKV_CHECK(c.dropout >= 0 && c.dropout < 1, source, ": dropout must be in [0, 1)");
   QKV_CHECK(c.class_names.empty() || (int64_t)c.class_names.size() == c.num_classes, source, ": ",
             c.class_names.size(), " class_names for ", c.num_classes, " classes");
   if (c.class_names.empty())
@@ -55,14 +52,7 @@ ViTConfig ViTConfig::from_json(const std::string& text, const std::string& sourc
   return c;
 }
 
-std::string ViTConfig::to_json() const {
-  nlohmann::ordered_json j = {{"arch", arch},       {"image_size", image_size},   {"patch_size", patch_size},
-                              {"channels", channels}, {"d_model", d_model},       {"nhead", nhead},
-                              {"num_layers", num_layers}, {"mlp_ratio", mlp_ratio}, {"num_classes", num_classes},
-                              {"dropout", dropout},   {"positions", positions},   {"pool", pool},
-                              {"class_names", class_names}};
-  return j.dump(2);
-}
+std::string ViTConfig::to_json() const { return vit_fields().write(*this).dump(2); }
 
 Tensor patchify(const Tensor& images, int64_t p) {
   QKV_CHECK(images.dim() == 4 && images.size(2) % p == 0 && images.size(3) % p == 0, "patchify: images ",
@@ -72,14 +62,15 @@ Tensor patchify(const Tensor& images, int64_t p) {
 }
 
 VisionTransformer::VisionTransformer(const ViTConfig& c, Rng& rng) : config_(c) {
-  const int64_t D = c.d_model, tokens = c.patches() + (c.pool == "cls" ? 1 : 0);
+  const int64_t D = c.d_model, tokens = c.patches() + (c.pool == Pool::Cls ? 1 : 0);
   patch_embed = register_module(
       "patch_embed", std::make_shared<Linear>(LinearOptions{c.channels * c.patch_size * c.patch_size, D}, rng));
-  if (c.positions == "learned") pos_embed = register_parameter("pos_embed", Tensor::randn({tokens, D}, rng, 0.02f));
-  if (c.pool == "cls") cls_token = register_parameter("cls_token", Tensor::randn({D}, rng, 0.02f));
+  if (c.positions == PositionKind::Learned) pos_embed = register_parameter("pos_embed", Tensor::randn({tokens, D}, rng, 0.02f));
+  if (c.pool == Pool::Cls) cls_token = register_parameter("cls_token", Tensor::randn({D}, rng, 0.02f));
   dropout = register_module("dropout", std::make_shared<Dropout>(c.dropout, rng.next_bits()));
   TransformerLayerOptions o;
-  o.d_model = D, o.nhead = c.nhead, o.dim_feedforward = c.dim_feedforward(), o.dropout = c.dropout;
+  o.d_model = D, o.dim_feedforward = c.dim_feedforward(), o.dropout = c.dropout;
+  o.attention.nhead = c.nhead;
   o.activation = Activation::Gelu, o.norm_first = true;
   for (int64_t i = 0; i < c.num_layers; ++i)
     layers.push_back(register_module("layers." + std::to_string(i), std::make_shared<TransformerEncoderLayer>(o, rng)));
@@ -95,18 +86,18 @@ Tensor VisionTransformer::forward(const Tensor& images, bool need_weights) {
             shape_str(images.shape()));
   const int64_t B = images.size(0), D = c.d_model;
   Tensor x = patch_embed->forward(patchify(images, c.patch_size));  // [B, N, D]
-  if (c.pool == "cls") x = concat({add(Tensor::zeros({B, 1, D}), cls_token), x}, 1);
+  if (c.pool == Pool::Cls) x = concat({add(Tensor::zeros({B, 1, D}), cls_token), x}, 1);
   if (pos_embed.defined()) {
     x = add(x, pos_embed);
   } else {
     Tensor pe = sinusoidal_encoding_2d(c.grid(), c.grid(), D);
-    if (c.pool == "cls") pe = concat({Tensor::zeros({1, D}), pe}, 0);  // the class token has no position
+    if (c.pool == Pool::Cls) pe = concat({Tensor::zeros({1, D}), pe}, 0);  // the class token has no position
     x = add(x, pe);
   }
   x = dropout->forward(x);
   for (auto& layer : layers) x = layer->forward(x, {.need_weights = need_weights});
   x = norm->forward(x);
-  Tensor pooled = c.pool == "cls" ? x.slice(1, 0, 1).reshape({B, D}) : mean(x, {1});
+  Tensor pooled = c.pool == Pool::Cls ? x.slice(1, 0, 1).reshape({B, D}) : mean(x, {1});
   return head->forward(pooled);
 }
 
@@ -128,7 +119,7 @@ Tensor VisionTransformer::rollout() const {
   }
   const int64_t B = r.size(0), T = r.size(1), N = config_.patches();
   // Rows of the pooled output: the class token, or the mean over patches.
-  Tensor rows = config_.pool == "cls" ? r.slice(1, 0, 1) : mean(r, {1}, {.keepdim = true});  // [B, 1, T]
+  Tensor rows = config_.pool == Pool::Cls ? r.slice(1, 0, 1) : mean(r, {1}, {.keepdim = true});  // [B, 1, T]
   Tensor patches = rows.slice(2, T - N, T).contiguous();
   return patches.reshape({B, config_.grid(), config_.grid()});
 }

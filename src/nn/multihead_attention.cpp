@@ -12,32 +12,50 @@ namespace qkv {
 MultiheadAttention::MultiheadAttention(MultiheadAttentionOptions o, Rng& rng)
     : options_(o), dropout_rng_(rng.next_bits()) {
   register_rng("dropout_rng", &dropout_rng_);
-  QKV_CHECK(o.d_model > 0 && o.nhead > 0 && o.d_model % o.nhead == 0, "MultiheadAttention: d_model ", o.d_model,
-            " is not divisible by nhead ", o.nhead);
+  QKV_CHECK(o.d_model > 0 && o.nhead > 0 && o.head_dim >= 0, "MultiheadAttention: d_model ", o.d_model, " and nhead ",
+            o.nhead, " must be positive");
+  QKV_CHECK(o.head_dim > 0 || o.d_model % o.nhead == 0, "MultiheadAttention: d_model ", o.d_model,
+            " is not divisible by nhead ", o.nhead, " (and no head_dim is given)");
   kv_heads_ = o.num_kv_heads > 0 ? o.num_kv_heads : o.nhead;
   QKV_CHECK(o.nhead % kv_heads_ == 0, "MultiheadAttention: nhead ", o.nhead, " is not a multiple of num_kv_heads ",
             kv_heads_);
-  head_dim_ = o.d_model / o.nhead;
+  head_dim_ = o.head_dim > 0 ? o.head_dim : o.d_model / o.nhead;
   QKV_CHECK(!o.rotary || head_dim_ % 2 == 0, "MultiheadAttention: RoPE needs an even head dimension, got ", head_dim_);
-  const int64_t q_rows = o.nhead * head_dim_, kv_rows = 2 * kv_heads_ * head_dim_;
-  auto projection = [&](const char* name, int64_t in, int64_t out) {
-    auto l = register_module(name, std::make_shared<Linear>(LinearOptions{in, out, o.bias}, rng));
+  const bool fused = o.qkv_layout == QkvLayout::Fused;
+  QKV_CHECK(!fused || o.bias.k == o.bias.v, "MultiheadAttention: a fused projection needs the same bias choice for k and v");
+  QKV_CHECK(!fused || o.cross_attention || o.bias.q == o.bias.k,
+            "MultiheadAttention: a fused projection needs the same bias choice for q, k and v");
+  const int64_t q_rows = o.nhead * head_dim_, kv_rows = kv_heads_ * head_dim_;
+  auto projection = [&](const char* name, int64_t out, bool bias) {
+    auto l = register_module(name, std::make_shared<Linear>(LinearOptions{o.d_model, out, bias}, rng));
     xavier_uniform_(l->weight, rng);  // as torch.nn.MultiheadAttention's in_proj_weight
     if (l->bias.defined()) l->bias.detach().fill_(0.0f);
     return l;
   };
-  if (o.cross_attention) {
-    q_proj = projection("q_proj", o.d_model, q_rows);
-    kv_proj = projection("kv_proj", o.d_model, kv_rows);
+  if (!fused) {
+    q_proj = projection("q_proj", q_rows, o.bias.q);
+    k_proj = projection("k_proj", kv_rows, o.bias.k);
+    v_proj = projection("v_proj", kv_rows, o.bias.v);
+  } else if (o.cross_attention) {
+    q_proj = projection("q_proj", q_rows, o.bias.q);
+    kv_proj = projection("kv_proj", 2 * kv_rows, o.bias.k);
   } else {
-    qkv_proj = projection("qkv_proj", o.d_model, q_rows + kv_rows);
+    qkv_proj = projection("qkv_proj", q_rows + 2 * kv_rows, o.bias.q);
   }
-  out_proj = register_module("out_proj", std::make_shared<Linear>(LinearOptions{q_rows, o.d_model, o.bias}, rng));
+  out_proj = register_module("out_proj", std::make_shared<Linear>(LinearOptions{q_rows, o.d_model, o.bias.out}, rng));
   if (out_proj->bias.defined()) out_proj->bias.detach().fill_(0.0f);
   if (o.qk_norm) {
-    q_norm = register_module("q_norm", std::make_shared<RMSNorm>(head_dim_));
-    k_norm = register_module("k_norm", std::make_shared<RMSNorm>(head_dim_));
+    q_norm = register_module("q_norm", std::make_shared<RMSNorm>(head_dim_, o.qk_norm_eps));
+    k_norm = register_module("k_norm", std::make_shared<RMSNorm>(head_dim_, o.qk_norm_eps));
   }
+}
+
+std::vector<Tensor> MultiheadAttention::project_self(const Tensor& x) const {
+  if (qkv_proj) {
+    const int64_t qn = options_.nhead * head_dim_, kvn = kv_heads_ * head_dim_;
+    return split(qkv_proj->forward(x), {qn, kvn, kvn}, -1);
+  }
+  return {q_proj->forward(x), k_proj->forward(x), v_proj->forward(x)};
 }
 
 Tensor MultiheadAttention::heads(const Tensor& x, int64_t count) const {
@@ -57,7 +75,8 @@ Tensor MultiheadAttention::project_q(const Tensor& x, int64_t position_offset) {
 
 std::pair<Tensor, Tensor> MultiheadAttention::project_kv(const Tensor& memory, int64_t position_offset) {
   QKV_CHECK(options_.cross_attention, "MultiheadAttention: project_kv is for cross-attention modules");
-  std::vector<Tensor> kv = split(kv_proj->forward(memory), {kv_heads_ * head_dim_, kv_heads_ * head_dim_}, -1);
+  std::vector<Tensor> kv = kv_proj ? split(kv_proj->forward(memory), {kv_heads_ * head_dim_, kv_heads_ * head_dim_}, -1)
+                                   : std::vector<Tensor>{k_proj->forward(memory), v_proj->forward(memory)};
   return {prepare(heads(kv[0], kv_heads_), k_norm, position_offset), heads(kv[1], kv_heads_)};
 }
 
@@ -110,12 +129,11 @@ AttentionOutput MultiheadAttention::forward(const Tensor& x, const AttentionCall
   QKV_CHECK(!options_.cross_attention, "MultiheadAttention: a cross-attention module needs a memory");
   QKV_CHECK(x.dim() == 3 && x.size(-1) == options_.d_model, "MultiheadAttention: x must be [B, T, ",
             options_.d_model, "], got ", shape_str(x.shape()));
-  const int64_t qn = options_.nhead * head_dim_, kvn = kv_heads_ * head_dim_;
-  Tensor packed = qkv_proj->forward(x);
-  if (!q_norm && !options_.rotary && !call.need_weights) {  // nothing to do per head between projection and attention
+  if (qkv_proj && !q_norm && !options_.rotary && !call.need_weights) {  // nothing to do per head in between
+    Tensor packed = qkv_proj->forward(x);
     return {out_proj->forward(packed_self_attention(packed, options_.nhead, kv_heads_, attention_options(call))), {}};
   }
-  std::vector<Tensor> qkv = split(packed, {qn, kvn, kvn}, -1);
+  std::vector<Tensor> qkv = project_self(x);
   Tensor q = prepare(heads(qkv[0], options_.nhead), q_norm, call.position_offset);
   Tensor k = prepare(heads(qkv[1], kv_heads_), k_norm, call.position_offset);
   return attend(q, k, heads(qkv[2], kv_heads_), call);
@@ -134,8 +152,7 @@ AttentionOutput MultiheadAttention::forward_cached(const Tensor& x, KVCache& cac
   const int64_t t_new = x.size(1), start = cache.length;
   QKV_CHECK(start + t_new <= cache.capacity(), "KV cache full: ", start, " + ", t_new, " positions exceed its capacity ",
             cache.capacity());
-  const int64_t qn = options_.nhead * head_dim_, kvn = kv_heads_ * head_dim_;
-  std::vector<Tensor> qkv = split(qkv_proj->forward(x), {qn, kvn, kvn}, -1);
+  std::vector<Tensor> qkv = project_self(x);
   Tensor q = prepare(heads(qkv[0], options_.nhead), q_norm, start);
   {
     NoGradGuard no_grad;  // the cache holds values, not history

@@ -43,8 +43,11 @@ std::shared_ptr<FeedForward> make_feed_forward(const TransformerLayerOptions& o,
 }
 
 static MultiheadAttentionOptions attention_options(const TransformerLayerOptions& o, bool cross) {
-  return {.d_model = o.d_model, .nhead = o.nhead, .num_kv_heads = o.num_kv_heads, .bias = o.bias,
-          .dropout = o.dropout, .qk_norm = o.qk_norm, .rotary = o.rotary && !cross, .cross_attention = cross};
+  MultiheadAttentionOptions a = o.attention;
+  a.d_model = o.d_model, a.dropout = o.dropout;
+  a.cross_attention = cross;
+  a.rotary = a.rotary && !cross;  // positions of the source and the target are not comparable
+  return a;
 }
 
 TransformerEncoderLayer::TransformerEncoderLayer(TransformerLayerOptions o, Rng& rng) : options_(o) {

@@ -13,30 +13,23 @@
 #include "qkv/io.h"
 #include "qkv/optim.h"
 #include "qkv/utf8.h"
-#include "src/core/json.h"
+#include "src/config/fields.h"
 #include "src/train/train_state.h"
 
 namespace qkv {
 
 LmTrainOptions LmTrainOptions::from_json(const std::string& text, const std::string& source) {
-  nlohmann::json j = parse_json(text, source);
-  LmTrainOptions o;
-  static const std::set<std::string> known = {"steps",     "batch_size", "lr",   "warmup_steps",
-                                              "weight_decay", "clip_norm", "seed", "eval_every"};
-  const nlohmann::json* section = train_section(j, known, source);
-  if (!section) return o;
-  const nlohmann::json& t = *section;
-  o.steps = json_get<int64_t>(t, "steps", o.steps, source);
-  o.batch_size = json_get<int64_t>(t, "batch_size", o.batch_size, source);
-  o.lr = json_get<float>(t, "lr", o.lr, source);
-  o.warmup_steps = json_get<int64_t>(t, "warmup_steps", o.warmup_steps, source);
-  o.weight_decay = json_get<float>(t, "weight_decay", o.weight_decay, source);
-  o.clip_norm = json_get<float>(t, "clip_norm", o.clip_norm, source);
-  o.seed = json_get<uint64_t>(t, "seed", o.seed, source);
-  o.eval_every = json_get<int64_t>(t, "eval_every", o.eval_every, source);
-  QKV_CHECK(o.steps > 0 && o.batch_size > 0 && o.lr > 0 && o.eval_every > 0 && o.warmup_steps >= 0, source,
-            ": train.steps, batch_size, lr and eval_every must be positive");
-  return o;
+  using O = LmTrainOptions;
+  static const config::Fields<O> fields = config::Fields<O>("train.")
+                                              .add("steps", &O::steps).at_least(1)
+                                              .add("batch_size", &O::batch_size).at_least(1)
+                                              .add("lr", &O::lr).positive()
+                                              .add("warmup_steps", &O::warmup_steps).at_least(0)
+                                              .add("weight_decay", &O::weight_decay).at_least(0)
+                                              .add("clip_norm", &O::clip_norm).at_least(0)
+                                              .add("seed", &O::seed)
+                                              .add("eval_every", &O::eval_every).at_least(1);
+  return config::read_train_section(fields, text, source);
 }
 
 std::vector<int64_t> pack_documents(const Tokenizer& tok, const std::string& text) {
@@ -71,7 +64,7 @@ LanguageModel new_language_model(const std::string& config_text, const std::stri
   nlohmann::json j = parse_json(config_text, source);
   QKV_CHECK(j.is_object(), source, ": expected a JSON object");
   TokenizerConfig tc;
-  tc.type = "bytes";
+  tc.type = TokenizerKind::Bytes;
   if (j.contains("tokenizer")) tc = TokenizerConfig::from_json(j["tokenizer"].dump(), source);
   std::vector<std::string> lines;
   std::istringstream in(train_text);

@@ -11,38 +11,36 @@
 #include "qkv/io.h"
 #include "qkv/optim.h"
 #include "qkv/trainer.h"
-#include "src/core/json.h"
+#include "src/config/fields.h"
 #include "src/train/train_state.h"
 
 namespace qkv {
 
+}  // namespace qkv
+
+template <>
+struct qkv::config::EnumNames<qkv::LrSchedule> {
+  static constexpr std::pair<LrSchedule, const char*> values[] = {{LrSchedule::InverseSqrt, "inverse_sqrt"},
+                                                                  {LrSchedule::Cosine, "cosine"}};
+};
+
+namespace qkv {
+
 TrainOptions TrainOptions::from_json(const std::string& text, const std::string& source) {
-  nlohmann::json j = parse_json(text, source);
-  TrainOptions o;
-  static const std::set<std::string> known = {"steps", "batch_tokens", "lr", "warmup_steps", "schedule",
-                                              "weight_decay", "clip_norm", "label_smoothing", "seed", "eval_every",
-                                              "eval_sentences"};
-  const nlohmann::json* section = train_section(j, known, source);
-  if (!section) return o;
-  const nlohmann::json& t = *section;
-  try {
-    o.steps = t.value("steps", o.steps);
-    o.batch_tokens = t.value("batch_tokens", o.batch_tokens);
-    o.lr = t.value("lr", o.lr);
-    o.warmup_steps = t.value("warmup_steps", o.warmup_steps);
-    o.schedule = t.value("schedule", o.schedule);
-    o.weight_decay = t.value("weight_decay", o.weight_decay);
-    o.clip_norm = t.value("clip_norm", o.clip_norm);
-    o.label_smoothing = t.value("label_smoothing", o.label_smoothing);
-    o.seed = t.value("seed", o.seed);
-    o.eval_every = t.value("eval_every", o.eval_every);
-    o.eval_sentences = t.value("eval_sentences", o.eval_sentences);
-  } catch (const nlohmann::json::exception& e) {
-    fail(source, ": a 'train' value has the wrong type (", e.what(), ")");
-  }
-  QKV_CHECK(o.schedule == "inverse_sqrt" || o.schedule == "cosine", source, ": train.schedule is '", o.schedule,
-            "', expected inverse_sqrt or cosine");
-  return o;
+  using O = TrainOptions;
+  static const config::Fields<O> fields = config::Fields<O>("train.")
+                                              .add("steps", &O::steps).at_least(1)
+                                              .add("batch_tokens", &O::batch_tokens).at_least(1)
+                                              .add("lr", &O::lr).positive()
+                                              .add("warmup_steps", &O::warmup_steps).at_least(0)
+                                              .add("schedule", &O::schedule)
+                                              .add("weight_decay", &O::weight_decay).at_least(0)
+                                              .add("clip_norm", &O::clip_norm).at_least(0)
+                                              .add("label_smoothing", &O::label_smoothing).fraction()
+                                              .add("seed", &O::seed)
+                                              .add("eval_every", &O::eval_every).at_least(1)
+                                              .add("eval_sentences", &O::eval_sentences).at_least(0);
+  return config::read_train_section(fields, text, source);
 }
 
 static std::vector<EncodedPair> encode_all(const Tokenizer& tok, const std::vector<SentencePair>& pairs) {
@@ -193,7 +191,7 @@ void train_translation(TranslationModel& m, const std::vector<SentencePair>& tra
       s.next_batch = 0;
     }
     Batch b = collate(train_ids, s.batches[s.next_batch++]);
-    const float lr = o.schedule == "cosine" ? cosine.lr_at(step) : inv.lr_at(step);
+    const float lr = o.schedule == LrSchedule::Cosine ? cosine.lr_at(step) : inv.lr_at(step);
     opt.set_lr(lr);
     opt.zero_grad();
     Tensor loss = translation_loss(model, b, o.label_smoothing);

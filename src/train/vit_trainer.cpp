@@ -10,37 +10,27 @@
 
 #include "qkv/io.h"
 #include "qkv/optim.h"
-#include "src/core/json.h"
+#include "src/config/fields.h"
 #include "src/train/train_state.h"
 
 namespace qkv {
 
 VitTrainOptions VitTrainOptions::from_json(const std::string& text, const std::string& source) {
-  nlohmann::json j = parse_json(text, source);
-  VitTrainOptions o;
-  static const std::set<std::string> known = {"epochs", "batch_size", "lr", "warmup_steps", "min_lr_ratio",
-                                              "weight_decay", "clip_norm", "label_smoothing", "seed", "augment_pad",
-                                              "augment_flip", "max_train_images"};
-  const nlohmann::json* section = train_section(j, known, source);
-  if (!section) return o;
-  const nlohmann::json& t = *section;
-  o.epochs = json_get<int64_t>(t, "epochs", o.epochs, source);
-  o.batch_size = json_get<int64_t>(t, "batch_size", o.batch_size, source);
-  o.lr = json_get<float>(t, "lr", o.lr, source);
-  o.warmup_steps = json_get<int64_t>(t, "warmup_steps", o.warmup_steps, source);
-  o.min_lr_ratio = json_get<float>(t, "min_lr_ratio", o.min_lr_ratio, source);
-  o.weight_decay = json_get<float>(t, "weight_decay", o.weight_decay, source);
-  o.clip_norm = json_get<float>(t, "clip_norm", o.clip_norm, source);
-  o.label_smoothing = json_get<float>(t, "label_smoothing", o.label_smoothing, source);
-  o.seed = json_get<uint64_t>(t, "seed", o.seed, source);
-  o.augment_pad = json_get<int64_t>(t, "augment_pad", o.augment_pad, source);
-  o.augment_flip = json_get<bool>(t, "augment_flip", o.augment_flip, source);
-  o.max_train_images = json_get<int64_t>(t, "max_train_images", o.max_train_images, source);
-  QKV_CHECK(o.epochs > 0 && o.batch_size > 0 && o.lr > 0 && o.warmup_steps >= 0 && o.augment_pad >= 0 &&
-                o.max_train_images >= 0,
-            source, ": train.epochs, batch_size and lr must be positive; warmup_steps, augment_pad and "
-            "max_train_images not negative");
-  return o;
+  using O = VitTrainOptions;
+  static const config::Fields<O> fields = config::Fields<O>("train.")
+                                              .add("epochs", &O::epochs).at_least(1)
+                                              .add("batch_size", &O::batch_size).at_least(1)
+                                              .add("lr", &O::lr).positive()
+                                              .add("warmup_steps", &O::warmup_steps).at_least(0)
+                                              .add("min_lr_ratio", &O::min_lr_ratio).at_least(0)
+                                              .add("weight_decay", &O::weight_decay).at_least(0)
+                                              .add("clip_norm", &O::clip_norm).at_least(0)
+                                              .add("label_smoothing", &O::label_smoothing).fraction()
+                                              .add("seed", &O::seed)
+                                              .add("augment_pad", &O::augment_pad).at_least(0)
+                                              .add("augment_flip", &O::augment_flip)
+                                              .add("max_train_images", &O::max_train_images).at_least(0);
+  return config::read_train_section(fields, text, source);
 }
 
 Tensor classify_images(VisionTransformer& model, const Tensor& images) {

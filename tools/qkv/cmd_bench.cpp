@@ -474,7 +474,7 @@ int run_bench_vit(const BenchArgs& a) {
   const std::string recipe = "configs/vit-fashion-mnist.json";
   ViTConfig c = ViTConfig::from_json(recipe_text(recipe, "vit"), recipe);
   c.dropout = 0;
-  QKV_CHECK(c.positions == "learned" && c.pool == "mean", recipe,
+  QKV_CHECK(c.positions == PositionKind::Learned && c.pool == Pool::Mean, recipe,
             ": the PyTorch peer builds learned positions and mean pooling only");
   const int64_t C = c.channels, S = c.image_size;
   Rng rng(0);
