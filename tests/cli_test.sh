@@ -169,6 +169,18 @@ one_line_error "generate too long a prompt"
 check "generate --truncate-prompt" 0 "$QKV" generate --model "$tmp/lm" --prompt "$(printf 'x%.0s' $(seq 40))" --max-new-tokens 3 --truncate-prompt
 check "generate bad top-p" nonzero "$QKV" generate --model "$tmp/lm" --top-p 1.5
 one_line_error "generate bad top-p"
+check "eval decoder" 0 "$QKV" eval --model "$tmp/lm" --test "$tmp/lm.txt" --json
+grep -q '"perplexity"' "$tmp/out" || { echo "FAIL eval decoder"; cat "$tmp/out"; failures=$((failures + 1)); }
+# A folder of the wrong kind: one line saying what it holds, for every command that reads one.
+check "generate a translation model" nonzero "$QKV" generate --model "$tmp/demo/model" --prompt x
+one_line_error "generate a translation model"
+grep -q "holds a translation Transformer (arch 'transformer')" "$tmp/err" || { echo "FAIL generate wrong kind"; cat "$tmp/err"; failures=$((failures + 1)); }
+check "translate a decoder" nonzero bash -c "echo x | '$QKV' translate --model '$tmp/lm'"
+one_line_error "translate a decoder"
+check "classify a decoder" nonzero "$QKV" classify --model "$tmp/lm" "$tmp/rollout.png"
+one_line_error "classify a decoder"
+check "resume another arch" nonzero "$QKV" train --config "$tmp/lm.json" --train "$tmp/lm.txt" --out "$tmp/vit" --resume
+one_line_error "resume another arch"
 printf 'good\nbad\377\n' >"$tmp/badlm.txt"
 check "train decoder invalid UTF-8" nonzero "$QKV" train --config "$tmp/lm.json" --train "$tmp/badlm.txt" --out "$tmp/lm2"
 one_line_error "train decoder invalid UTF-8"

@@ -1,10 +1,9 @@
-// qkv/lm_trainer.h — training and sampling decoder-only language models.
+// qkv/lm_trainer.h — training decoder-only language models.
 //
-// A language-model folder holds config.json (the DecoderConfig with its
-// "tokenizer"), model.safetensors (the best weights by validation loss), the
-// tokenizer's file, trainer_state.json (step, perplexity history) and
+// It writes a model folder (qkv/checkpoint.h): the best weights by validation
+// loss, trainer_state.json (step, perplexity history) and
 // trainer_state.safetensors (the latest weights, AdamW moments, step, RNG
-// streams: what --resume needs). Every file is written atomically.
+// streams: what --resume needs). Sampling is in qkv/infer.h.
 #pragma once
 
 #include <functional>
@@ -12,15 +11,11 @@
 #include <string>
 #include <vector>
 
-#include "qkv/lm.h"
+#include "qkv/infer.h"
 #include "qkv/tokenizer.h"
 
 namespace qkv {
 
-struct LanguageModel {
-  std::shared_ptr<const Tokenizer> tokenizer;
-  std::shared_ptr<DecoderLM> model;
-};
 
 struct LmTrainOptions {
   int64_t steps = 1000;
@@ -55,9 +50,6 @@ struct LmCallbacks {
   std::function<void(const LmEvalReport&)> evaluated;
 };
 
-// Documents are separated by blank lines. Each is encoded, followed by
-// <eos>, and all are concatenated into one token stream.
-std::vector<int64_t> pack_documents(const Tokenizer& tok, const std::string& text);
 
 // A fresh model from a config's text ("tokenizer": "bytes" by default, or a
 // SentencePiece config learnt from `train_text`).
@@ -70,27 +62,7 @@ LanguageModel new_language_model(const std::string& config_text, const std::stri
 void train_language_model(LanguageModel& m, const std::vector<int64_t>& train, const std::vector<int64_t>& valid,
                           const LmTrainOptions& options, const std::string& out_dir, const LmCallbacks& callbacks);
 
-// Mean next-token loss (natural log) over consecutive windows of `tokens`.
-double language_model_loss(DecoderLM& model, const std::vector<int64_t>& tokens, int64_t batch_size = 8);
 
-void save_language_model(const LanguageModel& m, const std::string& dir, const std::string& trainer_state_json);
-LanguageModel load_language_model(const std::string& dir);
 
-struct GenerateOptions {
-  int64_t max_new_tokens = 100;
-  float temperature = 1.0f;  // 0: greedy
-  int64_t top_k = 0;         // 0: all
-  float top_p = 1.0f;        // nucleus: the smallest set of tokens with this much probability
-  uint64_t seed = 1;
-  bool truncate_prompt = false;  // keep the prompt's last tokens when it does not fit the context
-};
-
-// Prefills the prompt, then samples one token at a time with the KV cache,
-// until <eos> or max_new_tokens. `emit` receives the text as it grows, in
-// pieces that never split a UTF-8 character (a character still arriving is
-// held back, and dropped if generation stops inside it; bytes that can never
-// form one become U+FFFD). Returns the new token ids.
-std::vector<int64_t> generate(LanguageModel& m, const std::string& prompt, const GenerateOptions& options,
-                              const std::function<void(const std::string&)>& emit = {});
 
 }  // namespace qkv

@@ -140,8 +140,6 @@ private:
 };
 
 Tensor activate(const Tensor& x, Activation activation);
-// "relu" | "gelu" | "gelu_tanh" | "silu" | "tanh" (config names); anything else is an error.
-Activation activation_from_name(const std::string& name);
 
 struct MLPOptions {
   int64_t in_features = 0;

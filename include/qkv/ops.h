@@ -61,7 +61,7 @@ Tensor matmul(const Tensor& a, const Tensor& b);
 // bias [out] or undefined -> [..., out]. The GEMM adds the bias to its output
 // rows as it finishes them.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
-// The nonlinearities of an MLP, by name in configs (see activation_from_name).
+// The nonlinearities of an MLP (their config names: src/config/names.h).
 enum class Activation { Relu, Gelu, GeluTanh, Silu, Tanh };
 // act(x W^T + b): the same values as the linear and the activation one after
 // the other, with the activation applied by each GEMM thread to its rows of

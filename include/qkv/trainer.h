@@ -1,19 +1,16 @@
-// qkv/trainer.h — the training loop for translation models and the model folder.
+// qkv/trainer.h — the training loop for translation models.
 //
-// A model folder holds config.json (the model config and its "tokenizer"),
-// model.safetensors (the best weights by validation chrF), the tokenizer's
-// file (tokenizer.json for characters, tokenizer.model for SentencePiece),
-// trainer_state.json (step, metrics history) and trainer_state.safetensors
-// (the latest weights, AdamW moments, step, every RNG stream and the data
-// order: all that --resume needs, in one file). Every file is written
-// atomically, so a crash never leaves a half-written model; a resume reads
-// the one state file, so it never mixes two checkpoints.
+// It writes a model folder (qkv/checkpoint.h): the best weights by validation
+// chrF, and trainer_state.safetensors (the latest weights, AdamW moments,
+// step, every RNG stream and the data order: all that --resume needs, in one
+// file, so a resume never mixes two checkpoints). Running the trained model
+// needs only qkv/infer.h.
 #pragma once
 
 #include <functional>
 #include <string>
 
-#include "qkv/translation.h"
+#include "qkv/infer.h"
 
 namespace qkv {
 
@@ -59,10 +56,6 @@ struct TrainCallbacks {
   std::function<bool(int64_t step)> inject_nonfinite;
 };
 
-struct TranslationModel {
-  std::shared_ptr<const Tokenizer> tokenizer;
-  std::shared_ptr<Seq2Seq> model;  // any arch
-};
 
 // A fresh model from a config file's text (its "train" object is read by
 // TrainOptions::from_json), with its tokenizer (the config's "tokenizer",
@@ -76,19 +69,6 @@ void train_translation(TranslationModel& m, const std::vector<SentencePair>& tra
                        const std::vector<SentencePair>& valid, const TrainOptions& options, const std::string& out_dir,
                        const TrainCallbacks& callbacks);
 
-void save_translation_model(const TranslationModel& m, const std::string& dir, const std::string& trainer_state_json);
-TranslationModel load_translation_model(const std::string& dir);
 
-// Corpus scores (0-100) of translating `pairs`' sources against their targets.
-struct TranslationScores {
-  double bleu = 0, chrf = 0, exact_match = 0;  // BLEU with tokenize "char"
-  int64_t sentences = 0;
-};
-TranslationScores score_translation(TranslationModel& m, const std::vector<SentencePair>& pairs, int64_t max_len,
-                                    int64_t beam = 1);
-
-// Translations of `sources` (text in, text out): greedy when beam is 1, else beam search.
-std::vector<std::string> translate_texts(TranslationModel& m, const std::vector<std::string>& sources,
-                                         int64_t max_len, int64_t beam = 1);
 
 }  // namespace qkv

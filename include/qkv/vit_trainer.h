@@ -1,10 +1,9 @@
-// qkv/vit_trainer.h — training, evaluating and loading Vision Transformers.
+// qkv/vit_trainer.h — training Vision Transformers.
 //
-// A ViT model folder holds config.json (the ViTConfig, with class names),
-// model.safetensors (the best weights by test accuracy), trainer_state.json
-// (epoch, accuracy history) and trainer_state.safetensors (the latest
-// weights, AdamW moments, step and RNG streams: what --resume needs). Every
-// file is written atomically.
+// It writes a model folder (qkv/checkpoint.h): the best weights by test
+// accuracy, trainer_state.json (epoch, accuracy history) and
+// trainer_state.safetensors (the latest weights, AdamW moments, step and RNG
+// streams: what --resume needs). Classifying and evaluating are in qkv/infer.h.
 #pragma once
 
 #include <functional>
@@ -12,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "qkv/vision.h"
+#include "qkv/infer.h"
 #include "qkv/vit.h"
 
 namespace qkv {
@@ -59,17 +58,7 @@ struct VitCallbacks {
 void train_vit(VisionTransformer& model, const ImageSet& train, const ImageSet& test, const VitTrainOptions& options,
                const std::string& out_dir, const VitCallbacks& callbacks);
 
-struct VitEvaluation {
-  int64_t images = 0;
-  double accuracy = 0;              // 0..1
-  std::vector<int64_t> confusion;   // classes x classes: [true][predicted]
-};
-VitEvaluation evaluate_vit(VisionTransformer& model, const ImageSet& set, int64_t batch_size = 256);
 
-// Softmax probabilities [B, classes] of images [B, C, H, W].
-Tensor classify_images(VisionTransformer& model, const Tensor& images);
 
-void save_vit_model(VisionTransformer& model, const std::string& dir, const std::string& trainer_state_json);
-std::shared_ptr<VisionTransformer> load_vit_model(const std::string& dir);
 
 }  // namespace qkv

@@ -1,7 +1,6 @@
 // Internal: parsing JSON text with errors that name where it came from.
 #pragma once
 
-#include <initializer_list>
 #include <set>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -29,17 +28,6 @@ T json_get(const nlohmann::json& j, const char* key, T fallback, const std::stri
   } catch (const nlohmann::json::exception&) {
     fail(source, ": '", key, "' has the wrong type (", j.at(key).dump(), ")");
   }
-}
-
-// Fails unless `value` (of config key `key`) is one of `allowed`, listing them.
-inline void json_one_of(const std::string& value, std::initializer_list<const char*> allowed, const char* key,
-                        const std::string& source) {
-  std::string list;
-  for (const char* a : allowed) {
-    if (value == a) return;
-    list += std::string(list.empty() ? "" : ", ") + a;
-  }
-  fail(source, ": '", key, "' is '", value, "', expected one of: ", list);
 }
 
 // Fails on the first key of object `j` not in `known`:

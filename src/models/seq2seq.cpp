@@ -1,8 +1,8 @@
-// Building a translation model from its config: one place that knows every arch.
+// Beam bookkeeping shared by the translation families, and building one from its config (through the registry).
 #include <nlohmann/json.hpp>
 
-#include "qkv/conv_seq2seq.h"
 #include "qkv/models.h"
+#include "qkv/registry.h"
 #include "src/core/json.h"
 
 namespace qkv {
@@ -21,23 +21,12 @@ void Seq2Seq::expand_beams(DecodeState& state, int64_t sentences, int64_t k) {
 
 std::shared_ptr<Seq2Seq> make_seq2seq(const std::string& config_json, const std::string& source, int64_t vocab_size,
                                       Rng& rng) {
+  const Family& family = family_of_config(config_json, source);
+  QKV_CHECK(family.domain == Domain::Translation, source, ": arch '", family.arch, "' is ", family.description,
+            ", not a translation model");
   nlohmann::json j = parse_json(config_json, source);
-  QKV_CHECK(j.is_object(), source, ": expected a JSON object");
-  const std::string arch = j.value("arch", "transformer");
   j["vocab_size"] = vocab_size;
-  if (arch == "transformer") {
-    TransformerConfig c = TransformerConfig::from_json(j.dump(), source);
-    return std::make_shared<TranslationTransformer>(c, rng);
-  }
-  if (arch == "rnn_attention") {
-    RnnAttentionConfig c = RnnAttentionConfig::from_json(j.dump(), source);
-    return std::make_shared<RnnAttention>(c, rng);
-  }
-  if (arch == "conv") {
-    ConvSeq2SeqConfig c = ConvSeq2SeqConfig::from_json(j.dump(), source);
-    return std::make_shared<ConvSeq2Seq>(c, rng);
-  }
-  fail(source, ": 'arch' is '", arch, "', expected one of: transformer, rnn_attention, conv");
+  return std::dynamic_pointer_cast<Seq2Seq>(family.build(j.dump(), source, rng));
 }
 
 }  // namespace qkv

@@ -123,15 +123,6 @@ Tensor GRUCell::step(const Tensor& gi, const Tensor& h) const {
   return add(n, mul(z, sub(h, n)));  // (1 - z) n + z h
 }
 
-Activation activation_from_name(const std::string& name) {
-  if (name == "relu") return Activation::Relu;
-  if (name == "gelu") return Activation::Gelu;
-  if (name == "gelu_tanh") return Activation::GeluTanh;
-  if (name == "silu") return Activation::Silu;
-  if (name == "tanh") return Activation::Tanh;
-  fail("unknown activation '", name, "' (relu, gelu, gelu_tanh, silu, tanh)");
-}
-
 Tensor activate(const Tensor& x, Activation activation) {
   switch (activation) {
     case Activation::Relu: return relu(x);

@@ -10,6 +10,7 @@
 #include <set>
 #include <sstream>
 
+#include "qkv/checkpoint.h"
 #include "qkv/io.h"
 #include "qkv/optim.h"
 #include "qkv/utf8.h"
@@ -32,32 +33,6 @@ LmTrainOptions LmTrainOptions::from_json(const std::string& text, const std::str
   return config::read_train_section(fields, text, source);
 }
 
-std::vector<int64_t> pack_documents(const Tokenizer& tok, const std::string& text) {
-  std::vector<int64_t> out;
-  std::istringstream in(text);
-  std::string line, doc;
-  int64_t number = 0;
-  auto flush = [&] {
-    if (doc.empty()) return;
-    out.push_back(Tokenizer::kBos);
-    for (int64_t id : tok.encode(doc)) out.push_back(id);
-    out.push_back(Tokenizer::kEos);
-    doc.clear();
-  };
-  while (std::getline(in, line)) {
-    ++number;
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    size_t bad = invalid_utf8_offset(line);
-    QKV_CHECK(bad == std::string::npos, "line ", number, ": invalid UTF-8 at byte ", bad + 1);
-    if (line.empty()) {
-      flush();
-    } else {
-      doc += doc.empty() ? line : "\n" + line;
-    }
-  }
-  flush();
-  return out;
-}
 
 LanguageModel new_language_model(const std::string& config_text, const std::string& source,
                                  const std::string& train_text, uint64_t seed) {
@@ -79,64 +54,11 @@ LanguageModel new_language_model(const std::string& config_text, const std::stri
   return m;
 }
 
-double language_model_loss(DecoderLM& model, const std::vector<int64_t>& tokens, int64_t batch_size) {
-  NoGradGuard no_grad;
-  const bool was_training = model.is_training();
-  model.eval();
-  const int64_t C = std::min<int64_t>(model.config().context, (int64_t)tokens.size() - 1);
-  QKV_CHECK(C >= 1, "language model loss: need at least 2 tokens, have ", tokens.size());
-  std::vector<int64_t> starts;
-  for (int64_t s = 0; s + C + 1 <= (int64_t)tokens.size(); s += C) starts.push_back(s);
-  double total = 0;
-  int64_t count = 0;
-  for (size_t b0 = 0; b0 < starts.size(); b0 += (size_t)batch_size) {
-    const int64_t B = (int64_t)std::min(starts.size() - b0, (size_t)batch_size);
-    std::vector<int64_t> in, target;
-    for (int64_t b = 0; b < B; ++b) {
-      in.insert(in.end(), tokens.begin() + starts[b0 + b], tokens.begin() + starts[b0 + b] + C);
-      target.insert(target.end(), tokens.begin() + starts[b0 + b] + 1, tokens.begin() + starts[b0 + b] + C + 1);
-    }
-    Tensor logits = model.forward(Tensor::from_ints(in, {B, C})).reshape({B * C, -1});
-    total += cross_entropy(logits, Tensor::from_ints(target, {B * C})).item() * (double)(B * C);
-    count += B * C;
-  }
-  if (was_training) model.train();
-  return total / (double)count;
-}
 
-void save_language_model(const LanguageModel& m, const std::string& dir, const std::string& trainer_state_json) {
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  QKV_CHECK(std::filesystem::is_directory(dir), "cannot create the model folder ", dir, ec ? ": " + ec.message() : "");
-  nlohmann::ordered_json config = nlohmann::ordered_json::parse(m.model->config().to_json());
-  config["tokenizer"] = nlohmann::ordered_json::parse(m.tokenizer->config_json());
-  if (!m.tokenizer->file_name().empty())
-    write_file_atomic(dir + "/" + m.tokenizer->file_name(), m.tokenizer->serialize());
-  write_file_atomic(dir + "/config.json", config.dump(2) + "\n");
-  save_safetensors(dir + "/model.safetensors", m.model->state_dict(), {{"format", "qkv"}, {"arch", "decoder"}});
-  write_file_atomic(dir + "/trainer_state.json", trainer_state_json);
-}
 
-LanguageModel load_language_model(const std::string& dir) {
-  QKV_CHECK(std::filesystem::is_directory(dir), "model folder ", dir, " does not exist");
-  const std::string config_path = dir + "/config.json";
-  nlohmann::json config = parse_json(read_file(config_path), config_path);
-  QKV_CHECK(config.is_object() && config.contains("tokenizer"), config_path, ": no \"tokenizer\" field");
-  LanguageModel m;
-  m.tokenizer = load_tokenizer(config["tokenizer"].dump(), dir);
-  DecoderConfig c = DecoderConfig::from_json(config.dump(), config_path);
-  QKV_CHECK(c.vocab_size == m.tokenizer->size(), dir, ": tokenizer has ", m.tokenizer->size(),
-            " tokens, config.json says vocab_size ", c.vocab_size);
-  Rng rng(0);
-  m.model = std::make_shared<DecoderLM>(c, rng);
-  SafetensorsFile weights = load_safetensors(dir + "/model.safetensors");
-  try {
-    m.model->load_state_dict(weights.as_map());
-  } catch (const Error& e) {
-    fail(dir, "/model.safetensors: ", e.what());
-  }
-  m.model->eval();
-  return m;
+
+static void save_language_model(const LanguageModel& m, const std::string& dir, const std::string& state) {
+  save_model_folder(dir, find_family("decoder", dir), *m.model, m.tokenizer.get(), state);
 }
 
 void train_language_model(LanguageModel& m, const std::vector<int64_t>& train, const std::vector<int64_t>& valid,
@@ -217,90 +139,6 @@ void train_language_model(LanguageModel& m, const std::vector<int64_t>& train, c
       if (cb.evaluated) cb.evaluated(r);
     }
   }
-}
-
-namespace {
-
-// The length of the longest prefix of s that ends on a whole UTF-8 character
-// (a multi-byte character still arriving is held back).
-size_t complete_utf8_prefix(const std::string& s) {
-  size_t n = s.size();
-  for (size_t back = 1; back <= 4 && back <= n; ++back) {
-    const uint8_t c = (uint8_t)s[n - back];
-    if ((c & 0xC0) == 0x80) continue;  // a continuation byte: look further back
-    const size_t need = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 1;
-    return back < need ? n - back : n;
-  }
-  return n;
-}
-
-int64_t sample(const float* logits, int64_t V, const GenerateOptions& o, Rng& rng) {
-  std::vector<std::pair<float, int64_t>> cand;
-  for (int64_t v = 0; v < V; ++v)
-    if (v != Tokenizer::kPad && v != Tokenizer::kBos && v != Tokenizer::kUnk) cand.push_back({logits[v], v});
-  std::sort(cand.begin(), cand.end(), [](auto& a, auto& b) { return a.first > b.first; });
-  if (o.temperature <= 0) return cand[0].second;
-  if (o.top_k > 0 && (size_t)o.top_k < cand.size()) cand.resize((size_t)o.top_k);
-  std::vector<double> p(cand.size());
-  double total = 0;
-  for (size_t i = 0; i < cand.size(); ++i) total += p[i] = std::exp((cand[i].first - cand[0].first) / o.temperature);
-  size_t keep = cand.size();
-  if (o.top_p < 1) {  // the smallest head of the sorted list with probability >= top_p
-    double mass = 0;
-    for (keep = 0; keep < cand.size();) {
-      mass += p[keep++] / total;
-      if (mass >= o.top_p) break;
-    }
-    total = std::accumulate(p.begin(), p.begin() + keep, 0.0);
-  }
-  double u = rng.next_uniform() * total;
-  for (size_t i = 0; i < keep; ++i) {
-    if ((u -= p[i]) <= 0) return cand[i].second;
-  }
-  return cand[keep - 1].second;
-}
-
-}  // namespace
-
-std::vector<int64_t> generate(LanguageModel& m, const std::string& prompt, const GenerateOptions& o,
-                              const std::function<void(const std::string&)>& emit) {
-  QKV_CHECK(o.max_new_tokens >= 0 && o.top_k >= 0 && o.top_p > 0 && o.top_p <= 1 && o.temperature >= 0,
-            "generate: max-new-tokens, top-k and temperature must not be negative, top-p in (0, 1]");
-  NoGradGuard no_grad;
-  DecoderLM& model = *m.model;
-  model.eval();
-  const int64_t C = model.config().context;
-  std::vector<int64_t> ids = {Tokenizer::kBos};
-  for (int64_t id : m.tokenizer->encode(prompt)) ids.push_back(id);
-  if ((int64_t)ids.size() >= C) {
-    QKV_CHECK(o.truncate_prompt, "generate: the prompt is ", ids.size() - 1, " tokens, the model's context is ", C,
-              " (pass --truncate-prompt to keep its last ", C - 2, " tokens)");
-    ids.erase(ids.begin() + 1, ids.end() - (C - 2));
-  }
-  std::vector<KVCache> caches = model.make_caches(1, C);
-  Tensor logits = model.forward_cached(Tensor::from_ints(ids, {1, (int64_t)ids.size()}), caches);
-  const int64_t V = logits.size(-1);
-  Rng rng(o.seed);
-  std::vector<int64_t> out;
-  size_t emitted = 0;
-  for (int64_t i = 0; i < o.max_new_tokens && caches[0].length < C; ++i) {
-    const float* last = logits.data<float>() + (logits.size(1) - 1) * V;
-    const int64_t next = sample(last, V, o, rng);
-    if (next == Tokenizer::kEos) break;
-    out.push_back(next);
-    if (emit) {
-      const std::string text = m.tokenizer->decode(out);
-      const size_t cut = complete_utf8_prefix(text);
-      if (cut > emitted) emit(replace_invalid_utf8(text.substr(emitted, cut - emitted))), emitted = cut;
-    }
-    if (caches[0].length < C) logits = model.forward_cached(Tensor::from_ints({next}, {1, 1}), caches);
-  }
-  if (emit) {  // what is left, less a character cut off by max_new_tokens (it is not text yet)
-    const std::string text = m.tokenizer->decode(out);
-    const size_t cut = complete_utf8_prefix(text);
-    if (cut > emitted) emit(replace_invalid_utf8(text.substr(emitted, cut - emitted)));
-  }
-  return out;
 }
 
 }  // namespace qkv

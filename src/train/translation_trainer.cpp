@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "qkv/checkpoint.h"
 #include "qkv/io.h"
 #include "qkv/optim.h"
 #include "qkv/trainer.h"
@@ -49,33 +50,7 @@ static std::vector<EncodedPair> encode_all(const Tokenizer& tok, const std::vect
   return out;
 }
 
-std::vector<std::string> translate_texts(TranslationModel& m, const std::vector<std::string>& sources, int64_t max_len,
-                                         int64_t beam) {
-  std::vector<std::vector<int64_t>> ids;
-  for (auto& s : sources) ids.push_back(m.tokenizer->encode(s));
-  std::vector<std::string> out;
-  if (beam > 1) {
-    for (auto& h : beam_translate(*m.model, ids, max_len, {.beam = beam})) out.push_back(m.tokenizer->decode(h.tokens));
-  } else {
-    for (auto& t : greedy_translate(*m.model, ids, max_len)) out.push_back(m.tokenizer->decode(t));
-  }
-  return out;
-}
 
-TranslationScores score_translation(TranslationModel& m, const std::vector<SentencePair>& pairs, int64_t max_len,
-                                    int64_t beam) {
-  std::vector<std::string> sources, refs;
-  for (auto& [src, tgt] : pairs) sources.push_back(src), refs.push_back(tgt);
-  std::vector<std::string> hyps = translate_texts(m, sources, max_len, beam);
-  int64_t exact = 0;
-  for (size_t i = 0; i < hyps.size(); ++i) exact += hyps[i] == refs[i];
-  TranslationScores s;
-  s.sentences = (int64_t)hyps.size();
-  s.bleu = bleu_char(hyps, refs);
-  s.chrf = chrf(hyps, refs);
-  s.exact_match = hyps.empty() ? 0.0 : 100.0 * exact / hyps.size();
-  return s;
-}
 
 static EvalReport evaluate(TranslationModel& m, const std::vector<EncodedPair>& valid,
                            const std::vector<SentencePair>& valid_text, const TrainOptions& o) {
@@ -154,6 +129,10 @@ LoopState load_loop_state(const std::string& dir, TranslationModel& m, AdamW& op
 }
 
 }  // namespace
+
+static void save_translation_model(const TranslationModel& m, const std::string& dir, const std::string& state) {
+  save_model_folder(dir, family_of_config(m.model->config_json(), dir), *m.model, m.tokenizer.get(), state);
+}
 
 void train_translation(TranslationModel& m, const std::vector<SentencePair>& train,
                        const std::vector<SentencePair>& valid, const TrainOptions& o, const std::string& out_dir,
@@ -247,40 +226,6 @@ TranslationModel new_translation_model(const std::string& config_text, const std
   return m;
 }
 
-void save_translation_model(const TranslationModel& m, const std::string& dir, const std::string& trainer_state_json) {
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  QKV_CHECK(std::filesystem::is_directory(dir), "cannot create the model folder ", dir, ec ? ": " + ec.message() : "");
-  nlohmann::ordered_json config = nlohmann::ordered_json::parse(m.model->config_json());
-  config["tokenizer"] = nlohmann::ordered_json::parse(m.tokenizer->config_json());
-  if (!m.tokenizer->file_name().empty())
-    write_file_atomic(dir + "/" + m.tokenizer->file_name(), m.tokenizer->serialize());
-  write_file_atomic(dir + "/config.json", config.dump(2) + "\n");
-  save_safetensors(dir + "/model.safetensors", m.model->state_dict(),
-                   {{"format", "qkv"}, {"arch", config.value("arch", "")}});
-  write_file_atomic(dir + "/trainer_state.json", trainer_state_json);
-}
 
-TranslationModel load_translation_model(const std::string& dir) {
-  QKV_CHECK(std::filesystem::is_directory(dir), "model folder ", dir, " does not exist");
-  TranslationModel m;
-  std::string config_path = dir + "/config.json";
-  nlohmann::json config = parse_json(read_file(config_path), config_path);
-  QKV_CHECK(config.is_object() && config.contains("tokenizer"), config_path, ": no \"tokenizer\" field");
-  m.tokenizer = load_tokenizer(config["tokenizer"].dump(), dir);
-  config.erase("tokenizer");
-  QKV_CHECK(config.value("vocab_size", (int64_t)-1) == m.tokenizer->size(), dir, ": tokenizer has ",
-            m.tokenizer->size(), " tokens, config.json says vocab_size ", config.value("vocab_size", (int64_t)-1));
-  Rng rng(0);
-  m.model = make_seq2seq(config.dump(), config_path, m.tokenizer->size(), rng);
-  SafetensorsFile weights = load_safetensors(dir + "/model.safetensors");
-  try {
-    m.model->load_state_dict(weights.as_map());
-  } catch (const Error& e) {
-    fail(dir, "/model.safetensors: ", e.what());
-  }
-  m.model->eval();
-  return m;
-}
 
 }  // namespace qkv

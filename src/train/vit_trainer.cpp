@@ -8,6 +8,7 @@
 #include <numeric>
 #include <set>
 
+#include "qkv/checkpoint.h"
 #include "qkv/io.h"
 #include "qkv/optim.h"
 #include "src/config/fields.h"
@@ -33,66 +34,9 @@ VitTrainOptions VitTrainOptions::from_json(const std::string& text, const std::s
   return config::read_train_section(fields, text, source);
 }
 
-Tensor classify_images(VisionTransformer& model, const Tensor& images) {
-  NoGradGuard no_grad;
-  return softmax(model.forward(images));
-}
 
-VitEvaluation evaluate_vit(VisionTransformer& model, const ImageSet& set, int64_t batch_size) {
-  NoGradGuard no_grad;
-  const bool was_training = model.is_training();
-  model.eval();
-  const int64_t C = model.config().num_classes;
-  QKV_CHECK(set.channels == model.config().channels && set.height == model.config().image_size &&
-                set.width == model.config().image_size,
-            "evaluate: images are ", set.channels, "x", set.height, "x", set.width, ", the model takes ",
-            model.config().channels, "x", model.config().image_size, "x", model.config().image_size);
-  VitEvaluation e;
-  e.confusion.assign((size_t)(C * C), 0);
-  int64_t correct = 0;
-  for (int64_t start = 0; start < set.count; start += batch_size) {
-    std::vector<int64_t> idx((size_t)std::min(batch_size, set.count - start));
-    std::iota(idx.begin(), idx.end(), start);
-    Tensor logits = model.forward(image_batch(set, idx));
-    const float* l = logits.data<float>();
-    for (size_t i = 0; i < idx.size(); ++i) {
-      const int64_t predicted = std::max_element(l + i * C, l + (i + 1) * C) - (l + i * C);
-      const int64_t truth = set.labels[idx[i]];
-      QKV_CHECK(truth >= 0 && truth < C, "evaluate: label ", truth, " of image ", idx[i], " is not one of the ", C,
-                " classes");
-      e.confusion[truth * C + predicted]++;
-      correct += predicted == truth;
-    }
-  }
-  e.images = set.count;
-  e.accuracy = set.count ? (double)correct / set.count : 0;
-  if (was_training) model.train();
-  return e;
-}
 
-void save_vit_model(VisionTransformer& model, const std::string& dir, const std::string& trainer_state_json) {
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  QKV_CHECK(std::filesystem::is_directory(dir), "cannot create the model folder ", dir, ec ? ": " + ec.message() : "");
-  write_file_atomic(dir + "/config.json", model.config().to_json() + "\n");
-  save_safetensors(dir + "/model.safetensors", model.state_dict(), {{"format", "qkv"}, {"arch", "vit"}});
-  write_file_atomic(dir + "/trainer_state.json", trainer_state_json);
-}
 
-std::shared_ptr<VisionTransformer> load_vit_model(const std::string& dir) {
-  QKV_CHECK(std::filesystem::is_directory(dir), "model folder ", dir, " does not exist");
-  const std::string config_path = dir + "/config.json";
-  Rng rng(0);
-  auto model = std::make_shared<VisionTransformer>(ViTConfig::from_json(read_file(config_path), config_path), rng);
-  SafetensorsFile weights = load_safetensors(dir + "/model.safetensors");
-  try {
-    model->load_state_dict(weights.as_map());
-  } catch (const Error& e) {
-    fail(dir, "/model.safetensors: ", e.what());
-  }
-  model->eval();
-  return model;
-}
 
 namespace {
 
@@ -109,6 +53,10 @@ std::vector<int64_t> epoch_order(int64_t count, uint64_t seed, int64_t epoch) {
 }
 
 }  // namespace
+
+static void save_vit_model(VisionTransformer& model, const std::string& dir, const std::string& state) {
+  save_model_folder(dir, find_family("vit", dir), model, nullptr, state);
+}
 
 void train_vit(VisionTransformer& model, const ImageSet& train_all, const ImageSet& test, const VitTrainOptions& o,
                const std::string& out_dir, const VitCallbacks& cb) {

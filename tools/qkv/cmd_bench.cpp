@@ -343,7 +343,7 @@ std::vector<std::vector<int64_t>> greedy_uncached(Seq2Seq& model, const std::vec
 }
 
 int run_bench_decode(const BenchArgs& a) {
-  TranslationModel m = load_translation_model(a.model);
+  TranslationModel m = load_translation_model(a.model, "bench decode");
   m.model->eval();
   std::vector<SentencePair> pairs = read_parallel_tsv(a.test);
   if ((int64_t)pairs.size() > a.sentences) pairs.resize(a.sentences);

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "qkv/io.h"
+#include "qkv/registry.h"
 #include "src/core/json.h"
 #include "tools/qkv/commands.h"
 
@@ -26,11 +27,15 @@ bool is_dir(const std::string& p) {
 int run_inspect(const InspectArgs& a) {
   std::string weights = a.path;
   nlohmann::json config;
+  const Family* family = nullptr;
   if (is_dir(a.path)) {
     weights = a.path + "/model.safetensors";
     std::string cfg = a.path + "/config.json";
     struct stat st;
-    if (stat(cfg.c_str(), &st) == 0) config = parse_json(read_file(cfg), cfg);
+    if (stat(cfg.c_str(), &st) == 0) {
+      config = parse_json(read_file(cfg), cfg);
+      family = &family_of_folder(a.path);
+    }
   }
   SafetensorsFile f = load_safetensors(weights);
   int64_t total = 0;
@@ -44,12 +49,14 @@ int run_inspect(const InspectArgs& a) {
       out["tensors"].push_back({{"name", name}, {"dtype", dtype_name(t.dtype())}, {"shape", t.shape()}});
     out["metadata"] = f.metadata;
     if (!config.is_null()) out["config"] = config;
+    if (family) out["model"] = {{"arch", family->arch}, {"description", family->description}};
     std::cout << out.dump(2) << "\n";
     return 0;
   }
   size_t width = 4;
   for (auto& [name, t] : f.tensors) width = std::max(width, name.size());
   std::printf("%s\n", weights.c_str());
+  if (family) std::printf("model: %s (arch %s)\n", family->description.c_str(), family->arch.c_str());
   if (!config.is_null()) std::printf("config: %s\n", config.dump().c_str());
   std::printf("%-*s  %-5s  %-16s  %s\n", (int)width, "name", "dtype", "shape", "elements");
   for (auto& [name, t] : f.tensors)

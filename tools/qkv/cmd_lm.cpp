@@ -1,8 +1,9 @@
-// Decoder-only language models from the command line: qkv train when the
-// config's arch is "decoder", and qkv generate.
+// Decoder-only language models from the command line: qkv train and qkv eval
+// for the decoder family, and qkv generate.
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -14,11 +15,6 @@
 
 namespace qkv::cli {
 
-bool is_decoder_config(const std::string& config_text) {
-  nlohmann::json j = nlohmann::json::parse(config_text, nullptr, /*allow_exceptions=*/false);
-  return j.is_object() && j.value("arch", "") == "decoder";
-}
-
 int run_lm_train(const LmTrainArgs& a) {
   LmTrainOptions o = LmTrainOptions::from_json(a.config_text, a.config_path);
   if (a.steps > 0) o.steps = a.steps;
@@ -26,7 +22,7 @@ int run_lm_train(const LmTrainArgs& a) {
   if (a.seed >= 0) o.seed = (uint64_t)a.seed;
   o.resume = a.resume;
   const std::string train_text = read_file(a.train);
-  LanguageModel m = a.resume ? load_language_model(a.out)
+  LanguageModel m = a.resume ? load_language_model(a.out, "train --resume")
                              : new_language_model(a.config_text, a.config_path, train_text, o.seed);
   if (a.resume) m.model->train();
   std::vector<int64_t> train, valid;
@@ -67,6 +63,26 @@ int run_lm_train(const LmTrainArgs& a) {
   return 0;
 }
 
+int run_lm_eval(const std::string& model_dir, const std::string& test, bool json) {
+  LanguageModel m = load_language_model(model_dir, "eval");
+  std::vector<int64_t> tokens;
+  try {
+    tokens = pack_documents(*m.tokenizer, read_file(test));
+  } catch (const Error& e) {
+    fail(test, ":", e.what());
+  }
+  QKV_CHECK(tokens.size() >= 2, test, ": no text to score");
+  const double loss = language_model_loss(*m.model, tokens);
+  nlohmann::ordered_json r = {{"loss", loss}, {"perplexity", std::exp(loss)}, {"tokens", tokens.size()}};
+  if (json) {
+    std::printf("%s\n", r.dump().c_str());
+  } else {
+    std::printf("%s on %s (%zu tokens)\n  loss       %.4f (per token, natural log)\n  perplexity %.3f\n",
+                model_dir.c_str(), test.c_str(), tokens.size(), loss, std::exp(loss));
+  }
+  return 0;
+}
+
 namespace {
 
 struct GenerateArgs {
@@ -77,7 +93,7 @@ struct GenerateArgs {
 
 int run_generate(GenerateArgs a) {
   set_threads(a.threads);
-  LanguageModel m = load_language_model(a.model);
+  LanguageModel m = load_language_model(a.model, "generate");
   QKV_CHECK(invalid_utf8_offset(a.prompt) == std::string::npos, "generate: the prompt is not valid UTF-8");
   std::fputs(a.prompt.c_str(), stdout);
   std::fflush(stdout);

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "qkv/io.h"
+#include "qkv/registry.h"
 #include "qkv/trainer.h"
 #include "qkv/utf8.h"
 #include "tools/qkv/commands.h"
@@ -55,13 +56,19 @@ void show_progress(const TrainProgress& p) {
 int run_train(const TrainArgs& a) {
   set_threads(a.threads);
   std::string config_text = read_file(a.config);
-  if (is_vit_config(config_text)) {
+  const Family& family = family_of_config(config_text, a.config);
+  if (a.resume) {  // the folder must hold what the config describes
+    const Family& held = family_of_folder(a.out);
+    QKV_CHECK(held.arch == family.arch, "train --resume: ", a.out, " holds ", held.description, " (arch '", held.arch,
+              "'), the config ", a.config, " is for arch '", family.arch, "'");
+  }
+  if (family.domain == Domain::Vision) {
     QKV_CHECK(a.steps == 0 && a.batch_tokens == 0, "train: --steps and --batch-tokens are for translation; a vit "
               "config trains for --epochs");
     return run_vit_train({a.config, config_text, a.train, a.valid, a.out, a.epochs, a.lr, a.seed, a.resume});
   }
   QKV_CHECK(a.epochs == 0, "train: --epochs is for vit configs; translation and decoder models train for --steps");
-  if (is_decoder_config(config_text)) {
+  if (family.domain == Domain::Language) {
     QKV_CHECK(a.batch_tokens == 0, "train: --batch-tokens is for translation; a decoder config sets train.batch_size");
     return run_lm_train({a.config, config_text, a.train, a.valid, a.out, a.steps, a.lr, a.seed, a.resume});
   }
@@ -83,7 +90,7 @@ int run_train(const TrainArgs& a) {
   o.resume = a.resume;
   // A resumed run takes the model's config and vocabulary from its folder; the
   // latest weights and the training state come from trainer_state.safetensors.
-  TranslationModel m = a.resume ? load_translation_model(a.out) : new_translation_model(config_text, a.config, train, o.seed);
+  TranslationModel m = a.resume ? load_translation_model(a.out, "train --resume") : new_translation_model(config_text, a.config, train, o.seed);
   if (a.resume) m.model->train();
   std::printf("qkv train: %s\n  %zu training pairs, %zu validation pairs; %lld steps of up to %lld tokens, %d threads\n",
               m.model->summary().c_str(), train.size(), valid.size(), (long long)o.steps, (long long)o.batch_tokens,
@@ -109,7 +116,7 @@ struct TranslateArgs {
 };
 
 int run_translate(const TranslateArgs& a) {
-  TranslationModel m = load_translation_model(a.model);
+  TranslationModel m = load_translation_model(a.model, "translate");
   std::string line;
   int64_t number = 0;
   std::vector<std::string> batch;
@@ -144,8 +151,10 @@ struct EvalArgs {
 };
 
 int run_eval(const EvalArgs& a) {
-  if (is_vit_model(a.model)) return run_vit_eval(a.model, a.test, a.json);
-  TranslationModel m = load_translation_model(a.model);
+  const Family& family = family_for_task(a.model, Task::Eval, "eval");
+  if (family.domain == Domain::Vision) return run_vit_eval(a.model, a.test, a.json);
+  if (family.domain == Domain::Language) return run_lm_eval(a.model, a.test, a.json);
+  TranslationModel m = load_translation_model(a.model, "eval");
   TranslationScores s = score_translation(m, read_parallel_tsv(a.test), a.max_len, a.beam);
   nlohmann::ordered_json r = {{"bleu", s.bleu},           {"chrf", s.chrf}, {"exact_match", s.exact_match},
                               {"sentences", s.sentences}, {"beam", a.beam}, {"bleu_tokenize", "char"}};
@@ -227,15 +236,17 @@ Run add_translate(CLI::App& app) {
 Run add_eval(CLI::App& app) {
   auto args = std::make_shared<EvalArgs>();
   CLI::App* sub = app.add_subcommand(
-      "eval", "Score a model on a test set: BLEU (char), chrF, exact match; for vit accuracy and a confusion matrix");
+      "eval", "Score a model on a test set: BLEU (char), chrF, exact match; for vit accuracy and a confusion matrix; "
+              "for a decoder the loss and perplexity of a text file");
   sub->add_option("--model", args->model, "Model folder")->required();
   sub->add_option("--test", args->test,
                   "Test pairs, source<TAB>target per line; for vit a folder with t10k-images-idx3-ubyte[.gz] and "
-                  "t10k-labels-idx1-ubyte[.gz]")
+                  "t10k-labels-idx1-ubyte[.gz]; for a decoder a text file (documents separated by blank lines)")
       ->required();
   sub->add_option("--max-len", args->max_len, "Longest output in tokens")->capture_default_str();
   sub->add_option("--beam", args->beam, "Beam size (1: greedy)")->capture_default_str()->check(CLI::Range(1, 64));
-  sub->add_flag("--json", args->json, "Print one JSON object (scores on a 0-100 scale; vit: accuracy in 0..1)");
+  sub->add_flag("--json", args->json,
+                "Print one JSON object (scores on a 0-100 scale; vit: accuracy in 0..1; decoder: loss, perplexity)");
   return [args] { return run_eval(*args); };
 }
 

@@ -1,5 +1,5 @@
-// The Vision Transformer from the command line: qkv train and qkv eval when
-// the arch is "vit", and qkv classify.
+// The Vision Transformer from the command line: qkv train and qkv eval for
+// the vit family, and qkv classify.
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,16 +13,6 @@
 #include "tools/qkv/commands.h"
 
 namespace qkv::cli {
-
-bool is_vit_config(const std::string& config_text) {
-  nlohmann::json j = nlohmann::json::parse(config_text, nullptr, /*allow_exceptions=*/false);
-  return j.is_object() && j.value("arch", "") == "vit";
-}
-
-bool is_vit_model(const std::string& dir) {
-  const std::string path = dir + "/config.json";
-  return std::filesystem::exists(path) && is_vit_config(read_file(path));
-}
 
 namespace {
 
@@ -47,7 +37,7 @@ int run_vit_train(const VitTrainArgs& a) {
   ImageSet test = load_idx_folder(a.test_dir.empty() ? a.train_dir : a.test_dir, "t10k");
   std::shared_ptr<VisionTransformer> model;
   if (a.resume) {  // the config comes from the model folder, the latest weights from the trainer state
-    model = load_vit_model(a.out);
+    model = load_vit_model(a.out, "train --resume");
     model->train();
   } else {
     nlohmann::json j = nlohmann::json::parse(a.config_text);
@@ -73,7 +63,7 @@ int run_vit_train(const VitTrainArgs& a) {
 }
 
 int run_vit_eval(const std::string& model_dir, const std::string& test_dir, bool json) {
-  std::shared_ptr<VisionTransformer> model = load_vit_model(model_dir);
+  std::shared_ptr<VisionTransformer> model = load_vit_model(model_dir, "eval");
   ImageSet test = load_idx_folder(test_dir, "t10k");
   VitEvaluation e = evaluate_vit(*model, test);
   const ViTConfig& c = model->config();
@@ -117,7 +107,7 @@ struct ClassifyArgs {
 };
 
 int run_classify(const ClassifyArgs& a) {
-  std::shared_ptr<VisionTransformer> model = load_vit_model(a.model);
+  std::shared_ptr<VisionTransformer> model = load_vit_model(a.model, "classify");
   const ViTConfig& c = model->config();
   const int64_t size = c.image_size, pixels = c.channels * size * size;
   std::vector<std::string> names;

@@ -37,10 +37,8 @@ namespace qkv::cli {
 // The cross-attention of `source` (last decoder layer, mean of its heads) as an SVG picture at `path`.
 void write_attention_map(TranslationModel& m, const std::string& source, const std::string& path, int64_t max_len);
 
-// The Vision Transformer behind qkv train and qkv eval (cmd_vit.cpp): a
-// config or model folder whose "arch" is "vit" goes there.
-bool is_vit_config(const std::string& config_text);
-bool is_vit_model(const std::string& dir);
+// The Vision Transformer behind qkv train and qkv eval (cmd_vit.cpp), for
+// configs and folders of the Vision domain (qkv/registry.h).
 struct VitTrainArgs {
   std::string config_path, config_text, train_dir, test_dir, out;
   int64_t epochs = 0;  // 0: the config's
@@ -51,9 +49,9 @@ struct VitTrainArgs {
 int run_vit_train(const VitTrainArgs& a);
 int run_vit_eval(const std::string& model_dir, const std::string& test_dir, bool json);
 
-// Decoder-only language models behind qkv train (cmd_lm.cpp): a config whose
-// "arch" is "decoder" goes there.
-bool is_decoder_config(const std::string& config_text);
+// Decoder-only language models behind qkv train and qkv eval (cmd_lm.cpp),
+// for the Language domain: perplexity on a text file.
+int run_lm_eval(const std::string& model_dir, const std::string& test, bool json);
 struct LmTrainArgs {
   std::string config_path, config_text, train, valid, out;
   int64_t steps = 0;  // 0: the config's

@@ -1,0 +1,42 @@
+// qkv/checkpoint.h — the model folder, one reader and one writer for every family.
+//
+// A model folder holds
+//   config.json                the model config with its "arch" (qkv/registry.h) and, for
+//                              text models, its "tokenizer" (qkv/tokenizer.h)
+//   model.safetensors          the weights (metadata: format qkv, arch)
+//   tokenizer.json | .model    the vocabulary, when the tokenizer has one
+//   trainer_state.json         step, metrics history (written by the trainers)
+//   trainer_state.safetensors  what --resume needs (src/train/train_state.h)
+// Every file is written atomically (a temporary file renamed into place), so a
+// crash never leaves a half-written one.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "qkv/registry.h"
+#include "qkv/tokenizer.h"
+
+namespace qkv {
+
+struct ModelFolder {
+  const Family* family = nullptr;
+  std::shared_ptr<Module> model;               // in eval mode
+  std::shared_ptr<const Tokenizer> tokenizer;  // text families; null for images
+};
+
+// Reads `dir`: its family from config.json, the tokenizer (whose size must be
+// the config's vocab_size), the model, every weight. Each problem is one error
+// naming the file.
+ModelFolder load_model_folder(const std::string& dir);
+// Like load_model_folder, after family_for_task: a folder of the wrong kind is
+// the registry's error naming `command`.
+ModelFolder load_model_folder(const std::string& dir, Task task, const std::string& command);
+
+// Writes config.json (the family's config of `model`, plus the tokenizer's
+// config), the tokenizer's file, model.safetensors and, when not empty,
+// trainer_state.json, creating `dir` if needed.
+void save_model_folder(const std::string& dir, const Family& family, const Module& model, const Tokenizer* tokenizer,
+                       const std::string& trainer_state_json);
+
+}  // namespace qkv

@@ -1,0 +1,81 @@
+// qkv/infer.h — running trained models: translation, text generation, image
+// classification, and their scores. Every reader takes a model folder
+// (qkv/checkpoint.h); a folder of another kind is one error naming `command`
+// and what the folder holds. Nothing here needs a trainer.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "qkv/lm.h"
+#include "qkv/tokenizer.h"
+#include "qkv/translation.h"
+#include "qkv/vision.h"
+#include "qkv/vit.h"
+
+namespace qkv {
+
+// --- translation (families of the Translation domain: transformer, rnn_attention, conv) ---
+
+struct TranslationModel {
+  std::shared_ptr<const Tokenizer> tokenizer;
+  std::shared_ptr<Seq2Seq> model;  // any arch
+};
+TranslationModel load_translation_model(const std::string& dir, const std::string& command = "translate");
+// Corpus scores (0-100) of translating `pairs`' sources against their targets.
+struct TranslationScores {
+  double bleu = 0, chrf = 0, exact_match = 0;  // BLEU with tokenize "char"
+  int64_t sentences = 0;
+};
+TranslationScores score_translation(TranslationModel& m, const std::vector<SentencePair>& pairs, int64_t max_len,
+                                    int64_t beam = 1);
+
+// Translations of `sources` (text in, text out): greedy when beam is 1, else beam search.
+std::vector<std::string> translate_texts(TranslationModel& m, const std::vector<std::string>& sources,
+                                         int64_t max_len, int64_t beam = 1);
+
+// --- language models (arch decoder) ---
+
+struct LanguageModel {
+  std::shared_ptr<const Tokenizer> tokenizer;
+  std::shared_ptr<DecoderLM> model;
+};
+LanguageModel load_language_model(const std::string& dir, const std::string& command = "generate");
+// Documents are separated by blank lines. Each is encoded, followed by
+// <eos>, and all are concatenated into one token stream.
+std::vector<int64_t> pack_documents(const Tokenizer& tok, const std::string& text);
+// Mean next-token loss (natural log) over consecutive windows of `tokens`.
+double language_model_loss(DecoderLM& model, const std::vector<int64_t>& tokens, int64_t batch_size = 8);
+
+struct GenerateOptions {
+  int64_t max_new_tokens = 100;
+  float temperature = 1.0f;  // 0: greedy
+  int64_t top_k = 0;         // 0: all
+  float top_p = 1.0f;        // nucleus: the smallest set of tokens with this much probability
+  uint64_t seed = 1;
+  bool truncate_prompt = false;  // keep the prompt's last tokens when it does not fit the context
+};
+
+// Prefills the prompt, then samples one token at a time with the KV cache,
+// until <eos> or max_new_tokens. `emit` receives the text as it grows, in
+// pieces that never split a UTF-8 character (a character still arriving is
+// held back, and dropped if generation stops inside it; bytes that can never
+// form one become U+FFFD). Returns the new token ids.
+std::vector<int64_t> generate(LanguageModel& m, const std::string& prompt, const GenerateOptions& options,
+                              const std::function<void(const std::string&)>& emit = {});
+
+// --- images (arch vit) ---
+
+std::shared_ptr<VisionTransformer> load_vit_model(const std::string& dir, const std::string& command = "classify");
+// Softmax probabilities [B, classes] of images [B, C, H, W].
+Tensor classify_images(VisionTransformer& model, const Tensor& images);
+struct VitEvaluation {
+  int64_t images = 0;
+  double accuracy = 0;              // 0..1
+  std::vector<int64_t> confusion;   // classes x classes: [true][predicted]
+};
+VitEvaluation evaluate_vit(VisionTransformer& model, const ImageSet& set, int64_t batch_size = 256);
+
+}  // namespace qkv

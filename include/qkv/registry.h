@@ -1,0 +1,68 @@
+// qkv/registry.h — the model families: one entry per "arch" of config.json.
+//
+// A family says what it is, what it trains on, which tasks it serves, and how
+// to build its model from a config. The CLI, the model-folder reader
+// (qkv/checkpoint.h) and the trainers ask the registry instead of testing the
+// arch string, so a folder of the wrong kind gets one clear error:
+//   qkv generate: out/demo/model holds a translation Transformer (arch 'transformer'), which serves
+//   translate and eval; generate needs a model that serves generate (arch decoder)
+//
+// The built-in families live in src/models/<family>/ and are listed once in
+// src/models/registry.cpp; register_family adds one at run time.
+#pragma once
+
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "qkv/nn.h"
+
+namespace qkv {
+
+enum class Task {
+  Translate,  // text in one language to text in another (qkv translate)
+  Generate,   // continue a prompt (qkv generate)
+  Classify,   // images to classes (qkv classify)
+  Eval,       // scores on a test set (qkv eval)
+};
+const char* task_name(Task task);
+
+// What a family trains on, which decides the trainer and the data qkv train reads.
+enum class Domain {
+  Translation,  // tab-separated parallel text; the model is a Seq2Seq (qkv/models.h)
+  Language,     // plain text; the model is a DecoderLM (qkv/lm.h)
+  Vision,       // IDX images; the model is a VisionTransformer (qkv/vit.h)
+};
+
+struct Family {
+  std::string arch;         // config.json's "arch"
+  std::string description;  // for people: "a translation Transformer"
+  Domain domain = Domain::Translation;
+  std::vector<Task> tasks;
+  // The model of a config (its model keys, "vocab_size" set for text
+  // families; "train" and "tokenizer" already removed). Bad keys are errors
+  // naming `source`.
+  std::function<std::shared_ptr<Module>(const std::string& config_json, const std::string& source, Rng& rng)> build;
+  // The config.json of a model this family built (with "arch", without "tokenizer").
+  std::function<std::string(const Module& model)> config_json;
+
+  bool serves(Task task) const;
+};
+
+// Every family, built-in first, in registration order.
+const std::deque<Family>& families();
+// The family of `arch`; an unknown arch is "SOURCE: 'arch' is 'X', expected one of: ...".
+const Family& find_family(const std::string& arch, const std::string& source);
+// The family a config's text names: its "arch", "transformer" when absent.
+const Family& family_of_config(const std::string& config_text, const std::string& source);
+// The family of the model folder `dir` (from its config.json).
+const Family& family_of_folder(const std::string& dir);
+// family_of_folder(dir), when it serves `task`; otherwise the error above,
+// naming `command`, the folder, what it holds and which families would do.
+const Family& family_for_task(const std::string& dir, Task task, const std::string& command);
+// Adds a family (an extension, a test); an arch already registered is an error.
+void register_family(Family family);
+
+}  // namespace qkv

@@ -1,0 +1,99 @@
+// The family registry: the one list of built-in families, and the lookups
+// that the CLI, the model-folder reader and the trainers share.
+#include "qkv/registry.h"
+
+#include <deque>
+#include <filesystem>
+
+#include "qkv/io.h"
+#include "src/core/json.h"
+#include "src/models/families.h"
+
+namespace qkv {
+
+namespace {
+
+std::deque<Family>& registry() {
+  // Adding a family: its folder under src/models/ and one line here.
+  static std::deque<Family> all = {  // a deque: references stay valid as families are added
+      builtin::transformer(), builtin::rnn_attention(), builtin::conv(), builtin::decoder(), builtin::vit(),
+  };
+  return all;
+}
+
+std::string list(const std::vector<std::string>& names, const char* last) {
+  std::string out;
+  for (size_t i = 0; i < names.size(); ++i)
+    out += (i == 0 ? "" : i + 1 == names.size() ? last : ", ") + names[i];
+  return out;
+}
+
+std::string tasks_of(const Family& f) {
+  std::vector<std::string> names;
+  for (Task t : f.tasks) names.push_back(task_name(t));
+  return list(names, " and ");
+}
+
+}  // namespace
+
+const char* task_name(Task task) {
+  switch (task) {
+    case Task::Translate: return "translate";
+    case Task::Generate: return "generate";
+    case Task::Classify: return "classify";
+    case Task::Eval: return "eval";
+  }
+  return "?";
+}
+
+bool Family::serves(Task task) const {
+  for (Task t : tasks)
+    if (t == task) return true;
+  return false;
+}
+
+const std::deque<Family>& families() { return registry(); }
+
+const Family& find_family(const std::string& arch, const std::string& source) {
+  std::vector<std::string> known;
+  for (const Family& f : registry()) {
+    if (f.arch == arch) return f;
+    known.push_back(f.arch);
+  }
+  fail(source, ": 'arch' is '", arch, "', expected one of: ", list(known, ", "));
+}
+
+const Family& family_of_config(const std::string& config_text, const std::string& source) {
+  nlohmann::json j = parse_json(config_text, source);
+  QKV_CHECK(j.is_object(), source, ": expected a JSON object");
+  const nlohmann::json arch = j.value("arch", nlohmann::json("transformer"));
+  QKV_CHECK(arch.is_string(), source, ": 'arch' has the wrong type (", arch.dump(), ")");
+  return find_family(arch.get<std::string>(), source);
+}
+
+const Family& family_of_folder(const std::string& dir) {
+  QKV_CHECK(std::filesystem::is_directory(dir), "model folder ", dir, " does not exist");
+  const std::string path = dir + "/config.json";
+  QKV_CHECK(std::filesystem::exists(path), dir, " is not a model folder: it has no config.json");
+  return family_of_config(read_file(path), path);
+}
+
+const Family& family_for_task(const std::string& dir, Task task, const std::string& command) {
+  const Family& f = family_of_folder(dir);
+  if (f.serves(task)) return f;
+  std::vector<std::string> serving;
+  for (const Family& other : registry())
+    if (other.serves(task)) serving.push_back(other.arch);
+  fail(command, ": ", dir, " holds ", f.description, " (arch '", f.arch, "'), which serves ", tasks_of(f), "; ",
+       task_name(task), " needs a model that does (arch ", list(serving, " or "), ")");
+}
+
+void register_family(Family family) {
+  QKV_CHECK(!family.arch.empty() && family.build && family.config_json, "register_family: a family needs an arch, ",
+            "a build function and a config_json function");
+  for (const Family& f : registry())
+    QKV_CHECK(f.arch != family.arch, "register_family: arch '", family.arch, "' is already registered");
+  registry().push_back(std::move(family));
+}
+
+}  // namespace qkv

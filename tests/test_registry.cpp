@@ -1,0 +1,124 @@
+// The family registry (qkv/registry.h) and the one model-folder reader and
+// writer (qkv/checkpoint.h): every built-in family is found by its arch, a
+// folder of the wrong kind is one error naming what it holds, and a family
+// added with one register_family call (a tiny test-only one here) is saved,
+// found and loaded like the built-in ones.
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "qkv/checkpoint.h"
+#include "qkv/infer.h"
+#include "qkv/io.h"
+#include "tests/test_util.h"
+
+namespace qkv {
+namespace {
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+std::string legacy(const std::string& family) { return std::string(QKV_FIXTURES_DIR) + "/folders/" + family; }
+
+TEST(Registry, EveryBuiltInFamilyByItsArch) {
+  std::vector<std::string> archs;
+  for (const Family& f : families()) archs.push_back(f.arch);
+  for (const char* arch : {"transformer", "rnn_attention", "conv", "decoder", "vit"})
+    EXPECT_NE(std::find(archs.begin(), archs.end(), arch), archs.end()) << arch;
+  EXPECT_EQ(find_family("decoder", "c").domain, Domain::Language);
+  EXPECT_EQ(family_of_config(R"({"d_model": 8})", "c").arch, "transformer");  // no arch: as before, a transformer
+  EXPECT_EQ(error_of([] { find_family("gpt", "c.json"); }).rfind("c.json: 'arch' is 'gpt', expected one of: transformer, rnn_attention, conv, decoder, vit", 0), 0u);
+  EXPECT_EQ(error_of([] { family_of_config(R"({"arch": 3})", "c.json"); }), "c.json: 'arch' has the wrong type (3)");
+}
+
+TEST(Registry, AFolderOfTheWrongKindNamesWhatItHolds) {
+  EXPECT_EQ(error_of([] { load_language_model(legacy("transformer"), "generate"); }),
+            "generate: " + legacy("transformer") +
+                " holds a translation Transformer (arch 'transformer'), which serves translate and eval; generate "
+                "needs a model that does (arch decoder)");
+  EXPECT_EQ(error_of([] { load_translation_model(legacy("vit"), "translate"); }),
+            "translate: " + legacy("vit") +
+                " holds a Vision Transformer (arch 'vit'), which serves classify and eval; translate needs a model "
+                "that does (arch transformer, rnn_attention or conv)");
+  EXPECT_EQ(error_of([] { load_model_folder("/nonexistent/folder"); }), "model folder /nonexistent/folder does not exist");
+  for (const char* f : {"transformer", "rnn_attention", "conv", "decoder", "vit"})
+    EXPECT_EQ(load_model_folder(legacy(f)).family->arch, f);
+}
+
+// A family outside src/models: y = x W^T, config {"arch": "tiny_test", "width": N}.
+struct TinyConfig {
+  int64_t width = 2;
+};
+
+class TinyModel : public Module {
+public:
+  TinyModel(int64_t width, Rng& rng) : width(width) {
+    weight = register_parameter("weight", Tensor::randn({width, width}, rng));
+  }
+  int64_t width;
+  Tensor weight;
+};
+
+Family tiny_family() {
+  return {.arch = "tiny_test",
+          .description = "a tiny test model",
+          .domain = Domain::Vision,  // no tokenizer
+          .tasks = {Task::Eval},
+          .build = [](const std::string& config, const std::string& source, Rng& rng) -> std::shared_ptr<Module> {
+            nlohmann::json j = nlohmann::json::parse(config);
+            QKV_CHECK(j.value("width", 0) > 0, source, ": width must be positive");
+            return std::make_shared<TinyModel>(j.at("width").get<int64_t>(), rng);
+          },
+          .config_json = [](const Module& m) {
+            return nlohmann::json{{"arch", "tiny_test"}, {"width", dynamic_cast<const TinyModel&>(m).width}}.dump();
+          }};
+}
+
+TEST(Registry, AFamilyAddedWithOneRegistrationIsSavedFoundAndLoaded) {
+  if (std::none_of(families().begin(), families().end(), [](const Family& f) { return f.arch == "tiny_test"; }))
+    register_family(tiny_family());  // the one line a new family needs
+  EXPECT_THROW(register_family(tiny_family()), Error);  // an arch is registered once
+  const Family& tiny = find_family("tiny_test", "test");
+  Rng rng(3);
+  TinyModel model(3, rng);
+  const std::string dir = ::testing::TempDir() + "/qkv_tiny_family";
+  std::filesystem::remove_all(dir);
+  save_model_folder(dir, tiny, model, nullptr, "{}\n");
+  for (const char* f : {"config.json", "model.safetensors", "trainer_state.json"})
+    EXPECT_TRUE(std::filesystem::exists(dir + "/" + f)) << f;
+  EXPECT_EQ(load_safetensors(dir + "/model.safetensors").metadata.at("arch"), "tiny_test");
+  ModelFolder back = load_model_folder(dir);
+  EXPECT_EQ(back.family->arch, "tiny_test");
+  EXPECT_EQ(back.tokenizer, nullptr);
+  EXPECT_FALSE(back.model->is_training());
+  EXPECT_TRUE(testing::all_close(dynamic_cast<TinyModel&>(*back.model).weight, model.weight, 0, 0));
+  EXPECT_EQ(error_of([&] { load_model_folder(dir, Task::Generate, "generate"); }),
+            "generate: " + dir + " holds a tiny test model (arch 'tiny_test'), which serves eval; generate needs a "
+            "model that does (arch decoder)");
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Checkpoint, TextFamiliesKeepTheirTokenizerAndCheckItsSize) {
+  const std::string dir = ::testing::TempDir() + "/qkv_checkpoint_text";
+  std::filesystem::remove_all(dir);
+  std::filesystem::copy(legacy("transformer"), dir);
+  TranslationModel m = load_translation_model(dir);
+  save_model_folder(dir, find_family("transformer", dir), *m.model, m.tokenizer.get(), "");
+  TranslationModel again = load_translation_model(dir);
+  EXPECT_EQ(again.tokenizer->size(), m.tokenizer->size());
+  nlohmann::json config = nlohmann::json::parse(read_file(dir + "/config.json"));
+  config["vocab_size"] = m.tokenizer->size() + 1;
+  write_file_atomic(dir + "/config.json", config.dump());
+  EXPECT_EQ(error_of([&] { load_translation_model(dir); }),
+            dir + ": tokenizer has " + std::to_string(m.tokenizer->size()) + " tokens, config.json says vocab_size " +
+                std::to_string(m.tokenizer->size() + 1));
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace qkv
