@@ -134,3 +134,80 @@ TEST(Trainer, SentencePieceModelFolderSavesAndLoads) {
 
 }  // namespace
 }  // namespace qkv
+
+namespace qkv {
+namespace {
+
+// The translation folder of tests/fixtures/folders, written at 0d3f9a4 after 2
+// steps on the first 190 of synth_zh_ja(200, 1) (the last 10 held out), in a
+// fresh temporary copy.
+struct LegacyRun {
+  std::string dir = testing::temp_dir("legacy_resume");
+  std::vector<SentencePair> train, valid;
+  TrainOptions o;
+  LegacyRun() {
+    std::filesystem::remove_all(dir);
+    std::filesystem::copy(std::string(QKV_FIXTURES_DIR) + "/folders/transformer", dir);
+    std::vector<SentencePair> pairs = synth_zh_ja(200, 1);
+    train.assign(pairs.begin(), pairs.end() - 10);
+    valid.assign(pairs.end() - 10, pairs.end());
+    o.steps = 3, o.batch_tokens = 128, o.eval_every = 2, o.eval_sentences = 2, o.resume = true;
+  }
+  void resume() {
+    TranslationModel m = load_translation_model(dir);
+    train_translation(m, train, valid, o, dir, {});
+  }
+  // Rewrites trainer_state.safetensors with `edit` applied to its tensors and metadata.
+  void corrupt(const std::function<void(std::vector<std::pair<std::string, Tensor>>&, Metadata&)>& edit) {
+    SafetensorsFile f = load_safetensors(dir + "/trainer_state.safetensors");
+    edit(f.tensors, f.metadata);
+    save_safetensors(dir + "/trainer_state.safetensors", f.tensors, f.metadata);
+  }
+};
+
+void set_tensor(std::vector<std::pair<std::string, Tensor>>& t, const std::string& name, const Tensor& value) {
+  for (auto& [n, v] : t)
+    if (n == name) v = value;
+}
+
+TEST(TrainerState, AFolderOfTheOldLayoutResumes) {
+  LegacyRun run;
+  run.resume();
+  EXPECT_NE(read_file(run.dir + "/trainer_state.json").find("\"step\": 3"), std::string::npos);
+}
+
+// issue 21, item 3: every field of the state is checked before use. The first
+// seven cases are the issue's reproducers (a heap overflow, a use after free,
+// null references, a 16-byte read from an 8-byte tensor under ASan); the rest
+// are values the old reader took as they were. Each is now one error naming the file.
+TEST(TrainerState, EveryFieldIsCheckedBeforeUse) {
+  using Edit = std::function<void(std::vector<std::pair<std::string, Tensor>>&, Metadata&)>;
+  const std::vector<std::pair<std::string, Edit>> cases = {
+      {"next_batch past the end", [](auto& t, auto&) { set_tensor(t, "data.next_batch", Tensor::from_ints({1000}, {1})); }},
+      {"negative next_batch", [](auto& t, auto&) { set_tensor(t, "data.next_batch", Tensor::from_ints({-5}, {1})); }},
+      {"offsets past the indices", [](auto& t, auto&) { set_tensor(t, "data.offsets", Tensor::from_ints({0, 5, 100000}, {3})); }},
+      {"negative offsets", [](auto& t, auto&) { set_tensor(t, "data.offsets", Tensor::from_ints({-100, 5}, {2})); }},
+      {"empty step", [](auto& t, auto&) { set_tensor(t, "step", Tensor::zeros({0}, DType::I64)); }},
+      {"empty optimizer.steps", [](auto& t, auto&) { set_tensor(t, "optimizer.steps", Tensor::zeros({0}, DType::I64)); }},
+      {"short rng.data", [](auto& t, auto&) { set_tensor(t, "rng.data", Tensor::from_ints({7}, {1})); }},
+      {"float step", [](auto& t, auto&) { set_tensor(t, "step", Tensor::from_vector({1.0f}, {1})); }},
+      {"negative step", [](auto& t, auto&) { set_tensor(t, "step", Tensor::from_ints({-1000000}, {1})); }},
+      {"more skipped than steps", [](auto& t, auto&) { set_tensor(t, "skipped", Tensor::from_ints({9}, {1})); }},
+      {"best_chrf not a number", [](auto&, auto& m) { m["best_chrf"] = "abc"; }},
+      {"history not JSON", [](auto&, auto& m) { m["history"] = "[{"; }},
+      {"another format", [](auto&, auto& m) { m["format"] = "qkv-vit-trainer-state"; }},
+  };
+  for (auto& [name, edit] : cases) {
+    LegacyRun run;
+    run.corrupt(edit);
+    try {
+      run.resume();
+      ADD_FAILURE() << name << ": resumed";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("trainer_state.safetensors"), std::string::npos) << name << ": " << e.what();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace qkv

@@ -2,20 +2,15 @@
 #include "qkv/lm_trainer.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
-#include <filesystem>
 #include <nlohmann/json.hpp>
-#include <numeric>
-#include <set>
 #include <sstream>
 
 #include "qkv/checkpoint.h"
-#include "qkv/io.h"
 #include "qkv/optim.h"
 #include "qkv/utf8.h"
 #include "src/config/fields.h"
-#include "src/train/train_state.h"
+#include "src/train/loop.h"
 
 namespace qkv {
 
@@ -57,88 +52,89 @@ LanguageModel new_language_model(const std::string& config_text, const std::stri
 
 
 
-static void save_language_model(const LanguageModel& m, const std::string& dir, const std::string& state) {
-  save_model_folder(dir, find_family("decoder", dir), *m.model, m.tokenizer.get(), state);
-}
+namespace {
+
+// Language modelling as a task of the one loop: random windows of context + 1
+// tokens (those of a step depend only on the seed and the step, so a resume
+// draws the same), next-token loss plus MoE balancing, warmup then cosine,
+// best model by validation loss.
+class LanguageTask final : public TrainTask {
+public:
+  LanguageTask(LanguageModel& m, const std::vector<int64_t>& train, const std::vector<int64_t>& valid,
+               const LmTrainOptions& o, const LmCallbacks& cb)
+      : m_(m), train_(train), valid_(valid), o_(o), cb_(cb), context_(m.model->config().context),
+        schedule_{.peak_lr = o.lr, .min_lr = o.lr * 0.1f, .warmup_steps = o.warmup_steps, .total_steps = o.steps} {
+    QKV_CHECK((int64_t)train.size() >= context_ + 1, "train: the training text has ", train.size(),
+              " tokens, fewer than one window of context + 1 = ", context_ + 1, " (a shorter context, or more text)");
+    QKV_CHECK(valid.size() >= 2, "train: the validation text has fewer than 2 tokens");
+  }
+
+  Module& model() override { return *m_.model; }
+  int64_t total_steps() const override { return o_.steps; }
+  float lr_at(int64_t step) override { return schedule_.lr_at(step); }
+  StepLoss step_loss(int64_t step) override {
+    const int64_t B = o_.batch_size, C = context_, N = (int64_t)train_.size();
+    Rng windows(o_.seed * 0x9e3779b97f4a7c15ull + (uint64_t)step);
+    std::vector<int64_t> in, target;
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t s = (int64_t)windows.next_below((uint64_t)(N - C));
+      in.insert(in.end(), train_.begin() + s, train_.begin() + s + C);
+      target.insert(target.end(), train_.begin() + s + 1, train_.begin() + s + C + 1);
+    }
+    Tensor logits = m_.model->forward(Tensor::from_ints(in, {B, C})).reshape({B * C, -1});
+    StepLoss l{cross_entropy(logits, Tensor::from_ints(target, {B * C})), 0, B * C};
+    l.value = l.loss.item();
+    if (Tensor aux = m_.model->aux_loss(); aux.defined()) l.loss = add(l.loss, aux);
+    return l;
+  }
+  void progress(int64_t step, float loss, float lr, double rate, double eta, int64_t skipped) override {
+    if (cb_.progress) cb_.progress({step, o_.steps, loss, lr, rate, eta, skipped});
+  }
+  bool validate_after(int64_t step) const override { return step % o_.eval_every == 0 || step == o_.steps; }
+  Validation validate(int64_t step, float last_loss) override {
+    report_ = {step, language_model_loss(*m_.model, valid_), 0, false};
+    report_.perplexity = std::exp(report_.valid_loss);
+    return {report_.valid_loss, {{"step", step}, {"train_loss", last_loss}, {"valid_loss", report_.valid_loss},
+                                 {"perplexity", report_.perplexity}}};
+  }
+  nlohmann::ordered_json summary(int64_t step, double best, int64_t skipped,
+                                 const nlohmann::json& history) const override {
+    return {{"step", step}, {"steps", o_.steps}, {"best_valid_loss", best}, {"skipped_steps", skipped},
+            {"history", history}};
+  }
+  void validated(const Validation&, bool best) override {
+    report_.best = best;
+    if (cb_.evaluated) cb_.evaluated(report_);
+  }
+  void save_best(const std::string& dir, const std::string& state) override {
+    save_model_folder(dir, find_family("decoder", dir), *m_.model, m_.tokenizer.get(), state);
+  }
+
+  const char* state_format() const override { return "qkv-lm-trainer-state"; }
+  const char* best_key() const override { return "best_loss"; }
+  double worst_score() const override { return INFINITY; }
+  bool better(double score, double best) const override { return score < best; }
+
+private:
+  LanguageModel& m_;
+  const std::vector<int64_t>& train_;
+  const std::vector<int64_t>& valid_;
+  const LmTrainOptions& o_;
+  const LmCallbacks& cb_;
+  int64_t context_;
+  WarmupCosine schedule_;
+  LmEvalReport report_{};
+};
+
+}  // namespace
 
 void train_language_model(LanguageModel& m, const std::vector<int64_t>& train, const std::vector<int64_t>& valid,
                           const LmTrainOptions& o, const std::string& out_dir, const LmCallbacks& cb) {
-  DecoderLM& model = *m.model;
-  const int64_t C = model.config().context, N = (int64_t)train.size();
-  QKV_CHECK(N >= C + 1, "train: the training text has ", N, " tokens, fewer than one window of context + 1 = ",
-            C + 1, " (a shorter context, or more text)");
-  QKV_CHECK(valid.size() >= 2, "train: the validation text has fewer than 2 tokens");
-  model.train();
-  AdamW opt(model.parameters(), {.lr = o.lr, .weight_decay = o.weight_decay});
-  WarmupCosine schedule{.peak_lr = o.lr, .min_lr = o.lr * 0.1f, .warmup_steps = o.warmup_steps, .total_steps = o.steps};
-  const std::string state_path = out_dir + "/trainer_state.safetensors";
-  int64_t step = 0, skipped = 0;
-  double best = INFINITY;
-  nlohmann::json history = nlohmann::json::array();
-  if (o.resume) {
-    SafetensorsFile f = load_safetensors(state_path);
-    QKV_CHECK(f.metadata.count("format") && f.metadata.at("format") == "qkv-lm-trainer-state", state_path,
-              ": not a qkv language-model trainer state");
-    restore_training_state(f, state_path, model, opt);
-    step = checkpoint_tensor(f, state_path, "step").to_ints()[0];
-    skipped = checkpoint_tensor(f, state_path, "skipped").to_ints()[0];
-    best = std::stod(f.metadata.count("best_loss") ? f.metadata.at("best_loss") : "inf");
-    if (f.metadata.count("history")) history = nlohmann::json::parse(f.metadata.at("history"));
-    QKV_CHECK(step < o.steps, "train --resume: the checkpoint is at step ", step, ", nothing to do for ", o.steps,
-              " steps");
-  }
-  auto start = std::chrono::steady_clock::now();
-  const int64_t first_step = step + 1;
-  SkipCounter skips{.total = skipped, .max_in_a_row = o.max_skipped_in_a_row};
-  int64_t tokens_seen = 0;
-  for (step = first_step; step <= o.steps; ++step) {
-    // The windows of step s depend only on (seed, s): a resumed run draws the same ones.
-    Rng windows(o.seed * 0x9e3779b97f4a7c15ull + (uint64_t)step);
-    std::vector<int64_t> in, target;
-    for (int64_t b = 0; b < o.batch_size; ++b) {
-      const int64_t s = (int64_t)windows.next_below((uint64_t)(N - C));
-      in.insert(in.end(), train.begin() + s, train.begin() + s + C);
-      target.insert(target.end(), train.begin() + s + 1, train.begin() + s + C + 1);
-    }
-    const float lr = schedule.lr_at(step);
-    opt.set_lr(lr);
-    opt.zero_grad();
-    Tensor logits = model.forward(Tensor::from_ints(in, {o.batch_size, C})).reshape({o.batch_size * C, -1});
-    Tensor loss = cross_entropy(logits, Tensor::from_ints(target, {o.batch_size * C}));
-    const float value = loss.item();
-    if (Tensor aux = model.aux_loss(); aux.defined()) loss = add(loss, aux);
-    if (step_if_finite(loss, value, model, opt, o.clip_norm, skips, step, out_dir)) {
-      tokens_seen += o.batch_size * C;
-      if (cb.progress) {
-        double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        double done = (double)(step - first_step + 1);
-        cb.progress({step, o.steps, value, lr, tokens_seen / std::max(secs, 1e-9), secs / done * (o.steps - step),
-                     skips.total});
-      }
-    }
-    if (step % o.eval_every == 0 || step == o.steps) {
-      LmEvalReport r{step, language_model_loss(model, valid), 0, false};
-      r.perplexity = std::exp(r.valid_loss);
-      r.best = r.valid_loss < best;
-      history.push_back({{"step", step}, {"train_loss", value}, {"valid_loss", r.valid_loss},
-                         {"perplexity", r.perplexity}});
-      nlohmann::ordered_json state = {{"step", step},
-                                      {"steps", o.steps},
-                                      {"best_valid_loss", std::min(best, r.valid_loss)},
-                                      {"skipped_steps", skips.total},
-                                      {"history", history}};
-      if (r.best) {
-        best = r.valid_loss;
-        save_language_model(m, out_dir, state.dump(2) + "\n");
-      } else {
-        write_file_atomic(out_dir + "/trainer_state.json", state.dump(2) + "\n");
-      }
-      save_trainer_state(state_path, model, opt, step, skips.total, {},
-                         {{"format", "qkv-lm-trainer-state"}, {"best_loss", exact_text(best)},
-                          {"history", history.dump()}});
-      if (cb.evaluated) cb.evaluated(r);
-    }
-  }
+  LanguageTask task(m, train, valid, o, cb);
+  run_training(task,
+               {.lr = o.lr, .weight_decay = o.weight_decay, .clip_norm = o.clip_norm,
+                .max_skipped_in_a_row = o.max_skipped_in_a_row, .resume = o.resume},
+               out_dir);
 }
 
 }  // namespace qkv

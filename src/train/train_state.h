@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -70,10 +71,12 @@ struct SkipCounter {
 };
 
 inline bool step_if_finite(const Tensor& loss, float loss_value, Module& model, AdamW& opt, float clip_norm,
-                           SkipCounter& skips, int64_t step, const std::string& out_dir) {
+                           SkipCounter& skips, int64_t step, const std::string& out_dir,
+                           const std::function<void(Module&)>& gradient_hook = {}) {
   bool finite = std::isfinite(loss_value);
   if (finite) {
     loss.backward();
+    if (gradient_hook) gradient_hook(model);
     finite = std::isfinite(clip_grad_norm(model.parameters(), clip_norm));
   }
   if (!finite) {

@@ -1,18 +1,16 @@
 // The translation training loop: AdamW, warmup + inverse square root or
 // cosine schedule, gradient clipping, label smoothing, skipped non-finite
 // steps, periodic validation (loss, chrF, BLEU), best checkpoint kept.
-#include <chrono>
+#include <algorithm>
 #include <cmath>
-#include <cstring>
-#include <filesystem>
 #include <nlohmann/json.hpp>
-#include <set>
 
 #include "qkv/checkpoint.h"
 #include "qkv/io.h"
 #include "qkv/optim.h"
 #include "qkv/trainer.h"
 #include "src/config/fields.h"
+#include "src/train/loop.h"
 #include "src/train/train_state.h"
 
 namespace qkv {
@@ -76,136 +74,118 @@ static EvalReport evaluate(TranslationModel& m, const std::vector<EncodedPair>& 
 
 namespace {
 
-// What the loop carries from step to step besides the model and the optimizer.
-struct LoopState {
-  int64_t step = 0;
-  std::vector<std::vector<int64_t>> batches;  // this epoch's order
-  int64_t next_batch = 0;
-  double best_chrf = -1;
-  int64_t skipped = 0;
-  nlohmann::json history = nlohmann::json::array();
+// Translation as a task of the one loop: token-budget batches in an order
+// drawn per epoch (saved, so a resume continues it), label-smoothed loss,
+// warmup then inverse square root or cosine, best model by validation chrF.
+class TranslationTask final : public TrainTask {
+public:
+  TranslationTask(TranslationModel& m, const std::vector<SentencePair>& train, const std::vector<SentencePair>& valid,
+                  const TrainOptions& o, const TrainCallbacks& cb)
+      : m_(m), valid_(valid), o_(o), cb_(cb), data_rng_(o.seed ^ 0xda7a),
+        inv_{.peak_lr = o.lr, .warmup_steps = o.warmup_steps},
+        cosine_{.peak_lr = o.lr, .min_lr = o.lr * 0.01f, .warmup_steps = o.warmup_steps, .total_steps = o.steps} {
+    train_ids_ = encode_all(*m.tokenizer, train);
+    valid_ids_ = encode_all(*m.tokenizer, valid);
+    for (auto& p : train_ids_)
+      QKV_CHECK((int64_t)std::max(p.src.size(), p.tgt.size() + 1) <= o.batch_tokens, "train: a sentence of ",
+                std::max(p.src.size(), p.tgt.size() + 1), " tokens does not fit batch_tokens ", o.batch_tokens);
+  }
+
+  Module& model() override { return *m_.model; }
+  int64_t total_steps() const override { return o_.steps; }
+  float lr_at(int64_t step) override {
+    return o_.schedule == LrSchedule::Cosine ? cosine_.lr_at(step) : inv_.lr_at(step);
+  }
+  StepLoss step_loss(int64_t step) override {
+    if (next_batch_ == (int64_t)batches_.size()) {
+      batches_ = make_batches(train_ids_, o_.batch_tokens, data_rng_);
+      next_batch_ = 0;
+    }
+    Batch b = collate(train_ids_, batches_[next_batch_++]);
+    StepLoss l{translation_loss(*m_.model, b, o_.label_smoothing), 0, b.target_tokens};
+    l.value = l.loss.item();
+    if (cb_.inject_nonfinite && cb_.inject_nonfinite(step)) l.value = NAN;
+    return l;
+  }
+  void progress(int64_t step, float loss, float lr, double rate, double eta, int64_t skipped) override {
+    if (cb_.progress) cb_.progress({step, o_.steps, loss, lr, rate, eta, skipped});
+  }
+  bool validate_after(int64_t step) const override { return step % o_.eval_every == 0 || step == o_.steps; }
+  Validation validate(int64_t step, float last_loss) override {
+    report_ = evaluate(m_, valid_ids_, valid_, o_);
+    report_.step = step;
+    return {report_.chrf, {{"step", step}, {"train_loss", last_loss}, {"valid_loss", report_.valid_loss},
+                           {"chrf", report_.chrf}, {"bleu", report_.bleu}}};
+  }
+  nlohmann::ordered_json summary(int64_t step, double best, int64_t skipped,
+                                 const nlohmann::json& history) const override {
+    return {{"step", step}, {"steps", o_.steps}, {"best_chrf", best}, {"skipped_steps", skipped}, {"history", history}};
+  }
+  void validated(const Validation&, bool best) override {
+    report_.best = best;
+    if (cb_.evaluated) cb_.evaluated(report_);
+  }
+  void save_best(const std::string& dir, const std::string& state) override {
+    save_model_folder(dir, family_of_config(m_.model->config_json(), dir), *m_.model, m_.tokenizer.get(), state);
+  }
+
+  const char* state_format() const override { return "qkv-trainer-state"; }
+  const char* best_key() const override { return "best_chrf"; }
+  double worst_score() const override { return -1; }
+  bool better(double score, double best) const override { return score > best; }
+  void save_extra(std::vector<std::pair<std::string, Tensor>>& t, std::map<std::string, std::string>&) const override {
+    t.emplace_back("rng.data", rng_tensor(data_rng_));
+    std::vector<int64_t> indices, offsets{0};
+    for (auto& b : batches_) {
+      indices.insert(indices.end(), b.begin(), b.end());
+      offsets.push_back((int64_t)indices.size());
+    }
+    t.emplace_back("data.indices", Tensor::from_ints(indices, {(int64_t)indices.size()}));
+    t.emplace_back("data.offsets", Tensor::from_ints(offsets, {(int64_t)offsets.size()}));
+    t.emplace_back("data.next_batch", Tensor::from_ints({next_batch_}, {1}));
+  }
+  void restore_extra(const TrainerStateFile& state, int64_t) override {
+    state.rng("rng.data", data_rng_);
+    const std::vector<int64_t> indices = state.ints("data.indices"), offsets = state.ints("data.offsets");
+    const int64_t n = (int64_t)train_ids_.size();
+    QKV_CHECK(!offsets.empty() && offsets.front() == 0 && offsets.back() == (int64_t)indices.size() &&
+                  std::is_sorted(offsets.begin(), offsets.end()),
+              state.path(), ": 'data.offsets' do not split 'data.indices' into batches; cannot resume");
+    for (int64_t i : indices)
+      QKV_CHECK(i >= 0 && i < n, state.path(),
+                ": the saved data order does not fit this training set; resume with the same --train");
+    batches_.clear();
+    for (size_t b = 0; b + 1 < offsets.size(); ++b)
+      batches_.emplace_back(indices.begin() + offsets[b], indices.begin() + offsets[b + 1]);
+    next_batch_ = state.integer("data.next_batch", 0, (int64_t)batches_.size());
+  }
+
+private:
+  TranslationModel& m_;
+  const std::vector<SentencePair>& valid_;
+  const TrainOptions& o_;
+  const TrainCallbacks& cb_;
+  std::vector<EncodedPair> train_ids_, valid_ids_;
+  Rng data_rng_;
+  WarmupInverseSqrt inv_;
+  WarmupCosine cosine_;
+  std::vector<std::vector<int64_t>> batches_;  // this epoch's order
+  int64_t next_batch_ = 0;
+  EvalReport report_{};
 };
 
-const std::string kStateFile = "/trainer_state.safetensors";
-
-void save_loop_state(const std::string& dir, TranslationModel& m, const AdamW& opt, const Rng& data_rng,
-                     const LoopState& s) {
-  std::vector<std::pair<std::string, Tensor>> t;
-  append_training_state(t, *m.model, opt);
-  t.emplace_back("step", Tensor::from_ints({s.step}, {1}));
-  t.emplace_back("skipped", Tensor::from_ints({s.skipped}, {1}));
-  t.emplace_back("rng.data", rng_tensor(data_rng));
-  std::vector<int64_t> indices, offsets{0};
-  for (auto& b : s.batches) {
-    indices.insert(indices.end(), b.begin(), b.end());
-    offsets.push_back((int64_t)indices.size());
-  }
-  t.emplace_back("data.indices", Tensor::from_ints(indices, {(int64_t)indices.size()}));
-  t.emplace_back("data.offsets", Tensor::from_ints(offsets, {(int64_t)offsets.size()}));
-  t.emplace_back("data.next_batch", Tensor::from_ints({s.next_batch}, {1}));
-  char best[64];
-  std::snprintf(best, sizeof best, "%.17g", s.best_chrf);
-  save_safetensors(dir + kStateFile, t, {{"format", "qkv-trainer-state"}, {"best_chrf", best}, {"history", s.history.dump()}});
-}
-
-LoopState load_loop_state(const std::string& dir, TranslationModel& m, AdamW& opt, Rng& data_rng) {
-  const std::string path = dir + kStateFile;
-  SafetensorsFile f = load_safetensors(path);
-  auto need = [&](const std::string& name) -> const Tensor& { return checkpoint_tensor(f, path, name); };
-  QKV_CHECK(f.metadata.count("format") && f.metadata.at("format") == "qkv-trainer-state", path,
-            ": not a qkv trainer state");
-  restore_training_state(f, path, *m.model, opt);
-  LoopState s;
-  s.step = need("step").to_ints()[0];
-  s.skipped = need("skipped").to_ints()[0];
-  restore_rng(data_rng, need("rng.data"));
-  std::vector<int64_t> indices = need("data.indices").to_ints(), offsets = need("data.offsets").to_ints();
-  for (size_t b = 0; b + 1 < offsets.size(); ++b)
-    s.batches.emplace_back(indices.begin() + offsets[b], indices.begin() + offsets[b + 1]);
-  s.next_batch = need("data.next_batch").to_ints()[0];
-  s.best_chrf = std::stod(f.metadata.count("best_chrf") ? f.metadata.at("best_chrf") : "-1");
-  if (f.metadata.count("history")) s.history = nlohmann::json::parse(f.metadata.at("history"));
-  return s;
-}
-
 }  // namespace
-
-static void save_translation_model(const TranslationModel& m, const std::string& dir, const std::string& state) {
-  save_model_folder(dir, family_of_config(m.model->config_json(), dir), *m.model, m.tokenizer.get(), state);
-}
 
 void train_translation(TranslationModel& m, const std::vector<SentencePair>& train,
                        const std::vector<SentencePair>& valid, const TrainOptions& o, const std::string& out_dir,
                        const TrainCallbacks& cb) {
   QKV_CHECK(o.steps > 0, "train: steps must be positive, got ", o.steps);
   QKV_CHECK(o.batch_tokens > 0, "train: batch_tokens must be positive");
-  std::vector<EncodedPair> train_ids = encode_all(*m.tokenizer, train), valid_ids = encode_all(*m.tokenizer, valid);
-  for (auto& p : train_ids)
-    QKV_CHECK((int64_t)std::max(p.src.size(), p.tgt.size() + 1) <= o.batch_tokens, "train: a sentence of ",
-              std::max(p.src.size(), p.tgt.size() + 1), " tokens does not fit batch_tokens ", o.batch_tokens);
-  Rng data_rng(o.seed ^ 0xda7a);
-  Seq2Seq& model = *m.model;
-  model.train();
-  AdamW opt(model.parameters(), {.lr = o.lr, .weight_decay = o.weight_decay});
-  WarmupInverseSqrt inv{.peak_lr = o.lr, .warmup_steps = o.warmup_steps};
-  WarmupCosine cosine{.peak_lr = o.lr, .min_lr = o.lr * 0.01f, .warmup_steps = o.warmup_steps, .total_steps = o.steps};
-  LoopState s;
-  if (o.resume) {
-    s = load_loop_state(out_dir, m, opt, data_rng);
-    QKV_CHECK(s.step < o.steps, "train --resume: the checkpoint is at step ", s.step, ", nothing to do for ", o.steps,
-              " steps");
-    for (auto& b : s.batches)
-      for (int64_t i : b)
-        QKV_CHECK(i >= 0 && i < (int64_t)train_ids.size(), out_dir, kStateFile,
-                  ": the saved data order does not fit this training set; resume with the same --train");
-  }
-  SkipCounter skips{.max_in_a_row = o.max_skipped_in_a_row};
-  int64_t tokens_seen = 0;
-  const int64_t first_step = s.step + 1;
-  auto start = std::chrono::steady_clock::now();
-  for (int64_t step = first_step; step <= o.steps; ++step) {
-    s.step = step;
-    if (s.next_batch == (int64_t)s.batches.size()) {
-      s.batches = make_batches(train_ids, o.batch_tokens, data_rng);
-      s.next_batch = 0;
-    }
-    Batch b = collate(train_ids, s.batches[s.next_batch++]);
-    const float lr = o.schedule == LrSchedule::Cosine ? cosine.lr_at(step) : inv.lr_at(step);
-    opt.set_lr(lr);
-    opt.zero_grad();
-    Tensor loss = translation_loss(model, b, o.label_smoothing);
-    float loss_value = loss.item();
-    if (cb.inject_nonfinite && cb.inject_nonfinite(step)) loss_value = NAN;
-    skips.total = s.skipped;
-    const bool stepped = step_if_finite(loss, loss_value, model, opt, o.clip_norm, skips, step, out_dir);
-    s.skipped = skips.total;
-    if (stepped) {
-      tokens_seen += b.target_tokens;
-      if (cb.progress) {
-        double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        double done = (double)(step - first_step + 1);
-        cb.progress({step, o.steps, loss_value, lr, tokens_seen / std::max(secs, 1e-9),
-                     secs / done * (o.steps - step), s.skipped});
-      }
-    }
-    if (step % o.eval_every == 0 || step == o.steps) {
-      EvalReport r = evaluate(m, valid_ids, valid, o);
-      r.step = step;
-      r.best = r.chrf > s.best_chrf;
-      s.history.push_back({{"step", step}, {"train_loss", loss_value}, {"valid_loss", r.valid_loss},
-                           {"chrf", r.chrf}, {"bleu", r.bleu}});
-      nlohmann::ordered_json state = {{"step", step}, {"steps", o.steps}, {"best_chrf", std::max(r.chrf, s.best_chrf)},
-                                      {"skipped_steps", s.skipped}, {"history", s.history}};
-      if (r.best) {
-        s.best_chrf = r.chrf;
-        save_translation_model(m, out_dir, state.dump(2) + "\n");
-      } else {
-        write_file_atomic(out_dir + "/trainer_state.json", state.dump(2) + "\n");
-      }
-      save_loop_state(out_dir, m, opt, data_rng, s);
-      if (cb.evaluated) cb.evaluated(r);
-    }
-  }
+  TranslationTask task(m, train, valid, o, cb);
+  run_training(task,
+               {.lr = o.lr, .weight_decay = o.weight_decay, .clip_norm = o.clip_norm,
+                .max_skipped_in_a_row = o.max_skipped_in_a_row, .resume = o.resume},
+               out_dir);
 }
 
 TranslationModel new_translation_model(const std::string& config_text, const std::string& source,

@@ -3,16 +3,13 @@
 
 #include <chrono>
 #include <cmath>
-#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <numeric>
-#include <set>
 
 #include "qkv/checkpoint.h"
-#include "qkv/io.h"
 #include "qkv/optim.h"
 #include "src/config/fields.h"
-#include "src/train/train_state.h"
+#include "src/train/loop.h"
 
 namespace qkv {
 
@@ -40,8 +37,6 @@ VitTrainOptions VitTrainOptions::from_json(const std::string& text, const std::s
 
 namespace {
 
-const std::string kStateFile = "/trainer_state.safetensors";
-
 // The order of epoch e's images: a shuffle seeded by (seed, e), so a resumed
 // run needs no saved order.
 std::vector<int64_t> epoch_order(int64_t count, uint64_t seed, int64_t epoch) {
@@ -52,11 +47,102 @@ std::vector<int64_t> epoch_order(int64_t count, uint64_t seed, int64_t epoch) {
   return order;
 }
 
-}  // namespace
+// Image classification as a task of the one loop: epochs of shuffled batches
+// (the order of epoch e depends only on the seed and e), augmentation seeded
+// by the step, warmup then cosine over all epochs, test accuracy after each
+// epoch, best model by it.
+class VisionTask final : public TrainTask {
+public:
+  VisionTask(VisionTransformer& model, const ImageSet& train, const ImageSet& test, const VitTrainOptions& o,
+             const VitCallbacks& cb, int64_t count)
+      : model_(model), train_(train), test_(test), o_(o), cb_(cb), count_(count),
+        per_epoch_(std::max<int64_t>(1, count / o.batch_size)), total_(per_epoch_ * o.epochs),
+        data_key_(std::to_string(count) + " images, batch_size " + std::to_string(o.batch_size) + ", seed " +
+                  std::to_string(o.seed)),
+        schedule_{.peak_lr = o.lr, .min_lr = o.lr * o.min_lr_ratio, .warmup_steps = o.warmup_steps,
+                  .total_steps = total_},
+        start_(std::chrono::steady_clock::now()) {}
 
-static void save_vit_model(VisionTransformer& model, const std::string& dir, const std::string& state) {
-  save_model_folder(dir, find_family("vit", dir), model, nullptr, state);
-}
+  Module& model() override { return model_; }
+  int64_t total_steps() const override { return total_; }
+  float lr_at(int64_t step) override { return schedule_.lr_at(step); }
+  StepLoss step_loss(int64_t step) override {
+    const int64_t epoch = epoch_of(step), b = (step - 1) % per_epoch_;
+    if (epoch != order_epoch_) order_ = epoch_order(count_, o_.seed, epoch), order_epoch_ = epoch;
+    if (b == 0) loss_sum_ = 0, loss_count_ = 0;
+    std::vector<int64_t> idx(order_.begin() + b * o_.batch_size,
+                             order_.begin() + std::min((b + 1) * o_.batch_size, count_));
+    Rng augment_rng(o_.seed ^ (0xa46e0000ull + (uint64_t)step * 0x9e3779b97f4a7c15ull));
+    Tensor images = image_batch(train_, idx, {o_.augment_pad, o_.augment_flip}, &augment_rng);
+    std::vector<int64_t> labels;
+    for (int64_t i : idx) labels.push_back(train_.labels[i]);
+    StepLoss l{cross_entropy(model_.forward(images), Tensor::from_ints(labels, {(int64_t)labels.size()}),
+                             {.label_smoothing = o_.label_smoothing}),
+               0, (int64_t)idx.size()};
+    l.value = l.loss.item();
+    return l;
+  }
+  void stepped(int64_t, const StepLoss& l) override { loss_sum_ += l.value, ++loss_count_; }
+  void progress(int64_t step, float loss, float lr, double rate, double eta, int64_t skipped) override {
+    if (cb_.progress) cb_.progress({step, total_, epoch_of(step), o_.epochs, loss, lr, rate, eta, skipped});
+  }
+  bool validate_after(int64_t step) const override { return step % per_epoch_ == 0; }
+  Validation validate(int64_t step, float) override {
+    const VitEvaluation e = evaluate_vit(model_, test_);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    report_ = {epoch_of(step), loss_count_ ? loss_sum_ / loss_count_ : NAN, e.accuracy, seconds, false};
+    return {e.accuracy, {{"epoch", report_.epoch}, {"step", step}, {"train_loss", report_.train_loss},
+                         {"test_accuracy", e.accuracy}, {"seconds", seconds}}};
+  }
+  nlohmann::ordered_json summary(int64_t step, double best, int64_t skipped,
+                                 const nlohmann::json& history) const override {
+    return {{"epoch", epoch_of(step)}, {"epochs", o_.epochs}, {"step", step}, {"best_accuracy", best},
+            {"skipped_steps", skipped}, {"history", history}};
+  }
+  void validated(const Validation&, bool best) override {
+    report_.best = best;
+    if (cb_.epoch_done) cb_.epoch_done(report_);
+  }
+  void save_best(const std::string& dir, const std::string& state) override {
+    save_model_folder(dir, find_family("vit", dir), model_, nullptr, state);
+  }
+
+  const char* state_format() const override { return "qkv-vit-trainer-state"; }
+  const char* best_key() const override { return "best_accuracy"; }
+  double worst_score() const override { return -1; }
+  bool better(double score, double best) const override { return score > best; }
+  void save_extra(std::vector<std::pair<std::string, Tensor>>&, std::map<std::string, std::string>& m) const override {
+    m["data"] = data_key_;  // what fixes the data order
+  }
+  void restore_extra(const TrainerStateFile& state, int64_t step) override {
+    // Epochs may grow (the cosine then stretches from there on); the data order may not change.
+    const std::string* saved = state.metadata("data");
+    QKV_CHECK(saved && *saved == data_key_, state.path(), ": saved for ", saved ? *saved : "(not recorded)",
+              "; this run has ", data_key_, " (resume with the same images, batch_size and seed)");
+    QKV_CHECK(step % per_epoch_ == 0, state.path(), ": saved mid-epoch at step ", step, " of ", per_epoch_,
+              " per epoch");
+  }
+
+private:
+  int64_t epoch_of(int64_t step) const { return (step - 1) / per_epoch_ + 1; }
+
+  VisionTransformer& model_;
+  const ImageSet& train_;
+  const ImageSet& test_;
+  const VitTrainOptions& o_;
+  const VitCallbacks& cb_;
+  int64_t count_, per_epoch_, total_;
+  std::string data_key_;
+  WarmupCosine schedule_;
+  std::chrono::steady_clock::time_point start_;
+  std::vector<int64_t> order_;
+  int64_t order_epoch_ = 0;
+  double loss_sum_ = 0;
+  int64_t loss_count_ = 0;
+  VitEpochReport report_{};
+};
+
+}  // namespace
 
 void train_vit(VisionTransformer& model, const ImageSet& train_all, const ImageSet& test, const VitTrainOptions& o,
                const std::string& out_dir, const VitCallbacks& cb) {
@@ -74,86 +160,11 @@ void train_vit(VisionTransformer& model, const ImageSet& train_all, const ImageS
   for (int64_t i = 0; i < test.count; ++i)
     QKV_CHECK(test.labels[i] >= 0 && test.labels[i] < c.num_classes, "train: label ", test.labels[i],
               " of test image ", i, " is not one of the ", c.num_classes, " classes");
-  // What fixes the data order: a resume must see the same (epochs may grow,
-  // which stretches the cosine from there on).
-  const std::string data_key = std::to_string(count) + " images, batch_size " + std::to_string(o.batch_size) +
-                               ", seed " + std::to_string(o.seed);
-  const int64_t per_epoch = std::max<int64_t>(1, count / o.batch_size), total = per_epoch * o.epochs;
-  model.train();
-  AdamW opt(model.parameters(), {.lr = o.lr, .weight_decay = o.weight_decay});
-  WarmupCosine schedule{.peak_lr = o.lr, .min_lr = o.lr * o.min_lr_ratio, .warmup_steps = o.warmup_steps,
-                        .total_steps = total};
-  int64_t step = 0, skipped = 0;
-  double best = -1;
-  nlohmann::json history = nlohmann::json::array();
-  if (o.resume) {
-    const std::string path = out_dir + kStateFile;
-    SafetensorsFile f = load_safetensors(path);
-    QKV_CHECK(f.metadata.count("format") && f.metadata.at("format") == "qkv-vit-trainer-state", path,
-              ": not a qkv ViT trainer state");
-    restore_training_state(f, path, model, opt);
-    step = checkpoint_tensor(f, path, "step").to_ints()[0];
-    skipped = checkpoint_tensor(f, path, "skipped").to_ints()[0];
-    best = std::stod(f.metadata.count("best_accuracy") ? f.metadata.at("best_accuracy") : "-1");
-    if (f.metadata.count("history")) history = nlohmann::json::parse(f.metadata.at("history"));
-    QKV_CHECK(step < total, "train --resume: the checkpoint is at step ", step, ", nothing to do for ", total,
-              " steps (", o.epochs, " epochs)");
-    const std::string saved = f.metadata.count("data") ? f.metadata.at("data") : "(not recorded)";
-    QKV_CHECK(saved == data_key, path, ": saved for ", saved, "; this run has ", data_key,
-              " (resume with the same images, batch_size and seed)");
-    QKV_CHECK(step % per_epoch == 0, path, ": saved mid-epoch at step ", step, " of ", per_epoch, " per epoch");
-  }
-  const Augment augment{o.augment_pad, o.augment_flip};
-  auto start = std::chrono::steady_clock::now();
-  const int64_t first_step = step;
-  SkipCounter skips{.total = skipped, .max_in_a_row = o.max_skipped_in_a_row};
-  for (int64_t epoch = step / per_epoch + 1; epoch <= o.epochs; ++epoch) {
-    std::vector<int64_t> order = epoch_order(count, o.seed, epoch);
-    double loss_sum = 0;
-    int64_t loss_count = 0;
-    for (int64_t b = 0; b < per_epoch; ++b) {
-      ++step;
-      std::vector<int64_t> idx(order.begin() + b * o.batch_size, order.begin() + std::min((b + 1) * o.batch_size, count));
-      Rng augment_rng(o.seed ^ (0xa46e0000ull + (uint64_t)step * 0x9e3779b97f4a7c15ull));
-      Tensor images = image_batch(train_all, idx, augment, &augment_rng);
-      std::vector<int64_t> labels;
-      for (int64_t i : idx) labels.push_back(train_all.labels[i]);
-      const float lr = schedule.lr_at(step);
-      opt.set_lr(lr);
-      opt.zero_grad();
-      Tensor loss = cross_entropy(model.forward(images), Tensor::from_ints(labels, {(int64_t)labels.size()}),
-                                  {.label_smoothing = o.label_smoothing});
-      const float value = loss.item();
-      if (!step_if_finite(loss, value, model, opt, o.clip_norm, skips, step, out_dir)) continue;
-      loss_sum += value, ++loss_count;
-      if (cb.progress) {
-        double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        double done = (double)(step - first_step);
-        cb.progress({step, total, epoch, o.epochs, value, lr, done * o.batch_size / std::max(secs, 1e-9),
-                     secs / done * (total - step), skips.total});
-      }
-    }
-    VitEvaluation e = evaluate_vit(model, test);
-    double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    VitEpochReport r{epoch, loss_count ? loss_sum / loss_count : NAN, e.accuracy, seconds, e.accuracy > best};
-    history.push_back({{"epoch", epoch}, {"step", step}, {"train_loss", r.train_loss},
-                       {"test_accuracy", e.accuracy}, {"seconds", seconds}});
-    nlohmann::ordered_json state = {{"epoch", epoch},           {"epochs", o.epochs},
-                                    {"step", step},             {"best_accuracy", std::max(best, e.accuracy)},
-                                    {"skipped_steps", skips.total}, {"history", history}};
-    if (r.best) {
-      best = e.accuracy;
-      save_vit_model(model, out_dir, state.dump(2) + "\n");
-    } else {
-      write_file_atomic(out_dir + "/trainer_state.json", state.dump(2) + "\n");
-    }
-    save_trainer_state(out_dir + kStateFile, model, opt, step, skips.total, {},
-                       {{"format", "qkv-vit-trainer-state"},
-                        {"best_accuracy", exact_text(best)},
-                        {"history", history.dump()},
-                        {"data", data_key}});
-    if (cb.epoch_done) cb.epoch_done(r);
-  }
+  VisionTask task(model, train_all, test, o, cb, count);
+  run_training(task,
+               {.lr = o.lr, .weight_decay = o.weight_decay, .clip_norm = o.clip_norm,
+                .max_skipped_in_a_row = o.max_skipped_in_a_row, .resume = o.resume},
+               out_dir);
 }
 
 }  // namespace qkv

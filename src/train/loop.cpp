@@ -1,0 +1,124 @@
+// The one training loop (see src/train/loop.h) and the checked reader of its
+// state file.
+#include "src/train/loop.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "src/train/train_state.h"
+
+namespace qkv {
+
+std::vector<int64_t> TrainerStateFile::ints(const std::string& name, int64_t count) const {
+  const Tensor& t = checkpoint_tensor(f_, path_, name);
+  QKV_CHECK(t.dtype() == DType::I64 && t.dim() == 1 && (count < 0 || t.numel() == count), path_, ": '", name,
+            "' must be ", count < 0 ? std::string("a list of") : std::to_string(count), " I64 values, it is ",
+            dtype_name(t.dtype()), " ", shape_str(t.shape()), "; cannot resume");
+  return t.to_ints();
+}
+
+int64_t TrainerStateFile::integer(const std::string& name, int64_t low, int64_t high) const {
+  const int64_t v = ints(name, 1)[0];
+  QKV_CHECK(v >= low && v <= high, path_, ": '", name, "' is ", v, ", outside [", low, ", ", high, "]; cannot resume");
+  return v;
+}
+
+void TrainerStateFile::rng(const std::string& name, Rng& rng) const {
+  ints(name, 2);
+  restore_rng(rng, checkpoint_tensor(f_, path_, name));
+}
+
+const std::string* TrainerStateFile::metadata(const std::string& key) const {
+  auto it = f_.metadata.find(key);
+  return it == f_.metadata.end() ? nullptr : &it->second;
+}
+
+namespace {
+
+struct Resumed {
+  int64_t step = 0, skipped = 0;
+  double best = 0;
+  nlohmann::json history = nlohmann::json::array();
+};
+
+Resumed resume_from(TrainTask& task, AdamW& opt, const std::string& out_dir) {
+  const std::string path = trainer_state_path(out_dir);
+  TrainerStateFile state(load_safetensors(path), path);
+  const std::string* format = state.metadata("format");
+  QKV_CHECK(format && *format == task.state_format(), path, ": not a ", task.state_format(), " file (format ",
+            format ? "'" + *format + "'" : std::string("missing"), "); cannot resume");
+  const int64_t total = task.total_steps();
+  Resumed r;
+  r.step = state.integer("step", 0, std::numeric_limits<int64_t>::max());
+  QKV_CHECK(r.step < total, "train --resume: the checkpoint is at step ", r.step, ", nothing to do for ", total,
+            " steps");
+  r.skipped = state.integer("skipped", 0, r.step);
+  state.integer("optimizer.steps", 0, r.step);
+  for (auto& [name, rng] : task.model().named_rngs()) state.ints("rng.model." + name, 2);
+  restore_training_state(state.file(), path, task.model(), opt);
+  r.best = task.worst_score();
+  if (const std::string* best = state.metadata(task.best_key())) {
+    char* end = nullptr;
+    r.best = std::strtod(best->c_str(), &end);
+    QKV_CHECK(!best->empty() && end && *end == '\0', path, ": metadata '", task.best_key(), "' is '", *best,
+              "', not a number; cannot resume");
+  }
+  if (const std::string* history = state.metadata("history")) {
+    r.history = nlohmann::json::parse(*history, nullptr, /*allow_exceptions=*/false);
+    QKV_CHECK(r.history.is_array(), path, ": metadata 'history' is not a JSON list; cannot resume");
+  }
+  task.restore_extra(state, r.step);
+  return r;
+}
+
+}  // namespace
+
+void run_training(TrainTask& task, const LoopOptions& o, const std::string& out_dir) {
+  Module& model = task.model();
+  model.train();
+  AdamW opt(model.parameters(), {.lr = o.lr, .weight_decay = o.weight_decay});
+  const int64_t total = task.total_steps();
+  Resumed s;
+  s.best = task.worst_score();
+  if (o.resume) s = resume_from(task, opt, out_dir);
+  SkipCounter skips{.total = s.skipped, .max_in_a_row = o.max_skipped_in_a_row};
+  const int64_t first_step = s.step + 1;
+  int64_t units = 0;
+  auto start = std::chrono::steady_clock::now();
+  for (int64_t step = first_step; step <= total; ++step) {
+    const float lr = task.lr_at(step);
+    opt.set_lr(lr);
+    opt.zero_grad();
+    StepLoss loss = task.step_loss(step);
+    if (step_if_finite(loss.loss, loss.value, model, opt, o.clip_norm, skips, step, out_dir, o.gradient_hook)) {
+      task.stepped(step, loss);
+      units += loss.units;
+      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      const double done = (double)(step - first_step + 1);
+      task.progress(step, loss.value, lr, units / std::max(secs, 1e-9), secs / done * (double)(total - step),
+                    skips.total);
+    }
+    if (!task.validate_after(step)) continue;
+    Validation v = task.validate(step, loss.value);
+    const bool best = task.better(v.score, s.best);
+    if (best) s.best = v.score;
+    s.history.push_back(v.history);
+    const std::string summary = task.summary(step, s.best, skips.total, s.history).dump(2) + "\n";
+    if (best) {
+      task.save_best(out_dir, summary);
+    } else {
+      write_file_atomic(out_dir + "/trainer_state.json", summary);
+    }
+    std::vector<std::pair<std::string, Tensor>> extra;
+    std::map<std::string, std::string> metadata = {{"format", task.state_format()},
+                                                   {task.best_key(), exact_text(s.best)},
+                                                   {"history", s.history.dump()}};
+    task.save_extra(extra, metadata);
+    save_trainer_state(trainer_state_path(out_dir), model, opt, step, skips.total, std::move(extra), metadata);
+    task.validated(v, best);
+  }
+}
+
+}  // namespace qkv

@@ -1,0 +1,112 @@
+// Internal: the one training loop every family's trainer runs.
+//
+//   for step = first .. total:
+//     lr = task.lr_at(step); loss = task.step_loss(step)       (the family's batch and loss)
+//     backward; gradient hook (where an all-reduce across processes goes); clip;
+//     AdamW step only when the loss and the gradient norm are finite
+//     (too many skips in a row: an error naming the last good checkpoint)
+//     progress
+//     if task.validate_after(step): validation, best model saved (model folder),
+//       trainer_state.json, and trainer_state.safetensors for an exact resume
+//
+// A task owns what differs: the data and its order, the loss, the schedule,
+// the validation score and what "better" means, and the names its files use
+// (kept as each trainer wrote them, so older folders still resume).
+#pragma once
+
+#include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "qkv/io.h"
+#include "qkv/nn.h"
+#include "qkv/optim.h"
+
+namespace qkv {
+
+struct StepLoss {
+  Tensor loss;        // differentiable, auxiliary losses included
+  float value = 0;    // what progress and history show (without the auxiliary losses)
+  int64_t units = 0;  // tokens or images this step trained on, for the rate
+};
+
+struct Validation {
+  double score = 0;             // compared with better()
+  nlohmann::json history;       // this validation's entry in the history ("step" and the metrics)
+};
+
+// The trainer state file's contents beyond the shared ones, read back with
+// every field checked: a file that says something impossible is an error
+// naming it, never a crash.
+class TrainerStateFile {
+public:
+  TrainerStateFile(SafetensorsFile file, std::string path) : f_(std::move(file)), path_(std::move(path)) {}
+  const std::string& path() const { return path_; }
+  const SafetensorsFile& file() const { return f_; }
+  // An I64 tensor of exactly `count` elements (any when count < 0).
+  std::vector<int64_t> ints(const std::string& name, int64_t count = -1) const;
+  // An I64 scalar (shape [1]) within [low, high].
+  int64_t integer(const std::string& name, int64_t low, int64_t high) const;
+  // Restores `rng` from its saved (seed, counter) pair.
+  void rng(const std::string& name, Rng& rng) const;
+  const std::string* metadata(const std::string& key) const;
+
+private:
+  SafetensorsFile f_;
+  std::string path_;
+};
+
+class TrainTask {
+public:
+  virtual ~TrainTask() = default;
+  virtual Module& model() = 0;
+  virtual int64_t total_steps() const = 0;
+  virtual float lr_at(int64_t step) = 0;
+  virtual StepLoss step_loss(int64_t step) = 0;
+  // Called after a step that was taken (its loss and gradient were finite).
+  virtual void stepped(int64_t step, const StepLoss& loss) { (void)step, (void)loss; }
+  virtual void progress(int64_t step, float loss, float lr, double units_per_second, double eta_seconds,
+                        int64_t skipped) = 0;
+  virtual bool validate_after(int64_t step) const = 0;
+  virtual Validation validate(int64_t step, float last_loss) = 0;
+  // The trainer_state.json of the folder after a validation.
+  virtual nlohmann::ordered_json summary(int64_t step, double best, int64_t skipped,
+                                         const nlohmann::json& history) const = 0;
+  virtual void validated(const Validation& v, bool best) { (void)v, (void)best; }
+  virtual void save_best(const std::string& dir, const std::string& trainer_state_json) = 0;
+
+  // The trainer state file: its "format", the metadata key of the best score,
+  // the score before any validation, and which of two scores is better.
+  virtual const char* state_format() const = 0;
+  virtual const char* best_key() const = 0;
+  virtual double worst_score() const = 0;
+  virtual bool better(double score, double best) const = 0;
+  // What else an exact resume needs (the data order), saved with the state
+  // and checked on the way back.
+  virtual void save_extra(std::vector<std::pair<std::string, Tensor>>& tensors,
+                          std::map<std::string, std::string>& metadata) const {
+    (void)tensors, (void)metadata;
+  }
+  virtual void restore_extra(const TrainerStateFile& state, int64_t step) { (void)state, (void)step; }
+};
+
+struct LoopOptions {
+  float lr = 1e-3f, weight_decay = 0.01f, clip_norm = 1.0f;
+  int64_t max_skipped_in_a_row = 20;
+  bool resume = false;
+  // Called after every backward, before clipping: the place where gradients
+  // will be averaged across processes (MPI all-reduce). Empty: one process.
+  std::function<void(Module&)> gradient_hook;
+};
+
+// Trains `task` into the model folder `out_dir`; with options.resume, from
+// out_dir/trainer_state.safetensors.
+void run_training(TrainTask& task, const LoopOptions& options, const std::string& out_dir);
+
+// The trainer state file of a folder.
+inline std::string trainer_state_path(const std::string& dir) { return dir + "/trainer_state.safetensors"; }
+
+}  // namespace qkv
