@@ -16,14 +16,7 @@
 namespace qkv {
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using testing::error_of;
 
 TEST(ConfigFields, ErrorsNameTheFileTheKeyAndWhatIsAllowed) {
   auto decoder = [](const char* text) { return error_of([&] { DecoderConfig::from_json(text, "lm.json"); }); };

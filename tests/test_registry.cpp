@@ -14,14 +14,7 @@
 namespace qkv {
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using testing::error_of;
 
 std::string legacy(const std::string& family) { return std::string(QKV_FIXTURES_DIR) + "/folders/" + family; }
 
@@ -32,7 +25,9 @@ TEST(Registry, EveryBuiltInFamilyByItsArch) {
     EXPECT_NE(std::find(archs.begin(), archs.end(), arch), archs.end()) << arch;
   EXPECT_EQ(find_family("decoder", "c").domain, Domain::Language);
   EXPECT_EQ(family_of_config(R"({"d_model": 8})", "c").arch, "transformer");  // no arch: as before, a transformer
-  EXPECT_EQ(error_of([] { find_family("gpt", "c.json"); }).rfind("c.json: 'arch' is 'gpt', expected one of: transformer, rnn_attention, conv, decoder, vit", 0), 0u);
+  EXPECT_EQ(error_of([] { find_family("gpt", "c.json"); })
+                .rfind("c.json: 'arch' is 'gpt', expected one of: transformer, rnn_attention, conv, decoder, vit", 0),
+            0u);
   EXPECT_EQ(error_of([] { family_of_config(R"({"arch": 3})", "c.json"); }), "c.json: 'arch' has the wrong type (3)");
 }
 

@@ -213,6 +213,16 @@ inline const std::map<std::string, Tensor>& fixture_tensors(const std::string& n
 }
 
 // A fresh folder /tmp/qkv_<name>_XXXXXX for one test's files.
+// The message of the qkv::Error that f throws, or "(no error)".
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
 inline std::string temp_dir(const std::string& name = "test") {
   std::string tmpl = "/tmp/qkv_" + name + "_XXXXXX";
   const char* d = mkdtemp(tmpl.data());

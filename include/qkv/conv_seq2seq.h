@@ -56,6 +56,7 @@ public:
   std::string attention_name() const override;
   void select_rows(DecodeState& state, const std::vector<int64_t>& rows) override;
   std::string config_json() const override { return config_.to_json(); }
+  const ConvSeq2SeqConfig& config() const { return config_; }
   std::string summary() const override;
 
   std::shared_ptr<Embedding> embed;

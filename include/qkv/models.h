@@ -152,6 +152,7 @@ public:
   void select_rows(DecodeState& state, const std::vector<int64_t>& rows) override;
   std::string config_json() const override { return config_.to_json(); }
   std::string summary() const override;
+  const RnnAttentionConfig& config() const { return config_; }
 
   std::shared_ptr<Embedding> embed;
   std::shared_ptr<GRUCell> encoder_fwd, encoder_bwd, decoder_cell;

@@ -217,7 +217,8 @@ public:
 
   // Reads the keys of object `j` into `c` (absent keys keep c's values).
   void read(const nlohmann::json& j, C& c, const std::string& source) const {
-    QKV_CHECK(j.is_object(), source, ": ", prefix_.empty() ? "expected a JSON object" : "'" + prefix_.substr(0, prefix_.size() - 1) + "' must be an object");
+    QKV_CHECK(j.is_object(), source, ": ",
+              prefix_.empty() ? "expected a JSON object" : "'" + prefix_.substr(0, prefix_.size() - 1) + "' must be an object");
     json_known_keys(j, keys_, source, prefix_.c_str());
     for (auto& e : entries_)
       if (e.read && j.contains(e.key)) e.read(j.at(e.key), c, source);

@@ -6,6 +6,20 @@
 
 namespace qkv::builtin {
 
+// The family of a Model built from a Config (Config::from_json, Model(config, rng),
+// model.config().to_json()).
+template <class Model, class Config>
+Family family_of(std::string arch, std::string description, Domain domain, std::vector<Task> tasks) {
+  return {.arch = std::move(arch),
+          .description = std::move(description),
+          .domain = domain,
+          .tasks = std::move(tasks),
+          .build = [](const std::string& config, const std::string& source, Rng& rng) -> std::shared_ptr<Module> {
+            return std::make_shared<Model>(Config::from_json(config, source), rng);
+          },
+          .config_json = [](const Module& m) { return dynamic_cast<const Model&>(m).config().to_json(); }};
+}
+
 Family transformer();
 Family rnn_attention();
 Family conv();

@@ -15,15 +15,15 @@
 
 namespace qkv::cli {
 
-int run_lm_train(const LmTrainArgs& a) {
-  LmTrainOptions o = LmTrainOptions::from_json(a.config_text, a.config_path);
+int run_lm_train(const TrainArgs& a, const std::string& config_text) {
+  LmTrainOptions o = LmTrainOptions::from_json(config_text, a.config);
   if (a.steps > 0) o.steps = a.steps;
   if (a.lr > 0) o.lr = (float)a.lr;
   if (a.seed >= 0) o.seed = (uint64_t)a.seed;
   o.resume = a.resume;
   const std::string train_text = read_file(a.train);
   LanguageModel m = a.resume ? load_language_model(a.out, "train --resume")
-                             : new_language_model(a.config_text, a.config_path, train_text, o.seed);
+                             : new_language_model(config_text, a.config, train_text, o.seed);
   if (a.resume) m.model->train();
   std::vector<int64_t> train, valid;
   try {

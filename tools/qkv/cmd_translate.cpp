@@ -36,16 +36,6 @@ int run_synth(const DataArgs& a) {
   return 0;
 }
 
-struct TrainArgs {
-  std::string config, train, valid, out;
-  int64_t steps = 0, batch_tokens = 0, epochs = 0;
-  double lr = 0;
-  int64_t seed = -1;
-  int threads = 0;
-  bool replace_invalid = false;
-  bool resume = false;
-};
-
 void show_progress(const TrainProgress& p) {
   char stats[128];
   std::snprintf(stats, sizeof stats, "loss %.3f  %.0f tok/s  lr %.2e", p.loss, p.tokens_per_second, p.lr);
@@ -65,12 +55,12 @@ int run_train(const TrainArgs& a) {
   if (family.domain == Domain::Vision) {
     QKV_CHECK(a.steps == 0 && a.batch_tokens == 0, "train: --steps and --batch-tokens are for translation; a vit "
               "config trains for --epochs");
-    return run_vit_train({a.config, config_text, a.train, a.valid, a.out, a.epochs, a.lr, a.seed, a.resume});
+    return run_vit_train(a, config_text);
   }
   QKV_CHECK(a.epochs == 0, "train: --epochs is for vit configs; translation and decoder models train for --steps");
   if (family.domain == Domain::Language) {
     QKV_CHECK(a.batch_tokens == 0, "train: --batch-tokens is for translation; a decoder config sets train.batch_size");
-    return run_lm_train({a.config, config_text, a.train, a.valid, a.out, a.steps, a.lr, a.seed, a.resume});
+    return run_lm_train(a, config_text);
   }
   TrainOptions o = TrainOptions::from_json(config_text, a.config);
   if (a.steps > 0) o.steps = a.steps;

@@ -27,23 +27,23 @@ void show_progress(const VitProgress& p) {
 
 }  // namespace
 
-int run_vit_train(const VitTrainArgs& a) {
-  VitTrainOptions o = VitTrainOptions::from_json(a.config_text, a.config_path);
+int run_vit_train(const TrainArgs& a, const std::string& config_text) {
+  VitTrainOptions o = VitTrainOptions::from_json(config_text, a.config);
   if (a.epochs > 0) o.epochs = a.epochs;
   if (a.lr > 0) o.lr = (float)a.lr;
   if (a.seed >= 0) o.seed = (uint64_t)a.seed;
   o.resume = a.resume;
-  ImageSet train = load_idx_folder(a.train_dir, "train");
-  ImageSet test = load_idx_folder(a.test_dir.empty() ? a.train_dir : a.test_dir, "t10k");
+  ImageSet train = load_idx_folder(a.train, "train");
+  ImageSet test = load_idx_folder(a.valid.empty() ? a.train : a.valid, "t10k");
   std::shared_ptr<VisionTransformer> model;
   if (a.resume) {  // the config comes from the model folder, the latest weights from the trainer state
     model = load_vit_model(a.out, "train --resume");
     model->train();
   } else {
-    nlohmann::json j = nlohmann::json::parse(a.config_text);
+    nlohmann::json j = nlohmann::json::parse(config_text);
     j.erase("train");
     Rng rng(o.seed);
-    model = std::make_shared<VisionTransformer>(ViTConfig::from_json(j.dump(), a.config_path), rng);
+    model = std::make_shared<VisionTransformer>(ViTConfig::from_json(j.dump(), a.config), rng);
   }
   const int64_t used = o.max_train_images > 0 ? std::min(o.max_train_images, train.count) : train.count;
   std::printf("qkv train: %s\n  %lld training images (of %lld), %lld test images; %lld epochs of batches of %lld, "

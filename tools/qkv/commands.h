@@ -37,29 +37,26 @@ namespace qkv::cli {
 // The cross-attention of `source` (last decoder layer, mean of its heads) as an SVG picture at `path`.
 void write_attention_map(TranslationModel& m, const std::string& source, const std::string& path, int64_t max_len);
 
-// The Vision Transformer behind qkv train and qkv eval (cmd_vit.cpp), for
-// configs and folders of the Vision domain (qkv/registry.h).
-struct VitTrainArgs {
-  std::string config_path, config_text, train_dir, test_dir, out;
-  int64_t epochs = 0;  // 0: the config's
-  double lr = 0;       // 0: the config's
+// The flags of qkv train (cmd_translate.cpp), for every domain; 0 and -1 keep the config's value.
+struct TrainArgs {
+  std::string config, train, valid, out;  // for vit, train and valid are IDX folders
+  int64_t steps = 0, batch_tokens = 0, epochs = 0;
+  double lr = 0;
   int64_t seed = -1;
+  int threads = 0;
+  bool replace_invalid = false;
   bool resume = false;
 };
-int run_vit_train(const VitTrainArgs& a);
+
+// The Vision Transformer behind qkv train and qkv eval (cmd_vit.cpp), for
+// configs and folders of the Vision domain (qkv/registry.h).
+int run_vit_train(const TrainArgs& a, const std::string& config_text);
 int run_vit_eval(const std::string& model_dir, const std::string& test_dir, bool json);
 
 // Decoder-only language models behind qkv train and qkv eval (cmd_lm.cpp),
 // for the Language domain: perplexity on a text file.
+int run_lm_train(const TrainArgs& a, const std::string& config_text);
 int run_lm_eval(const std::string& model_dir, const std::string& test, bool json);
-struct LmTrainArgs {
-  std::string config_path, config_text, train, valid, out;
-  int64_t steps = 0;  // 0: the config's
-  double lr = 0;      // 0: the config's
-  int64_t seed = -1;
-  bool resume = false;
-};
-int run_lm_train(const LmTrainArgs& a);
 
 // A one-line progress bar: "[####....] <position>  <stats>  ETA 1m05s", redrawn
 // in place on a terminal; otherwise a line every total/lines steps.

@@ -5,15 +5,8 @@
 namespace qkv::builtin {
 
 Family conv() {
-  return {.arch = "conv",
-          .description = "a convolutional translation model",
-          .domain = Domain::Translation,
-          .tasks = {Task::Translate, Task::Eval},
-          .build = [](const std::string& config, const std::string& source,
-                      Rng& rng) -> std::shared_ptr<Module> {
-            return std::make_shared<ConvSeq2Seq>(ConvSeq2SeqConfig::from_json(config, source), rng);
-          },
-          .config_json = [](const Module& m) { return dynamic_cast<const ConvSeq2Seq&>(m).config_json(); }};
+  return family_of<ConvSeq2Seq, ConvSeq2SeqConfig>("conv", "a convolutional translation model",
+                                                   Domain::Translation, {Task::Translate, Task::Eval});
 }
 
 }  // namespace qkv::builtin

@@ -5,15 +5,8 @@
 namespace qkv::builtin {
 
 Family decoder() {
-  return {.arch = "decoder",
-          .description = "a decoder-only language model",
-          .domain = Domain::Language,
-          .tasks = {Task::Generate, Task::Eval},
-          .build = [](const std::string& config, const std::string& source,
-                      Rng& rng) -> std::shared_ptr<Module> {
-            return std::make_shared<DecoderLM>(DecoderConfig::from_json(config, source), rng);
-          },
-          .config_json = [](const Module& m) { return dynamic_cast<const DecoderLM&>(m).config().to_json(); }};
+  return family_of<DecoderLM, DecoderConfig>("decoder", "a decoder-only language model",
+                                             Domain::Language, {Task::Generate, Task::Eval});
 }
 
 }  // namespace qkv::builtin

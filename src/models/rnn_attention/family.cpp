@@ -5,15 +5,8 @@
 namespace qkv::builtin {
 
 Family rnn_attention() {
-  return {.arch = "rnn_attention",
-          .description = "an RNN encoder-decoder with attention",
-          .domain = Domain::Translation,
-          .tasks = {Task::Translate, Task::Eval},
-          .build = [](const std::string& config, const std::string& source,
-                      Rng& rng) -> std::shared_ptr<Module> {
-            return std::make_shared<RnnAttention>(RnnAttentionConfig::from_json(config, source), rng);
-          },
-          .config_json = [](const Module& m) { return dynamic_cast<const RnnAttention&>(m).config_json(); }};
+  return family_of<RnnAttention, RnnAttentionConfig>("rnn_attention", "an RNN encoder-decoder with attention",
+                                                     Domain::Translation, {Task::Translate, Task::Eval});
 }
 
 }  // namespace qkv::builtin
