@@ -48,6 +48,31 @@ TEST(ConfigFields, ErrorsNameTheFileTheKeyAndWhatIsAllowed) {
             "v.json: 'image_size' must be at most 65536, got 131072");
 }
 
+// issue 21: a size key past its limit is refused before anything is built;
+// values of the wrong type are errors, never "internal error" or a silent cut.
+TEST(ConfigFields, SizesAreBoundedAndTypesExact) {
+  EXPECT_EQ(error_of([] { TransformerConfig::from_json(R"({"num_encoder_layers": 1000000000})", "t.json"); }),
+            "t.json: 'num_encoder_layers' must be at most 1024, got 1000000000");
+  EXPECT_EQ(error_of([] { ViTConfig::from_json(R"({"num_classes": 1099511627776})", "v.json"); }),
+            "v.json: 'num_classes' must be at most 1048576, got 1099511627776");
+  EXPECT_EQ(error_of([] { DecoderConfig::from_json(R"({"context": 1099511627776})", "d.json"); }),
+            "d.json: 'context' must be at most 16777216, got 1099511627776");
+  EXPECT_EQ(error_of([] { DecoderConfig::from_json(R"({"d_model": 1099511627776})", "d.json"); }),
+            "d.json: 'd_model' must be at most 262144, got 1099511627776");
+  EXPECT_EQ(error_of([] { TransformerConfig::from_json(R"({"max_len": 1099511627776})", "t.json"); }),
+            "t.json: 'max_len' must be at most 16777216, got 1099511627776");
+  EXPECT_EQ(error_of([] { TrainOptions::from_json(R"({"train": {"batch_tokens": 1099511627776}})", "t.json"); }),
+            "t.json: 'train.batch_tokens' must be at most 1073741824, got 1099511627776");
+  EXPECT_EQ(error_of([] { DecoderConfig::from_json(R"({"d_model": 18446744073709551615})", "d.json"); }),
+            "d.json: 'd_model' is too large (18446744073709551615)");
+  EXPECT_EQ(error_of([] { DecoderConfig::from_json(R"({"vocab_size": null})", "d.json"); }),
+            "d.json: 'vocab_size' has the wrong type (null)");
+  EXPECT_EQ(error_of([] { DecoderConfig::from_json(R"({"d_model": 32.5})", "d.json"); }),
+            "d.json: 'd_model' has the wrong type (32.5)");
+  EXPECT_EQ(error_of([] { DecoderConfig::from_json(R"({"arch": 5})", "d.json"); }),
+            "d.json: 'arch' has the wrong type (5)");
+}
+
 // Written, read, written again: the same text, and every value away from its default survives.
 template <class C>
 void expect_round_trip(const C& c, const std::string& name) {

@@ -135,6 +135,22 @@ nlohmann::ordered_json encode(const T& value) {
 
 }  // namespace detail
 
+// Upper bounds of the size keys: above them a config is refused with the key
+// named, before anything is allocated (a typo of 10^9 layers would otherwise
+// build layers until the machine runs out of memory). Each is far above any
+// published model of its kind.
+namespace limits {
+constexpr int64_t kWidth = 1 << 18;      // d_model, dim_feedforward, hidden sizes
+constexpr int64_t kHeadDim = 1 << 14;    // head_dim
+constexpr int64_t kHeads = 1 << 10;      // nhead, num_kv_heads
+constexpr int64_t kLayers = 1 << 10;     // layers of one stack
+constexpr int64_t kExperts = 1 << 12;    // num_experts
+constexpr int64_t kVocab = 1 << 24;      // vocab_size
+constexpr int64_t kPositions = 1 << 24;  // context, max_len
+constexpr int64_t kClasses = 1 << 20;    // num_classes
+constexpr int64_t kBatch = 1 << 30;      // batch_size, batch_tokens
+}  // namespace limits
+
 template <class C>
 class Fields {
 public:

@@ -198,11 +198,12 @@ public:
 
 TokenizerConfig TokenizerConfig::from_json(const std::string& text, const std::string& source) {
   using C = TokenizerConfig;
-  static const config::Fields<C> fields = config::Fields<C>("tokenizer.")
-                                              .add("type", &C::type)
-                                              .add("model_type", &C::model_type)
-                                              .add("vocab_size", &C::vocab_size).at_least(8)
-                                              .add("character_coverage", &C::character_coverage).positive().at_most(1);
+  static const config::Fields<C> fields =
+      config::Fields<C>("tokenizer.")
+          .add("type", &C::type)
+          .add("model_type", &C::model_type)
+          .add("vocab_size", &C::vocab_size).at_least(8).at_most(config::limits::kVocab)
+          .add("character_coverage", &C::character_coverage).positive().at_most(1);
   nlohmann::json j = parse_json(text, source);
   if (j.is_string()) j = nlohmann::json{{"type", j}};
   QKV_CHECK(j.is_object(), source, ": \"tokenizer\" must be \"char\" or an object with a \"type\"");

@@ -2,6 +2,8 @@
 // defined in its folder's family.cpp and listed once in src/models/registry.cpp.
 #pragma once
 
+#include <new>
+
 #include "qkv/registry.h"
 
 namespace qkv::builtin {
@@ -15,7 +17,12 @@ Family family_of(std::string arch, std::string description, Domain domain, std::
           .domain = domain,
           .tasks = std::move(tasks),
           .build = [](const std::string& config, const std::string& source, Rng& rng) -> std::shared_ptr<Module> {
-            return std::make_shared<Model>(Config::from_json(config, source), rng);
+            const Config c = Config::from_json(config, source);
+            try {
+              return std::make_shared<Model>(c, rng);
+            } catch (const std::bad_alloc&) {
+              fail(source, ": the model this config describes does not fit in memory");
+            }
           },
           .config_json = [](const Module& m) { return dynamic_cast<const Model&>(m).config().to_json(); }};
 }

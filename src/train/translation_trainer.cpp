@@ -27,18 +27,19 @@ namespace qkv {
 
 TrainOptions TrainOptions::from_json(const std::string& text, const std::string& source) {
   using O = TrainOptions;
-  static const config::Fields<O> fields = config::Fields<O>("train.")
-                                              .add("steps", &O::steps).at_least(1)
-                                              .add("batch_tokens", &O::batch_tokens).at_least(1)
-                                              .add("lr", &O::lr).positive()
-                                              .add("warmup_steps", &O::warmup_steps).at_least(0)
-                                              .add("schedule", &O::schedule)
-                                              .add("weight_decay", &O::weight_decay).at_least(0)
-                                              .add("clip_norm", &O::clip_norm).at_least(0)
-                                              .add("label_smoothing", &O::label_smoothing).fraction()
-                                              .add("seed", &O::seed)
-                                              .add("eval_every", &O::eval_every).at_least(1)
-                                              .add("eval_sentences", &O::eval_sentences).at_least(0);
+  static const config::Fields<O> fields =
+      config::Fields<O>("train.")
+          .add("steps", &O::steps).at_least(1)
+          .add("batch_tokens", &O::batch_tokens).at_least(1).at_most(config::limits::kBatch)
+          .add("lr", &O::lr).positive()
+          .add("warmup_steps", &O::warmup_steps).at_least(0)
+          .add("schedule", &O::schedule)
+          .add("weight_decay", &O::weight_decay).at_least(0)
+          .add("clip_norm", &O::clip_norm).at_least(0)
+          .add("label_smoothing", &O::label_smoothing).fraction()
+          .add("seed", &O::seed)
+          .add("eval_every", &O::eval_every).at_least(1)
+          .add("eval_sentences", &O::eval_sentences).at_least(0);
   return config::read_train_section(fields, text, source);
 }
 

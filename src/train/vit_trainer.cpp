@@ -15,19 +15,20 @@ namespace qkv {
 
 VitTrainOptions VitTrainOptions::from_json(const std::string& text, const std::string& source) {
   using O = VitTrainOptions;
-  static const config::Fields<O> fields = config::Fields<O>("train.")
-                                              .add("epochs", &O::epochs).at_least(1)
-                                              .add("batch_size", &O::batch_size).at_least(1)
-                                              .add("lr", &O::lr).positive()
-                                              .add("warmup_steps", &O::warmup_steps).at_least(0)
-                                              .add("min_lr_ratio", &O::min_lr_ratio).at_least(0)
-                                              .add("weight_decay", &O::weight_decay).at_least(0)
-                                              .add("clip_norm", &O::clip_norm).at_least(0)
-                                              .add("label_smoothing", &O::label_smoothing).fraction()
-                                              .add("seed", &O::seed)
-                                              .add("augment_pad", &O::augment_pad).at_least(0)
-                                              .add("augment_flip", &O::augment_flip)
-                                              .add("max_train_images", &O::max_train_images).at_least(0);
+  static const config::Fields<O> fields =
+      config::Fields<O>("train.")
+          .add("epochs", &O::epochs).at_least(1)
+          .add("batch_size", &O::batch_size).at_least(1).at_most(config::limits::kBatch)
+          .add("lr", &O::lr).positive()
+          .add("warmup_steps", &O::warmup_steps).at_least(0)
+          .add("min_lr_ratio", &O::min_lr_ratio).at_least(0)
+          .add("weight_decay", &O::weight_decay).at_least(0)
+          .add("clip_norm", &O::clip_norm).at_least(0)
+          .add("label_smoothing", &O::label_smoothing).fraction()
+          .add("seed", &O::seed)
+          .add("augment_pad", &O::augment_pad).at_least(0)
+          .add("augment_flip", &O::augment_flip)
+          .add("max_train_images", &O::max_train_images).at_least(0);
   return config::read_train_section(fields, text, source);
 }
 

@@ -82,6 +82,9 @@ int main(int argc, char** argv) {
   } catch (const qkv::Error& e) {
     std::cerr << "qkv: " << e.what() << "\n";
     return 1;
+  } catch (const std::bad_alloc&) {
+    std::cerr << "qkv: out of memory (a smaller model, batch or input needs less)\n";
+    return 1;
   } catch (const std::exception& e) {
     std::cerr << "qkv: internal error: " << e.what() << "\n";
     return 1;

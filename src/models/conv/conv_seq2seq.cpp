@@ -9,16 +9,17 @@ namespace qkv {
 
 static const config::Fields<ConvSeq2SeqConfig>& conv_fields() {
   using C = ConvSeq2SeqConfig;
-  static const config::Fields<C> fields = config::Fields<C>()
-                                              .constant("arch", "conv")
-                                              .add("vocab_size", &C::vocab_size).at_least(0)
-                                              .add("d_model", &C::d_model).at_least(1)
-                                              .add("kernel_size", &C::kernel_size).at_least(1)
-                                              .add("nhead", &C::nhead).at_least(1)
-                                              .add("num_encoder_layers", &C::num_encoder_layers).at_least(1)
-                                              .add("num_decoder_layers", &C::num_decoder_layers).at_least(1)
-                                              .add("dropout", &C::dropout).fraction()
-                                              .skip("train");
+  static const config::Fields<C> fields =
+      config::Fields<C>()
+          .constant("arch", "conv")
+          .add("vocab_size", &C::vocab_size).at_least(0).at_most(config::limits::kVocab)
+          .add("d_model", &C::d_model).at_least(1).at_most(config::limits::kWidth)
+          .add("kernel_size", &C::kernel_size).at_least(1).at_most(config::limits::kWidth)
+          .add("nhead", &C::nhead).at_least(1).at_most(config::limits::kHeads)
+          .add("num_encoder_layers", &C::num_encoder_layers).at_least(1).at_most(config::limits::kLayers)
+          .add("num_decoder_layers", &C::num_decoder_layers).at_least(1).at_most(config::limits::kLayers)
+          .add("dropout", &C::dropout).fraction()
+          .skip("train");
   return fields;
 }
 

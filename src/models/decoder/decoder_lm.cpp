@@ -8,14 +8,15 @@ namespace qkv {
 
 static const config::Fields<DecoderConfig>& decoder_fields() {
   using C = DecoderConfig;
-  static const config::Fields<C> fields = config::Fields<C>()
-                                              .constant("arch", "decoder")
-                                              .add("vocab_size", &C::vocab_size).at_least(0)
-                                              .add("num_layers", &C::num_layers).at_least(1)
-                                              .add("context", &C::context).at_least(2)
-                                              .include(config::block_fields())
-                                              .skip("train")
-                                              .skip("tokenizer");
+  static const config::Fields<C> fields =
+      config::Fields<C>()
+          .constant("arch", "decoder")
+          .add("vocab_size", &C::vocab_size).at_least(0).at_most(config::limits::kVocab)
+          .add("num_layers", &C::num_layers).at_least(1).at_most(config::limits::kLayers)
+          .add("context", &C::context).at_least(2).at_most(config::limits::kPositions)
+          .include(config::block_fields())
+          .skip("train")
+          .skip("tokenizer");
   return fields;
 }
 

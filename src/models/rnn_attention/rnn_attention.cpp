@@ -7,14 +7,15 @@ namespace qkv {
 
 static const config::Fields<RnnAttentionConfig>& rnn_fields() {
   using C = RnnAttentionConfig;
-  static const config::Fields<C> fields = config::Fields<C>()
-                                              .constant("arch", "rnn_attention")
-                                              .add("vocab_size", &C::vocab_size).at_least(0)
-                                              .add("embed_dim", &C::embed_dim).at_least(1)
-                                              .add("hidden", &C::hidden).at_least(1)
-                                              .add("attention_dim", &C::attention_dim).at_least(1)
-                                              .add("dropout", &C::dropout).fraction()
-                                              .skip("train");
+  static const config::Fields<C> fields =
+      config::Fields<C>()
+          .constant("arch", "rnn_attention")
+          .add("vocab_size", &C::vocab_size).at_least(0).at_most(config::limits::kVocab)
+          .add("embed_dim", &C::embed_dim).at_least(1).at_most(config::limits::kWidth)
+          .add("hidden", &C::hidden).at_least(1).at_most(config::limits::kWidth)
+          .add("attention_dim", &C::attention_dim).at_least(1).at_most(config::limits::kWidth)
+          .add("dropout", &C::dropout).fraction()
+          .skip("train");
   return fields;
 }
 

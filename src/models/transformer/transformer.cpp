@@ -12,14 +12,15 @@ namespace qkv {
 
 static const config::Fields<TransformerConfig>& transformer_fields() {
   using C = TransformerConfig;
-  static const config::Fields<C> fields = config::Fields<C>()
-                                              .constant("arch", "transformer")
-                                              .add("vocab_size", &C::vocab_size).at_least(0)
-                                              .add("num_encoder_layers", &C::num_encoder_layers).at_least(1)
-                                              .add("num_decoder_layers", &C::num_decoder_layers).at_least(1)
-                                              .add("max_len", &C::max_len).at_least(1)
-                                              .include(config::block_fields())
-                                              .skip("train");
+  static const config::Fields<C> fields =
+      config::Fields<C>()
+          .constant("arch", "transformer")
+          .add("vocab_size", &C::vocab_size).at_least(0).at_most(config::limits::kVocab)
+          .add("num_encoder_layers", &C::num_encoder_layers).at_least(1).at_most(config::limits::kLayers)
+          .add("num_decoder_layers", &C::num_decoder_layers).at_least(1).at_most(config::limits::kLayers)
+          .add("max_len", &C::max_len).at_least(1).at_most(config::limits::kPositions)
+          .include(config::block_fields())
+          .skip("train");
   return fields;
 }
 
