@@ -69,6 +69,8 @@ TEST(ConfigFields, SizesAreBoundedAndTypesExact) {
             "d.json: 'vocab_size' has the wrong type (null)");
   EXPECT_EQ(error_of([] { DecoderConfig::from_json(R"({"d_model": 32.5})", "d.json"); }),
             "d.json: 'd_model' has the wrong type (32.5)");
+  EXPECT_EQ(error_of([] { DecoderConfig::from_json(R"({"rope_theta": 1e39})", "d.json"); }),
+            "d.json: 'rope_theta' is out of range (1e+39)");
   EXPECT_EQ(error_of([] { DecoderConfig::from_json(R"({"arch": 5})", "d.json"); }),
             "d.json: 'arch' has the wrong type (5)");
 }

@@ -96,7 +96,10 @@ T decode(const nlohmann::json& v, const std::string& key, const std::string& sou
       return v.get<T>();
     }
   } else if constexpr (std::is_floating_point_v<T>) {
-    return v.is_number() ? v.get<T>() : wrong();
+    if (!v.is_number()) return wrong();
+    const T x = v.get<T>();
+    QKV_CHECK(std::isfinite(x), source, ": '", key, "' is out of range (", v.dump(), ")");
+    return x;
   } else if constexpr (std::is_same_v<T, std::string>) {
     return v.is_string() ? v.get<std::string>() : wrong();
   } else {
@@ -193,6 +196,7 @@ public:
   Fields& include(const Fields<S>& other) {
     static_assert(std::is_base_of_v<S, C>, "Fields: an included table must be of a base of the config");
     for (auto& e : other.entries_) {
+      QKV_CHECK(!keys_.count(e.key), "Fields: key '", prefix_ + e.key, "' listed twice");
       keys_.insert(e.key);
       Entry mine;
       mine.key = e.key;
@@ -210,7 +214,7 @@ public:
   Fields& at_most(double high) { return range(-std::numeric_limits<double>::infinity(), high, false, false); }
   // low <= value < high (a probability such as dropout).
   Fields& fraction() { return range(0, 1, false, true); }
-  // Only these values of an enum member.
+  // Only these values of an enum member (right after its add, before any other modifier).
   template <class E>
   Fields& only(std::initializer_list<E> allowed) {
     Entry& e = entries_.back();

@@ -34,7 +34,10 @@ int run_inspect(const InspectArgs& a) {
     struct stat st;
     if (stat(cfg.c_str(), &st) == 0) {
       config = parse_json(read_file(cfg), cfg);
-      family = &family_of_folder(a.path);
+      try {  // the tensors are worth showing even when the config names no family qkv knows
+        family = &family_of_folder(a.path);
+      } catch (const Error&) {
+      }
     }
   }
   SafetensorsFile f = load_safetensors(weights);
