@@ -7,6 +7,7 @@
 
 #include "qkv/nn.h"
 #include "qkv/ops.h"
+#include "qkv/position.h"
 #include "qkv/rng.h"
 #include "src/kernels/kernels.h"
 #include "tests/test_util.h"
@@ -129,6 +130,8 @@ std::vector<OpCase> op_table() {
       {"linear_silu_no_bias", {{{6, 7}, N, T}, {{3, 7}}},
        [](const V& x) { return linear(x[0], x[1], Tensor(), Activation::Silu); }},
       {"softmax", {{{6, 11}}}, [](const V& x) { return softmax(x[0]); }},
+      {"rope", {{{2, 3, 5, 8}}}, [](const V& x) { return rope(x[0], {.offset = 3, .theta = 500000.0f}); }},
+      {"rope_transposed", {{{2, 6, 4}, N, T}}, [](const V& x) { return rope(x[0]); }},
       {"softmax_transposed", {{{5, 4}, N, T}}, [](const V& x) { return softmax(x[0]); }},
       {"log_softmax", {{{6, 11}}}, [](const V& x) { return log_softmax(x[0]); }},
       {"layer_norm", {{{4, 9}}, {{9}}, {{9}}}, [](const V& x) { return layer_norm(x[0], x[1], x[2]); }},

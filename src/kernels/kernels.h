@@ -83,7 +83,11 @@ struct BroadcastLoop {
                              int64_t vocab, int64_t ignore_index, float smoothing);                              \
   /* dlogits = scale * (softmax - (1-eps) onehot - eps/V); rows with ignored targets get 0 */                   \
   void cross_entropy_backward(const float* logits, const int64_t* targets, const float* lse, float scale,        \
-                              float* dlogits, int64_t rows, int64_t vocab, int64_t ignore_index, float smoothing);
+                              float* dlogits, int64_t rows, int64_t vocab, int64_t ignore_index, float smoothing); \
+  /* RoPE on x [rows, t_len, dh]: channels (i, i + dh/2) of position p = offset + t rotated by */                 \
+  /* sign * p * theta^(-2i/dh) (sign -1: the transpose, for the backward) */                                     \
+  void rope(const float* x, float* y, int64_t rows, int64_t t_len, int64_t dh, int64_t offset, float theta,       \
+            float sign);
 
 namespace ref {
 QKV_DECLARE_KERNELS
@@ -116,6 +120,7 @@ struct Kernels {
   decltype(&ref::embedding_backward) embedding_backward;
   decltype(&ref::cross_entropy_forward) cross_entropy_forward;
   decltype(&ref::cross_entropy_backward) cross_entropy_backward;
+  decltype(&ref::rope) rope;
   void (*flash_attention_forward)(const FlashShape& f, const float* q, const float* k, const float* v, float* out,
                                   float* lse);
   void (*flash_attention_backward)(const FlashShape& f, const float* q, const float* k, const float* v,

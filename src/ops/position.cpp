@@ -34,24 +34,6 @@ Tensor sinusoidal_encoding_2d(int64_t grid_h, int64_t grid_w, int64_t dim) {
   return pe;
 }
 
-// Rotates each row of x [rows, T, Dh] by +angle (sign = 1) or -angle (sign = -1).
-static void rotate(const float* x, float* y, int64_t rows, int64_t t_len, int64_t dh, int64_t offset, float theta,
-                   float sign) {
-  const int64_t half = dh / 2;
-#pragma omp parallel for schedule(static) if (rows * t_len * dh >= 32768)
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t t = 0; t < t_len; ++t) {
-      const float* a = x + (r * t_len + t) * dh;
-      float* b = y + (r * t_len + t) * dh;
-      for (int64_t i = 0; i < half; ++i) {
-        double angle = (double)(offset + t) * std::pow((double)theta, -2.0 * i / dh);
-        float c = (float)std::cos(angle), s = sign * (float)std::sin(angle);
-        b[i] = a[i] * c - a[i + half] * s;
-        b[i + half] = a[i + half] * c + a[i] * s;
-      }
-    }
-}
-
 Tensor rope(const Tensor& x_in, RopeOptions o) {
   require_f32(x_in, "rope", "x");
   QKV_CHECK(x_in.dim() >= 2 && x_in.size(-1) % 2 == 0, "rope: x must be [..., T, Dh] with Dh even, got ",
@@ -60,11 +42,11 @@ Tensor rope(const Tensor& x_in, RopeOptions o) {
   Tensor x = contiguous_values(x_in);
   const int64_t dh = x.size(-1), t_len = x.size(-2), rows = x.numel() / std::max<int64_t>(dh * t_len, 1);
   Tensor y = Tensor::empty(x.shape());
-  rotate(x.data<float>(), y.data<float>(), rows, t_len, dh, o.offset, o.theta, 1.0f);
+  QKV_KERNEL(rope)(x.data<float>(), y.data<float>(), rows, t_len, dh, o.offset, o.theta, 1.0f);
   record_op(y, "rope", {x_in}, [o, rows, t_len, dh](const BackwardArgs& a) -> std::vector<Tensor> {
     Tensor g = a.grad_out.contiguous();
     Tensor dx = Tensor::empty(g.shape());
-    rotate(g.data<float>(), dx.data<float>(), rows, t_len, dh, o.offset, o.theta, -1.0f);  // R^T = R(-a)
+    QKV_KERNEL(rope)(g.data<float>(), dx.data<float>(), rows, t_len, dh, o.offset, o.theta, -1.0f);  // R^T = R(-a)
     return {dx};
   });
   return y;

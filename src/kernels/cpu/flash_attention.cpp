@@ -12,6 +12,7 @@
 // Backward, with P = exp(S - lse) recomputed and D_i = dout_i . out_i:
 //   dV += P^T dO;  dP = dO V^T;  dS = P (dP - D);  dQ += scale dS K;  dK += scale dS^T Q
 #include "src/kernels/cpu/flash_attention.h"
+#include "src/kernels/cpu/scratch.h"
 
 #include <algorithm>
 #include <cmath>
@@ -26,22 +27,6 @@ namespace {
 
 constexpr int64_t Br = kFlashQueryTile;
 constexpr int64_t Bc = kFlashKeyTile;
-
-// A thread's scratch floats, from the caching allocator (a warm call asks the
-// system for no memory).
-class Scratch {
-public:
-  explicit Scratch(int64_t floats) : bytes_(sizeof(float) * std::max<int64_t>(floats, 1)) {
-    data_ = static_cast<float*>(allocate_bytes(bytes_));
-  }
-  ~Scratch() { free_bytes(data_, bytes_); }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-  float* data() const { return data_; }
-private:
-  size_t bytes_;
-  float* data_;
-};
 
 // Keys [0, visible_keys(i)) are visible to query row i.
 int64_t visible_keys(const FlashShape& f, int64_t b, int64_t i) {

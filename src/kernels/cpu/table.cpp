@@ -27,6 +27,7 @@ const Kernels& table() {
       .embedding_backward = &embedding_backward,
       .cross_entropy_forward = &cross_entropy_forward,
       .cross_entropy_backward = &cross_entropy_backward,
+      .rope = &rope,
       .flash_attention_forward = &flash_attention_forward,
       .flash_attention_backward = &flash_attention_backward,
   };
