@@ -40,6 +40,10 @@ done
 check "inspect --json" 0 "$QKV" inspect --json "$FIXTURES/python_written_np.safetensors"
 grep -q '"parameter_count": *15' "$tmp/out" || { echo "FAIL inspect --json count"; cat "$tmp/out"; failures=$((failures + 1)); }
 
+check "inspect a device" nonzero timeout 20 "$QKV" inspect /dev/zero
+one_line_error "inspect a device"
+check "train from a device" nonzero timeout 20 "$QKV" train --config /dev/zero --train /dev/null --out "$tmp/dev"
+one_line_error "train from a device"
 check "inspect missing file" nonzero "$QKV" inspect "$tmp/nope.safetensors"
 one_line_error "inspect missing file"
 head -c 5 "$FIXTURES/python_written_np.safetensors" >"$tmp/short.safetensors"

@@ -48,7 +48,8 @@ std::string attention_svg(const std::vector<std::string>& rows, const std::vecto
 
 // Replaces `path` with `bytes` atomically (temporary file, fsync, rename).
 void write_file_atomic(const std::string& path, const std::string& bytes);
-// The whole file; a missing or unreadable file is a qkv::Error naming it.
+// The whole file; a missing or unreadable file, a folder or a device (/dev/zero)
+// is a qkv::Error naming it. Pipes are read to their end.
 std::string read_file(const std::string& path);
 
 }  // namespace qkv
