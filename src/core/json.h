@@ -18,18 +18,6 @@ inline nlohmann::json parse_json(const std::string& text, const std::string& sou
   }
 }
 
-// j[key] as a T, or `fallback` when absent; a value of the wrong type is an
-// error naming the source and the key.
-template <class T>
-T json_get(const nlohmann::json& j, const char* key, T fallback, const std::string& source) {
-  if (!j.contains(key)) return fallback;
-  try {
-    return j.at(key).get<T>();
-  } catch (const nlohmann::json::exception&) {
-    fail(source, ": '", key, "' has the wrong type (", j.at(key).dump(), ")");
-  }
-}
-
 // Fails on the first key of object `j` not in `known`:
 // "SOURCE: unknown key 'PREFIXkey'SUFFIX".
 inline void json_known_keys(const nlohmann::json& j, const std::set<std::string>& known, const std::string& source,
