@@ -1,4 +1,5 @@
-// Training decoder-only language models, their folder, and sampling text.
+// Language-model training: the "train" options, a new model with its tokenizer, and
+// language modelling as a task of the one training loop (src/train/loop.h).
 #include "qkv/lm_trainer.h"
 
 #include <algorithm>

@@ -1,6 +1,6 @@
-// The translation training loop: AdamW, warmup + inverse square root or
-// cosine schedule, gradient clipping, label smoothing, skipped non-finite
-// steps, periodic validation (loss, chrF, BLEU), best checkpoint kept.
+// Translation training: the "train" options, and translation as a task of the
+// one training loop (src/train/loop.h): token-budget batches, label smoothing,
+// warmup then inverse square root or cosine, validation loss, chrF and BLEU.
 #include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
@@ -12,10 +12,6 @@
 #include "src/config/fields.h"
 #include "src/train/loop.h"
 #include "src/train/train_state.h"
-
-namespace qkv {
-
-}  // namespace qkv
 
 template <>
 struct qkv::config::EnumNames<qkv::LrSchedule> {
@@ -48,8 +44,6 @@ static std::vector<EncodedPair> encode_all(const Tokenizer& tok, const std::vect
   for (auto& [s, t] : pairs) out.push_back({tok.encode(s), tok.encode(t)});
   return out;
 }
-
-
 
 static EvalReport evaluate(TranslationModel& m, const std::vector<EncodedPair>& valid,
                            const std::vector<SentencePair>& valid_text, const TrainOptions& o) {

@@ -1,4 +1,5 @@
-// The training loop for the Vision Transformer, evaluation, the model folder.
+// Vision Transformer training: the "train" options, and image classification as
+// a task of the one training loop (src/train/loop.h).
 #include "qkv/vit_trainer.h"
 
 #include <chrono>

@@ -4,10 +4,6 @@
 #include "qkv/position.h"
 #include "src/config/names.h"
 
-namespace qkv {
-
-}  // namespace qkv
-
 template <>
 struct qkv::config::EnumNames<qkv::Pool> {
   static constexpr std::pair<Pool, const char*> values[] = {{Pool::Mean, "mean"}, {Pool::Cls, "cls"}};
