@@ -57,11 +57,15 @@ const std::deque<Family>& families();
 const Family& find_family(const std::string& arch, const std::string& source);
 // The family a config's text names: its "arch", "transformer" when absent.
 const Family& family_of_config(const std::string& config_text, const std::string& source);
+// The path of `dir`'s config.json; a missing folder or file is an error naming it.
+std::string folder_config_path(const std::string& dir);
 // The family of the model folder `dir` (from its config.json).
 const Family& family_of_folder(const std::string& dir);
 // family_of_folder(dir), when it serves `task`; otherwise the error above,
 // naming `command`, the folder, what it holds and which families would do.
 const Family& family_for_task(const std::string& dir, Task task, const std::string& command);
+// The same error when `family` (of the folder `dir`) does not serve `task`.
+void require_task(const Family& family, const std::string& dir, Task task, const std::string& command);
 // Adds a family (an extension, a test); an arch already registered is an error.
 void register_family(Family family);
 

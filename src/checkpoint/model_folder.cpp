@@ -9,11 +9,17 @@
 
 namespace qkv {
 
-ModelFolder load_model_folder(const std::string& dir) {
+namespace {
+
+// config.json is read and parsed once; with a task, the family is checked
+// before anything is built.
+ModelFolder load(const std::string& dir, const Task* task, const std::string& command) {
+  const std::string config_path = folder_config_path(dir);
+  const std::string text = read_file(config_path);
   ModelFolder m;
-  m.family = &family_of_folder(dir);
-  const std::string config_path = dir + "/config.json";
-  nlohmann::json config = parse_json(read_file(config_path), config_path);
+  m.family = &family_of_config(text, config_path);
+  if (task) require_task(*m.family, dir, *task, command);
+  nlohmann::json config = parse_json(text, config_path);
   if (m.family->domain != Domain::Vision) {
     QKV_CHECK(config.contains("tokenizer"), config_path, ": no \"tokenizer\" field");
     m.tokenizer = load_tokenizer(config["tokenizer"].dump(), dir);
@@ -34,9 +40,12 @@ ModelFolder load_model_folder(const std::string& dir) {
   return m;
 }
 
+}  // namespace
+
+ModelFolder load_model_folder(const std::string& dir) { return load(dir, nullptr, ""); }
+
 ModelFolder load_model_folder(const std::string& dir, Task task, const std::string& command) {
-  family_for_task(dir, task, command);
-  return load_model_folder(dir);
+  return load(dir, &task, command);
 }
 
 void save_model_folder(const std::string& dir, const Family& family, const Module& model, const Tokenizer* tokenizer,

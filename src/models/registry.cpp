@@ -71,16 +71,26 @@ const Family& family_of_config(const std::string& config_text, const std::string
   return find_family(arch.get<std::string>(), source);
 }
 
-const Family& family_of_folder(const std::string& dir) {
+std::string folder_config_path(const std::string& dir) {
   QKV_CHECK(std::filesystem::is_directory(dir), "model folder ", dir, " does not exist");
   const std::string path = dir + "/config.json";
   QKV_CHECK(std::filesystem::exists(path), dir, " is not a model folder: it has no config.json");
+  return path;
+}
+
+const Family& family_of_folder(const std::string& dir) {
+  const std::string path = folder_config_path(dir);
   return family_of_config(read_file(path), path);
 }
 
 const Family& family_for_task(const std::string& dir, Task task, const std::string& command) {
   const Family& f = family_of_folder(dir);
-  if (f.serves(task)) return f;
+  require_task(f, dir, task, command);
+  return f;
+}
+
+void require_task(const Family& f, const std::string& dir, Task task, const std::string& command) {
+  if (f.serves(task)) return;
   std::vector<std::string> serving;
   for (const Family& other : registry())
     if (other.serves(task)) serving.push_back(other.arch);
