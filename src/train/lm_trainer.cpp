@@ -133,10 +133,7 @@ private:
 void train_language_model(LanguageModel& m, const std::vector<int64_t>& train, const std::vector<int64_t>& valid,
                           const LmTrainOptions& o, const std::string& out_dir, const LmCallbacks& cb) {
   LanguageTask task(m, train, valid, o, cb);
-  run_training(task,
-               {.lr = o.lr, .weight_decay = o.weight_decay, .clip_norm = o.clip_norm,
-                .max_skipped_in_a_row = o.max_skipped_in_a_row, .resume = o.resume},
-               out_dir);
+  run_training(task, loop_options(o), out_dir);
 }
 
 }  // namespace qkv

@@ -102,6 +102,13 @@ struct LoopOptions {
   std::function<void(Module&)> gradient_hook;
 };
 
+// The loop's part of a trainer's options (TrainOptions, LmTrainOptions, VitTrainOptions).
+template <class Options>
+LoopOptions loop_options(const Options& o) {
+  return {.lr = o.lr, .weight_decay = o.weight_decay, .clip_norm = o.clip_norm,
+          .max_skipped_in_a_row = o.max_skipped_in_a_row, .resume = o.resume};
+}
+
 // Trains `task` into the model folder `out_dir`; with options.resume, from
 // out_dir/trainer_state.safetensors.
 void run_training(TrainTask& task, const LoopOptions& options, const std::string& out_dir);

@@ -177,10 +177,7 @@ void train_translation(TranslationModel& m, const std::vector<SentencePair>& tra
   QKV_CHECK(o.steps > 0, "train: steps must be positive, got ", o.steps);
   QKV_CHECK(o.batch_tokens > 0, "train: batch_tokens must be positive");
   TranslationTask task(m, train, valid, o, cb);
-  run_training(task,
-               {.lr = o.lr, .weight_decay = o.weight_decay, .clip_norm = o.clip_norm,
-                .max_skipped_in_a_row = o.max_skipped_in_a_row, .resume = o.resume},
-               out_dir);
+  run_training(task, loop_options(o), out_dir);
 }
 
 TranslationModel new_translation_model(const std::string& config_text, const std::string& source,

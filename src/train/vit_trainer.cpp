@@ -163,10 +163,7 @@ void train_vit(VisionTransformer& model, const ImageSet& train_all, const ImageS
     QKV_CHECK(test.labels[i] >= 0 && test.labels[i] < c.num_classes, "train: label ", test.labels[i],
               " of test image ", i, " is not one of the ", c.num_classes, " classes");
   VisionTask task(model, train_all, test, o, cb, count);
-  run_training(task,
-               {.lr = o.lr, .weight_decay = o.weight_decay, .clip_norm = o.clip_norm,
-                .max_skipped_in_a_row = o.max_skipped_in_a_row, .resume = o.resume},
-               out_dir);
+  run_training(task, loop_options(o), out_dir);
 }
 
 }  // namespace qkv
