@@ -36,7 +36,7 @@ int run_synth(const DataArgs& a) {
   return 0;
 }
 
-void show_progress(const TrainProgress& p) {
+void show_translation_progress(const TrainProgress& p) {
   char stats[128];
   std::snprintf(stats, sizeof stats, "loss %.3f  %.0f tok/s  lr %.2e", p.loss, p.tokens_per_second, p.lr);
   print_progress(p.step, p.total_steps, "step " + std::to_string(p.step) + "/" + std::to_string(p.total_steps), stats,
@@ -86,7 +86,7 @@ int run_train(const TrainArgs& a) {
               m.model->summary().c_str(), train.size(), valid.size(), (long long)o.steps, (long long)o.batch_tokens,
               thread_count());
   TrainCallbacks cb;
-  cb.progress = show_progress;
+  cb.progress = show_translation_progress;
   cb.evaluated = [&](const EvalReport& r) {
     std::printf("%sstep %lld: valid loss %.4f  chrF %.2f  BLEU %.2f%s\n", isatty(STDOUT_FILENO) ? "\n" : "",
                  (long long)r.step, r.valid_loss, r.chrf, r.bleu, r.best ? "  (best, saved)" : "");

@@ -16,7 +16,7 @@ namespace qkv::cli {
 
 namespace {
 
-void show_progress(const VitProgress& p) {
+void show_vit_progress(const VitProgress& p) {
   char stats[128];
   std::snprintf(stats, sizeof stats, "loss %.3f  %.0f img/s  lr %.2e", p.loss, p.images_per_second, p.lr);
   print_progress(p.step, p.total_steps,
@@ -51,7 +51,7 @@ int run_vit_train(const TrainArgs& a, const std::string& config_text) {
               model->summary().c_str(), (long long)used, (long long)train.count, (long long)test.count,
               (long long)o.epochs, (long long)o.batch_size, thread_count());
   VitCallbacks cb;
-  cb.progress = show_progress;
+  cb.progress = show_vit_progress;
   cb.epoch_done = [](const VitEpochReport& r) {
     std::printf("%sepoch %lld: train loss %.4f  test accuracy %.4f  (%.0f s)%s\n", isatty(STDOUT_FILENO) ? "\n" : "",
                 (long long)r.epoch, r.train_loss, r.test_accuracy, r.seconds, r.best ? "  (best, saved)" : "");
