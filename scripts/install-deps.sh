@@ -8,7 +8,7 @@ packages=(
   libopenblas-dev libopenblas0-openmp  # GEMM, OpenMP build (shares our thread pool)
   nlohmann-json3-dev              # configs, safetensors headers
   libcli11-dev                    # subcommands and flags with help text
-  libstb-dev zlib1g-dev           # images (PNG out), gzipped IDX files
+  libpng-dev libjpeg62-turbo-dev zlib1g-dev  # PNG and JPEG images, gzipped IDX files
   libsentencepiece-dev            # subword tokenizer
   libgtest-dev                    # unit tests
   libbenchmark-dev                # micro benchmarks

@@ -1,6 +1,4 @@
 // IDX and PNG/JPEG images, batches, augmentation, heat-map pictures.
-#include <stb/stb_image.h>
-#include <stb/stb_image_write.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -10,6 +8,7 @@
 #include "qkv/error.h"
 #include "qkv/io.h"
 #include "qkv/vision.h"
+#include "src/data/image_codecs.h"
 
 namespace qkv {
 namespace {
@@ -100,13 +99,9 @@ ImageSet load_idx_folder(const std::string& dir, const std::string& split) {
 
 std::vector<uint8_t> read_image(const std::string& path, int64_t channels, int64_t size) {
   QKV_CHECK(channels == 1 || channels == 3, "read_image: channels must be 1 or 3, not ", channels);
-  std::string bytes = read_file(path);
-  int w = 0, h = 0, n = 0;
-  unsigned char* px = stbi_load_from_memory(reinterpret_cast<const unsigned char*>(bytes.data()), (int)bytes.size(),
-                                            &w, &h, &n, 3);
-  QKV_CHECK(px, path, ": not a PNG or JPEG image qkv can read (", stbi_failure_reason(), ")");
-  std::vector<float> rgb(px, px + (size_t)w * h * 3);
-  stbi_image_free(px);
+  const images::Rgb image = images::decode(read_file(path), path);
+  const int w = (int)image.width, h = (int)image.height;
+  const std::vector<uint8_t>& rgb = image.pixels;
   // Bilinear resize to size x size, pixel centres aligned, then to the channels.
   std::vector<uint8_t> out((size_t)(channels * size * size));
   for (int64_t y = 0; y < size; ++y) {
@@ -201,12 +196,7 @@ void write_heatmap_png(const std::string& path, const std::vector<std::vector<ui
         }
       }
   }
-  std::string bytes;
-  auto append = [](void* context, void* data, int n) {
-    static_cast<std::string*>(context)->append(static_cast<const char*>(data), (size_t)n);
-  };
-  QKV_CHECK(stbi_write_png_to_func(append, &bytes, (int)W, (int)H, 3, rgb.data(), (int)(W * 3)), path,
-            ": cannot encode the PNG");
+  const std::string bytes = images::encode_png(rgb.data(), W, H);
   write_file_atomic(path, bytes);
 }
 
