@@ -136,9 +136,14 @@ public:
     static const std::string kSpace = "\xE2\x96\x81";  // U+2581, SentencePiece's word boundary
     std::vector<std::string> out;
     for (int64_t id : ids) {
-      std::string p = id >= 0 && id < size() ? sp_.IdToPiece((int)id) : "<unk>";
-      for (size_t at; (at = p.find(kSpace)) != std::string::npos;) p.replace(at, kSpace.size(), " ");
-      out.push_back(p);
+      const std::string p = id >= 0 && id < size() ? sp_.IdToPiece((int)id) : "<unk>";
+      std::string shown;
+      for (size_t at = 0; at < p.size();) {
+        const bool space = p.compare(at, kSpace.size(), kSpace) == 0;
+        shown += space ? ' ' : p[at];
+        at += space ? kSpace.size() : 1;
+      }
+      out.push_back(shown);
     }
     return out;
   }

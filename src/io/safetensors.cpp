@@ -23,6 +23,45 @@ struct Entry {
   uint64_t begin, end;
 };
 
+// The parser keeps the last of two equal keys without a word; this pass over
+// the events finds them, in time linear in the header (nlohmann's callback
+// parser, used here before, rescans an object each time a member ends).
+struct DuplicateKeys : nlohmann::json_sax<nlohmann::json> {
+  std::vector<std::set<std::string>> open;  // the keys of each object being read
+  std::string duplicate;
+
+  bool key(string_t& k) override {
+    if (!open.back().insert(k).second) duplicate = k;
+    return duplicate.empty();
+  }
+  bool start_object(std::size_t) override {
+    open.emplace_back();
+    return true;
+  }
+  bool end_object() override {
+    open.pop_back();
+    return true;
+  }
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool start_array(std::size_t) override { return true; }
+  bool end_array() override { return true; }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override { return false; }
+};
+
+// The first key that appears twice in one object, or "" (also for text that
+// is not JSON: the parse after this one says what is wrong with it).
+std::string first_duplicate_key(const std::string& header) {
+  DuplicateKeys keys;
+  nlohmann::json::sax_parse(header, &keys, nlohmann::json::input_format_t::json, false);
+  return keys.duplicate;
+}
+
 }  // namespace
 
 const Tensor* SafetensorsFile::find(const std::string& name) const {
@@ -44,21 +83,14 @@ SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& s
   if (size_t at = invalid_utf8_offset(header); at != std::string::npos)
     bad("header is not valid UTF-8 (bad byte at header offset ", at, ")");
 
-  std::set<std::string> top_keys;
-  std::string duplicate;
+  std::string duplicate = first_duplicate_key(header);
+  if (!duplicate.empty()) bad("key '", duplicate, "' appears twice in the header");
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(header, [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
-      if (event == nlohmann::json::parse_event_t::key && depth == 1) {
-        std::string k = parsed.get<std::string>();
-        if (!top_keys.insert(k).second && duplicate.empty()) duplicate = k;
-      }
-      return true;
-    });
+    j = nlohmann::json::parse(header);
   } catch (const nlohmann::json::exception& e) {
     bad("header is not valid JSON (", e.what(), ")");
   }
-  if (!duplicate.empty()) bad("tensor name '", duplicate, "' appears twice in the header");
   if (!j.is_object()) bad("header is not a JSON object");
 
   SafetensorsFile out;
@@ -145,8 +177,10 @@ SafetensorsFile load_safetensors(const std::string& path) {
 }
 
 std::string serialize_safetensors(const std::vector<std::pair<std::string, Tensor>>& tensors, const Metadata& metadata) {
-  nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  if (!metadata.empty()) header["__metadata__"] = metadata;
+  // The header is written as text, entry by entry: an ordered_json object
+  // finds each new key by a linear search, quadratic in the tensor count.
+  std::string h = "{";
+  if (!metadata.empty()) h += "\"__metadata__\":" + nlohmann::json(metadata).dump();
   std::set<std::string> names;
   uint64_t at = 0;
   std::vector<Tensor> contiguous;
@@ -155,11 +189,14 @@ std::string serialize_safetensors(const std::vector<std::pair<std::string, Tenso
     QKV_CHECK(names.insert(name).second, "safetensors: tensor name '", name, "' given twice");
     Tensor c = t.contiguous();
     uint64_t nbytes = (uint64_t)c.numel() * dtype_size(c.dtype());
-    header[name] = {{"dtype", dtype_name(c.dtype())}, {"shape", c.shape()}, {"data_offsets", {at, at + nbytes}}};
+    if (h.size() > 1) h += ',';
+    h += nlohmann::json(name).dump() + ":" +
+         nlohmann::ordered_json{{"dtype", dtype_name(c.dtype())}, {"shape", c.shape()}, {"data_offsets", {at, at + nbytes}}}
+             .dump();
     at += nbytes;
     contiguous.push_back(c);
   }
-  std::string h = header.dump();
+  h += '}';
   while ((8 + h.size()) % 8 != 0) h.push_back(' ');  // align the data to 8 bytes, as the Python writer does
   std::string out(8, '\0');
   uint64_t hn = h.size();
