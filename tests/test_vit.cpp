@@ -117,6 +117,12 @@ TEST(Idx, ReadsPlainAndGzippedFilesAndRejectsBrokenOnes) {
   expect_error(idx_bytes({2, 3, 4}, pixels) + "x", good_labels, "/i: 1 bytes after the data");
   expect_error(idx_bytes({2, 3, 4}, pixels), idx_bytes({3}, {1, 2, 3}), "has 2 images but");
   expect_error(idx_bytes({2, 3, 4}, pixels), gzip(good_labels).substr(0, 12), "/l: ");  // truncated gzip
+  expect_error(idx_bytes({2, 3, 4}, pixels), gzip(good_labels) + "junk", "/l: bytes after the end of the gzip data");
+  // A header of one 46000 x 46000 image is refused before any data is read
+  // (it was inflated whole, 4.4 GB, and checked after).
+  expect_error(gzip(idx_bytes({1, 46000, 46000}, {})), good_labels, "/i: images of 46000 x 46000 pixels, more than");
+  // A header that promises far more than the file holds costs only the file.
+  expect_error(gzip(idx_bytes({100000, 1000, 1000}, pixels)), good_labels, "/i: truncated: the header promises");
   expect_error("", good_labels, "/i: too short");
   EXPECT_THROW(load_idx_folder(d + "/nope", "train"), Error);
   EXPECT_THROW(load_idx_folder(d, "t10k"), Error);  // no test files there

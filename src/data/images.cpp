@@ -1,8 +1,12 @@
 // IDX and PNG/JPEG images, batches, augmentation, heat-map pictures.
+#include <sys/stat.h>
 #include <zlib.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 
 #include "qkv/error.h"
@@ -13,77 +17,127 @@
 namespace qkv {
 namespace {
 
-// The whole file, gunzipped when it starts with the gzip magic bytes.
-std::string read_maybe_gzipped(const std::string& path) {
-  std::string raw = read_file(path);
-  if (raw.size() < 2 || (uint8_t)raw[0] != 0x1f || (uint8_t)raw[1] != 0x8b) return raw;
-  z_stream z{};
-  QKV_CHECK(inflateInit2(&z, 15 + 32) == Z_OK, path, ": cannot start gunzip");
-  z.next_in = reinterpret_cast<Bytef*>(raw.data());
-  z.avail_in = (uInt)raw.size();
-  std::string out;
-  char chunk[1 << 16];
-  int rc;
-  do {
-    z.next_out = reinterpret_cast<Bytef*>(chunk);
-    z.avail_out = sizeof chunk;
-    rc = inflate(&z, Z_NO_FLUSH);
-    if (rc != Z_OK && rc != Z_STREAM_END) {
-      inflateEnd(&z);
-      fail(path, ": broken gzip data (", z.msg ? z.msg : "truncated", ")");
+// A file's bytes in order, gunzipped on the fly when it starts with gzip's
+// magic number: an IDX header is read and checked before the data behind it
+// is inflated.
+class ByteStream {
+ public:
+  explicit ByteStream(const std::string& path) : path_(path) {
+    struct stat st;
+    QKV_CHECK(stat(path.c_str(), &st) == 0, path, ": cannot open: ", std::strerror(errno));
+    QKV_CHECK(!S_ISCHR(st.st_mode) && !S_ISBLK(st.st_mode) && !S_ISDIR(st.st_mode), path, ": not a file (",
+              S_ISDIR(st.st_mode) ? "a folder" : "a device", ")");
+    file_ = std::fopen(path.c_str(), "rb");
+    QKV_CHECK(file_, path, ": cannot open: ", std::strerror(errno));
+    have_ = std::fread(in_, 1, sizeof in_, file_);
+    gzip_ = have_ >= 2 && (uint8_t)in_[0] == 0x1f && (uint8_t)in_[1] == 0x8b;
+    if (gzip_ && inflateInit2(&z_, 16 + 15) != Z_OK) {
+      std::fclose(file_);
+      fail(path, ": cannot start gunzip");
     }
-    out.append(chunk, sizeof chunk - z.avail_out);
-  } while (rc != Z_STREAM_END && (z.avail_in > 0 || z.avail_out == 0));
-  inflateEnd(&z);
-  QKV_CHECK(rc == Z_STREAM_END, path, ": truncated gzip data");
-  return out;
-}
-
-uint32_t big_endian_u32(const std::string& s, size_t at) {
-  return (uint32_t)(uint8_t)s[at] << 24 | (uint32_t)(uint8_t)s[at + 1] << 16 | (uint32_t)(uint8_t)s[at + 2] << 8 |
-         (uint32_t)(uint8_t)s[at + 3];
-}
-
-// The dimensions of an IDX file of unsigned bytes with `want_dims` dimensions; `data` at the first byte.
-std::vector<int64_t> idx_header(const std::string& s, int want_dims, const std::string& path, size_t* data) {
-  QKV_CHECK(s.size() >= 4, path, ": too short for an IDX header (", s.size(), " bytes)");
-  QKV_CHECK(s[0] == 0 && s[1] == 0, path, ": not an IDX file (bad magic number)");
-  QKV_CHECK((uint8_t)s[2] == 0x08, path, ": IDX data type 0x", std::hex, (int)(uint8_t)s[2], std::dec,
-            " is not unsigned bytes (0x08)");
-  const int dims = (uint8_t)s[3];
-  QKV_CHECK(dims == want_dims, path, ": expected an IDX file of ", want_dims, " dimensions (magic 0x0000080",
-            want_dims, "), found ", dims);
-  QKV_CHECK(s.size() >= 4 + 4 * (size_t)dims, path, ": truncated IDX header");
-  std::vector<int64_t> shape;
-  size_t expected = 1;
-  *data = 4 + 4 * (size_t)dims;
-  for (int d = 0; d < dims; ++d) {
-    shape.push_back(big_endian_u32(s, 4 + 4 * d));
-    // Checked as it grows, so a header of huge dimensions cannot wrap around to a small size.
-    QKV_CHECK(shape.back() == 0 || expected <= (s.size() - *data) / (size_t)shape.back(), path,
-              ": truncated: the header's dimensions promise more bytes than the file's ", s.size() - *data);
-    expected *= (size_t)shape.back();
+    z_.next_in = reinterpret_cast<Bytef*>(in_);
+    z_.avail_in = (uInt)have_;
   }
-  QKV_CHECK(s.size() - *data >= expected, path, ": truncated: the header promises ", expected, " bytes of data, the file has ",
-            s.size() - *data);
-  QKV_CHECK(s.size() - *data == expected, path, ": ", s.size() - *data - expected, " bytes after the data");
+  ~ByteStream() {
+    if (gzip_) inflateEnd(&z_);
+    std::fclose(file_);
+  }
+  ByteStream(const ByteStream&) = delete;
+  ByteStream& operator=(const ByteStream&) = delete;
+
+  // Up to n bytes into `out`; fewer only at the end of the data.
+  size_t read(char* out, size_t n) {
+    if (!gzip_) {
+      const size_t first = std::min(n, have_ - used_);
+      std::memcpy(out, in_ + used_, first);
+      used_ += first;
+      return first + (first < n ? std::fread(out + first, 1, n - first, file_) : 0);
+    }
+    z_.next_out = reinterpret_cast<Bytef*>(out);
+    z_.avail_out = (uInt)n;
+    while (z_.avail_out > 0 && !ended_) {
+      if (z_.avail_in == 0) {
+        z_.next_in = reinterpret_cast<Bytef*>(in_);
+        z_.avail_in = (uInt)std::fread(in_, 1, sizeof in_, file_);
+        QKV_CHECK(z_.avail_in > 0, path_, ": truncated gzip data");
+      }
+      const int rc = inflate(&z_, Z_NO_FLUSH);
+      QKV_CHECK(rc == Z_OK || rc == Z_STREAM_END, path_, ": broken gzip data (", z_.msg ? z_.msg : "truncated", ")");
+      if (rc == Z_STREAM_END) {
+        ended_ = true;
+        QKV_CHECK(z_.avail_in == 0 && std::fread(in_, 1, 1, file_) == 0, path_,
+                  ": bytes after the end of the gzip data");
+      }
+    }
+    return n - z_.avail_out;
+  }
+
+ private:
+  std::string path_;
+  FILE* file_ = nullptr;
+  bool gzip_ = false, ended_ = false;
+  z_stream z_{};
+  char in_[1 << 16];
+  size_t have_ = 0, used_ = 0;
+};
+
+uint32_t big_endian_u32(const unsigned char* b) {
+  return (uint32_t)b[0] << 24 | (uint32_t)b[1] << 16 | (uint32_t)b[2] << 8 | (uint32_t)b[3];
+}
+
+// An IDX file of unsigned bytes with `want_dims` dimensions: its shape, then
+// its data in `data`. The header is checked first (an image above the pixel
+// limit is refused there); the data is read as it arrives, so a header that
+// promises more than the file holds costs no more memory than the file.
+std::vector<int64_t> read_idx(const std::string& path, int want_dims, std::vector<uint8_t>* data) {
+  ByteStream in(path);
+  unsigned char magic[4];
+  const size_t got = in.read(reinterpret_cast<char*>(magic), 4);
+  QKV_CHECK(got == 4, path, ": too short for an IDX header (", got, " bytes)");
+  QKV_CHECK(magic[0] == 0 && magic[1] == 0, path, ": not an IDX file (bad magic number)");
+  QKV_CHECK(magic[2] == 0x08, path, ": IDX data type 0x", std::hex, (int)magic[2], std::dec,
+            " is not unsigned bytes (0x08)");
+  const int dims = magic[3];
+  QKV_CHECK(dims == want_dims, path, ": expected an IDX file of ", want_dims, " dimensions (magic 0x0000080", want_dims,
+            "), found ", dims);
+  unsigned char header[4 * 255];
+  QKV_CHECK(in.read(reinterpret_cast<char*>(header), 4 * (size_t)dims) == 4 * (size_t)dims, path,
+            ": truncated IDX header");
+  std::vector<int64_t> shape;
+  for (int d = 0; d < dims; ++d) shape.push_back(big_endian_u32(header + 4 * d));
+  int64_t item = 1;  // bytes per image (or per label)
+  for (int d = 1; d < dims; ++d) {
+    QKV_CHECK(shape[d] == 0 || item <= images::kMaxPixels / shape[d], path, ": images of ", shape[1], " x ", shape[2],
+              " pixels, more than qkv's limit of ", images::kMaxPixels);
+    item *= shape[d];
+  }
+  const int64_t expected = shape[0] * item;  // below 2^32 x 2^26
+  data->clear();
+  for (int64_t done = 0; done < expected;) {
+    const size_t chunk = (size_t)std::min<int64_t>(expected - done, int64_t{1} << 24);
+    data->resize((size_t)done + chunk);
+    const size_t n = in.read(reinterpret_cast<char*>(data->data()) + done, chunk);
+    done += (int64_t)n;
+    QKV_CHECK(n == chunk, path, ": truncated: the header promises ", expected, " bytes of data, the file has ", done);
+  }
+  size_t extra = 0;
+  for (char rest[4096]; size_t n = in.read(rest, sizeof rest);) extra += n;
+  QKV_CHECK(extra == 0, path, ": ", extra, " bytes after the data");
   return shape;
 }
 
 }  // namespace
 
 ImageSet load_idx(const std::string& images_path, const std::string& labels_path) {
-  std::string images = read_maybe_gzipped(images_path), labels = read_maybe_gzipped(labels_path);
-  size_t image_data = 0, label_data = 0;
-  std::vector<int64_t> ishape = idx_header(images, 3, images_path, &image_data);
-  std::vector<int64_t> lshape = idx_header(labels, 1, labels_path, &label_data);
+  ImageSet set;
+  std::vector<uint8_t> labels;
+  const std::vector<int64_t> ishape = read_idx(images_path, 3, &set.pixels);
+  const std::vector<int64_t> lshape = read_idx(labels_path, 1, &labels);
   QKV_CHECK(ishape[0] == lshape[0], images_path, " has ", ishape[0], " images but ", labels_path, " has ", lshape[0],
             " labels");
   QKV_CHECK(ishape[0] > 0 && ishape[1] > 0 && ishape[2] > 0, images_path, ": no images");
-  ImageSet set;
   set.count = ishape[0], set.channels = 1, set.height = ishape[1], set.width = ishape[2];
-  set.pixels.assign(images.begin() + (ptrdiff_t)image_data, images.end());
-  for (size_t i = label_data; i < labels.size(); ++i) set.labels.push_back((uint8_t)labels[i]);
+  set.labels.assign(labels.begin(), labels.end());
   return set;
 }
 
