@@ -90,6 +90,19 @@ for len in 0 9223372036854775807; do
   check "translate --max-len $len" nonzero sh -c "\"$QKV\" translate --max-len $len --model \"$tmp/demo/model\" < \"$tmp/in.txt\""
   one_line_error "translate --max-len $len"
 done
+# A source past the limit (the model's learned positions, else 1024 tokens) is
+# an error naming its line; --truncate-source cuts it with a notice instead.
+{ echo "我是中国人"; printf '我%.0s' $(seq 3000); echo; } >"$tmp/long.txt"
+check "translate a 3000-character line" nonzero sh -c "\"$QKV\" translate --model \"$tmp/demo/model\" < \"$tmp/long.txt\""
+one_line_error "translate a 3000-character line"
+grep -q "stdin line 2: a source of .* tokens, more than the limit" "$tmp/err" || { echo "FAIL long source error"; cat "$tmp/err"; failures=$((failures + 1)); }
+check "translate --truncate-source" 0 sh -c "\"$QKV\" translate --truncate-source --model \"$tmp/demo/model\" < \"$tmp/long.txt\""
+[ "$(wc -l <"$tmp/out")" -eq 2 ] && grep -q "stdin line 2: source cut to" "$tmp/err" || { echo "FAIL --truncate-source"; cat "$tmp/out" "$tmp/err"; failures=$((failures + 1)); }
+check "eval --max-source-len 2" nonzero "$QKV" eval --max-source-len 2 --model "$tmp/demo/model" --test "$tmp/demo/zh-ja.test.tsv"
+one_line_error "eval --max-source-len 2"
+grep -q "zh-ja.test.tsv:1: a source of" "$tmp/err" || { echo "FAIL eval long source lacks file:line"; cat "$tmp/err"; failures=$((failures + 1)); }
+check "translate --max-source-len -1" nonzero sh -c "echo x | \"$QKV\" translate --max-source-len -1 --model \"$tmp/demo/model\""
+one_line_error "translate --max-source-len -1"
 check "eval missing model" nonzero "$QKV" eval --model "$tmp/none" --test "$tmp/demo/zh-ja.test.tsv"
 one_line_error "eval missing model"
 check "train missing config" nonzero "$QKV" train --config "$tmp/none.json" --train "$tmp/demo/zh-ja.train.tsv" --out "$tmp/m"

@@ -34,7 +34,8 @@ std::vector<SentencePair> synth_zh_ja(int64_t count, uint64_t seed, const std::v
 // Tab-separated parallel text: one "source<TAB>target" per line. Errors name
 // the file and line: a missing tab, an empty side, invalid UTF-8.
 struct ReadTextOptions {
-  bool replace_invalid_utf8 = false;  // replace bad bytes by U+FFFD instead of failing
+  bool replace_invalid_utf8 = false;             // replace bad bytes by U+FFFD instead of failing
+  std::vector<int64_t>* line_numbers = nullptr;  // if given, filled with each pair's line number
 };
 std::vector<SentencePair> read_parallel_tsv(const std::string& path, ReadTextOptions options = {});
 std::string format_parallel_tsv(const std::vector<SentencePair>& pairs);

@@ -24,17 +24,39 @@ struct TranslationModel {
   std::shared_ptr<Seq2Seq> model;  // any arch
 };
 TranslationModel load_translation_model(const std::string& dir, const std::string& command = "translate");
-// Corpus scores (0-100) of translating `pairs`' sources against their targets.
+
+// How long a source may be, in tokens. The encoder's cost grows with the
+// square of the length: one line of 100k characters kept a translation busy
+// for minutes and one of 10 MB ran out of memory, so a longer source is an
+// error naming it (or, with `truncate`, cut to the limit).
+inline constexpr int64_t kDefaultMaxSourceTokens = 1024;
+struct SourceLimit {
+  int64_t max_tokens = 0;  // 0: the model's own limit (learned positions), else kDefaultMaxSourceTokens
+  bool truncate = false;
+};
+// The limit in tokens for `m`; a max_tokens past the model's own limit is an error.
+int64_t source_token_limit(const TranslationModel& m, const SourceLimit& limit);
+// `text` as source ids within the limit; `where` names it in the error
+// ("eval: test.tsv:12"). *cut, if given, tells whether it was truncated.
+std::vector<int64_t> encode_source(const TranslationModel& m, const std::string& text, const SourceLimit& limit,
+                                   const std::string& where, bool* cut = nullptr);
+
+// Corpus scores (0-100) of translating sources against their references.
 struct TranslationScores {
   double bleu = 0, chrf = 0, exact_match = 0;  // BLEU with tokenize "char"
   int64_t sentences = 0;
 };
 TranslationScores score_translation(TranslationModel& m, const std::vector<SentencePair>& pairs, int64_t max_len,
-                                    int64_t beam = 1);
+                                    int64_t beam = 1, const SourceLimit& limit = {});
+// The same for sources already encoded (encode_source).
+TranslationScores score_translation(TranslationModel& m, const std::vector<std::vector<int64_t>>& sources,
+                                    const std::vector<std::string>& references, int64_t max_len, int64_t beam = 1);
 
-// Translations of `sources` (text in, text out): greedy when beam is 1, else beam search.
+// Translations (text out) of `sources`: greedy when beam is 1, else beam search.
 std::vector<std::string> translate_texts(TranslationModel& m, const std::vector<std::string>& sources,
-                                         int64_t max_len, int64_t beam = 1);
+                                         int64_t max_len, int64_t beam = 1, const SourceLimit& limit = {});
+std::vector<std::string> translate_ids(TranslationModel& m, const std::vector<std::vector<int64_t>>& sources,
+                                       int64_t max_len, int64_t beam = 1);
 
 // --- language models (arch decoder) ---
 

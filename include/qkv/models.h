@@ -46,6 +46,9 @@ public:
   // per-sentence state once (the Transformer's cross-attention K/V) overrides it.
   virtual void expand_beams(DecodeState& state, int64_t sentences, int64_t k);
   virtual Tensor aux_loss() const { return Tensor(); }
+  // The most source tokens the model's positions cover (learned positions);
+  // 0 when they set no limit.
+  virtual int64_t max_source_len() const { return 0; }
   virtual std::string config_json() const = 0;  // the config.json of this model, with "arch"
   virtual std::string summary() const = 0;      // one line for people
 };
@@ -99,6 +102,7 @@ public:
   void expand_beams(DecodeState& state, int64_t sentences, int64_t k) override;
   // The sum of the MoE layers' load-balancing losses of the last forward (undefined without MoE).
   Tensor aux_loss() const override;
+  int64_t max_source_len() const override { return config_.positions == PositionKind::Learned ? config_.max_len : 0; }
   std::string config_json() const override { return config_.to_json(); }
   std::string summary() const override;
   const TransformerConfig& config() const { return config_; }

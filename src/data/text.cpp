@@ -11,6 +11,7 @@ namespace qkv {
 std::vector<SentencePair> read_parallel_tsv(const std::string& path, ReadTextOptions options) {
   std::string text = read_file(path);
   std::vector<SentencePair> pairs;
+  if (options.line_numbers) options.line_numbers->clear();
   std::istringstream in(text);
   std::string line;
   int64_t number = 0;
@@ -31,6 +32,7 @@ std::vector<SentencePair> read_parallel_tsv(const std::string& path, ReadTextOpt
     QKV_CHECK(!p.first.empty() && !p.second.empty(), path, ":", number, ": empty ",
               p.first.empty() ? "source" : "target");
     pairs.push_back(std::move(p));
+    if (options.line_numbers) options.line_numbers->push_back(number);
   }
   QKV_CHECK(!pairs.empty(), path, ": no sentence pairs");
   return pairs;

@@ -5,32 +5,72 @@
 
 namespace qkv {
 
-std::vector<std::string> translate_texts(TranslationModel& m, const std::vector<std::string>& sources, int64_t max_len,
-                                         int64_t beam) {
-  std::vector<std::vector<int64_t>> ids;
-  for (auto& s : sources) ids.push_back(m.tokenizer->encode(s));
+int64_t source_token_limit(const TranslationModel& m, const SourceLimit& limit) {
+  const int64_t own = m.model->max_source_len();
+  QKV_CHECK(limit.max_tokens >= 0, "max-source-len ", limit.max_tokens, " is negative");
+  QKV_CHECK(own == 0 || limit.max_tokens <= own, "max-source-len ", limit.max_tokens, " is past the model's ", own,
+            " learned positions");
+  return limit.max_tokens > 0 ? limit.max_tokens : own > 0 ? own : kDefaultMaxSourceTokens;
+}
+
+std::vector<int64_t> encode_source(const TranslationModel& m, const std::string& text, const SourceLimit& limit,
+                                   const std::string& where, bool* cut) {
+  const int64_t most = source_token_limit(m, limit);
+  std::vector<int64_t> ids = m.tokenizer->encode(text);
+  const int64_t n = (int64_t)ids.size();
+  if (cut) *cut = n > most;
+  if (n <= most) return ids;
+  QKV_CHECK(limit.truncate, where, ": a source of ", n, " tokens, more than the limit of ", most,
+            " (--max-source-len raises it", m.model->max_source_len() > 0 ? " up to the model's learned positions" : "",
+            "; --truncate-source cuts it)");
+  ids.resize((size_t)most);
+  return ids;
+}
+
+std::vector<std::string> translate_ids(TranslationModel& m, const std::vector<std::vector<int64_t>>& sources,
+                                       int64_t max_len, int64_t beam) {
   std::vector<std::string> out;
   if (beam > 1) {
-    for (auto& h : beam_translate(*m.model, ids, max_len, {.beam = beam})) out.push_back(m.tokenizer->decode(h.tokens));
+    for (auto& h : beam_translate(*m.model, sources, max_len, {.beam = beam}))
+      out.push_back(m.tokenizer->decode(h.tokens));
   } else {
-    for (auto& t : greedy_translate(*m.model, ids, max_len)) out.push_back(m.tokenizer->decode(t));
+    for (auto& t : greedy_translate(*m.model, sources, max_len)) out.push_back(m.tokenizer->decode(t));
   }
   return out;
 }
 
-TranslationScores score_translation(TranslationModel& m, const std::vector<SentencePair>& pairs, int64_t max_len,
-                                    int64_t beam) {
-  std::vector<std::string> sources, refs;
-  for (auto& [src, tgt] : pairs) sources.push_back(src), refs.push_back(tgt);
-  std::vector<std::string> hyps = translate_texts(m, sources, max_len, beam);
+std::vector<std::string> translate_texts(TranslationModel& m, const std::vector<std::string>& sources, int64_t max_len,
+                                         int64_t beam, const SourceLimit& limit) {
+  std::vector<std::vector<int64_t>> ids;
+  for (size_t i = 0; i < sources.size(); ++i)
+    ids.push_back(encode_source(m, sources[i], limit, "source sentence " + std::to_string(i + 1)));
+  return translate_ids(m, ids, max_len, beam);
+}
+
+TranslationScores score_translation(TranslationModel& m, const std::vector<std::vector<int64_t>>& sources,
+                                    const std::vector<std::string>& references, int64_t max_len, int64_t beam) {
+  QKV_CHECK(sources.size() == references.size(), "score_translation: ", sources.size(), " sources but ",
+            references.size(), " references");
+  std::vector<std::string> hyps = translate_ids(m, sources, max_len, beam);
   int64_t exact = 0;
-  for (size_t i = 0; i < hyps.size(); ++i) exact += hyps[i] == refs[i];
+  for (size_t i = 0; i < hyps.size(); ++i) exact += hyps[i] == references[i];
   TranslationScores s;
   s.sentences = (int64_t)hyps.size();
-  s.bleu = bleu_char(hyps, refs);
-  s.chrf = chrf(hyps, refs);
+  s.bleu = bleu_char(hyps, references);
+  s.chrf = chrf(hyps, references);
   s.exact_match = hyps.empty() ? 0.0 : 100.0 * exact / hyps.size();
   return s;
+}
+
+TranslationScores score_translation(TranslationModel& m, const std::vector<SentencePair>& pairs, int64_t max_len,
+                                    int64_t beam, const SourceLimit& limit) {
+  std::vector<std::vector<int64_t>> sources;
+  std::vector<std::string> refs;
+  for (size_t i = 0; i < pairs.size(); ++i) {
+    sources.push_back(encode_source(m, pairs[i].first, limit, "pair " + std::to_string(i + 1)));
+    refs.push_back(pairs[i].second);
+  }
+  return score_translation(m, sources, refs, max_len, beam);
 }
 
 TranslationModel load_translation_model(const std::string& dir, const std::string& command) {

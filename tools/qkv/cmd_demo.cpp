@@ -88,7 +88,7 @@ int run_demo(const DemoArgs& a) {
   for (size_t i = 0; i < examples.size(); ++i) std::printf("     %s  ->  %s\n", examples[i].c_str(), out[i].c_str());
   const std::string picture = a.out + "/attention.svg";
   std::fflush(stdout);
-  write_attention_map(best, examples[2], picture, 128);
+  write_attention_map(best, examples[2], best.tokenizer->encode(examples[2]), picture, 128);
 
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf("\ndone in %.0f s. Files:\n     %s, %s\n     %s/ (config.json, model.safetensors, tokenizer.json, "

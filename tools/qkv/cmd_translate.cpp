@@ -101,6 +101,7 @@ struct TranslateArgs {
   std::string model;
   int64_t max_len = 128;
   int64_t beam = 1;
+  SourceLimit source_limit;
   bool replace_invalid = false;
   std::string attention_map;  // SVG of the first sentence's cross-attention
 };
@@ -109,9 +110,9 @@ int run_translate(const TranslateArgs& a) {
   TranslationModel m = load_translation_model(a.model, "translate");
   std::string line;
   int64_t number = 0;
-  std::vector<std::string> batch;
+  std::vector<std::vector<int64_t>> batch;
   auto flush = [&] {
-    for (auto& t : translate_texts(m, batch, a.max_len, a.beam)) std::cout << t << "\n";
+    for (auto& t : translate_ids(m, batch, a.max_len, a.beam)) std::cout << t << "\n";
     std::cout.flush();
     batch.clear();
   };
@@ -124,9 +125,14 @@ int run_translate(const TranslateArgs& a) {
                 " (use --replace-invalid-utf8 to replace it with U+FFFD)");
       line = replace_invalid_utf8(line);
     }
-    if (first && !a.attention_map.empty()) write_attention_map(m, line, a.attention_map, a.max_len);
+    const std::string where = "translate: stdin line " + std::to_string(number);
+    bool cut = false;
+    batch.push_back(encode_source(m, line, a.source_limit, where, &cut));
+    if (cut)
+      std::fprintf(stderr, "qkv: %s: source cut to %lld tokens (--truncate-source)\n", where.c_str(),
+                   (long long)batch.back().size());
+    if (first && !a.attention_map.empty()) write_attention_map(m, line, batch.back(), a.attention_map, a.max_len);
     first = false;
-    batch.push_back(line);
     if (batch.size() == 64) flush();
   }
   flush();
@@ -137,6 +143,7 @@ struct EvalArgs {
   std::string model, test;
   int64_t max_len = 128;
   int64_t beam = 1;
+  SourceLimit source_limit;
   bool json = false;
 };
 
@@ -145,7 +152,21 @@ int run_eval(const EvalArgs& a) {
   if (family.domain == Domain::Vision) return run_vit_eval(a.model, a.test, a.json);
   if (family.domain == Domain::Language) return run_lm_eval(a.model, a.test, a.json);
   TranslationModel m = load_translation_model(a.model, "eval");
-  TranslationScores s = score_translation(m, read_parallel_tsv(a.test), a.max_len, a.beam);
+  std::vector<int64_t> lines;
+  const std::vector<SentencePair> pairs = read_parallel_tsv(a.test, {.line_numbers = &lines});
+  std::vector<std::vector<int64_t>> sources;
+  std::vector<std::string> refs;
+  int64_t cut_count = 0;
+  for (size_t i = 0; i < pairs.size(); ++i) {
+    bool cut = false;
+    sources.push_back(encode_source(m, pairs[i].first, a.source_limit, "eval: " + a.test + ":" + std::to_string(lines[i]), &cut));
+    refs.push_back(pairs[i].second);
+    cut_count += cut;
+  }
+  if (cut_count > 0)
+    std::fprintf(stderr, "qkv: eval: %lld sources cut to %lld tokens (--truncate-source)\n", (long long)cut_count,
+                 (long long)source_token_limit(m, a.source_limit));
+  TranslationScores s = score_translation(m, sources, refs, a.max_len, a.beam);
   nlohmann::ordered_json r = {{"bleu", s.bleu},           {"chrf", s.chrf}, {"exact_match", s.exact_match},
                               {"sentences", s.sentences}, {"beam", a.beam}, {"bleu_tokenize", "char"}};
   if (a.json) {
@@ -160,8 +181,8 @@ int run_eval(const EvalArgs& a) {
 
 }  // namespace
 
-void write_attention_map(TranslationModel& m, const std::string& source, const std::string& path, int64_t max_len) {
-  std::vector<int64_t> src = m.tokenizer->encode(source);
+void write_attention_map(TranslationModel& m, const std::string& source, const std::vector<int64_t>& src,
+                         const std::string& path, int64_t max_len) {
   AlignedTranslation a = translate_with_attention(*m.model, src, max_len);
   std::vector<std::string> rows = m.tokenizer->pieces(a.tokens), cols = m.tokenizer->pieces(src);
   if (cols.empty()) cols.push_back("");
@@ -217,6 +238,10 @@ Run add_translate(CLI::App& app) {
   sub->add_option("--model", args->model, "Model folder")->required();
   sub->add_option("--max-len", args->max_len, "Longest output in tokens")->capture_default_str();
   sub->add_option("--beam", args->beam, "Beam size (1: greedy)")->capture_default_str()->check(CLI::Range(1, 64));
+  sub->add_option("--max-source-len", args->source_limit.max_tokens,
+                  "Longest source in tokens (default: the model's learned positions, else 1024); a longer one is an "
+                  "error naming its line");
+  sub->add_flag("--truncate-source", args->source_limit.truncate, "Cut a longer source to --max-source-len instead");
   sub->add_flag("--replace-invalid-utf8", args->replace_invalid, "Replace invalid UTF-8 by U+FFFD instead of failing");
   sub->add_option("--attention-map", args->attention_map,
                   "Write the first sentence's cross-attention (last decoder layer, mean over heads) as SVG");
@@ -235,6 +260,10 @@ Run add_eval(CLI::App& app) {
       ->required();
   sub->add_option("--max-len", args->max_len, "Longest output in tokens")->capture_default_str();
   sub->add_option("--beam", args->beam, "Beam size (1: greedy)")->capture_default_str()->check(CLI::Range(1, 64));
+  sub->add_option("--max-source-len", args->source_limit.max_tokens,
+                  "Longest source in tokens (default: the model's learned positions, else 1024); a longer one is an "
+                  "error naming its line");
+  sub->add_flag("--truncate-source", args->source_limit.truncate, "Cut a longer source to --max-source-len instead");
   sub->add_flag("--json", args->json,
                 "Print one JSON object (scores on a 0-100 scale; vit: accuracy in 0..1; decoder: loss, perplexity)");
   return [args] { return run_eval(*args); };

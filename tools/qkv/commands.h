@@ -4,6 +4,8 @@
 
 #include <CLI/CLI.hpp>
 #include <functional>
+#include <string>
+#include <vector>
 #include <nlohmann/json.hpp>
 
 namespace qkv::cli {
@@ -34,8 +36,10 @@ struct TranslationModel;
 
 namespace qkv::cli {
 
-// The cross-attention of `source` (last decoder layer, mean of its heads) as an SVG picture at `path`.
-void write_attention_map(TranslationModel& m, const std::string& source, const std::string& path, int64_t max_len);
+// The cross-attention of `source` (its ids `src`; last decoder layer, mean of
+// its heads) as an SVG picture at `path`.
+void write_attention_map(TranslationModel& m, const std::string& source, const std::vector<int64_t>& src,
+                         const std::string& path, int64_t max_len);
 
 // The flags of qkv train (cmd_translate.cpp), for every domain; 0 and -1 keep the config's value.
 struct TrainArgs {
