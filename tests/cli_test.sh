@@ -121,6 +121,12 @@ one_line_error "train too small a vocabulary"
 # Train a tiny model in two halves with --resume.
 printf '{"d_model": 32, "nhead": 4, "num_encoder_layers": 1, "num_decoder_layers": 1, "dim_feedforward": 64,\n "train": {"steps": 6, "batch_tokens": 256, "eval_every": 3, "eval_sentences": 4}}\n' >"$tmp/tiny.json"
 check "train" 0 "$QKV" train --config "$tmp/tiny.json" --train "$tmp/demo/zh-ja.train.tsv" --out "$tmp/tiny"
+# Overrides of the config's training options are checked, never ignored.
+for flag in "--steps -5" "--steps 0" "--batch-tokens -1" "--lr nan" "--lr -1" "--lr inf" "--epochs 0" "--seed -1"; do
+  check "train $flag" nonzero "$QKV" train --config "$tmp/tiny.json" --train "$tmp/demo/zh-ja.test.tsv" --out "$tmp/never" $flag
+  one_line_error "train $flag"
+  [ ! -e "$tmp/never" ] || { echo "FAIL train $flag wrote a folder"; failures=$((failures + 1)); }
+done
 [ -f "$tmp/tiny/trainer_state.safetensors" ] || { echo "FAIL train wrote no trainer_state.safetensors"; failures=$((failures + 1)); }
 check "train --resume" 0 "$QKV" train --config "$tmp/tiny.json" --train "$tmp/demo/zh-ja.train.tsv" --out "$tmp/tiny" --steps 9 --resume
 grep -q '"step": 9' "$tmp/tiny/trainer_state.json" || { echo "FAIL resume did not reach step 9"; cat "$tmp/tiny/trainer_state.json"; failures=$((failures + 1)); }

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <filesystem>
 
 #include "qkv/io.h"
 #include "qkv/ops.h"
@@ -206,6 +207,31 @@ TEST(Safetensors, ManyTensorsRoundTrip) {
   ASSERT_EQ(got.size(), tensors.size());
   for (int i = 0; i < 100000; i += 997) EXPECT_EQ(got[name(i)], (float)i);
   EXPECT_EQ(f.metadata.at("k"), "v");
+}
+
+// A save killed before its rename leaves "<file>.tmp-<host>-<pid>-XXXXXX";
+// the next save of that file removes it, and only it: not one whose writer
+// still runs, nor one written on another host.
+TEST(WriteFileAtomic, RemovesTemporariesOfDeadWritersOnly) {
+  const std::string dir = testing::temp_dir("stale");
+  char host[256] = {};
+  ASSERT_EQ(gethostname(host, sizeof host - 1), 0);
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) _exit(0);
+  waitpid(child, nullptr, 0);  // a process id that no longer runs
+  const std::string base = dir + "/model.safetensors.tmp-";
+  const std::string dead = base + host + "-" + std::to_string(child) + "-a1b2c3";
+  const std::string alive = base + host + "-" + std::to_string(getppid()) + "-d4e5f6";
+  const std::string elsewhere = base + "another-host-" + std::to_string(child) + "-g7h8i9";
+  const std::string other_file = dir + "/config.json.tmp-" + host + "-" + std::to_string(child) + "-j0k1l2";
+  for (const std::string& p : {dead, alive, elsewhere, other_file}) write_file_atomic(p, "partial");
+  write_file_atomic(dir + "/model.safetensors", "whole");
+  EXPECT_FALSE(std::filesystem::exists(dead));
+  EXPECT_TRUE(std::filesystem::exists(alive));
+  EXPECT_TRUE(std::filesystem::exists(elsewhere));
+  EXPECT_TRUE(std::filesystem::exists(other_file));
+  EXPECT_EQ(read_file(dir + "/model.safetensors"), "whole");
 }
 
 // A process killed while saving (again and again) leaves a file that loads,

@@ -113,6 +113,24 @@ TEST(CharTokenizer, RoundTripSpecialsAndJson) {
   EXPECT_THROW(tok.encode("bad \xff"), Error);
 }
 
+TEST(CharTokenizer, VocabularyEntriesAreSingleCharacters) {
+  auto load = [](const std::string& entries) {
+    return testing::error_of([&] {
+      CharTokenizer::from_json(R"({"type": "char", "vocab": ["<pad>", "<bos>", "<eos>", "<unk>", )" + entries + "]}",
+                               "tokenizer.json");
+    });
+  };
+  EXPECT_EQ(load(R"("a", "我")"), "(no error)");
+  EXPECT_NE(load(R"("a", "")").find("tokenizer.json: vocabulary entry 5 is empty"), std::string::npos);
+  EXPECT_NE(load(R"("ab")").find("vocabulary entry 4 is not one character"), std::string::npos);
+  EXPECT_NE(load(R"("a", "a")").find("token 'a' appears twice"), std::string::npos);
+}
+
+TEST(ConfigJson, InvalidUtf8IsNamedByLineAndColumnNotEchoed) {
+  const std::string e = testing::error_of([] { CharTokenizer::from_json("{\"type\":\n \"ch\xff\"}", "t.json"); });
+  EXPECT_EQ(e, "t.json: not valid UTF-8 (a bad byte at line 2, column 5)");
+}
+
 std::vector<std::string> both_sides(const std::vector<SentencePair>& pairs) {
   std::vector<std::string> texts;
   for (auto& [s, t] : pairs) texts.push_back(s), texts.push_back(t);

@@ -81,11 +81,19 @@ CharTokenizer CharTokenizer::from_json(const std::string& text, const std::strin
   QKV_CHECK(j.is_object() && j.value("type", "") == "char" && j.contains("vocab") && j["vocab"].is_array(), source,
             ": expected {\"type\": \"char\", \"vocab\": [...]}");
   CharTokenizer tok;
+  QKV_CHECK(j["vocab"].size() <= (size_t)config::limits::kVocab, source, ": ", j["vocab"].size(),
+            " vocabulary entries, more than the limit of ", config::limits::kVocab);
   for (auto& v : j["vocab"]) {
     QKV_CHECK(v.is_string(), source, ": vocabulary entries must be strings");
     tok.itos_.push_back(v.get<std::string>());
   }
   QKV_CHECK(tok.itos_.size() >= 4, source, ": vocabulary lacks the four special tokens");
+  // After the specials, each entry is one character: what encode() looks up.
+  for (size_t i = 4; i < tok.itos_.size(); ++i) {
+    const std::string& t = tok.itos_[i];
+    QKV_CHECK(invalid_utf8_offset(t) == std::string::npos && utf8_chars(t).size() == 1, source, ": vocabulary entry ",
+              i, " is ", t.empty() ? "empty" : "not one character", "; a char tokenizer's entries are single characters");
+  }
   for (int i = 0; i < 4; ++i)
     QKV_CHECK(tok.itos_[i] == kSpecials[i], source, ": token ", i, " must be ", kSpecials[i], ", found '",
               tok.itos_[i], "'");

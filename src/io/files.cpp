@@ -1,10 +1,14 @@
 // Whole-file reads and atomic writes.
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -27,8 +31,46 @@ std::string read_file(const std::string& path) {
   return ss.str();
 }
 
+namespace {
+
+std::string host_name() {
+  char name[256] = {};
+  if (gethostname(name, sizeof name - 1) != 0) return "host";
+  std::string h(name);
+  std::replace(h.begin(), h.end(), '/', '_');
+  return h.empty() ? "host" : h;
+}
+
+// Temporary files of earlier saves of `path` whose writer is gone: a save
+// killed between creating its temporary file and renaming it leaves one. The
+// name says which host and process wrote it ("<file>.tmp-<host>-<pid>-XXXXXX");
+// only those of this host whose process no longer exists are removed, so a
+// save still running elsewhere keeps its file. Nothing here can fail a save.
+void remove_stale_temporaries(const std::string& path, const std::string& host) {
+  namespace fs = std::filesystem;
+  const fs::path target(path);
+  const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  const std::string prefix = target.filename().string() + ".tmp-" + host + "-";
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::string rest = name.substr(prefix.size());  // <pid>-XXXXXX
+    char* after = nullptr;
+    const long pid = std::strtol(rest.c_str(), &after, 10);
+    if (after == rest.c_str() || *after != '-' || std::strlen(after) != 7 || pid <= 0 || pid == (long)getpid()) continue;
+    if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;  // its writer may still be at work
+    std::error_code ignored;
+    fs::remove(it->path(), ignored);
+  }
+}
+
+}  // namespace
+
 void write_file_atomic(const std::string& path, const std::string& bytes) {
-  std::string tmpl = path + ".tmp-XXXXXX";
+  const std::string host = host_name();
+  remove_stale_temporaries(path, host);
+  std::string tmpl = path + ".tmp-" + host + "-" + std::to_string(getpid()) + "-XXXXXX";
   std::vector<char> name(tmpl.begin(), tmpl.end());
   name.push_back('\0');
   int fd = mkstemp(name.data());

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
@@ -10,6 +11,7 @@
 #include "qkv/registry.h"
 #include "qkv/trainer.h"
 #include "qkv/utf8.h"
+#include "src/config/fields.h"
 #include "tools/qkv/commands.h"
 
 namespace qkv::cli {
@@ -219,11 +221,21 @@ Run add_train(CLI::App& app) {
                   "Validation pairs (default: the last 5% of --train); for vit the folder of the t10k test files "
                   "(default: --train); for decoder a text file (default: the last 5% of --train's tokens)");
   sub->add_option("--out", args->out, "Model folder to write")->required();
-  sub->add_option("--steps", args->steps, "Training steps (overrides the config)");
-  sub->add_option("--epochs", args->epochs, "vit: epochs (overrides the config)");
-  sub->add_option("--batch-tokens", args->batch_tokens, "Tokens per batch (overrides the config)");
-  sub->add_option("--lr", args->lr, "Peak learning rate (overrides the config)");
-  sub->add_option("--seed", args->seed, "Seed (overrides the config)");
+  // A value given is checked here; one not given (0, or -1 for the seed) keeps the config's.
+  const CLI::Validator positive_finite(
+      [](std::string& text) -> std::string {
+        double v = 0;
+        if (CLI::detail::lexical_cast(text, v) && std::isfinite(v) && v > 0) return "";
+        return "expected a positive finite number, found " + text;
+      },
+      "POSITIVE");
+  const int64_t most = std::numeric_limits<int64_t>::max();
+  sub->add_option("--steps", args->steps, "Training steps (overrides the config)")->check(CLI::Range(int64_t{1}, most));
+  sub->add_option("--epochs", args->epochs, "vit: epochs (overrides the config)")->check(CLI::Range(int64_t{1}, most));
+  sub->add_option("--batch-tokens", args->batch_tokens, "Tokens per batch (overrides the config)")
+      ->check(CLI::Range(int64_t{1}, config::limits::kBatch));
+  sub->add_option("--lr", args->lr, "Peak learning rate (overrides the config)")->check(positive_finite);
+  sub->add_option("--seed", args->seed, "Seed (overrides the config)")->check(CLI::Range(int64_t{0}, most));
   sub->add_option("--threads", args->threads, "Threads (0: all cores)");
   sub->add_flag("--replace-invalid-utf8", args->replace_invalid, "Replace invalid UTF-8 by U+FFFD instead of failing");
   sub->add_flag("--resume", args->resume,

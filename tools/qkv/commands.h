@@ -41,7 +41,9 @@ namespace qkv::cli {
 void write_attention_map(TranslationModel& m, const std::string& source, const std::vector<int64_t>& src,
                          const std::string& path, int64_t max_len);
 
-// The flags of qkv train (cmd_translate.cpp), for every domain; 0 and -1 keep the config's value.
+// The flags of qkv train (cmd_translate.cpp), for every domain. A flag given
+// is checked when parsed (a step count of at least 1, a positive finite lr);
+// one not given stays 0 (-1 for the seed) and keeps the config's value.
 struct TrainArgs {
   std::string config, train, valid, out;  // for vit, train and valid are IDX folders
   int64_t steps = 0, batch_tokens = 0, epochs = 0;
