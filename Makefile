@@ -2,7 +2,7 @@
 JOBS ?= $(shell nproc)
 QKV := build/release/qkv
 
-.PHONY: all deps build demo test test-asan bench fixtures interop clean
+.PHONY: all deps build demo test test-asan fuzz fuzz-smoke bench fixtures interop clean
 
 all: build
 
@@ -24,6 +24,17 @@ test-asan: deps
 	@cmake --preset asan >/dev/null
 	@cmake --build --preset asan -j $(JOBS)
 	@ASAN_OPTIONS=detect_leaks=1 ctest --preset asan -j $(JOBS)
+
+# The libFuzzer harnesses (tests/fuzz), built with clang, ASan and UBSan.
+fuzz:
+	@scripts/install-deps.sh --fuzz
+	@cmake --preset fuzz >/dev/null
+	@cmake --build --preset fuzz -j $(JOBS)
+
+# Each harness for FUZZ_SECONDS (two at a time); docs/reliability.md has longer runs.
+FUZZ_SECONDS ?= 30
+fuzz-smoke: fuzz
+	@scripts/fuzz.sh $(FUZZ_SECONDS)
 
 bench: build
 	@$(QKV) bench ops

@@ -28,6 +28,8 @@ for obj in "$@"; do
     case "$name" in
       "qkv::cpu::$isa::"* | *" for qkv::cpu::$isa::"*) ;;
       DW.ref.__gxx_personality_v0) ;;  # the C++ exception personality's address: data, the same in every object
+      "typeinfo for "* | "typeinfo name for "*) ;;  # data, the same in every object (UBSan emits them for function types)
+      __clang_call_terminate) ;;  # clang's two-call helper (begin the catch, terminate): no instruction of any level
       *) echo "check_kernel_variants: ${obj##*/} ($isa) defines '$name' outside qkv::cpu::$isa" >&2; bad=1 ;;
     esac
   done < <("$nm" -C --defined-only "$obj" | awk '$2 ~ /^[A-Zuvw]$/')

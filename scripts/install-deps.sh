@@ -15,6 +15,11 @@ packages=(
   dataset-fashion-mnist           # real images for the ViT recipes (not needed by make test)
 )
 
+# `install-deps.sh --fuzz` (make fuzz) adds clang with libFuzzer and its OpenMP.
+if [ "${1:-}" = "--fuzz" ]; then
+  packages+=(clang libclang-rt-dev libomp-dev)
+fi
+
 missing=()
 for p in "${packages[@]}"; do
   status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)

@@ -192,6 +192,16 @@ TEST(Safetensors, WrittenHeaderIsAligned) {
 namespace qkv {
 namespace {
 
+// Found by the trainer-state fuzzer: bytes that are not UTF-8 in a name or in
+// metadata made the writer throw the JSON library's exception ("internal error").
+TEST(Safetensors, WritingNamesOrMetadataThatAreNotUtf8IsAnError) {
+  const Tensor t = Tensor::full({1}, 1.0f);
+  EXPECT_NE(testing::error_of([&] { serialize_safetensors({{"w", t}}, {{"history", "[\xff"}}); }).find("not valid UTF-8"),
+            std::string::npos);
+  EXPECT_NE(testing::error_of([&] { serialize_safetensors({{"w\xfe", t}}, {}); }).find("not valid UTF-8"),
+            std::string::npos);
+}
+
 // 100k tensors written and read back, names and order intact. Reading took
 // 305 s (Zen 3) when the header parse was quadratic in the tensor count; it is
 // linear now, well under a second here.

@@ -179,6 +179,9 @@ SafetensorsFile load_safetensors(const std::string& path) {
 std::string serialize_safetensors(const std::vector<std::pair<std::string, Tensor>>& tensors, const Metadata& metadata) {
   // The header is written as text, entry by entry: an ordered_json object
   // finds each new key by a linear search, quadratic in the tensor count.
+  for (auto& [key, value] : metadata)
+    QKV_CHECK(invalid_utf8_offset(key) == std::string::npos && invalid_utf8_offset(value) == std::string::npos,
+              "safetensors: metadata '", replace_invalid_utf8(key), "' is not valid UTF-8");
   std::string h = "{";
   if (!metadata.empty()) h += "\"__metadata__\":" + nlohmann::json(metadata).dump();
   std::set<std::string> names;
@@ -187,6 +190,8 @@ std::string serialize_safetensors(const std::vector<std::pair<std::string, Tenso
   for (auto& [name, t] : tensors) {
     QKV_CHECK(name != "__metadata__", "safetensors: '__metadata__' cannot name a tensor");
     QKV_CHECK(names.insert(name).second, "safetensors: tensor name '", name, "' given twice");
+    QKV_CHECK(invalid_utf8_offset(name) == std::string::npos, "safetensors: tensor name '", replace_invalid_utf8(name),
+              "' is not valid UTF-8");
     Tensor c = t.contiguous();
     uint64_t nbytes = (uint64_t)c.numel() * dtype_size(c.dtype());
     if (h.size() > 1) h += ',';
