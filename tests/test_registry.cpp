@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "qkv/allocator.h"
 #include "qkv/checkpoint.h"
 #include "qkv/infer.h"
 #include "qkv/io.h"
@@ -29,6 +30,29 @@ TEST(Registry, EveryBuiltInFamilyByItsArch) {
                 .rfind("c.json: 'arch' is 'gpt', expected one of: transformer, rnn_attention, conv, decoder, vit", 0),
             0u);
   EXPECT_EQ(error_of([] { family_of_config(R"({"arch": 3})", "c.json"); }), "c.json: 'arch' has the wrong type (3)");
+}
+
+// A config within every field's bounds can still describe a model larger than
+// the machine: building it stops at the allocator's limit with one error line,
+// instead of filling memory until the kernel kills the process.
+TEST(Registry, AModelLargerThanTheMemoryLimitIsOneError) {
+  struct Restore {
+    ~Restore() { set_memory_limit(0); }
+  } restore;
+  const uint64_t machine = memory_limit();
+  set_memory_limit(64ull << 20);
+  EXPECT_THROW(Tensor::empty({(int64_t)(100 << 20) / 4}), std::bad_alloc);
+  Rng rng(1);
+  const std::string e = testing::error_of([&] {
+    find_family("transformer", "big.json")
+        .build(R"({"d_model": 1024, "nhead": 8, "num_encoder_layers": 8, "num_decoder_layers": 8,
+                   "dim_feedforward": 4096, "vocab_size": 1000})", "big.json", rng);
+  });
+  EXPECT_NE(e.find("big.json: the model this config describes does not fit in memory (qkv may use 64 MiB here)"),
+            std::string::npos) << e;
+  set_memory_limit(0);
+  EXPECT_EQ(memory_limit(), machine);
+  EXPECT_NO_THROW(Tensor::empty({(int64_t)(100 << 20) / 4}));
 }
 
 TEST(Registry, AFolderOfTheWrongKindNamesWhatItHolds) {

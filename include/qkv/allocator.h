@@ -22,8 +22,18 @@ struct AllocatorStats {
   uint64_t bytes_cached = 0;     // free, kept for reuse
 };
 
-void* allocate_bytes(size_t nbytes);  // 64-byte aligned; never null
+// 64-byte aligned; never null. A request that would take the bytes in use
+// past memory_limit() throws std::bad_alloc, which the qkv program reports as
+// one "out of memory" line, instead of letting the kernel's OOM killer end
+// the process half-way through building a model too large for the machine.
+void* allocate_bytes(size_t nbytes);
 void free_bytes(void* ptr, size_t nbytes);
+
+// The most bytes live storages may hold: by default 90% of the machine's
+// memory, or of its cgroup's limit (a container) where that is lower.
+uint64_t memory_limit();
+// Sets it (a server capping what it may take; a test). 0 restores the default.
+void set_memory_limit(uint64_t bytes);
 
 AllocatorStats allocator_stats();
 void reset_peak_bytes();

@@ -1,6 +1,9 @@
 #include "qkv/allocator.h"
 
+#include <unistd.h>
+
 #include <cstdlib>
+#include <fstream>
 #include <mutex>
 #include <new>
 #include <unordered_map>
@@ -13,11 +16,30 @@ constexpr size_t kAlign = 64;
 // Blocks above this are not cached once the cache already holds this much.
 constexpr uint64_t kMaxCachedBytes = 4ull << 30;
 
+// 90% of physical memory, or of the cgroup v2 limit when that is lower.
+uint64_t default_memory_limit() {
+  uint64_t total = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE);
+  std::ifstream cgroup("/sys/fs/cgroup/memory.max");
+  uint64_t limit = 0;
+  if (cgroup >> limit && limit > 0 && limit < total) total = limit;  // "max" (no limit) fails to parse
+  return total / 10 * 9;
+}
+
 struct Allocator {
   std::mutex mutex;
   std::unordered_map<size_t, std::vector<void*>> free_lists;  // rounded size -> blocks
   AllocatorStats stats;
+  uint64_t limit = default_memory_limit();
 };
+
+// Frees every cached block; the caller holds the mutex.
+void drop_cache(Allocator& a) {
+  for (auto& [size, blocks] : a.free_lists) {
+    for (void* p : blocks) std::free(p);
+    blocks.clear();
+  }
+  a.stats.bytes_cached = 0;
+}
 
 Allocator& allocator() {
   static Allocator* a = new Allocator();  // never destroyed: storages may outlive statics
@@ -39,6 +61,7 @@ void* allocate_bytes(size_t nbytes) {
   Allocator& a = allocator();
   {
     std::lock_guard<std::mutex> lock(a.mutex);
+    if (n > a.limit || a.stats.bytes_in_use > a.limit - n) throw std::bad_alloc();
     a.stats.bytes_in_use += n;
     if (a.stats.bytes_in_use > a.stats.peak_bytes_in_use) a.stats.peak_bytes_in_use = a.stats.bytes_in_use;
     auto it = a.free_lists.find(n);
@@ -50,6 +73,7 @@ void* allocate_bytes(size_t nbytes) {
       return p;
     }
     a.stats.system_allocs++;
+    if (a.stats.bytes_cached > a.limit - a.stats.bytes_in_use) drop_cache(a);  // the cache yields to live tensors
   }
   void* p = std::aligned_alloc(kAlign, n);
   if (!p) throw std::bad_alloc();
@@ -87,11 +111,19 @@ void reset_peak_bytes() {
 void release_cached_memory() {
   Allocator& a = allocator();
   std::lock_guard<std::mutex> lock(a.mutex);
-  for (auto& [size, blocks] : a.free_lists) {
-    for (void* p : blocks) std::free(p);
-    blocks.clear();
-  }
-  a.stats.bytes_cached = 0;
+  drop_cache(a);
+}
+
+uint64_t memory_limit() {
+  Allocator& a = allocator();
+  std::lock_guard<std::mutex> lock(a.mutex);
+  return a.limit;
+}
+
+void set_memory_limit(uint64_t bytes) {
+  Allocator& a = allocator();
+  std::lock_guard<std::mutex> lock(a.mutex);
+  a.limit = bytes > 0 ? bytes : default_memory_limit();
 }
 
 }  // namespace qkv

@@ -4,6 +4,7 @@
 
 #include <new>
 
+#include "qkv/allocator.h"
 #include "qkv/registry.h"
 
 namespace qkv::builtin {
@@ -21,7 +22,8 @@ Family family_of(std::string arch, std::string description, Domain domain, std::
             try {
               return std::make_shared<Model>(c, rng);
             } catch (const std::bad_alloc&) {
-              fail(source, ": the model this config describes does not fit in memory");
+              fail(source, ": the model this config describes does not fit in memory (qkv may use ",
+                   memory_limit() >> 20, " MiB here)");
             }
           },
           .config_json = [](const Module& m) { return dynamic_cast<const Model&>(m).config().to_json(); }};
