@@ -60,7 +60,11 @@ static EvalReport evaluate(TranslationModel& m, const std::vector<EncodedPair>& 
   }
   r.valid_loss = tokens ? loss_sum / tokens : 0;
   const size_t n = std::min<size_t>(valid_text.size(), (size_t)std::max<int64_t>(o.eval_sentences, 0));
-  TranslationScores scores = score_translation(m, {valid_text.begin(), valid_text.begin() + n}, 128);
+  // Validation translates what training takes: sources up to batch_tokens
+  // (and the model's learned positions); a longer one is cut, never an error mid-run.
+  const int64_t own = m.model->max_source_len();
+  const SourceLimit limit{.max_tokens = own > 0 ? std::min(own, o.batch_tokens) : o.batch_tokens, .truncate = true};
+  TranslationScores scores = score_translation(m, {valid_text.begin(), valid_text.begin() + n}, 128, 1, limit);
   r.chrf = scores.chrf;
   r.bleu = scores.bleu;
   m.model->train();
