@@ -111,7 +111,12 @@ class SentencePieceTokenizer final : public Tokenizer {
 public:
   SentencePieceTokenizer(const std::string& model_proto, std::string model_type, const std::string& source)
       : proto_(model_proto), model_type_(std::move(model_type)) {
-    auto status = sp_.LoadFromSerializedProto(proto_);
+    sentencepiece::util::Status status;
+    try {
+      status = sp_.LoadFromSerializedProto(proto_);
+    } catch (const std::exception& e) {  // its trie builder throws on some broken models (found by fuzzing)
+      fail(source, ": not a SentencePiece model (", e.what(), ")");
+    }
     QKV_CHECK(status.ok(), source, ": not a SentencePiece model (", status.ToString(), ")");
     QKV_CHECK(sp_.pad_id() == kPad && sp_.bos_id() == kBos && sp_.eos_id() == kEos && sp_.unk_id() == kUnk, source,
               ": a SentencePiece model for qkv numbers <pad>, <bos>, <eos>, <unk> as 0, 1, 2, 3; this one has ",
