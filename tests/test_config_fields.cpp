@@ -140,5 +140,13 @@ TEST(ConfigFields, AbsentKeysKeepEachConfigsDefaults) {
   EXPECT_EQ(o.steps, TrainOptions{}.steps);
 }
 
+// Found by the config fuzzer: a key holding a newline (written "voc\nab_size" in the JSON) made
+// "unknown key" a two-line error. Every qkv::Error is one line, whatever it quotes.
+TEST(ConfigFields, ErrorsQuotingControlCharactersStayOneLine) {
+  const std::string e = testing::error_of([] { TransformerConfig::from_json("{\"d_\\nmodel\\t\\u001b\": 8}", "c.json"); });
+  EXPECT_EQ(e.find('\n'), std::string::npos) << e;
+  EXPECT_NE(e.find("c.json: unknown key 'd_\\nmodel\\t\\x1b'"), std::string::npos) << e;
+}
+
 }  // namespace
 }  // namespace qkv
