@@ -48,6 +48,10 @@ std::string attention_svg(const std::vector<std::string>& rows, const std::vecto
 
 // Replaces `path` with `bytes` atomically (temporary file, fsync, rename).
 void write_file_atomic(const std::string& path, const std::string& bytes);
+// A folder or a device (/dev/zero, a terminal) given as a file is a qkv::Error
+// naming it: /dev/zero would be read until memory runs out. Pipes pass; a
+// missing path is left to the open that follows.
+void refuse_devices_and_folders(const std::string& path);
 // The whole file; a missing or unreadable file, a folder or a device (/dev/zero)
 // is a qkv::Error naming it. Pipes are read to their end.
 std::string read_file(const std::string& path);

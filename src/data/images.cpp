@@ -1,5 +1,4 @@
 // IDX and PNG/JPEG images, batches, augmentation, heat-map pictures.
-#include <sys/stat.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -23,10 +22,7 @@ namespace {
 class ByteStream {
  public:
   explicit ByteStream(const std::string& path) : path_(path) {
-    struct stat st;
-    QKV_CHECK(stat(path.c_str(), &st) == 0, path, ": cannot open: ", std::strerror(errno));
-    QKV_CHECK(!S_ISCHR(st.st_mode) && !S_ISBLK(st.st_mode) && !S_ISDIR(st.st_mode), path, ": not a file (",
-              S_ISDIR(st.st_mode) ? "a folder" : "a device", ")");
+    refuse_devices_and_folders(path);
     file_ = std::fopen(path.c_str(), "rb");
     QKV_CHECK(file_, path, ": cannot open: ", std::strerror(errno));
     have_ = std::fread(in_, 1, sizeof in_, file_);

@@ -16,13 +16,15 @@
 
 namespace qkv {
 
-std::string read_file(const std::string& path) {
-  // A device (/dev/zero, a terminal) or a folder is never a file's contents:
-  // /dev/zero would be read until memory runs out. Pipes (<(...)) are fine.
+void refuse_devices_and_folders(const std::string& path) {
   struct stat st;
   if (stat(path.c_str(), &st) == 0)
     QKV_CHECK(!S_ISCHR(st.st_mode) && !S_ISBLK(st.st_mode) && !S_ISDIR(st.st_mode), path, ": not a file (",
               S_ISDIR(st.st_mode) ? "a folder" : "a device", ")");
+}
+
+std::string read_file(const std::string& path) {
+  refuse_devices_and_folders(path);
   std::ifstream in(path, std::ios::binary);
   QKV_CHECK(in.good(), path, ": cannot open: ", std::strerror(errno));
   std::ostringstream ss;
