@@ -611,6 +611,7 @@ def make_python_written(out_dir):
         "f16": np.array([1.5, -2.25, 65504.0], dtype=np.float16),
         "i64": np.array([[-3, 2**40]], dtype=np.int64),
         "i32": np.array([7, -8], dtype=np.int32),
+        "i8": np.array([-128, 127], dtype=np.int8),
         "u8": np.array([0, 255], dtype=np.uint8),
         "empty": np.zeros((0, 4), dtype=np.float32),
     }

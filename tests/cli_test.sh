@@ -38,7 +38,7 @@ for want in f32 F16 I64 '\[2,3\]' 'parameters' 'source'; do
   grep -q "$want" "$tmp/out" || { echo "FAIL inspect output lacks $want"; cat "$tmp/out"; failures=$((failures + 1)); }
 done
 check "inspect --json" 0 "$QKV" inspect --json "$FIXTURES/python_written_np.safetensors"
-grep -q '"parameter_count": *15' "$tmp/out" || { echo "FAIL inspect --json count"; cat "$tmp/out"; failures=$((failures + 1)); }
+grep -q '"parameter_count": *17' "$tmp/out" || { echo "FAIL inspect --json count"; cat "$tmp/out"; failures=$((failures + 1)); }
 
 check "inspect a device" nonzero timeout 20 "$QKV" inspect /dev/zero
 one_line_error "inspect a device"

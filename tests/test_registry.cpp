@@ -48,11 +48,66 @@ TEST(Registry, AModelLargerThanTheMemoryLimitIsOneError) {
         .build(R"({"d_model": 1024, "nhead": 8, "num_encoder_layers": 8, "num_decoder_layers": 8,
                    "dim_feedforward": 4096, "vocab_size": 1000})", "big.json", rng);
   });
-  EXPECT_NE(e.find("big.json: the model this config describes does not fit in memory (qkv may use 64 MiB here)"),
-            std::string::npos) << e;
+  // Sized on the meta device first: refused before a byte of it is allocated.
+  EXPECT_EQ(e, "big.json: the model this config describes has 236171264 parameters (901 MiB), more than qkv may "
+               "use here (64.0 MiB)");
+  // One whose parameters just fit but whose building does not (the allocator
+  // rounds, initialisation draws into temporaries) still stops at the limit.
+  const std::string small = R"({"d_model": 64, "nhead": 4, "num_encoder_layers": 1, "num_decoder_layers": 1,
+                                "dim_feedforward": 128, "vocab_size": 1000})";
+  const uint64_t bytes = find_family("transformer", "s").build(small, "s", rng)->parameter_bytes();
+  set_memory_limit(bytes);
+  const std::string e2 = testing::error_of([&] { find_family("transformer", "small.json").build(small, "small.json", rng); });
+  EXPECT_EQ(e2, "small.json: the model this config describes does not fit in memory (qkv may use " +
+                    format_bytes(bytes) + " here)");
   set_memory_limit(0);
   EXPECT_EQ(memory_limit(), machine);
   EXPECT_NO_THROW(Tensor::empty({(int64_t)(100 << 20) / 4}));
+}
+
+// Every shipped recipe and every family's old folder builds on the meta device
+// into the same parameters (names, shapes, dtypes) as on the CPU, without
+// allocating: what require_fits_in_memory relies on to size a model first.
+TEST(Registry, EveryModelBuildsOnTheMetaDeviceAsOnTheCpu) {
+  std::vector<std::string> configs;
+  for (const auto& entry : std::filesystem::directory_iterator(std::string(QKV_SOURCE_DIR) + "/configs"))
+    if (entry.path().extension() == ".json") configs.push_back(entry.path().string());
+  for (const char* f : {"transformer", "rnn_attention", "conv", "decoder", "vit"}) configs.push_back(legacy(f) + "/config.json");
+  std::sort(configs.begin(), configs.end());
+  int built = 0;
+  for (const std::string& path : configs) {
+    SCOPED_TRACE(path);
+    nlohmann::json j = nlohmann::json::parse(read_file(path));
+    j.erase("train");
+    j.erase("tokenizer");
+    const Family& family = family_of_config(j.dump(), path);
+    if (family.domain != Domain::Vision) j["vocab_size"] = 300;
+    Rng rng(3);
+    const uint64_t before = allocator_stats().bytes_in_use;
+    std::shared_ptr<Module> meta;
+    {
+      DefaultDeviceGuard guard(Device::Meta);
+      meta = family.build(j.dump(), path, rng);
+    }
+    EXPECT_EQ(allocator_stats().bytes_in_use, before);
+    const auto meta_params = meta->named_parameters();
+    ASSERT_FALSE(meta_params.empty());
+    for (const auto& [name, p] : meta_params) EXPECT_EQ(p.device(), Device::Meta) << name;
+    if (meta->parameter_count() > 50'000'000) {  // lm-100m: sized only, too slow to build for a test
+      EXPECT_EQ(meta->parameter_bytes(), (uint64_t)meta->parameter_count() * 4);
+      continue;
+    }
+    const auto cpu_params = family.build(j.dump(), path, rng)->named_parameters();
+    ASSERT_EQ(cpu_params.size(), meta_params.size());
+    for (size_t i = 0; i < cpu_params.size(); ++i) {
+      EXPECT_EQ(meta_params[i].first, cpu_params[i].first);
+      EXPECT_EQ(meta_params[i].second.shape(), cpu_params[i].second.shape()) << cpu_params[i].first;
+      EXPECT_EQ(meta_params[i].second.dtype(), cpu_params[i].second.dtype()) << cpu_params[i].first;
+      EXPECT_EQ(cpu_params[i].second.device(), Device::Cpu);
+    }
+    ++built;
+  }
+  EXPECT_GE(built, 13);  // the recipes but lm-100m, and the five folders
 }
 
 TEST(Registry, AFolderOfTheWrongKindNamesWhatItHolds) {

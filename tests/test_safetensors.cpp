@@ -34,6 +34,7 @@ TEST(Safetensors, RoundTripEveryDType) {
       {"bf", f32.to(DType::BF16)},
       {"ids", Tensor::from_ints({-1, 1ll << 40}, {2})},
       {"i32", Tensor::from_ints({7, -7}, {2}).to(DType::I32)},
+      {"int8", Tensor::from_ints({-128, 127}, {2}).to(DType::I8)},
       {"bytes", Tensor::from_ints({0, 255}, {2}).to(DType::U8)},
       {"empty", Tensor::zeros({0, 3})},
       {"scalar", Tensor::scalar(2.5f)},
@@ -64,6 +65,8 @@ TEST(Safetensors, ReadsFilesWrittenByPython) {
   EXPECT_EQ(f.find("f16")->to_vector(), (std::vector<float>{1.5, -2.25, 65504.0}));
   EXPECT_EQ(f.find("i64")->to_ints(), (std::vector<int64_t>{-3, 1ll << 40}));
   EXPECT_EQ(f.find("i32")->to_ints(), (std::vector<int64_t>{7, -8}));
+  EXPECT_EQ(f.find("i8")->dtype(), DType::I8);
+  EXPECT_EQ(f.find("i8")->to_ints(), (std::vector<int64_t>{-128, 127}));
   EXPECT_EQ(f.find("u8")->to_ints(), (std::vector<int64_t>{0, 255}));
   EXPECT_EQ(f.find("empty")->shape(), (Shape{0, 4}));
   SafetensorsFile b = load_safetensors(testing::fixture("python_written_bf16.safetensors"));

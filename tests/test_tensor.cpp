@@ -89,6 +89,74 @@ TEST(Tensor, DTypeConversions) {
   EXPECT_THROW(i.data<float>(), Error);
 }
 
+TEST(Tensor, EveryDTypeConvertsThroughItsTraits) {
+  // Integers saturate at their type's range and NaN becomes 0 (a plain cast
+  // is undefined there); between integer types the low bits are kept.
+  Tensor f = Tensor::from_vector({300.0f, -300.0f, 2.9f, -2.9f, NAN, 1e30f}, {6});
+  EXPECT_EQ(f.to(DType::I8).to_ints(), (std::vector<int64_t>{127, -128, 2, -2, 0, 127}));
+  EXPECT_EQ(f.to(DType::U8).to_ints(), (std::vector<int64_t>{255, 0, 2, 0, 0, 255}));
+  EXPECT_EQ(f.to(DType::I64).to_ints()[5], std::numeric_limits<int64_t>::max());
+  EXPECT_EQ(Tensor::from_ints({257, -1}, {2}).to(DType::U8).to_ints(), (std::vector<int64_t>{1, 255}));
+  EXPECT_EQ(Tensor::from_ints({-5, 100}, {2}).to(DType::I8).to(DType::F32).to_vector(), (std::vector<float>{-5, 100}));
+  for (DType t : {DType::F32, DType::F16, DType::BF16, DType::I64, DType::I32, DType::I8, DType::U8}) {
+    DType parsed;
+    ASSERT_TRUE(parse_dtype(dtype_name(t), &parsed));
+    EXPECT_EQ(parsed, t);
+    EXPECT_EQ(dtype_traits(t).type, t);
+    // Small integers survive every type, in blocks longer than the converter's.
+    std::vector<float> v(2500);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = (float)(i % 100);
+    EXPECT_EQ(Tensor::from_vector(v, {2500}).to(t).to(DType::F32).to_vector(), v) << dtype_name(t);
+    EXPECT_EQ(Tensor::from_vector({7}, {}).to(t).item(), 7.0f) << dtype_name(t);
+  }
+  DType parsed;
+  EXPECT_FALSE(parse_dtype("F64", &parsed));
+}
+
+TEST(Allocator, BytesAreWrittenForPeople) {
+  EXPECT_EQ(format_bytes(512), "512 B");
+  EXPECT_EQ(format_bytes(1536), "1.50 KiB");
+  EXPECT_EQ(format_bytes(900ull << 20), "900 MiB");
+  EXPECT_EQ(format_bytes(23193000000ull), "21.6 GiB");
+  EXPECT_EQ(format_bytes(~0ull), "16.0 EiB");
+}
+
+// The meta device: shapes and dtypes, no memory; reading values is an error.
+TEST(Tensor, MetaTensorsHaveShapesAndNoMemory) {
+  Rng rng(1);
+  const uint64_t before = allocator_stats().bytes_in_use;
+  Tensor w, ids;
+  {
+    DefaultDeviceGuard meta(Device::Meta);
+    EXPECT_EQ(default_device(), Device::Meta);
+    w = Tensor::randn({1024, 1024}, rng);
+    ids = Tensor::from_ints({1, 2, 3}, {3});
+    Tensor z = Tensor::zeros({4}, DType::BF16);
+    EXPECT_EQ(z.dtype(), DType::BF16);
+    EXPECT_EQ(z.device(), Device::Meta);
+  }
+  EXPECT_EQ(default_device(), Device::Cpu);
+  EXPECT_EQ(allocator_stats().bytes_in_use, before);
+  EXPECT_EQ(w.device(), Device::Meta);
+  EXPECT_EQ(w.shape(), (Shape{1024, 1024}));
+  EXPECT_STREQ(device_name(w.device()), "meta");
+  // Views, conversions and clones stay on the meta device, still allocating nothing.
+  EXPECT_EQ(w.transpose(0, 1).slice(0, 0, 8).device(), Device::Meta);
+  EXPECT_EQ(w.to(DType::BF16).device(), Device::Meta);
+  EXPECT_EQ(w.clone().device(), Device::Meta);
+  EXPECT_EQ(allocator_stats().bytes_in_use, before);
+  // Copying into one only checks the shape; reading one is an error.
+  w.copy_(Tensor::zeros({1024, 1024}));
+  EXPECT_THROW(w.copy_(Tensor::zeros({2})), Error);
+  EXPECT_EQ(testing::error_of([&] { w.data<float>(); }), "a [1024,1024] tensor on the meta device has no values to read");
+  EXPECT_THROW(ids.to_ints(), Error);
+  EXPECT_THROW(Tensor::zeros({2}).copy_(ids.slice(0, 0, 2)), Error);
+  // The generator moves on as it would have: what follows draws the same numbers.
+  Rng cpu_rng(1);
+  Tensor::randn({1024, 1024}, cpu_rng);
+  EXPECT_EQ(Tensor::randn({3}, rng).to_vector(), Tensor::randn({3}, cpu_rng).to_vector());
+}
+
 TEST(Tensor, SeededRandomIsReproducible) {
   Rng a(42), b(42), c(43);
   EXPECT_TRUE(all_close(Tensor::randn({100}, a), Tensor::randn({100}, b), 0, 0));

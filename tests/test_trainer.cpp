@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "qkv/allocator.h"
 #include "qkv/io.h"
 #include "qkv/trainer.h"
 #include "tests/test_util.h"
@@ -63,6 +64,24 @@ TEST(Trainer, ResumedRunEqualsStraightRunBitForBit) {
   EXPECT_THROW(train_translation(resumed, train, valid, o, interrupted, {}), Error);
   TranslationModel c = new_translation_model(kConfig, "config", train, 1);
   EXPECT_THROW(train_translation(c, train, valid, o, testing::temp_dir("trainer"), {}), Error);
+}
+
+// Weights, gradients and AdamW's two moments: a model whose four copies exceed
+// the memory limit is refused before the first step, leaving no checkpoint.
+TEST(Trainer, AModelThatFitsButCannotTrainIsRefusedBeforeTheFirstStep) {
+  struct Restore {
+    ~Restore() { set_memory_limit(0); }
+  } restore;
+  auto train = synth_zh_ja(40, 5), valid = synth_zh_ja(5, 6, train);
+  TranslationModel m = new_translation_model(kConfig, "config", train, 1);
+  const uint64_t weights = m.model->parameter_bytes();
+  set_memory_limit(4 * weights - 1);
+  const std::string dir = testing::temp_dir("trainer");
+  const std::string e = testing::error_of([&] { train_translation(m, train, valid, small_options(6), dir, {}); });
+  EXPECT_EQ(e, "training this model needs at least " + format_bytes(4 * weights) + " (" + format_bytes(weights) +
+                   " of weights, as much again for their gradients and twice that for AdamW's moments), more than "
+                   "qkv may use here (" + format_bytes(memory_limit()) + ")");
+  EXPECT_FALSE(std::filesystem::exists(dir + "/trainer_state.safetensors"));
 }
 
 TEST(Trainer, NonFiniteStepsAreSkippedWithoutTouchingTheModel) {

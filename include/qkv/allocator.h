@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace qkv {
 
@@ -34,6 +35,9 @@ void free_bytes(void* ptr, size_t nbytes);
 uint64_t memory_limit();
 // Sets it (a server capping what it may take; a test). 0 restores the default.
 void set_memory_limit(uint64_t bytes);
+
+// For messages: "512 B", "1.5 KiB", "900 MiB", "21.6 GiB" (three significant digits).
+std::string format_bytes(uint64_t bytes);
 
 AllocatorStats allocator_stats();
 void reset_peak_bytes();

@@ -1,8 +1,11 @@
-// qkv/dtype.h — element types.
+// qkv/dtype.h — element types and what code needs to know about each.
 //
 // Compute ops work on F32 today; the other types exist so that checkpoints of
 // any precision load, and so that bf16/int8 inference kernels can follow
-// without changing the Tensor layout.
+// without changing the Tensor layout. Everything type-specific -- its size,
+// its name, how its values convert to and from float -- lives in one table
+// row per type (dtype_traits), so a new type is one row, not a switch in
+// every file.
 #pragma once
 
 #include <cstddef>
@@ -11,11 +14,27 @@
 
 namespace qkv {
 
-enum class DType : uint8_t { F32, F16, BF16, I64, I32, U8 };
+enum class DType : uint8_t { F32, F16, BF16, I64, I32, I8, U8 };
 
-size_t dtype_size(DType t);
-// The safetensors spelling: "F32", "F16", "BF16", "I64", "I32", "U8".
-const char* dtype_name(DType t);
+struct DTypeTraits {
+  DType type;
+  const char* name;  // the safetensors spelling: "F32", "F16", "BF16", "I64", "I32", "I8", "U8"
+  size_t size;       // bytes per element
+  bool is_float;
+  // n contiguous elements of this type to float (integers: exactly up to 2^24)
+  // and back (floats round to nearest even; integers truncate toward zero and
+  // saturate at the type's range, NaN becoming 0).
+  void (*to_float)(const void* src, float* dst, int64_t n);
+  void (*from_float)(const float* src, void* dst, int64_t n);
+  // The same through int64, exact between the integer types (narrowing keeps
+  // the low bits, as a C++ cast does); floats truncate toward zero, saturating.
+  void (*to_int64)(const void* src, int64_t* dst, int64_t n);
+  void (*from_int64)(const int64_t* src, void* dst, int64_t n);
+};
+
+const DTypeTraits& dtype_traits(DType t);
+inline size_t dtype_size(DType t) { return dtype_traits(t).size; }
+inline const char* dtype_name(DType t) { return dtype_traits(t).name; }
 // Returns false when `name` is not one of the spellings above.
 bool parse_dtype(const std::string& name, DType* out);
 

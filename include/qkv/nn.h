@@ -32,6 +32,7 @@ public:
   std::vector<std::pair<std::string, Tensor>> named_parameters() const;
   std::vector<Tensor> parameters() const;
   int64_t parameter_count() const;
+  uint64_t parameter_bytes() const;  // numel x dtype size, summed
 
   // Train mode turns dropout on; eval mode turns it off. Applies to children.
   void train();

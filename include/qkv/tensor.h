@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "qkv/device.h"
 #include "qkv/dtype.h"
 #include "qkv/error.h"
 
@@ -39,14 +40,16 @@ std::string shape_str(const Shape& s);  // "[2,3,4]"
 int64_t shape_numel(const Shape& s);
 Shape contiguous_strides(const Shape& s);
 
-// A block of memory from the caching allocator (qkv/allocator.h).
+// A block of memory on a device: from the caching allocator (qkv/allocator.h)
+// on the CPU; none at all on the meta device, where data stays null.
 struct Storage {
-  explicit Storage(size_t nbytes);
+  Storage(size_t nbytes, Device device);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
   void* data = nullptr;
   size_t nbytes = 0;
+  Device device = Device::Cpu;
 };
 
 struct TensorImpl;
@@ -85,7 +88,8 @@ public:
   Tensor() = default;
   explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
 
-  // --- construction (all contiguous, fresh storage) ---
+  // --- construction (all contiguous, fresh storage on default_device(); on
+  // the meta device the values given or drawn are not stored) ---
   static Tensor empty(const Shape& shape, DType dtype = DType::F32);
   static Tensor zeros(const Shape& shape, DType dtype = DType::F32);
   static Tensor full(const Shape& shape, float value);
@@ -103,13 +107,15 @@ public:
   const Shape& strides() const { return impl().strides; }
   int64_t offset() const { return impl().offset; }
   DType dtype() const { return impl().dtype; }
+  Device device() const { return impl().storage->device; }
   int64_t dim() const { return (int64_t)impl().shape.size(); }
   int64_t size(int64_t d) const;  // negative d counts from the end
   int64_t numel() const { return shape_numel(impl().shape); }
   bool is_contiguous() const;
   bool same_storage(const Tensor& other) const { return impl().storage == other.impl().storage; }
 
-  // Typed pointer to element [0, 0, ...]; checks the dtype.
+  // Typed pointer to element [0, 0, ...]; checks the dtype, and that the
+  // tensor has values (a meta tensor has none).
   template <class T>
   T* data() const;
   void* raw_data() const;
@@ -133,7 +139,8 @@ public:
   // Element type conversion (not differentiable): F32 <-> F16/BF16/I64/I32/U8.
   Tensor to(DType dtype) const;
   // Copy values from `src` (same shape, any layout) into this tensor's memory.
-  // Not recorded on the tape: for loading weights and optimizer updates.
+  // Not recorded on the tape: for loading weights and optimizer updates. Into a
+  // meta tensor both only check the shape.
   void copy_(const Tensor& src);
   void fill_(float value);
 
@@ -190,8 +197,13 @@ struct DTypeOf;
 template <> struct DTypeOf<float> { static constexpr DType value = DType::F32; };
 template <> struct DTypeOf<int64_t> { static constexpr DType value = DType::I64; };
 template <> struct DTypeOf<int32_t> { static constexpr DType value = DType::I32; };
+template <> struct DTypeOf<int8_t> { static constexpr DType value = DType::I8; };
 template <> struct DTypeOf<uint8_t> { static constexpr DType value = DType::U8; };
 template <> struct DTypeOf<uint16_t> { static constexpr DType value = DType::BF16; };  // raw 16-bit
+
+namespace detail {
+[[noreturn]] void fail_no_values(const Shape& shape);  // "a [2,3] tensor on the meta device has no values to read"
+}
 
 template <class T>
 T* Tensor::data() const {
@@ -199,6 +211,7 @@ T* Tensor::data() const {
   bool ok = t.dtype == DTypeOf<T>::value ||
             (sizeof(T) == 2 && (t.dtype == DType::F16 || t.dtype == DType::BF16));
   QKV_CHECK(ok, "tensor has dtype ", dtype_name(t.dtype), ", code expected ", dtype_name(DTypeOf<T>::value));
+  if (t.storage->device == Device::Meta) detail::fail_no_values(t.shape);
   return static_cast<T*>(t.storage->data) + t.offset;
 }
 

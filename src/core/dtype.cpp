@@ -1,44 +1,14 @@
+// Element types: the conversions and the one table of per-type facts.
 #include "qkv/dtype.h"
 
 #include <cmath>
 #include <cstring>
+#include <iterator>
+#include <limits>
+
+#include "qkv/error.h"
 
 namespace qkv {
-
-size_t dtype_size(DType t) {
-  switch (t) {
-    case DType::F32: return 4;
-    case DType::F16: return 2;
-    case DType::BF16: return 2;
-    case DType::I64: return 8;
-    case DType::I32: return 4;
-    case DType::U8: return 1;
-  }
-  return 0;
-}
-
-const char* dtype_name(DType t) {
-  switch (t) {
-    case DType::F32: return "F32";
-    case DType::F16: return "F16";
-    case DType::BF16: return "BF16";
-    case DType::I64: return "I64";
-    case DType::I32: return "I32";
-    case DType::U8: return "U8";
-  }
-  return "?";
-}
-
-bool parse_dtype(const std::string& name, DType* out) {
-  static const DType all[] = {DType::F32, DType::F16, DType::BF16, DType::I64, DType::I32, DType::U8};
-  for (DType t : all) {
-    if (name == dtype_name(t)) {
-      *out = t;
-      return true;
-    }
-  }
-  return false;
-}
 
 static uint32_t bits_of(float f) {
   uint32_t u;
@@ -86,6 +56,98 @@ uint16_t float_to_bf16(float f) {
   if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);  // quiet nan
   u += 0x7fffu + ((u >> 16) & 1u);
   return (uint16_t)(u >> 16);
+}
+
+namespace {
+
+// float -> integer type T: truncation toward zero, saturating, NaN -> 0 (a
+// plain cast is undefined behaviour outside T's range).
+template <class T>
+T saturate(double v) {
+  if (!(v == v)) return 0;
+  constexpr double lo = (double)std::numeric_limits<T>::min(), hi = (double)std::numeric_limits<T>::max();
+  if (v <= lo) return std::numeric_limits<T>::min();
+  if (v >= hi) return std::numeric_limits<T>::max();
+  return (T)v;
+}
+
+// One row of the table for a type stored as T, with its conversions to and
+// from float given as Load(T) -> float and Store(float) -> T.
+template <class T, float (*Load)(T), T (*Store)(float)>
+struct FloatRow {
+  static void to_float(const void* src, float* dst, int64_t n) {
+    const T* s = static_cast<const T*>(src);
+    for (int64_t i = 0; i < n; ++i) dst[i] = Load(s[i]);
+  }
+  static void from_float(const float* src, void* dst, int64_t n) {
+    T* d = static_cast<T*>(dst);
+    for (int64_t i = 0; i < n; ++i) d[i] = Store(src[i]);
+  }
+  static void to_int64(const void* src, int64_t* dst, int64_t n) {
+    const T* s = static_cast<const T*>(src);
+    for (int64_t i = 0; i < n; ++i) dst[i] = saturate<int64_t>(Load(s[i]));
+  }
+  static void from_int64(const int64_t* src, void* dst, int64_t n) {
+    T* d = static_cast<T*>(dst);
+    for (int64_t i = 0; i < n; ++i) d[i] = Store((float)src[i]);
+  }
+};
+
+template <class T>
+struct IntRow {
+  static void to_float(const void* src, float* dst, int64_t n) {
+    const T* s = static_cast<const T*>(src);
+    for (int64_t i = 0; i < n; ++i) dst[i] = (float)s[i];
+  }
+  static void from_float(const float* src, void* dst, int64_t n) {
+    T* d = static_cast<T*>(dst);
+    for (int64_t i = 0; i < n; ++i) d[i] = saturate<T>(src[i]);
+  }
+  static void to_int64(const void* src, int64_t* dst, int64_t n) {
+    const T* s = static_cast<const T*>(src);
+    for (int64_t i = 0; i < n; ++i) dst[i] = (int64_t)s[i];
+  }
+  static void from_int64(const int64_t* src, void* dst, int64_t n) {
+    T* d = static_cast<T*>(dst);
+    for (int64_t i = 0; i < n; ++i) d[i] = (T)(uint64_t)src[i];  // the low bits, as a cast does
+  }
+};
+
+float f32_load(float v) { return v; }
+float f32_store(float v) { return v; }
+
+template <class Row>
+constexpr DTypeTraits row(DType type, const char* name, size_t size, bool is_float) {
+  return {type, name, size, is_float, &Row::to_float, &Row::from_float, &Row::to_int64, &Row::from_int64};
+}
+
+// In the enum's order.
+const DTypeTraits kTraits[] = {
+    row<FloatRow<float, f32_load, f32_store>>(DType::F32, "F32", 4, true),
+    row<FloatRow<uint16_t, half_to_float, float_to_half>>(DType::F16, "F16", 2, true),
+    row<FloatRow<uint16_t, bf16_to_float, float_to_bf16>>(DType::BF16, "BF16", 2, true),
+    row<IntRow<int64_t>>(DType::I64, "I64", 8, false),
+    row<IntRow<int32_t>>(DType::I32, "I32", 4, false),
+    row<IntRow<int8_t>>(DType::I8, "I8", 1, false),
+    row<IntRow<uint8_t>>(DType::U8, "U8", 1, false),
+};
+
+}  // namespace
+
+const DTypeTraits& dtype_traits(DType t) {
+  const size_t i = (size_t)t;
+  QKV_CHECK(i < std::size(kTraits), "unknown dtype ", (int)i);
+  return kTraits[i];
+}
+
+bool parse_dtype(const std::string& name, DType* out) {
+  for (const DTypeTraits& t : kTraits) {
+    if (name == t.name) {
+      *out = t.type;
+      return true;
+    }
+  }
+  return false;
 }
 
 }  // namespace qkv

@@ -55,8 +55,24 @@ Shape contiguous_strides(const Shape& s) {
   return st;
 }
 
-Storage::Storage(size_t n) : data(allocate_bytes(n)), nbytes(n) {}
-Storage::~Storage() { free_bytes(data, nbytes); }
+const char* device_name(Device d) { return d == Device::Meta ? "meta" : "cpu"; }
+
+static thread_local Device t_default_device = Device::Cpu;
+Device default_device() { return t_default_device; }
+DefaultDeviceGuard::DefaultDeviceGuard(Device d) : previous_(t_default_device) { t_default_device = d; }
+DefaultDeviceGuard::~DefaultDeviceGuard() { t_default_device = previous_; }
+
+Storage::Storage(size_t n, Device d) : data(d == Device::Cpu ? allocate_bytes(n) : nullptr), nbytes(n), device(d) {}
+Storage::~Storage() {
+  if (device == Device::Cpu) free_bytes(data, nbytes);
+}
+
+void detail::fail_no_values(const Shape& shape) {
+  fail("a ", shape_str(shape), " tensor on the meta device has no values to read");
+}
+
+// A fresh tensor on the meta device: the factories below skip storing values.
+static bool is_meta(const Tensor& t) { return t.device() == Device::Meta; }
 
 TensorImpl& Tensor::impl() const {
   QKV_CHECK(impl_ != nullptr, "use of an undefined tensor");
@@ -73,51 +89,59 @@ static Tensor make_view(const Tensor& base, Shape shape, Shape strides, int64_t 
   return Tensor(t);
 }
 
-Tensor Tensor::empty(const Shape& shape, DType dtype) {
+static Tensor empty_on(const Shape& shape, DType dtype, Device device) {
   for (int64_t d : shape) QKV_CHECK(d >= 0, "tensor shape ", shape_str(shape), " has a negative size");
   auto t = std::make_shared<TensorImpl>();
   t->shape = shape;
   t->strides = contiguous_strides(shape);
   t->dtype = dtype;
-  t->storage = std::make_shared<Storage>((size_t)shape_numel(shape) * dtype_size(dtype));
+  size_t nbytes;
+  QKV_CHECK(!__builtin_mul_overflow((size_t)shape_numel(shape), dtype_size(dtype), &nbytes), "tensor shape ",
+            shape_str(shape), " is too large (", dtype_name(dtype), ")");
+  t->storage = std::make_shared<Storage>(nbytes, device);
   return Tensor(t);
 }
 
+Tensor Tensor::empty(const Shape& shape, DType dtype) { return empty_on(shape, dtype, default_device()); }
+
 Tensor Tensor::zeros(const Shape& shape, DType dtype) {
   Tensor t = empty(shape, dtype);
+  if (is_meta(t)) return t;
   std::memset(t.raw_data(), 0, (size_t)t.numel() * dtype_size(dtype));
   return t;
 }
 
 Tensor Tensor::full(const Shape& shape, float value) {
   Tensor t = empty(shape);
-  std::fill_n(t.data<float>(), t.numel(), value);
+  if (!is_meta(t)) std::fill_n(t.data<float>(), t.numel(), value);
   return t;
 }
 
 Tensor Tensor::from_vector(const std::vector<float>& v, const Shape& shape) {
   QKV_CHECK((int64_t)v.size() == shape_numel(shape), "from_vector: ", v.size(), " values for shape ", shape_str(shape));
   Tensor t = empty(shape);
-  std::copy(v.begin(), v.end(), t.data<float>());
+  if (!is_meta(t)) std::copy(v.begin(), v.end(), t.data<float>());
   return t;
 }
 
 Tensor Tensor::from_ints(const std::vector<int64_t>& v, const Shape& shape) {
   QKV_CHECK((int64_t)v.size() == shape_numel(shape), "from_ints: ", v.size(), " values for shape ", shape_str(shape));
   Tensor t = empty(shape, DType::I64);
-  std::copy(v.begin(), v.end(), t.data<int64_t>());
+  if (!is_meta(t)) std::copy(v.begin(), v.end(), t.data<int64_t>());
   return t;
 }
 
 Tensor Tensor::arange(int64_t n) {
   Tensor t = empty({n});
+  if (is_meta(t)) return t;
   for (int64_t i = 0; i < n; ++i) t.data<float>()[i] = (float)i;
   return t;
 }
 
 Tensor Tensor::randn(const Shape& shape, Rng& rng, float stddev) {
   Tensor t = empty(shape);
-  uint64_t first = rng.reserve((uint64_t)t.numel());
+  uint64_t first = rng.reserve((uint64_t)t.numel());  // drawn on the meta device too: the same stream after it
+  if (is_meta(t)) return t;
   float* p = t.data<float>();
   for (int64_t i = 0; i < t.numel(); ++i) p[i] = stddev * rng.normal_at(first + i);
   return t;
@@ -125,7 +149,8 @@ Tensor Tensor::randn(const Shape& shape, Rng& rng, float stddev) {
 
 Tensor Tensor::uniform(const Shape& shape, Rng& rng, float low, float high) {
   Tensor t = empty(shape);
-  uint64_t first = rng.reserve((uint64_t)t.numel());
+  uint64_t first = rng.reserve((uint64_t)t.numel());  // drawn on the meta device too: the same stream after it
+  if (is_meta(t)) return t;
   float* p = t.data<float>();
   for (int64_t i = 0; i < t.numel(); ++i) p[i] = low + (high - low) * rng.uniform_at(first + i);
   return t;
@@ -151,20 +176,15 @@ bool Tensor::is_contiguous() const {
 
 void* Tensor::raw_data() const {
   const TensorImpl& t = impl();
+  if (t.storage->device == Device::Meta) detail::fail_no_values(t.shape);
   return static_cast<char*>(t.storage->data) + t.offset * (int64_t)dtype_size(t.dtype);
 }
 
 float Tensor::item() const {
   QKV_CHECK(numel() == 1, "item(): tensor of shape ", shape_str(shape()), " has ", numel(), " elements, expected 1");
-  switch (dtype()) {  // the one element sits at the offset whatever the strides
-    case DType::F32: return data<float>()[0];
-    case DType::F16: return half_to_float(data<uint16_t>()[0]);
-    case DType::BF16: return bf16_to_float(data<uint16_t>()[0]);
-    case DType::I64: return (float)data<int64_t>()[0];
-    case DType::I32: return (float)data<int32_t>()[0];
-    case DType::U8: return (float)data<uint8_t>()[0];
-  }
-  return 0;
+  float v;  // the one element sits at the offset whatever the strides
+  dtype_traits(dtype()).to_float(raw_data(), &v, 1);
+  return v;
 }
 
 std::vector<float> Tensor::to_vector() const {
@@ -293,7 +313,7 @@ Tensor Tensor::contiguous() const {
 }
 
 Tensor Tensor::clone() const {
-  Tensor out = empty(shape(), dtype());
+  Tensor out = empty_on(shape(), dtype(), device());
   out.copy_(*this);
   if (any_requires_grad({*this})) {
     record_op(out, "clone", {*this}, [](const BackwardArgs& a) -> std::vector<Tensor> { return {a.grad_out}; });
@@ -304,6 +324,8 @@ Tensor Tensor::clone() const {
 void Tensor::copy_(const Tensor& src) {
   QKV_CHECK(src.shape() == shape(), "copy: source shape ", shape_str(src.shape()), " differs from destination ",
             shape_str(shape()));
+  if (is_meta(*this)) return;
+  if (is_meta(src)) detail::fail_no_values(src.shape());
   if (src.dtype() != dtype()) {
     copy_(src.to(dtype()));
     return;
@@ -313,6 +335,7 @@ void Tensor::copy_(const Tensor& src) {
 
 void Tensor::fill_(float value) {
   QKV_CHECK(dtype() == DType::F32, "fill_: only F32 tensors");
+  if (is_meta(*this)) return;
   if (is_contiguous()) {
     std::fill_n(data<float>(), numel(), value);
     return;
@@ -323,41 +346,26 @@ void Tensor::fill_(float value) {
 // Element-wise conversion through float (or int64 between integer types).
 Tensor Tensor::to(DType target) const {
   if (target == dtype()) return *this;
+  Tensor out = empty_on(shape(), target, device());
+  if (is_meta(out)) return out;
   Tensor src = contiguous();
-  Tensor out = empty(shape(), target);
-  int64_t n = numel();
-  auto is_int = [](DType t) { return t == DType::I64 || t == DType::I32 || t == DType::U8; };
-  if (is_int(dtype()) && is_int(target)) {
-    for (int64_t i = 0; i < n; ++i) {
-      int64_t v = dtype() == DType::I64 ? src.data<int64_t>()[i]
-                  : dtype() == DType::I32 ? src.data<int32_t>()[i]
-                                          : src.data<uint8_t>()[i];
-      if (target == DType::I64) out.data<int64_t>()[i] = v;
-      else if (target == DType::I32) out.data<int32_t>()[i] = (int32_t)v;
-      else out.data<uint8_t>()[i] = (uint8_t)v;
-    }
-    return out;
-  }
-  auto read = [&](int64_t i) -> float {
-    switch (dtype()) {
-      case DType::F32: return src.data<float>()[i];
-      case DType::F16: return half_to_float(src.data<uint16_t>()[i]);
-      case DType::BF16: return bf16_to_float(src.data<uint16_t>()[i]);
-      case DType::I64: return (float)src.data<int64_t>()[i];
-      case DType::I32: return (float)src.data<int32_t>()[i];
-      case DType::U8: return (float)src.data<uint8_t>()[i];
-    }
-    return 0;
-  };
-  for (int64_t i = 0; i < n; ++i) {
-    float v = read(i);
-    switch (target) {
-      case DType::F32: out.data<float>()[i] = v; break;
-      case DType::F16: out.data<uint16_t>()[i] = float_to_half(v); break;
-      case DType::BF16: out.data<uint16_t>()[i] = float_to_bf16(v); break;
-      case DType::I64: out.data<int64_t>()[i] = (int64_t)v; break;
-      case DType::I32: out.data<int32_t>()[i] = (int32_t)v; break;
-      case DType::U8: out.data<uint8_t>()[i] = (uint8_t)v; break;
+  const DTypeTraits& from = dtype_traits(dtype());
+  const DTypeTraits& into = dtype_traits(target);
+  const char* in = static_cast<const char*>(src.raw_data());
+  char* dst = static_cast<char*>(out.raw_data());
+  // In blocks, through a float (or, between integer types, int64) buffer.
+  constexpr int64_t kBlock = 1024;
+  float f[kBlock];
+  int64_t w[kBlock];
+  const bool ints = !from.is_float && !into.is_float;
+  for (int64_t i = 0, n = numel(); i < n; i += kBlock) {
+    const int64_t m = std::min(kBlock, n - i);
+    if (ints) {
+      from.to_int64(in + i * from.size, w, m);
+      into.from_int64(w, dst + i * into.size, m);
+    } else {
+      from.to_float(in + i * from.size, f, m);
+      into.from_float(f, dst + i * into.size, m);
     }
   }
   return out;

@@ -115,7 +115,7 @@ SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& s
     Entry e;
     e.name = key;
     std::string dt = value["dtype"].get<std::string>();
-    if (!parse_dtype(dt, &e.dtype)) bad("tensor '", key, "': unsupported dtype '", dt, "' (qkv reads F32, F16, BF16, I64, I32, U8)");
+    if (!parse_dtype(dt, &e.dtype)) bad("tensor '", key, "': unsupported dtype '", dt, "' (qkv reads F32, F16, BF16, I64, I32, I8, U8)");
     // The sizes other than 0 must multiply within int64 too: a tensor with no
     // elements still has strides, and [0, 2^62, 4] would overflow them.
     uint64_t numel = 1, nonzero = 1;

@@ -6,8 +6,28 @@
 
 #include "qkv/allocator.h"
 #include "qkv/registry.h"
+#include "qkv/rng.h"
 
 namespace qkv::builtin {
+
+// Refuses, in a moment, a model whose parameters alone exceed what qkv may
+// allocate here: built first on the meta device (shapes, no memory, no
+// values), instead of failing after minutes of allocating and initialising
+// the part that fits.
+template <class Model, class Config>
+void require_fits_in_memory(const Config& c, const std::string& source) {
+  uint64_t bytes = 0;
+  int64_t count = 0;
+  {
+    DefaultDeviceGuard meta(Device::Meta);
+    Rng rng(0);
+    const Model sized(c, rng);
+    bytes = sized.parameter_bytes();
+    count = sized.parameter_count();
+  }
+  QKV_CHECK(bytes <= memory_limit(), source, ": the model this config describes has ", count, " parameters (",
+            format_bytes(bytes), "), more than qkv may use here (", format_bytes(memory_limit()), ")");
+}
 
 // The family of a Model built from a Config (Config::from_json, Model(config, rng),
 // model.config().to_json()).
@@ -19,11 +39,12 @@ Family family_of(std::string arch, std::string description, Domain domain, std::
           .tasks = std::move(tasks),
           .build = [](const std::string& config, const std::string& source, Rng& rng) -> std::shared_ptr<Module> {
             const Config c = Config::from_json(config, source);
+            require_fits_in_memory<Model>(c, source);
             try {
               return std::make_shared<Model>(c, rng);
             } catch (const std::bad_alloc&) {
               fail(source, ": the model this config describes does not fit in memory (qkv may use ",
-                   memory_limit() >> 20, " MiB here)");
+                   format_bytes(memory_limit()), " here)");
             }
           },
           .config_json = [](const Module& m) { return dynamic_cast<const Model&>(m).config().to_json(); }};

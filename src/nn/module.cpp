@@ -35,6 +35,12 @@ int64_t Module::parameter_count() const {
   return n;
 }
 
+uint64_t Module::parameter_bytes() const {
+  uint64_t n = 0;
+  for (auto& [name, p] : named_parameters()) n += (uint64_t)p.numel() * dtype_size(p.dtype());
+  return n;
+}
+
 void Module::set_training(bool on) {
   training_ = on;
   for (auto& [name, child] : children_) child->set_training(on);

@@ -9,6 +9,7 @@
 
 #include "qkv/checkpoint.h"
 #include "qkv/optim.h"
+#include "qkv/registry.h"
 #include "qkv/utf8.h"
 #include "src/config/fields.h"
 #include "src/train/loop.h"
@@ -46,13 +47,12 @@ LanguageModel new_language_model(const std::string& config_text, const std::stri
   LanguageModel m;
   m.tokenizer = train_tokenizer(tc, lines);
   j["vocab_size"] = m.tokenizer->size();
+  j.erase("tokenizer");
+  j.erase("train");
   Rng rng(seed);
-  m.model = std::make_shared<DecoderLM>(DecoderConfig::from_json(j.dump(), source), rng);
+  m.model = std::dynamic_pointer_cast<DecoderLM>(find_family("decoder", source).build(j.dump(), source, rng));
   return m;
 }
-
-
-
 
 namespace {
 

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <limits>
 
+#include "qkv/allocator.h"
 #include "src/train/train_state.h"
 
 namespace qkv {
@@ -73,10 +74,21 @@ Resumed resume_from(TrainTask& task, AdamW& opt, const std::string& out_dir) {
   return r;
 }
 
+// Weights, their gradients and AdamW's two moments are four copies of the
+// parameters before any activation: a model that fits but cannot train here
+// is refused before the first step rather than part-way through it.
+void require_training_fits(const Module& model) {
+  const uint64_t weights = model.parameter_bytes(), need = 4 * weights;
+  QKV_CHECK(need <= memory_limit(), "training this model needs at least ", format_bytes(need), " (",
+            format_bytes(weights), " of weights, as much again for their gradients and twice that for AdamW's "
+            "moments), more than qkv may use here (", format_bytes(memory_limit()), ")");
+}
+
 }  // namespace
 
 void run_training(TrainTask& task, const LoopOptions& o, const std::string& out_dir) {
   Module& model = task.model();
+  require_training_fits(model);
   model.train();
   AdamW opt(model.parameters(), {.lr = o.lr, .weight_decay = o.weight_decay});
   const int64_t total = task.total_steps();

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "qkv/io.h"
+#include "qkv/registry.h"
 #include "qkv/vit_trainer.h"
 #include "tools/qkv/commands.h"
 
@@ -43,7 +44,7 @@ int run_vit_train(const TrainArgs& a, const std::string& config_text) {
     nlohmann::json j = nlohmann::json::parse(config_text);
     j.erase("train");
     Rng rng(o.seed);
-    model = std::make_shared<VisionTransformer>(ViTConfig::from_json(j.dump(), a.config), rng);
+    model = std::dynamic_pointer_cast<VisionTransformer>(find_family("vit", a.config).build(j.dump(), a.config, rng));
   }
   const int64_t used = o.max_train_images > 0 ? std::min(o.max_train_images, train.count) : train.count;
   std::printf("qkv train: %s\n  %lld training images (of %lld), %lld test images; %lld epochs of batches of %lld, "
