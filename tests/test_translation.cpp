@@ -110,6 +110,8 @@ TEST(CharTokenizer, RoundTripSpecialsAndJson) {
   EXPECT_EQ(back.encode("中国人です"), tok.encode("中国人です"));
   EXPECT_THROW(CharTokenizer::from_json("{\"type\": \"char\", \"vocab\": [\"a\"]}", "t.json"), Error);
   EXPECT_THROW(CharTokenizer::from_json("not json", "t.json"), Error);
+  EXPECT_EQ(testing::error_of([] { CharTokenizer::from_json(R"({"type": 1000})", "t.json"); }),
+            "t.json: expected {\"type\": \"char\", \"vocab\": [...]}");  // found by the config fuzzer
   EXPECT_THROW(tok.encode("bad \xff"), Error);
 }
 

@@ -78,8 +78,8 @@ std::string CharTokenizer::to_json() const {
 
 CharTokenizer CharTokenizer::from_json(const std::string& text, const std::string& source) {
   nlohmann::json j = parse_json(text, source);
-  QKV_CHECK(j.is_object() && j.value("type", "") == "char" && j.contains("vocab") && j["vocab"].is_array(), source,
-            ": expected {\"type\": \"char\", \"vocab\": [...]}");
+  QKV_CHECK(j.is_object() && j.contains("type") && j["type"] == "char" && j.contains("vocab") && j["vocab"].is_array(),
+            source, ": expected {\"type\": \"char\", \"vocab\": [...]}");
   CharTokenizer tok;
   QKV_CHECK(j["vocab"].size() <= (size_t)config::limits::kVocab, source, ": ", j["vocab"].size(),
             " vocabulary entries, more than the limit of ", config::limits::kVocab);
