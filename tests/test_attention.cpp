@@ -10,7 +10,6 @@
 #include "qkv/attention.h"
 #include "qkv/ops.h"
 #include "qkv/rng.h"
-#include "src/kernels/cpu/flash_attention.h"
 #include "src/kernels/kernels.h"
 #include "tests/test_util.h"
 
@@ -137,7 +136,7 @@ TEST(Attention, FlashBackwardWritesEveryGradientElement) {
   };
   for (const Case& c : cases) {
     Rng rng(31);
-    cpu::FlashShape f{c.batch, c.heads, c.kv_heads, c.t, c.s, c.dh, c.dh};
+    FlashShape f{c.batch, c.heads, c.kv_heads, c.t, c.s, c.dh, c.dh};
     f.scale = 1.0f / std::sqrt((float)c.dh), f.causal = c.causal;
     f.key_lengths = c.lengths.empty() ? nullptr : c.lengths.data();
     // Separate buffers [B, heads, rows, Dh], or one packed buffer [B, T, (H + 2 Hkv) Dh].

@@ -79,7 +79,7 @@ TEST(Cpu, EveryLevelMatchesTheReference) {
   Tensor x = Tensor::randn({33, 70}, rng);
   for (CpuIsa isa : kLevels) {
     if (!isa_supported(isa)) continue;
-    const cpu::Kernels& fast = cpu::kernels(isa);
+    const Kernels& fast = cpu::kernels(isa);
     for (int64_t rows : {m, (int64_t)3}) {  // BLAS, and the few-row GEMV path
       GemmArgs g;
       g.trans_b = true, g.m = rows, g.n = n, g.k = k;

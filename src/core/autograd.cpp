@@ -4,6 +4,7 @@
 #include <unordered_set>
 
 #include "qkv/tensor.h"
+#include "src/kernels/kernels.h"
 
 namespace qkv {
 namespace {
@@ -86,11 +87,7 @@ static void accumulate(TensorImpl& t, Tensor g) {
   }
   Tensor acc(t.grad);  // owned and contiguous, see above
   Tensor gc = g.contiguous();
-  float* a = acc.data<float>();
-  const float* b = gc.data<float>();
-  const int64_t n = acc.numel();
-#pragma omp parallel for schedule(static) if (n >= 65536)
-  for (int64_t i = 0; i < n; ++i) a[i] += b[i];
+  kernels_for(Device::Cpu).accumulate(acc.data<float>(), gc.data<float>(), acc.numel());
 }
 
 void Tensor::backward(const Tensor& grad_out) const {

@@ -1,10 +1,12 @@
-// The one place that picks a kernel variant: the level qkv::cpu_isa() names
-// (the CPU's best, or QKV_ISA), checked against what the CPU can run.
+// The one place that picks a kernel table: for the CPU, the variant of the
+// level qkv::cpu_isa() names (the CPU's best, or QKV_ISA), checked against
+// what the CPU can run, or the reference twins inside a ReferenceKernelsGuard.
 #include <omp.h>
 
 #include <sstream>
 
 #include "qkv/error.h"
+#include "qkv/tensor.h"
 #include "src/kernels/kernels.h"
 
 namespace qkv::cpu {
@@ -39,6 +41,11 @@ const Kernels& kernels() {
 }  // namespace qkv::cpu
 
 namespace qkv {
+
+const Kernels& kernels_for(Device device) {
+  QKV_CHECK(device == Device::Cpu, "ops do not run on the ", device_name(device), " device: its tensors have no values");
+  return reference_kernels() ? ref::table() : cpu::kernels();
+}
 
 std::string runtime_summary() {
   const CpuInfo& cpu = cpu_info();

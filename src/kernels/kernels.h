@@ -1,14 +1,17 @@
-// Internal: the compute kernels, in two twins with identical signatures.
+// Internal: the compute kernels, behind one table per device.
 //
 //   qkv::ref  naive loops, written to be obviously right; the specification.
 //   qkv::cpu  the fast versions (OpenBLAS, OpenMP, vectorizable inner loops),
 //             compiled once per instruction-set level (qkv/cpu.h) into
-//             qkv::cpu::generic, ::avx2 and ::avx512; cpu::kernels() is the
-//             table of the level chosen at start-up.
+//             qkv::cpu::generic, ::avx2 and ::avx512.
 //
-// Every op in src/ops dispatches between them at one point (QKV_KERNEL in
-// src/ops/dispatch.h), and tests/test_ops.cpp runs every op both ways and
-// compares; CTest runs those tests again under each level the CPU supports.
+// Both fill the same struct, Kernels; kernels_for(device) is the one place
+// that picks a table (the CPU level in use, or the reference twins inside a
+// ReferenceKernelsGuard), and every op and optimizer calls through it
+// (QKV_KERNEL in src/ops/dispatch.h): no op, optimizer or tensor routine
+// holds an OpenMP loop or a loop over elements of its own. tests/test_ops.cpp
+// runs every op both ways and compares; CTest runs those tests again under
+// each level the CPU supports. A CUDA device would add its own table.
 // All pointers are to contiguous float32 row-major data unless strides are given.
 #pragma once
 
@@ -16,6 +19,8 @@
 #include <vector>
 
 #include "qkv/cpu.h"
+#include "qkv/device.h"
+#include "qkv/rng.h"
 
 namespace qkv {
 
@@ -48,6 +53,68 @@ struct GemmArgs {
 // through `a_strides` / `b_strides` (0 along broadcast dimensions).
 struct BroadcastLoop {
   std::vector<int64_t> shape, a_strides, b_strides;
+};
+
+// Flash attention. Where the rows of one operand lie: element strides between
+// batches, heads and rows; each row's Dh (or Dv) elements are contiguous. A
+// zero stride means the contiguous layout [B, heads, rows, D].
+struct FlashLayout {
+  int64_t batch = 0, head = 0, row = 0;
+};
+
+// q [B,H,T,Dh], k [B,Hkv,S,Dh], v [B,Hkv,S,Dv], out [B,H,T,Dv], lse [B,H,T]
+// (contiguous). The layouts let q, k, v and out (with dout) lie elsewhere: the
+// first S rows of a larger KV cache, or the heads side by side on each row of
+// a packed [B, T, (H + 2 Hkv) Dh] projection. dq, dk, dv take the layouts of
+// q, k, v. Query row i of batch b sees keys [0, min(key_lengths[b], i + S - T
+// + 1 when causal)).
+struct FlashShape {
+  int64_t batch = 0, heads = 0, kv_heads = 0, t = 0, s = 0, dh = 0, dv = 0;
+  FlashLayout q, k, v, o;
+  float scale = 1.0f;
+  bool causal = false;
+  const int64_t* key_lengths = nullptr;  // [B] or null
+};
+
+// dst = src element by element, both walking `shape` row-major through their
+// own strides (in elements of elem_size bytes); any dtype, at most
+// kMaxCopyRank dimensions (the caller checks).
+constexpr int64_t kMaxCopyRank = 64;
+struct StridedCopy {
+  int64_t rank = 0;
+  const int64_t* shape = nullptr;  // [rank], as are the strides
+  const int64_t* src_strides = nullptr;
+  const int64_t* dst_strides = nullptr;
+  size_t elem_size = 4;
+  const void* src = nullptr;
+  void* dst = nullptr;
+};
+
+// A run of floats, one of the tensors a multi-tensor kernel updates.
+struct FloatSpan {
+  float* data = nullptr;
+  int64_t n = 0;
+};
+
+// One parameter of an optimizer step: its values, gradient and state buffers
+// (m and v for AdamW, m the velocity for SGD), each n floats.
+struct ParamSpan {
+  float* p = nullptr;
+  const float* grad = nullptr;
+  float* m = nullptr;
+  float* v = nullptr;
+  int64_t n = 0;
+};
+
+// AdamW (decoupled weight decay), with the step's bias corrections folded in:
+//   p *= decay;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
+//   p -= step_size * m / (sqrt(v) / bc2_sqrt + eps)
+struct AdamWStep {
+  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, step_size = 0, bc2_sqrt = 1, decay = 1;
+};
+// SGD: g' = g + weight_decay p;  m = momentum m + g';  p -= lr (momentum ? m : g')
+struct SgdStep {
+  float lr = 0, momentum = 0, weight_decay = 0;
 };
 
 #define QKV_DECLARE_KERNELS                                                                                        \
@@ -87,21 +154,39 @@ struct BroadcastLoop {
   /* RoPE on x [rows, t_len, dh]: channels (i, i + dh/2) of position p = offset + t rotated by */                 \
   /* sign * p * theta^(-2i/dh) (sign -1: the transpose, for the backward) */                                     \
   void rope(const float* x, float* y, int64_t rows, int64_t t_len, int64_t dh, int64_t offset, float theta,       \
-            float sign);
+            float sign);                                                                                         \
+  /* g as one product of batch many: product i reads a + a_offsets[i], b + b_offsets[i] and writes */           \
+  /* c + i * c_stride (k == 0 writes zeros); no bias or activation */                                           \
+  void gemm_batched(const GemmArgs& g, int64_t batch, const int64_t* a_offsets, const int64_t* b_offsets,         \
+                    int64_t c_stride);                                                                           \
+  void strided_copy(const StridedCopy& c);                                                                       \
+  /* acc += x */                                                                                                 \
+  void accumulate(float* acc, const float* x, int64_t n);                                                        \
+  /* mask[i] = 0 where uniform number first + i of rng is below p, else 1 / (1 - p) */                           \
+  void dropout_mask(const Rng& rng, uint64_t first, float p, float* mask, int64_t n);                            \
+  /* Writes out and lse (log-sum-exp of each query row's scaled scores; -inf for a row that sees no key, */      \
+  /* whose output is 0) */                                                                                       \
+  void flash_attention_forward(const FlashShape& f, const float* q, const float* k, const float* v, float* out,  \
+                               float* lse);                                                                      \
+  /* Writes every element of dq, dk and dv (the caller need not clear them) */                                  \
+  void flash_attention_backward(const FlashShape& f, const float* q, const float* k, const float* v,             \
+                                const float* out, const float* dout, const float* lse, float* dq, float* dk,     \
+                                float* dv);                                                                      \
+  void adamw_step(const AdamWStep& s, const std::vector<ParamSpan>& params);                                     \
+  void sgd_step(const SgdStep& s, const std::vector<ParamSpan>& params);                                         \
+  /* sum of x^2 over every span, in double */                                                                    \
+  double sum_of_squares(const std::vector<FloatSpan>& spans);                                                    \
+  void scale_spans(const std::vector<FloatSpan>& spans, float s);
 
 namespace ref {
 QKV_DECLARE_KERNELS
 }
 
-namespace cpu {
-
-struct FlashShape;
-
-// One level's fast kernels: the same functions as qkv::ref, plus the flash
-// attention pair (src/kernels/cpu/flash_attention.h), whose reference twin is
-// the naive attention op.
+// One device's kernels (or one instruction-set level's): the functions above.
 struct Kernels {
-  CpuIsa isa;
+  const char* name;  // "reference", "cpu generic", "cpu avx2", "cpu avx512"
+  Device device;
+  CpuIsa isa;  // the level of a CPU table (Generic for the reference)
   decltype(&ref::gemm) gemm;
   decltype(&ref::binary) binary;
   decltype(&ref::masked_fill) masked_fill;
@@ -121,14 +206,30 @@ struct Kernels {
   decltype(&ref::cross_entropy_forward) cross_entropy_forward;
   decltype(&ref::cross_entropy_backward) cross_entropy_backward;
   decltype(&ref::rope) rope;
-  void (*flash_attention_forward)(const FlashShape& f, const float* q, const float* k, const float* v, float* out,
-                                  float* lse);
-  void (*flash_attention_backward)(const FlashShape& f, const float* q, const float* k, const float* v,
-                                   const float* out, const float* dout, const float* lse, float* dq, float* dk,
-                                   float* dv);
+  decltype(&ref::gemm_batched) gemm_batched;
+  decltype(&ref::strided_copy) strided_copy;
+  decltype(&ref::accumulate) accumulate;
+  decltype(&ref::dropout_mask) dropout_mask;
+  decltype(&ref::flash_attention_forward) flash_attention_forward;
+  decltype(&ref::flash_attention_backward) flash_attention_backward;
+  decltype(&ref::adamw_step) adamw_step;
+  decltype(&ref::sgd_step) sgd_step;
+  decltype(&ref::sum_of_squares) sum_of_squares;
+  decltype(&ref::scale_spans) scale_spans;
 };
 
-// The table of the level in use (qkv::cpu_isa()): what every op calls.
+// The table of kernels for tensors on `device`: on the CPU, the level in use
+// (qkv::cpu_isa()), or the reference twins for this thread inside a
+// ReferenceKernelsGuard. The meta device has none (an error).
+const Kernels& kernels_for(Device device);
+
+namespace ref {
+const Kernels& table();
+}
+
+namespace cpu {
+
+// The table of the level in use (qkv::cpu_isa()).
 const Kernels& kernels();
 // One level's table; a level the CPU cannot run is a qkv::Error.
 const Kernels& kernels(CpuIsa isa);

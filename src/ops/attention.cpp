@@ -5,7 +5,6 @@
 #include <cmath>
 #include <optional>
 
-#include "src/kernels/cpu/flash_attention.h"
 #include "src/ops/dispatch.h"
 
 namespace qkv {
@@ -68,15 +67,15 @@ Tensor structural_mask(const Dims& d, const AttentionOptions& o) {
 // The layout to read k or v [B, Hkv, S, D] in place, if it has one the kernel
 // reads (rows contiguous, any spacing of rows, heads and batches: the valid
 // rows of a KV cache qualify).
-std::optional<cpu::FlashLayout> readable_layout(const Tensor& t) {
+std::optional<FlashLayout> readable_layout(const Tensor& t) {
   const Shape& st = t.strides();
   if (st[3] != 1 || st[2] < t.size(3) || st[1] < 0 || st[0] < 0) return std::nullopt;
-  return cpu::FlashLayout{st[0], st[1], st[2]};
+  return FlashLayout{st[0], st[1], st[2]};
 }
 
 // The kernel's shape for contiguous operands; `lengths` (I64, or undefined) must outlive its use.
-cpu::FlashShape flash_shape(const Dims& d, const AttentionOptions& o, const Tensor& lengths) {
-  cpu::FlashShape f{d.batch, d.heads, d.kv_heads, d.t, d.s, d.dh, d.dv};
+FlashShape flash_shape(const Dims& d, const AttentionOptions& o, const Tensor& lengths) {
+  FlashShape f{d.batch, d.heads, d.kv_heads, d.t, d.s, d.dh, d.dv};
   f.scale = scale_of(o, d), f.causal = o.causal;
   f.key_lengths = lengths.defined() ? lengths.data<int64_t>() : nullptr;
   return f;
@@ -94,19 +93,19 @@ Tensor flash_attention(const Tensor& q, const Tensor& k, const Tensor& v, const 
   Tensor qc = contiguous_values(q);
   Tensor kc = k_layout ? k.detach() : contiguous_values(k), vc = v_layout ? v.detach() : contiguous_values(v);
   Tensor lengths = key_lengths_i64(o);
-  cpu::FlashShape f = flash_shape(d, o, lengths);
+  FlashShape f = flash_shape(d, o, lengths);
   if (k_layout) f.k = *k_layout;
   if (v_layout) f.v = *v_layout;
   Tensor out = Tensor::empty({d.batch, d.heads, d.t, d.dv});
   Tensor lse = Tensor::empty({d.batch, d.heads, d.t});
-  cpu::kernels().flash_attention_forward(f, qc.data<float>(), kc.data<float>(), vc.data<float>(),
+  QKV_KERNEL(flash_attention_forward)(f, qc.data<float>(), kc.data<float>(), vc.data<float>(),
                                          out.data<float>(), lse.data<float>());
   record_op(out, "flash_attention", {q, k, v}, [qc, kc, vc, lse, lengths, f](const BackwardArgs& a) -> std::vector<Tensor> {
     Tensor dout = a.grad_out.contiguous();
     Tensor dq = Tensor::empty(qc.shape()), dk = Tensor::empty(kc.shape()), dv = Tensor::empty(vc.shape());
-    cpu::FlashShape fb = f;
+    FlashShape fb = f;
     fb.key_lengths = lengths.defined() ? lengths.data<int64_t>() : nullptr;
-    cpu::kernels().flash_attention_backward(fb, qc.data<float>(), kc.data<float>(), vc.data<float>(),
+    QKV_KERNEL(flash_attention_backward)(fb, qc.data<float>(), kc.data<float>(), vc.data<float>(),
                                             a.out.data<float>(), dout.data<float>(), lse.data<float>(),
                                             dq.data<float>(), dk.data<float>(), dv.data<float>());
     return {dq, dk, dv};
@@ -174,24 +173,24 @@ Tensor packed_self_attention(const Tensor& qkv, int64_t heads, int64_t kv_heads,
                                  split_heads(values, heads + kv_heads, kv_heads), o);
   Tensor packed = contiguous_values(qkv);
   Tensor lengths = key_lengths_i64(o);
-  cpu::FlashShape f = flash_shape(d, o, lengths);
+  FlashShape f = flash_shape(d, o, lengths);
   f.q = {T * C, Dh, C};  // heads side by side on each packed row
   f.k = f.v = f.q;
   f.o = {T * heads * Dh, Dh, heads * Dh};
   Tensor out = Tensor::empty({B, T, heads * Dh});
   Tensor lse = Tensor::empty({B, heads, T});
   const float* base = packed.data<float>();
-  cpu::kernels().flash_attention_forward(f, base, base + heads * Dh, base + (heads + kv_heads) * Dh,
+  QKV_KERNEL(flash_attention_forward)(f, base, base + heads * Dh, base + (heads + kv_heads) * Dh,
                                          out.data<float>(), lse.data<float>());
   record_op(out, "packed_self_attention", {qkv}, [packed, lse, lengths, f, heads, kv_heads, Dh](const BackwardArgs& a) {
     Tensor dout = a.grad_out.contiguous();
     Tensor dqkv = Tensor::empty(packed.shape());  // the kernel writes all of q, k and v
-    cpu::FlashShape fb = f;
+    FlashShape fb = f;
     fb.key_lengths = lengths.defined() ? lengths.data<int64_t>() : nullptr;
     const float* p = packed.data<float>();
     float* dp = dqkv.data<float>();
     const int64_t k_at = heads * Dh, v_at = (heads + kv_heads) * Dh;
-    cpu::kernels().flash_attention_backward(fb, p, p + k_at, p + v_at, a.out.data<float>(), dout.data<float>(),
+    QKV_KERNEL(flash_attention_backward)(fb, p, p + k_at, p + v_at, a.out.data<float>(), dout.data<float>(),
                                             lse.data<float>(), dp, dp + k_at, dp + v_at);
     return std::vector<Tensor>{dqkv};
   });

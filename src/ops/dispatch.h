@@ -1,13 +1,14 @@
-// Internal helpers shared by the op files: the single dispatch point between
-// the fast and the reference kernels, and input checks.
+// Internal helpers shared by the op files: the single dispatch point to the
+// kernel table, and input checks.
 #pragma once
 
 #include "qkv/ops.h"
 #include "src/kernels/kernels.h"
 
-// The kernel `name` of the twin selected for this thread: the reference, or
-// the fast one of the instruction-set level in use.
-#define QKV_KERNEL(name) (::qkv::reference_kernels() ? &::qkv::ref::name : ::qkv::cpu::kernels().name)
+// The kernel `name` of the CPU table selected for this thread: the reference
+// twins, or the fast ones of the instruction-set level in use. Every op runs on
+// the CPU today; an op for another device would ask kernels_for(its device).
+#define QKV_KERNEL(name) (::qkv::kernels_for(::qkv::Device::Cpu).name)
 
 namespace qkv {
 

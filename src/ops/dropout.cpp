@@ -12,11 +12,8 @@ Tensor dropout(const Tensor& x, Rng& rng, DropoutOptions options) {
   if (!options.training || options.p == 0.0f) return x;
   const int64_t n = x.numel();
   const uint64_t first = rng.reserve((uint64_t)n);
-  const float keep_scale = 1.0f / (1.0f - options.p);
   Tensor mask = Tensor::empty(x.shape());
-  float* m = mask.data<float>();
-#pragma omp parallel for schedule(static) if (n >= 65536)
-  for (int64_t i = 0; i < n; ++i) m[i] = rng.uniform_at(first + (uint64_t)i) < options.p ? 0.0f : keep_scale;
+  QKV_KERNEL(dropout_mask)(rng, first, options.p, mask.data<float>(), n);
   return mul(x, mask);
 }
 

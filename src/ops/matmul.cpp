@@ -64,36 +64,29 @@ Tensor matmul_forward(const Tensor& a_in, const Tensor& b_in) {
   const float* pa = a.data<float>();
   const float* pb = b.data<float>();
   float* pc = out.data<float>();
-  auto gemm = QKV_KERNEL(gemm);
-  auto one = [&](int64_t i) {
+  // Where each product's operands start: the batch index decomposed over the
+  // broadcast batch shape.
+  Tensor offsets = Tensor::empty({2, nb}, DType::I64);
+  int64_t* a_offsets = offsets.data<int64_t>();
+  int64_t* b_offsets = a_offsets + nb;
+  for (int64_t i = 0; i < nb; ++i) {
     int64_t oa = 0, ob = 0, rem = i;
     for (int64_t d = (int64_t)batch.size() - 1; d >= 0; --d) {
-      int64_t idx = rem % batch[d];
+      const int64_t idx = rem % batch[d];
       rem /= batch[d];
       oa += idx * sa[d];
       ob += idx * sb[d];
     }
-    GemmArgs g;
-    g.trans_a = la.transposed;
-    g.trans_b = lb.transposed;
-    g.m = M, g.n = N, g.k = K;
-    g.a = pa + oa, g.lda = la.ld;
-    g.b = pb + ob, g.ldb = lb.ld;
-    g.c = pc + i * M * N, g.ldc = std::max<int64_t>(N, 1);
-    if (K == 0) {
-      std::fill(g.c, g.c + M * N, 0.0f);
-      return;
-    }
-    gemm(g);
-  };
-  // Many small products: one per thread (BLAS runs single-threaded inside a
-  // parallel region). Few large ones: let BLAS use the threads.
-  if (nb > 1 && M * N * K <= (1 << 18)) {
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < nb; ++i) one(i);
-  } else {
-    for (int64_t i = 0; i < nb; ++i) one(i);
+    a_offsets[i] = oa, b_offsets[i] = ob;
   }
+  GemmArgs g;
+  g.trans_a = la.transposed;
+  g.trans_b = lb.transposed;
+  g.m = M, g.n = N, g.k = K;
+  g.a = pa, g.lda = la.ld;
+  g.b = pb, g.ldb = lb.ld;
+  g.c = pc, g.ldc = std::max<int64_t>(N, 1);
+  QKV_KERNEL(gemm_batched)(g, nb, a_offsets, b_offsets, M * N);
   return out;
 }
 

@@ -1,30 +1,11 @@
 #include "qkv/optim.h"
 
-#include <omp.h>
-
 #include <cmath>
+
+#include "src/kernels/kernels.h"
 
 namespace qkv {
 namespace {
-
-// Runs f(i, begin, end, thread) on every tensor i's elements [0, sizes[i]) in
-// one OpenMP region: each thread takes its share of every tensor, so no thread
-// waits at a barrier between tensors (most of a model's tensors are too small
-// to be worth a parallel region of their own). thread < omp_get_max_threads().
-template <class F>
-void for_each_share(const std::vector<int64_t>& sizes, F f) {
-  int64_t total = 0;
-  for (int64_t n : sizes) total += n;
-  if (total < 65536 || omp_get_max_threads() == 1 || omp_in_parallel()) {
-    for (size_t i = 0; i < sizes.size(); ++i) f(i, 0, sizes[i], 0);
-    return;
-  }
-#pragma omp parallel
-  {
-    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-    for (size_t i = 0; i < sizes.size(); ++i) f(i, sizes[i] * t / nt, sizes[i] * (t + 1) / nt, t);
-  }
-}
 
 // The parameters' gradients, contiguous (undefined where a parameter has none).
 std::vector<Tensor> contiguous_grads(const std::vector<Tensor>& params, std::vector<int64_t>* sizes) {
@@ -48,20 +29,15 @@ void SGD::zero_grad() {
 }
 
 void SGD::step() {
-  for (size_t i = 0; i < params_.size(); ++i) {
-    Tensor g = params_[i].grad();
-    if (!g.defined()) continue;
-    Tensor gc = g.contiguous();
-    float* p = params_[i].data<float>();
-    float* v = velocity_[i].data<float>();
-    const float* d = gc.data<float>();
-    const int64_t n = params_[i].numel();
-    for (int64_t j = 0; j < n; ++j) {
-      float grad = d[j] + options_.weight_decay * p[j];
-      v[j] = options_.momentum * v[j] + grad;
-      p[j] -= options_.lr * (options_.momentum != 0.0f ? v[j] : grad);
-    }
-  }
+  std::vector<int64_t> sizes;
+  const std::vector<Tensor> grads = contiguous_grads(params_, &sizes);
+  std::vector<ParamSpan> spans;
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (grads[i].defined())
+      spans.push_back({.p = params_[i].data<float>(), .grad = grads[i].data<float>(),
+                       .m = velocity_[i].data<float>(), .n = sizes[i]});
+  kernels_for(Device::Cpu).sgd_step({.lr = options_.lr, .momentum = options_.momentum,
+                                     .weight_decay = options_.weight_decay}, spans);
 }
 
 AdamW::AdamW(std::vector<Tensor> params, AdamWOptions options) : params_(std::move(params)), options_(options) {
@@ -85,19 +61,13 @@ void AdamW::step() {
   const float decay = 1.0f - lr * options_.weight_decay;
   std::vector<int64_t> sizes;
   const std::vector<Tensor> grads = contiguous_grads(params_, &sizes);
-  for_each_share(sizes, [&](size_t i, int64_t begin, int64_t end, int64_t) {
-    if (begin == end) return;
-    float* p = params_[i].data<float>();
-    float* m = exp_avg_[i].data<float>();
-    float* v = exp_avg_sq_[i].data<float>();
-    const float* d = grads[i].data<float>();
-    for (int64_t j = begin; j < end; ++j) {
-      p[j] *= decay;
-      m[j] = b1 * m[j] + (1.0f - b1) * d[j];
-      v[j] = b2 * v[j] + (1.0f - b2) * d[j] * d[j];
-      p[j] -= step_size * m[j] / (std::sqrt(v[j]) / bc2_sqrt + eps);
-    }
-  });
+  std::vector<ParamSpan> spans;
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (sizes[i] > 0)
+      spans.push_back({.p = params_[i].data<float>(), .grad = grads[i].data<float>(), .m = exp_avg_[i].data<float>(),
+                       .v = exp_avg_sq_[i].data<float>(), .n = sizes[i]});
+  kernels_for(Device::Cpu).adamw_step(
+      {.beta1 = b1, .beta2 = b2, .eps = eps, .step_size = step_size, .bc2_sqrt = bc2_sqrt, .decay = decay}, spans);
 }
 
 StateDict AdamW::state() const {
@@ -126,22 +96,13 @@ void AdamW::load_state(const StateDict& state, int64_t step) {
 float clip_grad_norm(const std::vector<Tensor>& params, float max_norm) {
   std::vector<int64_t> sizes;
   const std::vector<Tensor> grads = contiguous_grads(params, &sizes);
-  std::vector<double> partial(omp_get_max_threads(), 0.0);  // per thread, added in thread order: the same total every run
-  for_each_share(sizes, [&](size_t i, int64_t begin, int64_t end, int64_t thread) {
-    const float* d = grads[i].defined() ? grads[i].data<float>() : nullptr;
-    double s = 0;
-    for (int64_t j = begin; j < end; ++j) s += (double)d[j] * d[j];
-    partial[thread] += s;
-  });
-  double total = 0;
-  for (double s : partial) total += s;
-  float norm = (float)std::sqrt(total);
+  std::vector<FloatSpan> spans;
+  for (size_t i = 0; i < grads.size(); ++i)
+    if (sizes[i] > 0) spans.push_back({grads[i].data<float>(), sizes[i]});
+  const Kernels& k = kernels_for(Device::Cpu);
+  const float norm = (float)std::sqrt(k.sum_of_squares(spans));
   if (!std::isfinite(norm) || norm <= max_norm) return norm;
-  const float scale = max_norm / (norm + 1e-6f);
-  for_each_share(sizes, [&](size_t i, int64_t begin, int64_t end, int64_t) {
-    float* d = grads[i].defined() ? grads[i].data<float>() : nullptr;
-    for (int64_t j = begin; j < end; ++j) d[j] *= scale;
-  });
+  k.scale_spans(spans, max_norm / (norm + 1e-6f));
   for (size_t i = 0; i < params.size(); ++i)  // a gradient set from a view: replace it
     if (grads[i].defined() && !grads[i].same_storage(params[i].grad())) Tensor(params[i]).set_grad(grads[i]);
   return norm;

@@ -174,4 +174,25 @@ void gemm(const GemmArgs& g) {
   blas(g);
 }
 
+void gemm_batched(const GemmArgs& g, int64_t batch, const int64_t* a_offsets, const int64_t* b_offsets,
+                  int64_t c_stride) {
+  auto one = [&](int64_t i) {
+    GemmArgs p = g;
+    p.a = g.a + a_offsets[i], p.b = g.b + b_offsets[i], p.c = g.c + i * c_stride;
+    if (g.k == 0) {
+      for (int64_t r = 0; r < g.m; ++r) std::fill_n(p.c + r * g.ldc, g.n, 0.0f);
+      return;
+    }
+    gemm(p);
+  };
+  // Many small products: one per thread (BLAS runs single-threaded inside a
+  // parallel region). Few large ones: let each use the threads.
+  if (batch > 1 && g.m * g.n * g.k <= (1 << 18) && !omp_in_parallel()) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < batch; ++i) one(i);
+  } else {
+    for (int64_t i = 0; i < batch; ++i) one(i);
+  }
+}
+
 }  // namespace qkv::cpu::QKV_CPU_NS

@@ -19,4 +19,13 @@ void gemm(const GemmArgs& g) {
   }
 }
 
+void gemm_batched(const GemmArgs& g, int64_t batch, const int64_t* a_offsets, const int64_t* b_offsets,
+                  int64_t c_stride) {
+  for (int64_t i = 0; i < batch; ++i) {
+    GemmArgs p = g;
+    p.a = g.a + a_offsets[i], p.b = g.b + b_offsets[i], p.c = g.c + i * c_stride;
+    gemm(p);  // k == 0: the loop above writes alpha * 0
+  }
+}
+
 }  // namespace qkv::ref

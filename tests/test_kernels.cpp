@@ -1,0 +1,238 @@
+// The kernels that the tensor core, the tape, dropout, batched matmul and the
+// optimizers hand their element loops to (src/kernels/kernels.h): each level
+// the CPU runs against its reference twin, on sizes large enough to take the
+// threaded paths, and the tables themselves.
+#include <omp.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+
+#include "qkv/rng.h"
+#include "src/kernels/kernels.h"
+#include "tests/test_util.h"
+
+namespace qkv {
+namespace {
+
+using testing::all_close;
+
+std::vector<const Kernels*> levels() {
+  std::vector<const Kernels*> out;
+  for (CpuIsa isa : {CpuIsa::Generic, CpuIsa::Avx2, CpuIsa::Avx512})
+    if (isa_supported(isa)) out.push_back(&cpu::kernels(isa));
+  return out;
+}
+
+TEST(Kernels, TablesSayWhatTheyAre) {
+  EXPECT_STREQ(ref::table().name, "reference");
+  EXPECT_STREQ(cpu::kernels(CpuIsa::Generic).name, "cpu generic");
+  EXPECT_EQ(&kernels_for(Device::Cpu), &cpu::kernels());
+  {
+    ReferenceKernelsGuard guard;
+    EXPECT_EQ(&kernels_for(Device::Cpu), &ref::table());
+  }
+  EXPECT_EQ(testing::error_of([] { kernels_for(Device::Meta); }),
+            "ops do not run on the meta device: its tensors have no values");
+}
+
+// Permuted and sliced views of every element size, small (one thread) and
+// large (split between threads), into contiguous and strided destinations.
+TEST(Kernels, StridedCopyMatchesTheReference) {
+  omp_set_num_threads(2);
+  Rng rng(2);
+  for (const Kernels* k : levels()) {
+    for (size_t es : {1, 2, 4, 8}) {
+      for (const Shape& shape : {Shape{3, 5, 7}, Shape{2, 64, 40, 33}, Shape{1}, Shape{}}) {
+        const int64_t n = shape_numel(shape);
+        std::vector<uint8_t> src(n * es), dst_fast(n * es * 2, 0xab), dst_ref(n * es * 2, 0xab);
+        for (auto& b : src) b = (uint8_t)(rng.next_bits() & 0xff);
+        // Source: the transpose of the first two dimensions; destination: every other element.
+        StridedCopy c;
+        Shape view = shape, cs = contiguous_strides(shape), src_strides = cs;
+        if (shape.size() >= 2) {
+          std::swap(view[0], view[1]);
+          std::swap(src_strides[0], src_strides[1]);
+        }
+        Shape dst_strides = contiguous_strides(view);
+        for (int64_t& s : dst_strides) s *= 2;
+        c.rank = (int64_t)shape.size();
+        c.shape = view.data(), c.src_strides = src_strides.data(), c.dst_strides = dst_strides.data();
+        c.elem_size = es;
+        c.src = src.data();
+        c.dst = dst_fast.data();
+        k->strided_copy(c);
+        c.dst = dst_ref.data();
+        ref::strided_copy(c);
+        EXPECT_EQ(dst_fast, dst_ref) << k->name << " elem " << es << " shape " << shape_str(shape);
+        // Both contiguous: one block, split between threads when large.
+        c.shape = shape.data(), c.src_strides = c.dst_strides = cs.data();
+        c.dst = dst_fast.data();
+        k->strided_copy(c);
+        EXPECT_EQ(std::memcmp(dst_fast.data(), src.data(), n * es), 0) << k->name << " contiguous";
+      }
+    }
+  }
+}
+
+TEST(Kernels, AccumulateAndDropoutMaskMatchTheReference) {
+  omp_set_num_threads(2);
+  Rng rng(3);
+  for (const Kernels* k : levels()) {
+    for (int64_t n : {100, 200000}) {
+      Tensor acc = Tensor::randn({n}, rng), x = Tensor::randn({n}, rng);
+      Tensor a_fast = acc.clone(), a_ref = acc.clone();
+      k->accumulate(a_fast.data<float>(), x.data<float>(), n);
+      ref::accumulate(a_ref.data<float>(), x.data<float>(), n);
+      EXPECT_TRUE(all_close(a_fast, a_ref, 0, 0)) << k->name;
+      Tensor m_fast = Tensor::empty({n}), m_ref = Tensor::empty({n});
+      k->dropout_mask(rng, 1234, 0.3f, m_fast.data<float>(), n);
+      ref::dropout_mask(rng, 1234, 0.3f, m_ref.data<float>(), n);
+      EXPECT_TRUE(all_close(m_fast, m_ref, 0, 0)) << k->name;
+      const std::vector<float> m = m_fast.to_vector();
+      const double dropped = (double)std::count(m.begin(), m.end(), 0.0f) / n;
+      if (n > 1000) {
+        EXPECT_NEAR(dropped, 0.3, 0.01) << k->name;
+      }
+      EXPECT_TRUE(std::all_of(m.begin(), m.end(), [](float v) { return v == 0.0f || v == 1.0f / 0.7f; }));
+    }
+  }
+}
+
+// Many small products (one per thread) and a few large ones, with the second
+// operand broadcast (every offset 0), and k == 0 (zeros).
+TEST(Kernels, BatchedGemmMatchesTheReference) {
+  omp_set_num_threads(2);
+  Rng rng(4);
+  for (const Kernels* k : levels()) {
+    for (auto [batch, m, n, kk] : {std::array<int64_t, 4>{12, 9, 7, 5}, {3, 70, 90, 80}, {4, 3, 2, 0}}) {
+      Tensor a = Tensor::randn({batch, m, std::max<int64_t>(kk, 1)}, rng), b = Tensor::randn({kk, n}, rng);
+      std::vector<int64_t> a_off(batch), b_off(batch, 0);
+      for (int64_t i = 0; i < batch; ++i) a_off[i] = i * m * std::max<int64_t>(kk, 1);
+      GemmArgs g;
+      g.m = m, g.n = n, g.k = kk;
+      g.a = a.data<float>(), g.lda = std::max<int64_t>(kk, 1), g.b = b.data<float>(), g.ldb = n, g.ldc = n;
+      Tensor c_fast = Tensor::full({batch, m, n}, NAN), c_ref = Tensor::full({batch, m, n}, NAN);
+      g.c = c_fast.data<float>();
+      k->gemm_batched(g, batch, a_off.data(), b_off.data(), m * n);
+      g.c = c_ref.data<float>();
+      ref::gemm_batched(g, batch, a_off.data(), b_off.data(), m * n);
+      // BLAS sums k in blocks: partial sums, then their sum (two roundings deep).
+      EXPECT_TRUE(testing::float32_close(c_fast, c_ref, {.terms = std::max<int64_t>(kk, 1), .stages = 2}))
+          << k->name << " batch " << batch << " k " << kk;
+    }
+  }
+}
+
+// AdamW and SGD steps and the clipping sums over tensors of several sizes
+// (the large ones split between threads, the small ones not).
+TEST(Kernels, OptimizerStepsMatchTheReference) {
+  omp_set_num_threads(2);
+  Rng rng(5);
+  const std::vector<int64_t> sizes = {3, 1000, 150000, 17};
+  for (const Kernels* k : levels()) {
+    std::vector<Tensor> p, g, m, v;
+    for (int64_t n : sizes) {
+      p.push_back(Tensor::randn({n}, rng)), g.push_back(Tensor::randn({n}, rng));
+      m.push_back(Tensor::randn({n}, rng, 0.1f)), v.push_back(scale(Tensor::randn({n}, rng), 0.0f));
+    }
+    auto spans_of = [&](std::vector<Tensor>& pp, std::vector<Tensor>& mm, std::vector<Tensor>& vv) {
+      std::vector<ParamSpan> s;
+      for (size_t i = 0; i < sizes.size(); ++i)
+        s.push_back({pp[i].data<float>(), g[i].data<float>(), mm[i].data<float>(), vv[i].data<float>(), sizes[i]});
+      return s;
+    };
+    auto copies = [](const std::vector<Tensor>& t) {
+      std::vector<Tensor> c;
+      for (const Tensor& x : t) c.push_back(x.clone());
+      return c;
+    };
+    std::vector<Tensor> pf = copies(p), mf = copies(m), vf = copies(v), pr = copies(p), mr = copies(m), vr = copies(v);
+    const AdamWStep a{.beta1 = 0.9f, .beta2 = 0.99f, .eps = 1e-8f, .step_size = 0.01f, .bc2_sqrt = 0.3f, .decay = 0.999f};
+    k->adamw_step(a, spans_of(pf, mf, vf));
+    ref::adamw_step(a, spans_of(pr, mr, vr));
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      EXPECT_TRUE(all_close(pf[i], pr[i], 1e-6f, 1e-6f)) << k->name << " adamw p " << i;
+      EXPECT_TRUE(all_close(vf[i], vr[i], 1e-6f, 1e-6f)) << k->name << " adamw v " << i;
+    }
+    const SgdStep s{.lr = 0.1f, .momentum = 0.9f, .weight_decay = 0.01f};
+    k->sgd_step(s, spans_of(pf, mf, vf));
+    ref::sgd_step(s, spans_of(pr, mr, vr));
+    for (size_t i = 0; i < sizes.size(); ++i) EXPECT_TRUE(all_close(pf[i], pr[i], 1e-6f, 1e-6f)) << k->name << " sgd";
+    std::vector<FloatSpan> fs;
+    for (size_t i = 0; i < sizes.size(); ++i) fs.push_back({g[i].data<float>(), sizes[i]});
+    const double fast = k->sum_of_squares(fs), reference = ref::sum_of_squares(fs);
+    EXPECT_NEAR(fast, reference, 1e-9 * reference) << k->name;
+    EXPECT_NEAR(reference, 151020.0, 3 * std::sqrt(2.0 * 151020));  // a sum of squares of N(0,1) draws
+    std::vector<Tensor> gf = copies(g);
+    std::vector<FloatSpan> ff;
+    for (size_t i = 0; i < sizes.size(); ++i) ff.push_back({gf[i].data<float>(), sizes[i]});
+    k->scale_spans(ff, 0.5f);
+    for (size_t i = 0; i < sizes.size(); ++i)
+      EXPECT_TRUE(all_close(gf[i], scale(g[i], 0.5f), 0, 0)) << k->name << " scale";
+  }
+}
+
+// The flash pair against its naive twin: padding (a batch with no keys),
+// causal with more queries than keys, grouped queries, a packed layout.
+TEST(Kernels, FlashAttentionMatchesTheReference) {
+  omp_set_num_threads(2);
+  struct Case {
+    int64_t batch, heads, kv_heads, t, s, dh;
+    bool causal, packed;
+    std::vector<int64_t> lengths;
+  };
+  const std::vector<Case> cases = {
+      {3, 4, 2, 40, 150, 32, false, false, {150, 7, 0}},
+      {1, 2, 1, 200, 50, 16, true, false, {}},
+      {2, 4, 2, 70, 70, 16, true, true, {70, 33}},
+  };
+  for (const Kernels* k : levels()) {
+    for (const Case& c : cases) {
+      Rng rng(31);
+      FlashShape f{c.batch, c.heads, c.kv_heads, c.t, c.s, c.dh, c.dh};
+      f.scale = 1.0f / std::sqrt((float)c.dh), f.causal = c.causal;
+      f.key_lengths = c.lengths.empty() ? nullptr : c.lengths.data();
+      const int64_t width = (c.heads + 2 * c.kv_heads) * c.dh;
+      const int64_t q_n = c.packed ? c.batch * c.t * width : c.batch * c.heads * c.t * c.dh;
+      const int64_t kv_n = c.packed ? 0 : c.batch * c.kv_heads * c.s * c.dh;
+      const int64_t k_at = c.packed ? c.heads * c.dh : q_n, v_at = c.packed ? (c.heads + c.kv_heads) * c.dh : q_n + kv_n;
+      if (c.packed) {
+        f.q = {c.t * width, c.dh, width};
+        f.k = f.q, f.v = f.q;
+        f.o = {c.t * c.heads * c.dh, c.dh, c.heads * c.dh};
+      }
+      const int64_t total = q_n + 2 * kv_n, out_n = c.batch * c.heads * c.t * c.dh, lse_n = c.batch * c.heads * c.t;
+      Tensor in = Tensor::randn({total}, rng), dout = Tensor::randn({out_n}, rng);
+      const float* p = in.data<float>();
+      Tensor out_f = Tensor::empty({out_n}), out_r = Tensor::empty({out_n});
+      Tensor lse_f = Tensor::empty({lse_n}), lse_r = Tensor::empty({lse_n});
+      k->flash_attention_forward(f, p, p + k_at, p + v_at, out_f.data<float>(), lse_f.data<float>());
+      ref::flash_attention_forward(f, p, p + k_at, p + v_at, out_r.data<float>(), lse_r.data<float>());
+      const std::string what = std::string(k->name) + " t " + std::to_string(c.t) + (c.packed ? " packed" : "");
+      EXPECT_TRUE(all_close(out_f, out_r, 1e-5f, 1e-4f)) << what;
+      const std::vector<float> lf = lse_f.to_vector(), lr = lse_r.to_vector();
+      for (int64_t i = 0; i < lse_n; ++i) {
+        if (std::isinf(lr[i])) {
+          EXPECT_EQ(lf[i], lr[i]) << what << " row " << i;  // -inf: the row sees no key
+        } else {
+          EXPECT_NEAR(lf[i], lr[i], 1e-4f * (1 + std::fabs(lr[i]))) << what << " row " << i;
+        }
+      }
+      const bool last_batch_sees_nothing = !c.lengths.empty() && c.lengths.back() == 0;
+      EXPECT_EQ(std::isinf(lr.back()), last_batch_sees_nothing) << what;
+      Tensor d_f = Tensor::full({total}, NAN), d_r = Tensor::full({total}, NAN);
+      float* df = d_f.data<float>();
+      float* dr = d_r.data<float>();
+      k->flash_attention_backward(f, p, p + k_at, p + v_at, out_r.data<float>(), dout.data<float>(),
+                                  lse_r.data<float>(), df, df + k_at, df + v_at);
+      ref::flash_attention_backward(f, p, p + k_at, p + v_at, out_r.data<float>(), dout.data<float>(),
+                                    lse_r.data<float>(), dr, dr + k_at, dr + v_at);
+      EXPECT_TRUE(all_close(d_f, d_r, 1e-4f, 1e-3f)) << what;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace qkv
