@@ -222,7 +222,10 @@ TEST(Kernels, FlashAttentionMatchesTheReference) {
       }
       const bool last_batch_sees_nothing = !c.lengths.empty() && c.lengths.back() == 0;
       EXPECT_EQ(std::isinf(lr.back()), last_batch_sees_nothing) << what;
-      Tensor d_f = Tensor::full({total}, NAN), d_r = Tensor::full({total}, NAN);
+      // The fast backward starts on NaN and the reference on zeros: every element
+      // of dq, dk and dv must be written (keys hidden by padding, a batch that
+      // sees nothing, causal rows, the packed layout's interleaved heads).
+      Tensor d_f = Tensor::full({total}, NAN), d_r = Tensor::zeros({total});
       float* df = d_f.data<float>();
       float* dr = d_r.data<float>();
       k->flash_attention_backward(f, p, p + k_at, p + v_at, out_r.data<float>(), dout.data<float>(),

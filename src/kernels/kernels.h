@@ -182,41 +182,30 @@ namespace ref {
 QKV_DECLARE_KERNELS
 }
 
+// Every kernel by name, once: the fields of Kernels below and the entries of
+// each table (src/kernels/cpu/table.cpp, src/kernels/ref/table.cpp) come from
+// this list, so no table can miss a kernel or put one in another's place.
+#define QKV_KERNEL_LIST(X) X(gemm) X(binary) X(masked_fill) X(unary_forward) X(unary_backward) X(sum_middle)         \
+  X(softmax_forward) X(softmax_backward) X(log_softmax_forward) X(log_softmax_backward) X(layer_norm_forward)        \
+  X(layer_norm_backward) X(rms_norm_forward) X(rms_norm_backward) X(embedding_forward) X(embedding_backward)         \
+  X(cross_entropy_forward) X(cross_entropy_backward) X(rope) X(gemm_batched) X(strided_copy) X(accumulate)           \
+  X(dropout_mask) X(flash_attention_forward) X(flash_attention_backward) X(adamw_step) X(sgd_step) X(sum_of_squares) \
+  X(scale_spans)
+
 // One device's kernels (or one instruction-set level's): the functions above.
 struct Kernels {
   const char* name;  // "reference", "cpu generic", "cpu avx2", "cpu avx512"
   Device device;
   CpuIsa isa;  // the level of a CPU table (Generic for the reference)
-  decltype(&ref::gemm) gemm;
-  decltype(&ref::binary) binary;
-  decltype(&ref::masked_fill) masked_fill;
-  decltype(&ref::unary_forward) unary_forward;
-  decltype(&ref::unary_backward) unary_backward;
-  decltype(&ref::sum_middle) sum_middle;
-  decltype(&ref::softmax_forward) softmax_forward;
-  decltype(&ref::softmax_backward) softmax_backward;
-  decltype(&ref::log_softmax_forward) log_softmax_forward;
-  decltype(&ref::log_softmax_backward) log_softmax_backward;
-  decltype(&ref::layer_norm_forward) layer_norm_forward;
-  decltype(&ref::layer_norm_backward) layer_norm_backward;
-  decltype(&ref::rms_norm_forward) rms_norm_forward;
-  decltype(&ref::rms_norm_backward) rms_norm_backward;
-  decltype(&ref::embedding_forward) embedding_forward;
-  decltype(&ref::embedding_backward) embedding_backward;
-  decltype(&ref::cross_entropy_forward) cross_entropy_forward;
-  decltype(&ref::cross_entropy_backward) cross_entropy_backward;
-  decltype(&ref::rope) rope;
-  decltype(&ref::gemm_batched) gemm_batched;
-  decltype(&ref::strided_copy) strided_copy;
-  decltype(&ref::accumulate) accumulate;
-  decltype(&ref::dropout_mask) dropout_mask;
-  decltype(&ref::flash_attention_forward) flash_attention_forward;
-  decltype(&ref::flash_attention_backward) flash_attention_backward;
-  decltype(&ref::adamw_step) adamw_step;
-  decltype(&ref::sgd_step) sgd_step;
-  decltype(&ref::sum_of_squares) sum_of_squares;
-  decltype(&ref::scale_spans) scale_spans;
+#define QKV_KERNEL_FIELD(name) decltype(&ref::name) name;
+  QKV_KERNEL_LIST(QKV_KERNEL_FIELD)
+#undef QKV_KERNEL_FIELD
 };
+
+// The entries of a table, in a designated initializer: `.gemm = &gemm, ...`
+// of the namespace it is written in.
+#define QKV_KERNEL_ENTRY(name) .name = &name,
+#define QKV_KERNEL_ENTRIES QKV_KERNEL_LIST(QKV_KERNEL_ENTRY)
 
 // The table of kernels for tensors on `device`: on the CPU, the level in use
 // (qkv::cpu_isa()), or the reference twins for this thread inside a
