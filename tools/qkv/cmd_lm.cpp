@@ -17,10 +17,7 @@ namespace qkv::cli {
 
 int run_lm_train(const TrainArgs& a, const std::string& config_text) {
   LmTrainOptions o = LmTrainOptions::from_json(config_text, a.config);
-  if (a.steps > 0) o.steps = a.steps;
-  if (a.lr > 0) o.lr = (float)a.lr;
-  if (a.seed >= 0) o.seed = (uint64_t)a.seed;
-  o.resume = a.resume;
+  apply_train_overrides(a, o);
   const std::string train_text = read_file(a.train);
   LanguageModel m = a.resume ? load_language_model(a.out, "train --resume")
                              : new_language_model(config_text, a.config, train_text, o.seed);

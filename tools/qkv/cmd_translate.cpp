@@ -65,10 +65,8 @@ int run_train(const TrainArgs& a) {
     return run_lm_train(a, config_text);
   }
   TrainOptions o = TrainOptions::from_json(config_text, a.config);
-  if (a.steps > 0) o.steps = a.steps;
+  apply_train_overrides(a, o);
   if (a.batch_tokens > 0) o.batch_tokens = a.batch_tokens;
-  if (a.lr > 0) o.lr = (float)a.lr;
-  if (a.seed >= 0) o.seed = (uint64_t)a.seed;
   std::vector<SentencePair> train = read_parallel_tsv(a.train, {.replace_invalid_utf8 = a.replace_invalid});
   std::vector<SentencePair> valid;
   if (!a.valid.empty()) {
@@ -79,7 +77,6 @@ int run_train(const TrainArgs& a) {
     train.resize(train.size() - n);
     QKV_CHECK(!train.empty(), a.train, ": too few pairs to hold some out for validation; pass --valid");
   }
-  o.resume = a.resume;
   // A resumed run takes the model's config and vocabulary from its folder; the
   // latest weights and the training state come from trainer_state.safetensors.
   TranslationModel m = a.resume ? load_translation_model(a.out, "train --resume") : new_translation_model(config_text, a.config, train, o.seed);

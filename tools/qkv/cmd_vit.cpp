@@ -30,10 +30,7 @@ void show_vit_progress(const VitProgress& p) {
 
 int run_vit_train(const TrainArgs& a, const std::string& config_text) {
   VitTrainOptions o = VitTrainOptions::from_json(config_text, a.config);
-  if (a.epochs > 0) o.epochs = a.epochs;
-  if (a.lr > 0) o.lr = (float)a.lr;
-  if (a.seed >= 0) o.seed = (uint64_t)a.seed;
-  o.resume = a.resume;
+  apply_train_overrides(a, o);
   ImageSet train = load_idx_folder(a.train, "train");
   ImageSet test = load_idx_folder(a.valid.empty() ? a.train : a.valid, "t10k");
   std::shared_ptr<VisionTransformer> model;

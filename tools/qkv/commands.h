@@ -54,6 +54,22 @@ struct TrainArgs {
   bool resume = false;
 };
 
+// The values given on the command line that override a config's "train"
+// section (0, or -1 for the seed, keeps the config's): the length of the run
+// (steps, or epochs for options that count epochs), lr, seed and resume.
+template <class Options>
+void apply_train_overrides(const TrainArgs& a, Options& o) {
+  if constexpr (requires { o.steps; }) {
+    if (a.steps > 0) o.steps = a.steps;
+  }
+  if constexpr (requires { o.epochs; }) {
+    if (a.epochs > 0) o.epochs = a.epochs;
+  }
+  if (a.lr > 0) o.lr = (float)a.lr;
+  if (a.seed >= 0) o.seed = (uint64_t)a.seed;
+  o.resume = a.resume;
+}
+
 // The Vision Transformer behind qkv train and qkv eval (cmd_vit.cpp), for
 // configs and folders of the Vision domain (qkv/registry.h).
 int run_vit_train(const TrainArgs& a, const std::string& config_text);
