@@ -22,12 +22,15 @@ namespace qkv {
 struct ModelFolder {
   const Family* family = nullptr;
   std::shared_ptr<Module> model;               // in eval mode
-  std::shared_ptr<const Tokenizer> tokenizer;  // text families; null for images
+  std::shared_ptr<const Tokenizer> tokenizer;  // text families; null for images and Hugging Face folders
 };
 
 // Reads `dir`: its family from config.json, the tokenizer (whose size must be
 // the config's vocab_size), the model, every weight. Each problem is one error
-// naming the file.
+// naming the file. A Hugging Face folder (config.json with "architectures",
+// model.safetensors) of an architecture a family reads loads as that family's
+// model, its weights renamed and converted to F32; its tokenizer is not read
+// yet (tokenizer null): such a model runs on token ids.
 ModelFolder load_model_folder(const std::string& dir);
 // Like load_model_folder, after family_for_task: a folder of the wrong kind is
 // the registry's error naming `command`.

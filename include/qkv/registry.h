@@ -36,6 +36,14 @@ enum class Domain {
   Vision,       // IDX images; the model is a VisionTransformer (qkv/vit.h)
 };
 
+// A Hugging Face config.json as a family reads it: the qkv config of the same
+// model ("arch" set), and the qkv name of each weight the HF checkpoint holds
+// ("" for a name the family has no place for: an error naming it).
+struct HfImport {
+  std::string config_json;
+  std::function<std::string(const std::string& hf_name)> weight_name;
+};
+
 struct Family {
   std::string arch;         // config.json's "arch"
   std::string description;  // for people: "a translation Transformer"
@@ -47,6 +55,12 @@ struct Family {
   std::function<std::shared_ptr<Module>(const std::string& config_json, const std::string& source, Rng& rng)> build;
   // The config.json of a model this family built (with "arch", without "tokenizer").
   std::function<std::string(const Module& model)> config_json;
+  // For families that read Hugging Face folders: the import of an HF
+  // config.json whose "architectures" names one of `hf_architectures`; an
+  // option that changes the math and that qkv does not implement is an error
+  // naming the field. Empty for the others.
+  std::vector<std::string> hf_architectures;
+  std::function<HfImport(const std::string& hf_config, const std::string& source)> from_hf;
 
   bool serves(Task task) const;
 };
@@ -55,8 +69,12 @@ struct Family {
 const std::deque<Family>& families();
 // The family of `arch`; an unknown arch is "SOURCE: 'arch' is 'X', expected one of: ...".
 const Family& find_family(const std::string& arch, const std::string& source);
-// The family a config's text names: its "arch", "transformer" when absent.
+// The family a config's text names: its "arch", "transformer" when absent;
+// for a Hugging Face config.json (no "arch", an "architectures" list), the
+// family that reads that architecture, or an error listing those qkv reads.
 const Family& family_of_config(const std::string& config_text, const std::string& source);
+// Whether a config's text is a Hugging Face config.json (see above).
+bool is_hf_config(const std::string& config_text, const std::string& source);
 // The path of `dir`'s config.json; a missing folder or file is an error naming it.
 std::string folder_config_path(const std::string& dir);
 // The family of the model folder `dir` (from its config.json).

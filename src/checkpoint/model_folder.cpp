@@ -11,6 +11,31 @@ namespace qkv {
 
 namespace {
 
+// A Hugging Face folder: the family's import of its config.json, and the
+// weights under their qkv names, converted to F32 as they load. Its
+// tokenizer.json is not read yet, so m.tokenizer stays null (issue 15).
+ModelFolder load_hf(const std::string& dir, const std::string& config_path, const std::string& text, ModelFolder m) {
+  const HfImport hf = m.family->from_hf(text, config_path);
+  Rng rng(0);
+  m.model = m.family->build(hf.config_json, config_path, rng);
+  const std::string path = dir + "/model.safetensors";
+  QKV_CHECK(std::filesystem::exists(path) || !std::filesystem::exists(dir + "/model.safetensors.index.json"), dir,
+            ": weights sharded over several files (model.safetensors.index.json) are not read yet");
+  StateDict state;
+  for (auto& [name, t] : load_safetensors(path).as_map()) {
+    const std::string to = hf.weight_name(name);
+    QKV_CHECK(!to.empty(), path, ": tensor '", name, "' has no place in ", m.family->description);
+    state[to] = t;
+  }
+  try {
+    m.model->load_state_dict(state);
+  } catch (const Error& e) {
+    fail(path, ": ", e.what());
+  }
+  m.model->eval();
+  return m;
+}
+
 // config.json is read and parsed once; with a task, the family is checked
 // before anything is built.
 ModelFolder load(const std::string& dir, const Task* task, const std::string& command) {
@@ -19,6 +44,7 @@ ModelFolder load(const std::string& dir, const Task* task, const std::string& co
   ModelFolder m;
   m.family = &family_of_config(text, config_path);
   if (task) require_task(*m.family, dir, *task, command);
+  if (is_hf_config(text, config_path)) return load_hf(dir, config_path, text, std::move(m));
   nlohmann::json config = parse_json(text, config_path);
   if (m.family->domain != Domain::Vision) {
     QKV_CHECK(config.contains("tokenizer"), config_path, ": no \"tokenizer\" field");

@@ -50,6 +50,9 @@ Family family_of(std::string arch, std::string description, Domain domain, std::
           .config_json = [](const Module& m) { return dynamic_cast<const Model&>(m).config().to_json(); }};
 }
 
+// The decoder family's reading of Hugging Face causal LM configs (src/models/decoder/hf_import.cpp).
+HfImport import_hf_causal_lm(const std::string& config_text, const std::string& source);
+
 Family transformer();
 Family rnn_attention();
 Family conv();

@@ -63,9 +63,37 @@ const Family& find_family(const std::string& arch, const std::string& source) {
   fail(source, ": 'arch' is '", arch, "', expected one of: ", list(known, ", "));
 }
 
+namespace {
+
+// The first name of a Hugging Face config's "architectures", or "" when the
+// config is not one (it has an "arch", or no "architectures").
+std::string hf_architecture(const nlohmann::json& j, const std::string& source) {
+  if (!j.is_object() || j.contains("arch") || !j.contains("architectures")) return "";
+  const nlohmann::json& a = j["architectures"];
+  QKV_CHECK(a.is_array() && !a.empty() && a[0].is_string(), source,
+            ": 'architectures' should be a list of class names, found ", a.dump());
+  return a[0].get<std::string>();
+}
+
+}  // namespace
+
+bool is_hf_config(const std::string& config_text, const std::string& source) {
+  return !hf_architecture(parse_json(config_text, source), source).empty();
+}
+
 const Family& family_of_config(const std::string& config_text, const std::string& source) {
   nlohmann::json j = parse_json(config_text, source);
   QKV_CHECK(j.is_object(), source, ": expected a JSON object");
+  if (const std::string hf = hf_architecture(j, source); !hf.empty()) {
+    std::vector<std::string> known;
+    for (const Family& f : registry()) {
+      for (const std::string& a : f.hf_architectures) {
+        if (a == hf) return f;
+        known.push_back(a);
+      }
+    }
+    fail(source, ": a Hugging Face model of architecture ", hf, "; qkv reads ", list(known, ", "));
+  }
   const nlohmann::json arch = j.value("arch", nlohmann::json("transformer"));
   QKV_CHECK(arch.is_string(), source, ": 'arch' has the wrong type (", arch.dump(), ")");
   return find_family(arch.get<std::string>(), source);

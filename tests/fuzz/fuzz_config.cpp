@@ -17,6 +17,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text = qkv::fuzz::as_string(data, size);
   using qkv::fuzz::expect_clean;
   expect_clean([&] { qkv::family_of_config(text, "config.json"); });
+  expect_clean([&] {  // a Hugging Face config.json, as the decoder family imports it, then reads the result
+    const qkv::HfImport hf = qkv::find_family("decoder", "c").from_hf(text, "config.json");
+    qkv::DecoderConfig::from_json(hf.config_json, "config.json");
+  });
   expect_clean([&] { qkv::TransformerConfig::from_json(text, "config.json"); });
   expect_clean([&] { qkv::RnnAttentionConfig::from_json(text, "config.json"); });
   expect_clean([&] { qkv::ConvSeq2SeqConfig::from_json(text, "config.json"); });

@@ -15,6 +15,16 @@
 
 namespace qkv::cli {
 
+namespace {
+
+// Text in and out needs the folder's tokenizer; a Hugging Face folder's is not read yet.
+void require_tokenizer(const LanguageModel& m, const std::string& dir, const char* command) {
+  QKV_CHECK(m.tokenizer != nullptr, command, ": ", dir, " is a Hugging Face folder; qkv does not read its tokenizer ",
+            "yet (tokenizer.json), so its model runs only from the library, on token ids");
+}
+
+}  // namespace
+
 int run_lm_train(const TrainArgs& a, const std::string& config_text) {
   LmTrainOptions o = LmTrainOptions::from_json(config_text, a.config);
   apply_train_overrides(a, o);
@@ -62,6 +72,7 @@ int run_lm_train(const TrainArgs& a, const std::string& config_text) {
 
 int run_lm_eval(const std::string& model_dir, const std::string& test, bool json) {
   LanguageModel m = load_language_model(model_dir, "eval");
+  require_tokenizer(m, model_dir, "eval");
   std::vector<int64_t> tokens;
   try {
     tokens = pack_documents(*m.tokenizer, read_file(test));
@@ -91,6 +102,7 @@ struct GenerateArgs {
 int run_generate(GenerateArgs a) {
   set_threads(a.threads);
   LanguageModel m = load_language_model(a.model, "generate");
+  require_tokenizer(m, a.model, "generate");
   QKV_CHECK(invalid_utf8_offset(a.prompt) == std::string::npos, "generate: the prompt is not valid UTF-8");
   std::fputs(a.prompt.c_str(), stdout);
   std::fflush(stdout);

@@ -5,8 +5,11 @@
 namespace qkv::builtin {
 
 Family decoder() {
-  return family_of<DecoderLM, DecoderConfig>("decoder", "a decoder-only language model",
-                                             Domain::Language, {Task::Generate, Task::Eval});
+  Family f = family_of<DecoderLM, DecoderConfig>("decoder", "a decoder-only language model", Domain::Language,
+                                                 {Task::Generate, Task::Eval});
+  f.hf_architectures = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"};
+  f.from_hf = import_hf_causal_lm;  // hf_import.cpp
+  return f;
 }
 
 }  // namespace qkv::builtin

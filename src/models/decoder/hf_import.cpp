@@ -1,0 +1,129 @@
+// Hugging Face causal language models as qkv decoders: LlamaForCausalLM,
+// MistralForCausalLM and Qwen2ForCausalLM are one architecture (Pre-Norm
+// RMSNorm, rotary positions, grouped-query attention, a SwiGLU MLP) that
+// differs in which projections have a bias. The config keys and the weight
+// names are mapped here, once; an option that changes the math and that qkv
+// does not implement is an error naming the field, never a different model.
+#include <nlohmann/json.hpp>
+#include <regex>
+
+#include "qkv/lm.h"
+#include "src/core/json.h"
+#include "src/models/families.h"
+
+namespace qkv::builtin {
+
+namespace {
+
+// Weight names: HF -> qkv (layers.N.* keep their index).
+const std::vector<std::pair<std::string, std::string>> kLayerWeights = {
+    {"input_layernorm.weight", "norm1.weight"},
+    {"post_attention_layernorm.weight", "norm2.weight"},
+    {"self_attn.q_proj.weight", "self_attn.q_proj.weight"},
+    {"self_attn.q_proj.bias", "self_attn.q_proj.bias"},
+    {"self_attn.k_proj.weight", "self_attn.k_proj.weight"},
+    {"self_attn.k_proj.bias", "self_attn.k_proj.bias"},
+    {"self_attn.v_proj.weight", "self_attn.v_proj.weight"},
+    {"self_attn.v_proj.bias", "self_attn.v_proj.bias"},
+    {"self_attn.o_proj.weight", "self_attn.out_proj.weight"},
+    {"self_attn.o_proj.bias", "self_attn.out_proj.bias"},
+    {"mlp.gate_proj.weight", "mlp.w1.weight"},  // silu(x W1^T) * (x W2^T), then W3
+    {"mlp.up_proj.weight", "mlp.w2.weight"},
+    {"mlp.down_proj.weight", "mlp.w3.weight"},
+};
+
+std::string decoder_weight_name(const std::string& hf) {
+  if (hf == "model.embed_tokens.weight") return "embed.weight";
+  if (hf == "model.norm.weight") return "norm.weight";
+  if (hf == "lm_head.weight") return "output_proj.weight";
+  static const std::regex layer(R"(model\.layers\.(\d+)\.(.+))");
+  std::smatch m;
+  if (!std::regex_match(hf, m, layer)) return "";
+  for (const auto& [from, to] : kLayerWeights)
+    if (m[2] == from) return "layers." + m[1].str() + "." + to;
+  return "";
+}
+
+// The value of `key`, or `fallback` when it is absent or null.
+nlohmann::json field(const nlohmann::json& j, const char* key, nlohmann::json fallback) {
+  return j.contains(key) && !j[key].is_null() ? j[key] : fallback;
+}
+
+// A field the import cannot do without.
+nlohmann::json required(const nlohmann::json& j, const char* key, const std::string& source) {
+  QKV_CHECK(j.contains(key) && !j[key].is_null(), source, ": '", key, "' is missing");
+  return j[key];
+}
+
+HfImport import(const std::string& text, const std::string& source) {
+  const nlohmann::json hf = parse_json(text, source);
+  QKV_CHECK(hf.is_object(), source, ": expected a JSON object");
+  const std::string type = field(hf, "model_type", "").get<std::string>();
+  auto unsupported = [&](const std::string& what) {
+    fail(source, ": ", what, " is not supported yet (a different model would run)");
+  };
+  QKV_CHECK(field(hf, "hidden_act", "silu") == "silu", source, ": 'hidden_act' is ", hf["hidden_act"].dump(),
+            "; the SwiGLU MLP of these models uses silu");
+  if (field(hf, "mlp_bias", false) != false) unsupported("'mlp_bias': true");
+  if (field(hf, "pretraining_tp", 1) != 1) unsupported("'pretraining_tp' other than 1");
+  // Rotary positions: rope_theta at the top (transformers 4) or in
+  // rope_parameters (transformers 5); only the plain rotation.
+  double theta = field(hf, "rope_theta", 10000.0).get<double>();
+  for (const char* key : {"rope_parameters", "rope_scaling"}) {
+    const nlohmann::json r = field(hf, key, nlohmann::json::object());
+    if (!r.is_object()) unsupported(std::string("'") + key + "' " + r.dump());
+    const std::string kind = field(r, "rope_type", field(r, "type", "default")).get<std::string>();
+    if (kind != "default") unsupported(std::string("'") + key + "' of type '" + kind + "'");
+    theta = field(r, "rope_theta", theta).get<double>();
+  }
+  if (field(hf, "use_sliding_window", false) != false) unsupported("'use_sliding_window': true");
+  const int64_t heads = required(hf, "num_attention_heads", source).get<int64_t>();
+  const int64_t d = required(hf, "hidden_size", source).get<int64_t>();
+  int64_t context = field(hf, "max_position_embeddings", 2048).get<int64_t>();
+  // Mistral attends to the last sliding_window positions: the same model as
+  // full attention up to that length, which is then the context (longer is
+  // the decoder's "exceeds the context" error).
+  if (type == "mistral") context = std::min(context, field(hf, "sliding_window", context).get<int64_t>());
+  const bool qkv_bias = type == "qwen2" || field(hf, "attention_bias", false).get<bool>();
+  const bool out_bias = type != "qwen2" && field(hf, "attention_bias", false).get<bool>();
+  nlohmann::ordered_json c = {
+      {"arch", "decoder"},
+      {"vocab_size", required(hf, "vocab_size", source)},
+      {"num_layers", required(hf, "num_hidden_layers", source)},
+      {"context", context},
+      {"d_model", d},
+      {"nhead", heads},
+      {"num_kv_heads", field(hf, "num_key_value_heads", heads)},
+      {"head_dim", field(hf, "head_dim", d / std::max<int64_t>(heads, 1))},
+      {"dim_feedforward", required(hf, "intermediate_size", source)},
+      {"dropout", 0.0},
+      {"activation", "silu"},
+      {"norm_first", true},
+      {"norm", "rmsnorm"},
+      {"norm_eps", field(hf, "rms_norm_eps", 1e-6)},
+      {"mlp", "swiglu"},
+      {"positions", "rope"},
+      {"rope_theta", theta},
+      {"qkv_layout", "separate"},
+      {"q_bias", qkv_bias},
+      {"k_bias", qkv_bias},
+      {"v_bias", qkv_bias},
+      {"out_bias", out_bias},
+      {"tie_output", field(hf, "tie_word_embeddings", false)},
+  };
+  return {c.dump(2), decoder_weight_name};
+}
+
+}  // namespace
+
+// The values are checked by the decoder's own config reader afterwards; a
+// value of the wrong JSON type is caught here, as one line.
+HfImport import_hf_causal_lm(const std::string& text, const std::string& source) {
+  try {
+    return import(text, source);
+  } catch (const nlohmann::json::exception& e) {
+    fail(source, ": a field has the wrong type (", e.what(), ")");
+  }
+}
+
+}  // namespace qkv::builtin
