@@ -325,6 +325,37 @@ TEST(Ops, LinearWithActivationMatchesLinearThenActivation) {
   omp_set_num_threads(1);
 }
 
+TEST(Ops, LinearWithBf16WeightIsTheFloat32ProductOfRoundedInputs) {
+  // A BF16 weight: x is rounded to bfloat16 and the products summed in
+  // float32, so the result is the float32 linear of the rounded x and the
+  // widened weight, within the float32 dot product's bound. Also one row (decoding) and
+  // a fused activation.
+  omp_set_num_threads(2);
+  Rng rng(12);
+  NoGradGuard no_grad;
+  for (int64_t rows : {1, 37, 300}) {
+    Tensor x = Tensor::randn({rows, 130}, rng), w = Tensor::randn({70, 130}, rng, 0.2f), b = Tensor::randn({70}, rng);
+    Tensor w16 = w.to(DType::BF16), x_rounded = x.to(DType::BF16).to(DType::F32), w_wide = w16.to(DType::F32);
+    Tensor y = linear(x, w16, b), y_ref;
+    {
+      ReferenceKernelsGuard guard;
+      y_ref = linear(x_rounded, w_wide, b);
+    }
+    EXPECT_TRUE(testing::gemm_close(y, y_ref, x_rounded, w_wide, b)) << rows << " rows";
+    EXPECT_TRUE(all_close(linear(x, w16, b, Activation::Gelu), gelu(y), 1e-6f, 1e-6f)) << rows << " rows";
+  }
+  omp_set_num_threads(1);
+}
+
+TEST(Ops, LinearWithBf16WeightRefusesGradientsAndOtherDtypes) {
+  Rng rng(13);
+  Tensor x = Tensor::randn({3, 8}, rng).set_requires_grad(true), w16 = Tensor::randn({4, 8}, rng).to(DType::BF16);
+  EXPECT_EQ(testing::error_of([&] { linear(x, w16); }),
+            "linear: a BF16 weight is for inference; run it under NoGradGuard or with inputs that need no gradient");
+  EXPECT_EQ(testing::error_of([&] { linear(x.detach(), Tensor::randn({4, 8}, rng).to(DType::F16)); }),
+            "linear: weight has dtype F16, expected F32 or BF16");
+}
+
 TEST(Ops, GemvKernelMatchesReference) {
   // The fast gemm's own kernel for 1-4 rows against W^T: strided rows, alpha,
   // beta, a ragged tail of W's rows and of k, and sizes that split across two threads.

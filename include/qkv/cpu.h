@@ -55,6 +55,10 @@ struct BlasInfo {
 };
 const BlasInfo& blas_info();  // loads the BLAS library if it is not loaded yet
 
+// How a bfloat16 GEMM runs at the level in use: "AMX-BF16 tiles",
+// "AVX512-BF16" or "float32 BLAS on widened inputs".
+const char* gemm_bf16_path();
+
 // Several lines, "name: value", for `qkv info` and every `qkv bench` header:
 // the CPU, its features, the kernel level, the BLAS and its kernel, threads.
 std::string runtime_summary();

@@ -59,7 +59,9 @@ Tensor mean(const Tensor& x, const std::vector<int64_t>& axes, ReduceOptions opt
 Tensor matmul(const Tensor& a, const Tensor& b);
 // y = x W^T + b, as torch.nn.functional.linear: x [..., in], weight [out, in],
 // bias [out] or undefined -> [..., out]. The GEMM adds the bias to its output
-// rows as it finishes them.
+// rows as it finishes them. A BF16 weight (inference only: no input may need
+// a gradient) multiplies x rounded to bfloat16, with float32 sums (AMX tiles
+// or AVX512-BF16 where the CPU has them; `qkv info` says which).
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
 // The nonlinearities of an MLP (their config names: src/config/names.h).
 enum class Activation { Relu, Gelu, GeluTanh, Silu, Tanh };

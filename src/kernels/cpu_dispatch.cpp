@@ -26,6 +26,8 @@ const Kernels& kernels(CpuIsa isa) {
   fail("kernels: unknown instruction-set level");
 }
 
+bool has_feature(const char* feature) { return cpu_info().has(feature); }
+
 const Kernels& kernels() {
   static const Kernels& k = []() -> const Kernels& {
     const Kernels& chosen = kernels(cpu_isa());
@@ -47,6 +49,8 @@ const Kernels& kernels_for(Device device) {
   return reference_kernels() ? ref::table() : cpu::kernels();
 }
 
+const char* gemm_bf16_path() { return kernels_for(Device::Cpu).gemm_bf16_path(); }
+
 std::string runtime_summary() {
   const CpuInfo& cpu = cpu_info();
   const BlasInfo& blas = blas_info();
@@ -59,6 +63,7 @@ std::string runtime_summary() {
   if (cpu_isa() != cpu.best) os << " (forced by QKV_ISA; this CPU runs up to " << isa_name(cpu.best) << ")";
   else os << " (the best this CPU runs; QKV_ISA=generic|avx2|avx512 forces a lower level)";
   os << "\ngemm:     " << blas.library << "; kernel " << blas.core << ", chosen by " << blas.chosen_by << "\n";
+  os << "bf16:     " << gemm_bf16_path() << "\n";
   os << "threads:  " << omp_get_max_threads() << "\n";
   return os.str();
 }

@@ -49,6 +49,27 @@ struct GemmArgs {
   int64_t ld_act = 0;
 };
 
+// The bfloat16 GEMM: C[M,N] = alpha * A B^T + beta * C + bias, A [M,K] and
+// B [N,K] (a Linear weight's layout) bfloat16 as raw bits with row strides
+// lda, ldb; C float32. Every product of two bfloat16 values is exact in
+// float32, so the only rounding is that of the float32 sums (and of C).
+// bias (optional, [N]) is added to every row last. A may be given in float32
+// instead (a_f32, with a null): it is then rounded to bfloat16 (to nearest,
+// ties to even) as it is read, the way activations meet a bfloat16 weight.
+struct GemmBf16Args {
+  int64_t m = 0, n = 0, k = 0;
+  float alpha = 1.0f;
+  const uint16_t* a = nullptr;
+  const float* a_f32 = nullptr;
+  int64_t lda = 0;
+  const uint16_t* b = nullptr;
+  int64_t ldb = 0;
+  float beta = 0.0f;
+  float* c = nullptr;
+  int64_t ldc = 0;
+  const float* bias = nullptr;
+};
+
 // A broadcast loop: out (contiguous, `shape`) = a op b, where a and b are read
 // through `a_strides` / `b_strides` (0 along broadcast dimensions).
 struct BroadcastLoop {
@@ -119,6 +140,9 @@ struct SgdStep {
 
 #define QKV_DECLARE_KERNELS                                                                                        \
   void gemm(const GemmArgs& g);                                                                                    \
+  void gemm_bf16(const GemmBf16Args& g);                                                                           \
+  /* how gemm_bf16 runs here: "AMX-BF16 tiles", "AVX512-BF16", "float32 BLAS on widened inputs", ... */            \
+  const char* gemm_bf16_path();                                                                                    \
   void binary(BinaryOp op, const BroadcastLoop& loop, const float* a, const float* b, float* out);               \
   /* out = mask ? value : x, mask (U8) read through b_strides of loop, x through a_strides */                     \
   void masked_fill(const BroadcastLoop& loop, const float* x, const uint8_t* mask, float value, float* out);      \
@@ -185,7 +209,7 @@ QKV_DECLARE_KERNELS
 // Every kernel by name, once: the fields of Kernels below and the entries of
 // each table (src/kernels/cpu/table.cpp, src/kernels/ref/table.cpp) come from
 // this list, so no table can miss a kernel or put one in another's place.
-#define QKV_KERNEL_LIST(X) X(gemm) X(binary) X(masked_fill) X(unary_forward) X(unary_backward) X(sum_middle)         \
+#define QKV_KERNEL_LIST(X) X(gemm) X(gemm_bf16) X(gemm_bf16_path) X(binary) X(masked_fill) X(unary_forward) X(unary_backward) X(sum_middle)         \
   X(softmax_forward) X(softmax_backward) X(log_softmax_forward) X(log_softmax_backward) X(layer_norm_forward)        \
   X(layer_norm_backward) X(rms_norm_forward) X(rms_norm_backward) X(embedding_forward) X(embedding_backward)         \
   X(cross_entropy_forward) X(cross_entropy_backward) X(rope) X(gemm_batched) X(strided_copy) X(accumulate)           \
@@ -231,6 +255,22 @@ QKV_DECLARE_KERNELS
 const Kernels& table();
 }  // namespace QKV_CPU_NS
 #endif
+
+// cpu_info().has(feature), for the kernel variants (which may build no
+// std::string of their own: see scripts/check_kernel_variants.sh).
+bool has_feature(const char* feature);
+
+// The avx512 level's paths of gemm_bf16, each callable where its `_usable`
+// says so (gemm_bf16 takes the first usable one; the tests run them all):
+// AMX tiles (the CPU has AMX-BF16 and Linux granted the tile state), then
+// AVX512-BF16's dot-product instruction, then float32 BLAS on widened copies.
+namespace avx512 {
+bool amx_bf16_usable();
+void gemm_bf16_amx(const GemmBf16Args& g);
+bool avx512_bf16_usable();
+void gemm_bf16_avx512_bf16(const GemmBf16Args& g);
+void gemm_bf16_widened(const GemmBf16Args& g);
+}  // namespace avx512
 
 }  // namespace cpu
 

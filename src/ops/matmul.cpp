@@ -133,9 +133,33 @@ UnaryOp unary_op(Activation a) {
 // y = act(x W^T + b), or x W^T + b when act is null. With an activation and
 // history to record, the product before it (pre) is kept for the backward:
 // dpre = dy * act'(pre), then the linear's backward with dpre.
+// A bfloat16 weight (inference): x rounded to bfloat16 by the kernel as it
+// reads it, float32 sums, then the bias and the activation in float32.
+Tensor linear_bf16(const Tensor& x, const Tensor& weight, const Tensor& bias, const UnaryOp* act) {
+  QKV_CHECK(!any_requires_grad({x, weight, bias}),
+            "linear: a BF16 weight is for inference; run it under NoGradGuard or with inputs that need no gradient");
+  const int64_t in = weight.size(1), out_features = weight.size(0);
+  Tensor x2 = contiguous_values(x).reshape({-1, in});
+  Tensor w = contiguous_values(weight), b = contiguous_values(bias);
+  Shape out_shape = x.shape();
+  out_shape.back() = out_features;
+  Tensor y = Tensor::empty(out_shape);
+  GemmBf16Args g;
+  g.m = x2.size(0), g.n = out_features, g.k = in;
+  g.a_f32 = x2.data<float>(), g.lda = std::max<int64_t>(in, 1);  // rounded to bfloat16 as the kernel reads it
+  g.b = w.data<uint16_t>(), g.ldb = std::max<int64_t>(in, 1);
+  g.c = y.data<float>(), g.ldc = std::max<int64_t>(out_features, 1);
+  g.bias = b.defined() ? b.data<float>() : nullptr;
+  if (g.m > 0 && g.n > 0) QKV_KERNEL(gemm_bf16)(g);
+  if (act) QKV_KERNEL(unary_forward)(*act, y.data<float>(), y.data<float>(), y.numel());
+  return y;
+}
+
 Tensor linear_impl(const Tensor& x, const Tensor& weight, const Tensor& bias, const UnaryOp* act) {
   require_f32(x, "linear", "x");
-  require_f32(weight, "linear", "weight");
+  QKV_CHECK(weight.defined(), "linear: weight is undefined");
+  QKV_CHECK(weight.dtype() == DType::F32 || weight.dtype() == DType::BF16, "linear: weight has dtype ",
+            dtype_name(weight.dtype()), ", expected F32 or BF16");
   QKV_CHECK(weight.dim() == 2, "linear: weight must be [out, in], got ", shape_str(weight.shape()));
   QKV_CHECK(x.dim() >= 1 && x.size(-1) == weight.size(1), "linear: input of shape ", shape_str(x.shape()),
             " does not match weight [out, in] = ", shape_str(weight.shape()));
@@ -145,6 +169,7 @@ Tensor linear_impl(const Tensor& x, const Tensor& weight, const Tensor& bias, co
     QKV_CHECK(bias.shape() == Shape{out_features}, "linear: bias of shape ", shape_str(bias.shape()), ", expected [",
               out_features, "]");
   }
+  if (weight.dtype() == DType::BF16) return linear_bf16(x, weight, bias, act);
   Tensor x2 = x.detach().reshape({-1, in});
   Tensor w = contiguous_values(weight);
   const int64_t rows = x2.size(0);

@@ -118,6 +118,56 @@ nlohmann::ordered_json bench_gemm(const GemmRow& r, double seconds) {
           {"ratio", raw / ours}};
 }
 
+nlohmann::json run_peer(const std::string& cmd_in);
+
+// linear with a BF16 weight on the weight-layout shapes of `gemms` (whose
+// float32 rows are already in out["matmul"]), against F.linear on bfloat16
+// tensors (oneDNN; AMX where the CPU has it). qkv's time includes rounding x
+// to bfloat16; the peer's input is bfloat16 already.
+void bench_bf16_linear(const BenchArgs& a, const std::vector<GemmRow>& gemms, nlohmann::ordered_json& out) {
+  std::string cmd = a.python + " scripts/bench_matmul_torch.py --dtype bfloat16 --threads " +
+                    std::to_string(thread_count()) + " --seconds " + std::to_string(a.seconds) + " --shapes";
+  std::vector<size_t> rows;
+  for (size_t i = 0; i < gemms.size(); ++i) {
+    const GemmRow& r = gemms[i];
+    if (!r.weight_layout) continue;
+    rows.push_back(i);
+    cmd += " " + std::to_string(r.batch) + "," + std::to_string(r.m) + "," + std::to_string(r.n) + "," +
+           std::to_string(r.k) + ",1";
+  }
+  if (!a.json) std::fprintf(stderr, "\rbench ops: PyTorch bfloat16 (scripts/bench_matmul_torch.py) ...   ");
+  const nlohmann::json torch = run_peer(cmd);
+  if (!a.json) std::fprintf(stderr, "\r%70s\r", "");
+  const bool have_torch = torch.contains("rows") && torch["rows"].size() == rows.size();
+  const char* path = gemm_bf16_path();
+  out["bf16_path"] = path;
+  out["bf16_linear"] = nlohmann::ordered_json::array();
+  if (!a.json)
+    std::printf("\n%-18s %-26s %10s %12s %11s %8s\n%s\n", "bf16 linear", "shape", "qkv GF/s", "qkv f32 GF/s",
+                "torch GF/s", "vs torch", ("  (qkv: " + std::string(path) + ")").c_str());
+  for (size_t j = 0; j < rows.size(); ++j) {
+    const GemmRow& r = gemms[rows[j]];
+    Rng rng(0);
+    NoGradGuard no_grad;
+    Tensor x = Tensor::randn({r.batch * r.m, r.k}, rng), w = Tensor::randn({r.n, r.k}, rng).to(DType::BF16);
+    const double t = seconds_per_call([&] { linear(x, w); }, a.seconds);
+    nlohmann::ordered_json row = {{"name", r.name},
+                                  {"shape", out["matmul"][rows[j]]["shape"]},
+                                  {"qkv_gflops", 2.0 * r.batch * r.m * r.n * r.k / t / 1e9},
+                                  {"qkv_f32_gflops", out["matmul"][rows[j]]["qkv_gflops"]}};
+    if (have_torch) {
+      row["torch_gflops"] = torch["rows"][j]["gflops"];
+      row["vs_torch"] = row["qkv_gflops"].get<double>() / torch["rows"][j]["gflops"].get<double>();
+    }
+    if (!a.json)
+      std::printf("%-18s %-26s %10.1f %12.1f %11s %8s\n", r.name.c_str(), row["shape"].get<std::string>().c_str(),
+                  row["qkv_gflops"].get<double>(), row["qkv_f32_gflops"].get<double>(),
+                  have_torch ? std::to_string((int)std::lround(row["torch_gflops"].get<double>())).c_str() : "-",
+                  have_torch ? std::to_string(row["vs_torch"].get<double>()).substr(0, 4).c_str() : "-");
+    out["bf16_linear"].push_back(row);
+  }
+}
+
 nlohmann::ordered_json bench_bandwidth(const std::string& name, const Shape& shape, double seconds) {
   Rng rng(0);
   NoGradGuard no_grad;
@@ -759,6 +809,7 @@ int run_bench(const BenchArgs& a) {
                   have_torch ? std::to_string((int)std::lround(row["torch_gflops"].get<double>())).c_str() : "-",
                   row["vs_best_peer"].get<double>());
   }
+  bench_bf16_linear(a, gemms, out);
   out["bandwidth"] = nlohmann::ordered_json::array();
   if (!a.json) std::printf("\n%-18s %-26s %10s %12s\n", "memory-bound op", "shape", "GB/s", "ms");
   for (auto& [name, shape] : std::vector<std::pair<std::string, Shape>>{

@@ -21,6 +21,7 @@ nlohmann::ordered_json runtime_json() {
           {"gemm", blas.library},
           {"gemm_kernel", blas.core},
           {"gemm_kernel_chosen_by", blas.chosen_by},
+          {"gemm_bf16", gemm_bf16_path()},
           {"threads", thread_count()}};
 }
 

@@ -1,4 +1,5 @@
 // Reference GEMM: the textbook triple loop, accumulated in double.
+#include "qkv/dtype.h"
 #include "src/kernels/kernels.h"
 
 namespace qkv::ref {
@@ -18,6 +19,21 @@ void gemm(const GemmArgs& g) {
     }
   }
 }
+
+void gemm_bf16(const GemmBf16Args& g) {
+  for (int64_t i = 0; i < g.m; ++i) {
+    for (int64_t j = 0; j < g.n; ++j) {
+      double acc = 0;
+      for (int64_t p = 0; p < g.k; ++p)
+        acc += (double)bf16_to_float(g.a_f32 ? float_to_bf16(g.a_f32[i * g.lda + p]) : g.a[i * g.lda + p]) *
+               bf16_to_float(g.b[j * g.ldb + p]);
+      float& c = g.c[i * g.ldc + j];
+      c = (float)(g.alpha * acc + (g.beta == 0.0f ? 0.0 : (double)g.beta * c) + (g.bias ? g.bias[j] : 0.0f));
+    }
+  }
+}
+
+const char* gemm_bf16_path() { return "reference (float64 sums)"; }
 
 void gemm_batched(const GemmArgs& g, int64_t batch, const int64_t* a_offsets, const int64_t* b_offsets,
                   int64_t c_stride) {

@@ -1,0 +1,349 @@
+// The bfloat16 GEMM (kernels.h, GemmBf16Args): C = alpha * A B^T + beta * C
+// + bias, A [m, k] and B [n, k] bfloat16, C float32.
+//
+// Three ways, the first the CPU allows (the avx512 level chooses at run time;
+// the lower levels have only the last):
+//
+//   AMX-BF16 tiles   Sapphire Rapids and later. A tile multiply (TDPBF16PS)
+//                    is C[16x16] += A[16x32] B[32x16]: 16K flops in one
+//                    instruction. Four C tiles (a 32x32 block of C) stay in
+//                    tile registers while the k loop loads two A and two B
+//                    tiles per step.
+//   AVX512-BF16      Zen 4, Cooper Lake. VDPBF16PS adds the products of 16
+//                    pairs of bfloat16 into 16 float32 sums: a block of 8 rows
+//                    by 32 columns of C lives in 16 vector registers; each step
+//                    broadcasts one pair of A per row against two vectors of B.
+//   widened          bfloat16 -> float32 copies (exact: a shift), then the
+//                    float32 BLAS; B in panels so the copy stays small.
+//
+// Both bfloat16 paths read the same packed operands. B (what a Linear layer
+// keeps) in blocks of 16 columns: for each pair of k, the 16 columns' pairs
+// side by side, the layout the tile multiply wants for its B tile (and a
+// vector of the AVX512-BF16 path). A in 16 x 32 tiles. Both are zero-padded
+// to whole tiles, so the kernels never test an edge; the epilogue writes only
+// the part of each block that lies inside C.
+#include <omp.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "src/kernels/blas.h"
+#include "src/kernels/cpu/scratch.h"
+#include "src/kernels/kernels.h"
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace qkv::cpu::QKV_CPU_NS {
+namespace {
+
+inline float widen(uint16_t b) {
+  const uint32_t u = (uint32_t)b << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+// float32 -> bfloat16, to nearest with ties to even (NaN stays NaN), as qkv::float_to_bf16.
+inline uint16_t round_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+  return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+// Element (i, p) of A as bfloat16, rounding it when A is float32.
+inline uint16_t a_at(const GemmBf16Args& g, int64_t i, int64_t p) {
+  return g.a_f32 ? round_bf16(g.a_f32[i * g.lda + p]) : g.a[i * g.lda + p];
+}
+
+// C[i, j] from the float32 sum of A row i and B row j, with alpha, beta and bias.
+inline void finish(const GemmBf16Args& g, int64_t i, int64_t j, float sum) {
+  float& c = g.c[i * g.ldc + j];
+  c = (g.beta == 0.0f ? g.alpha * sum : g.alpha * sum + g.beta * c) + (g.bias ? g.bias[j] : 0.0f);
+}
+
+// An empty sum (k == 0): C = beta * C + bias.
+void scale_only(const GemmBf16Args& g) {
+  for (int64_t i = 0; i < g.m; ++i)
+    for (int64_t j = 0; j < g.n; ++j) finish(g, i, j, 0.0f);
+}
+
+
+// float32 BLAS on widened copies: A whole, B in panels of about 4 MB.
+void widened(const GemmBf16Args& g) {
+  Scratch a(g.m * g.k);
+  for (int64_t i = 0; i < g.m; ++i)
+    for (int64_t p = 0; p < g.k; ++p) a.data()[i * g.k + p] = widen(a_at(g, i, p));
+  const int64_t panel = std::min(std::max<int64_t>((int64_t{1} << 20) / g.k, 16), g.n);
+  Scratch b(panel * g.k);
+  for (int64_t j0 = 0; j0 < g.n; j0 += panel) {
+    const int64_t cols = std::min(panel, g.n - j0);
+    for (int64_t j = 0; j < cols; ++j)
+      for (int64_t p = 0; p < g.k; ++p) b.data()[j * g.k + p] = widen(g.b[(j0 + j) * g.ldb + p]);
+    blas::sgemm()(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)g.m, (blasint)cols, (blasint)g.k, g.alpha,
+                  a.data(), (blasint)g.k, b.data(), (blasint)g.k, g.beta, g.c + j0, (blasint)g.ldc);
+  }
+  if (g.bias)
+    for (int64_t i = 0; i < g.m; ++i)
+      for (int64_t j = 0; j < g.n; ++j) g.c[i * g.ldc + j] += g.bias[j];
+}
+
+#if defined(__AVX512F__)
+
+// The packed operands. kb: blocks of 32 along k; a "pair" is two bfloat16 of
+// consecutive k in one 32-bit word, the lower k in the low half.
+struct Packed {
+  int64_t kb = 0;        // k / 32, rounded up
+  int64_t mb = 0;        // m / 16, rounded up to an even count (AMX takes 32 rows at a time)
+  int64_t nb = 0;        // n / 16, rounded up to even
+  uint32_t* a = nullptr;  // [mb][kb][16 rows][16 pairs]: one 16 x 32 tile per (mb, kb)
+  uint32_t* b = nullptr;  // [nb][kb * 16 pairs of k][16 columns]
+};
+
+inline uint32_t pair(const uint16_t* row, int64_t p, int64_t k) {
+  const uint32_t lo = p < k ? row[p] : 0, hi = p + 1 < k ? row[p + 1] : 0;
+  return lo | hi << 16;
+}
+
+// 32 floats -> 32 bfloat16 with VCVTNE2PS2BF16 (to nearest even; it reads
+// denormal inputs as zero, which only moves a product below 1e-38).
+__attribute__((target("avx512bf16"))) inline void round32(const float* x, uint16_t* out) {
+  const __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + 16), _mm512_loadu_ps(x));
+  _mm512_storeu_si512(out, (__m512i)v);
+}
+
+// Row i of A, elements [k0, k0 + 32), as 32 bfloat16 (zeros past k or m).
+void pack_a_segment(const GemmBf16Args& g, int64_t i, int64_t k0, bool vector_round, uint16_t* out) {
+  if (i >= g.m) return (void)std::memset(out, 0, 64);
+  if (k0 + 32 <= g.k) {
+    if (g.a) return (void)std::memcpy(out, g.a + i * g.lda + k0, 64);
+    if (vector_round) return round32(g.a_f32 + i * g.lda + k0, out);
+  }
+  for (int64_t q = 0; q < 32; ++q) out[q] = k0 + q < g.k ? a_at(g, i, k0 + q) : 0;
+}
+
+// Packs A and B into the two scratch buffers (sized by packed_words).
+void pack(const GemmBf16Args& g, Packed& pk) {
+  const int64_t kb = pk.kb;
+  const bool threads = !omp_in_parallel() && g.m * g.n * g.k >= (1 << 20);
+  const bool vector_round = g.a_f32 && avx512_bf16_usable();
+#pragma omp parallel for schedule(static) if (threads)
+  for (int64_t blk = 0; blk < pk.mb * kb; ++blk) {
+    const int64_t m0 = blk / kb * 16, k0 = blk % kb * 32;
+    uint16_t* tile = reinterpret_cast<uint16_t*>(pk.a + blk * 256);
+    for (int64_t r = 0; r < 16; ++r) pack_a_segment(g, m0 + r, k0, vector_round, tile + r * 32);
+  }
+#pragma omp parallel for schedule(static) if (threads)
+  for (int64_t nb = 0; nb < pk.nb; ++nb) {
+    uint32_t* block = pk.b + nb * kb * 256;
+    for (int64_t jj = 0; jj < 16; ++jj) {
+      const int64_t j = nb * 16 + jj;
+      const uint16_t* row = j < g.n ? g.b + j * g.ldb : nullptr;
+      for (int64_t kk = 0; kk < kb * 16; ++kk) block[kk * 16 + jj] = row ? pair(row, 2 * kk, g.k) : 0;
+    }
+  }
+}
+
+// Writes a block of sums (rows x 16 columns per tile, row stride 16) into C,
+// only where it lies inside C.
+void finish_tile(const GemmBf16Args& g, const float* sums, int64_t i0, int64_t j0, int64_t rows) {
+  if (j0 >= g.n) return;
+  const int64_t ie = std::min(i0 + rows, g.m);
+  const __mmask16 cols = (__mmask16)((1u << std::min<int64_t>(16, g.n - j0)) - 1);
+  const __m512 alpha = _mm512_set1_ps(g.alpha), beta = _mm512_set1_ps(g.beta);
+  const __m512 bias = g.bias ? _mm512_maskz_loadu_ps(cols, g.bias + j0) : _mm512_setzero_ps();
+  for (int64_t i = i0; i < ie; ++i) {
+    float* c = g.c + i * g.ldc + j0;
+    __m512 v = _mm512_mul_ps(alpha, _mm512_load_ps(sums + (i - i0) * 16));
+    if (g.beta != 0.0f) v = _mm512_fmadd_ps(beta, _mm512_maskz_loadu_ps(cols, c), v);
+    _mm512_mask_storeu_ps(c, cols, _mm512_add_ps(v, bias));
+  }
+}
+
+template <class Blocks>
+void with_packed(const GemmBf16Args& g, Blocks&& blocks) {
+  Packed pk;
+  pk.kb = (g.k + 31) / 32;
+  pk.mb = ((g.m + 15) / 16 + 1) / 2 * 2;
+  pk.nb = ((g.n + 15) / 16 + 1) / 2 * 2;
+  Scratch a(pk.mb * pk.kb * 256), b(pk.nb * pk.kb * 256);  // 32-bit words, as floats
+  pk.a = reinterpret_cast<uint32_t*>(a.data());
+  pk.b = reinterpret_cast<uint32_t*>(b.data());
+  pack(g, pk);
+  blocks(pk);
+}
+
+// --- AMX ---
+
+// Linux hands the tile data state (8 KB per thread) only to a process that
+// asks for it: arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA).
+bool request_tile_state() {
+  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtileData = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtileData) == 0;
+}
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Blocks [first, last) of 32 x 32, on this thread. (The target attribute is
+// on the thread's body, not on a function holding the OpenMP region: the
+// region's outlined function would not inherit it.)
+__attribute__((target("amx-tile,amx-bf16"))) void amx_range(const GemmBf16Args& g, const Packed& pk, int64_t first,
+                                                             int64_t last) {
+  const int64_t nb2 = pk.nb / 2, kb = pk.kb;
+  TileConfig cfg;
+  for (int t = 0; t < 8; ++t) cfg.rows[t] = 16, cfg.colsb[t] = 64;  // every tile 16 rows of 64 bytes
+  _tile_loadconfig(&cfg);
+  alignas(64) float sums[4][256];
+  for (int64_t blk = first; blk < last; ++blk) {
+    const int64_t m2 = blk / nb2, n2 = blk % nb2;
+    const uint32_t* a0 = pk.a + (2 * m2) * kb * 256;
+    const uint32_t* a1 = a0 + kb * 256;
+    const uint32_t* b0 = pk.b + (2 * n2) * kb * 256;
+    const uint32_t* b1 = b0 + kb * 256;
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t p = 0; p < kb; ++p) {
+      _tile_loadd(4, a0 + p * 256, 64);
+      _tile_loadd(5, a1 + p * 256, 64);
+      _tile_loadd(6, b0 + p * 256, 64);
+      _tile_loadd(7, b1 + p * 256, 64);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+    _tile_stored(0, sums[0], 64);
+    _tile_stored(1, sums[1], 64);
+    _tile_stored(2, sums[2], 64);
+    _tile_stored(3, sums[3], 64);
+    const int64_t i0 = m2 * 32, j0 = n2 * 32;
+    finish_tile(g, sums[0], i0, j0, 16);
+    finish_tile(g, sums[1], i0, j0 + 16, 16);
+    finish_tile(g, sums[2], i0 + 16, j0, 16);
+    finish_tile(g, sums[3], i0 + 16, j0 + 16, 16);
+  }
+  _tile_release();
+}
+
+// Blocks [0, count) split into one contiguous range per thread: consecutive
+// blocks share their rows of A, which then stay in that core's cache.
+template <class Range>
+void split_blocks(const GemmBf16Args& g, int64_t count, Range&& range) {
+  const bool threads = !omp_in_parallel() && count > 1 && g.m * g.n * g.k >= (1 << 18);
+#pragma omp parallel if (threads)
+  {
+    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+    const int64_t first = count * t / nt, last = count * (t + 1) / nt;
+    if (last > first) range(first, last);
+  }
+}
+
+void amx_blocks(const GemmBf16Args& g, const Packed& pk) {
+  split_blocks(g, pk.mb / 2 * (pk.nb / 2), [&](int64_t first, int64_t last) { amx_range(g, pk, first, last); });
+}
+
+// --- AVX512-BF16 ---
+
+// Blocks [first, last) of 16 rows x 32 columns, on this thread.
+__attribute__((target("avx512bf16"))) void dpbf16_range(const GemmBf16Args& g, const Packed& pk, int64_t first,
+                                                        int64_t last) {
+  const int64_t kb = pk.kb, nb2 = pk.nb / 2;
+  for (int64_t blk = first; blk < last; ++blk) {
+    const int64_t mb = blk / nb2, n2 = blk % nb2;
+    const uint32_t* b0 = pk.b + (2 * n2) * kb * 256;
+    const uint32_t* b1 = b0 + kb * 256;
+    alignas(64) float sums[2][256];
+    for (int64_t half = 0; half < 2; ++half) {  // rows 0-7, then 8-15, of this 16-row block
+      __m512 acc[8][2];
+      for (auto& r : acc) r[0] = r[1] = _mm512_setzero_ps();
+      for (int64_t p = 0; p < kb; ++p) {
+        const uint32_t* a = pk.a + (mb * kb + p) * 256 + half * 8 * 16;
+        for (int64_t q = 0; q < 16; ++q) {
+          const __m512bh v0 = (__m512bh)_mm512_loadu_si512(b0 + (p * 16 + q) * 16);
+          const __m512bh v1 = (__m512bh)_mm512_loadu_si512(b1 + (p * 16 + q) * 16);
+#pragma GCC unroll 8
+          for (int r = 0; r < 8; ++r) {
+            const __m512bh x = (__m512bh)_mm512_set1_epi32((int)a[r * 16 + q]);
+            acc[r][0] = _mm512_dpbf16_ps(acc[r][0], x, v0);
+            acc[r][1] = _mm512_dpbf16_ps(acc[r][1], x, v1);
+          }
+        }
+      }
+      for (int r = 0; r < 8; ++r) {
+        _mm512_store_ps(sums[0] + (half * 8 + r) * 16, acc[r][0]);
+        _mm512_store_ps(sums[1] + (half * 8 + r) * 16, acc[r][1]);
+      }
+    }
+    finish_tile(g, sums[0], mb * 16, n2 * 32, 16);
+    finish_tile(g, sums[1], mb * 16, n2 * 32 + 16, 16);
+  }
+}
+
+void dpbf16_blocks(const GemmBf16Args& g, const Packed& pk) {
+  split_blocks(g, (g.m + 15) / 16 * (pk.nb / 2), [&](int64_t first, int64_t last) { dpbf16_range(g, pk, first, last); });
+}
+
+#endif  // __AVX512F__
+
+}  // namespace
+
+#if defined(__AVX512F__)
+
+bool amx_bf16_usable() {
+  static const bool usable = has_feature("amx_tile") && has_feature("amx_bf16") && request_tile_state();
+  return usable;
+}
+bool avx512_bf16_usable() {
+  static const bool usable = has_feature("avx512_bf16");
+  return usable;
+}
+
+void gemm_bf16_amx(const GemmBf16Args& g) {
+  if (g.k == 0) return scale_only(g);
+  with_packed(g, [&](const Packed& pk) { amx_blocks(g, pk); });
+}
+void gemm_bf16_avx512_bf16(const GemmBf16Args& g) {
+  if (g.k == 0) return scale_only(g);
+  with_packed(g, [&](const Packed& pk) { dpbf16_blocks(g, pk); });
+}
+void gemm_bf16_widened(const GemmBf16Args& g) {
+  if (g.k == 0) return scale_only(g);
+  widened(g);
+}
+
+void gemm_bf16(const GemmBf16Args& g) {
+  if (g.m == 0 || g.n == 0) return;
+  if (amx_bf16_usable()) return gemm_bf16_amx(g);
+  if (avx512_bf16_usable()) return gemm_bf16_avx512_bf16(g);
+  gemm_bf16_widened(g);
+}
+
+const char* gemm_bf16_path() {
+  if (amx_bf16_usable()) return "AMX-BF16 tiles";
+  if (avx512_bf16_usable()) return "AVX512-BF16";
+  return "float32 BLAS on widened inputs";
+}
+
+#else
+
+void gemm_bf16(const GemmBf16Args& g) {
+  if (g.m == 0 || g.n == 0) return;
+  if (g.k == 0) return scale_only(g);
+  widened(g);
+}
+
+const char* gemm_bf16_path() { return "float32 BLAS on widened inputs"; }
+
+#endif
+
+}  // namespace qkv::cpu::QKV_CPU_NS
