@@ -187,6 +187,10 @@ check "train decoder --resume" 0 "$QKV" train --config "$tmp/lm.json" --train "$
 grep -q '"step": 30' "$tmp/lm/trainer_state.json" || { echo "FAIL decoder resume did not reach step 30"; failures=$((failures + 1)); }
 check "generate" 0 "$QKV" generate --model "$tmp/lm" --prompt "the cat" --max-new-tokens 10 --temperature 0.8 --top-k 5 --top-p 0.9 --seed 2
 grep -q "^the cat" "$tmp/out" || { echo "FAIL generate does not echo the prompt"; cat "$tmp/out"; failures=$((failures + 1)); }
+check "generate --dtype bf16" 0 "$QKV" generate --model "$tmp/lm" --prompt "the cat" --max-new-tokens 5 --dtype bf16
+grep -q "^the cat" "$tmp/out" || { echo "FAIL generate --dtype bf16 does not echo the prompt"; cat "$tmp/out"; failures=$((failures + 1)); }
+check "generate --dtype f8" nonzero "$QKV" generate --model "$tmp/lm" --dtype f8
+one_line_error "generate --dtype f8"
 check "generate too long a prompt" nonzero "$QKV" generate --model "$tmp/lm" --prompt "$(printf 'x%.0s' $(seq 40))"
 one_line_error "generate too long a prompt"
 check "generate --truncate-prompt" 0 "$QKV" generate --model "$tmp/lm" --prompt "$(printf 'x%.0s' $(seq 40))" --max-new-tokens 3 --truncate-prompt

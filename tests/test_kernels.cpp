@@ -152,7 +152,10 @@ TEST(Kernels, GemmBf16MatchesTheReference) {
   for (const Case& c : {Case{1, 1, 1, 0, 1, 0, false}, Case{3, 5, 7, 2, 0.5f, 0.75f, true}, Case{17, 33, 31, 0, 1, 0, true},
                         Case{33, 17, 65, 3, 1, 1, false}, Case{67, 45, 130, 1, -2, 0, true},
                         Case{130, 70, 300, 0, 1, 0.5f, true}, Case{256, 96, 64, 0, 1, 0, false},
-                        Case{5, 300, 33, 4, 1, 0, true}, Case{4, 6, 0, 0, 1, 0.5f, true}}) {
+                        Case{5, 300, 33, 4, 1, 0, true}, Case{4, 6, 0, 0, 1, 0.5f, true},
+                        // up to 4 rows: the streaming path, with a tail of k and split between threads
+                        Case{4, 300, 1000, 3, 1, 0.5f, true}, Case{2, 40, 64, 0, 1, 0, false},
+                        Case{1, 700, 100, 0, 1, 0, true}}) {
     const int64_t lda = c.k + c.pad, ldb = c.k + 2 * c.pad, ldc = c.n + c.pad;
     std::vector<uint16_t> a(c.m * lda), b(c.n * ldb);
     for (auto& v : a) v = float_to_bf16(rng.next_normal());
@@ -194,7 +197,7 @@ TEST(Kernels, GemmBf16SaysHowItRuns) {
   EXPECT_STREQ(cpu::kernels(CpuIsa::Generic).gemm_bf16_path(), "float32 BLAS on widened inputs");
   if (isa_supported(CpuIsa::Avx512)) {
     const std::string path = cpu::kernels(CpuIsa::Avx512).gemm_bf16_path();
-    EXPECT_EQ(path, cpu::avx512::amx_bf16_usable()      ? "AMX-BF16 tiles"
+    EXPECT_EQ(path, cpu::avx512::amx_bf16_usable()      ? "AMX-BF16 tiles (AVX512-BF16 for up to 4 rows)"
                     : cpu::avx512::avx512_bf16_usable() ? "AVX512-BF16"
                                                         : "float32 BLAS on widened inputs");
   }

@@ -115,6 +115,39 @@ TEST_P(DecoderCache, CachedEqualsFullForward) {
   EXPECT_EQ(caches[0].length, 11);
 }
 
+// Every Linear weight in bfloat16 (qkv generate --dtype bf16): the logits
+// move by the format's rounding only. Each product rounds both its operands
+// to 8 bits (a relative 2^-8 at most, together); a layer chains about three
+// products and the head one more, so the logits move by at most
+// (3 layers + 1) 2^-8 of their largest magnitude. A weight zeroed by the
+// conversion moves them by their whole size.
+TEST_P(DecoderCache, Bf16LinearWeightsMoveLogitsByTheirRoundingOnly) {
+  DecoderConfig c = DecoderConfig::from_json(GetParam(), "case");
+  c.vocab_size = 31;
+  Rng rng(8);
+  DecoderLM model(c, rng);
+  model.eval();
+  NoGradGuard no_grad;
+  Tensor ids = Tensor::from_ints({3, 9, 4, 27, 1, 8, 8, 20, 5, 6}, {2, 5});
+  const std::vector<float> f32 = model.forward(ids).to_vector();
+  const uint64_t bytes = model.parameter_bytes();
+  EXPECT_GT(model.convert_linear_weights(DType::BF16), 0);
+  EXPECT_LT(model.parameter_bytes(), bytes);
+  const std::vector<float> bf16 = model.forward(ids).to_vector();
+  // Cached decoding runs the same weights.
+  std::vector<KVCache> caches = model.make_caches(2, 8);
+  const std::vector<float> cached = model.forward_cached(ids, caches).to_vector();
+  float largest = 0, worst = 0, worst_cached = 0;
+  for (size_t i = 0; i < f32.size(); ++i) {
+    largest = std::max(largest, std::fabs(f32[i]));
+    worst = std::max(worst, std::fabs(bf16[i] - f32[i]));
+    worst_cached = std::max(worst_cached, std::fabs(cached[i] - bf16[i]));
+  }
+  const float bound = (3 * c.num_layers + 1) * std::ldexp(1.0f, -8) * largest;
+  EXPECT_LE(worst, bound) << GetParam();
+  EXPECT_LE(worst_cached, 1e-5f * largest) << GetParam();
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Configs, DecoderCache,
     ::testing::Values(R"({"d_model": 32, "nhead": 4, "num_layers": 2, "dim_feedforward": 48})",

@@ -89,6 +89,25 @@ TEST(Tensor, DTypeConversions) {
   EXPECT_THROW(i.data<float>(), Error);
 }
 
+TEST(Tensor, ConvertInPlaceIsSeenThroughEveryHandle) {
+  // A module's member and its parameter list hold the same tensor: both see
+  // the new dtype. A transposed view is converted in its own element order.
+  Tensor w = Tensor::from_vector({1.5f, 0.1f, -3.0f, 7.0f, 2.0f, 1e-3f}, {2, 3}).set_requires_grad(true);
+  Tensor alias = w;
+  Tensor expected = w.to(DType::BF16);
+  w.convert_(DType::BF16);
+  EXPECT_EQ(alias.dtype(), DType::BF16);
+  EXPECT_FALSE(alias.requires_grad());
+  EXPECT_EQ(alias.to_vector(), expected.to_vector());
+  Tensor t = Tensor::from_vector({1, 2, 3, 4, 5, 6}, {2, 3}).transpose(0, 1);
+  const std::vector<float> before = t.to_vector();
+  t.convert_(DType::BF16);
+  EXPECT_EQ(t.to_vector(), before);
+  Tensor computed = add(Tensor::ones({2}).set_requires_grad(true), Tensor::ones({2}));
+  EXPECT_EQ(testing::error_of([&] { computed.convert_(DType::BF16); }),
+            "convert_: a tensor computed by an op cannot change its dtype in place");
+}
+
 TEST(Tensor, EveryDTypeConvertsThroughItsTraits) {
   // Integers saturate at their type's range and NaN becomes 0 (a plain cast
   // is undefined there); between integer types the low bits are kept.

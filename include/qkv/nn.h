@@ -43,6 +43,13 @@ public:
   // hierarchical name, for checkpoints that resume exactly.
   std::vector<std::pair<std::string, Rng*>> named_rngs();
 
+  // For inference in low precision: the weight of every Linear here and in
+  // the children converted in place to `dtype` (BF16). Embeddings, norms and
+  // biases stay float32, and so does a head that reuses the embedding. Returns
+  // how many weights were converted. The module then runs only without
+  // gradients (linear refuses them).
+  int64_t convert_linear_weights(DType dtype);
+
   StateDict state_dict() const;
   // Copies values into the existing parameters (so optimizers keep their
   // references). Every parameter must be present with its exact shape; a

@@ -138,6 +138,12 @@ public:
 
   // Element type conversion (not differentiable): F32 <-> F16/BF16/I64/I32/U8.
   Tensor to(DType dtype) const;
+  // The same conversion in place: every handle to this tensor (a module's
+  // member and its parameter list alike) then holds the converted values.
+  // For a loaded model's weights turned to bfloat16 for inference: the tensor
+  // must have no history, and needs no gradient afterwards. A view gets
+  // memory of its own (its base keeps the old values).
+  Tensor& convert_(DType dtype);
   // Copy values from `src` (same shape, any layout) into this tensor's memory.
   // Not recorded on the tape: for loading weights and optimizer updates. Into a
   // meta tensor both only check the shape.

@@ -344,6 +344,20 @@ void Tensor::fill_(float value) {
 }
 
 // Element-wise conversion through float (or int64 between integer types).
+Tensor& Tensor::convert_(DType target) {
+  QKV_CHECK(defined(), "convert_: the tensor is undefined");
+  QKV_CHECK(!impl_->grad_fn, "convert_: a tensor computed by an op cannot change its dtype in place");
+  if (target == dtype()) return *this;
+  Tensor c = to(target);
+  impl_->storage = c.impl_->storage;
+  impl_->strides = c.impl_->strides;
+  impl_->offset = 0;
+  impl_->dtype = target;
+  impl_->requires_grad = false;
+  impl_->grad.reset();
+  return *this;
+}
+
 Tensor Tensor::to(DType target) const {
   if (target == dtype()) return *this;
   Tensor out = empty_on(shape(), target, device());

@@ -23,6 +23,16 @@ std::vector<std::pair<std::string, Tensor>> Module::named_parameters() const {
   return out;
 }
 
+int64_t Module::convert_linear_weights(DType dtype) {
+  int64_t converted = 0;
+  if (auto* lin = dynamic_cast<Linear*>(this)) {
+    lin->weight.convert_(dtype);
+    ++converted;
+  }
+  for (auto& [name, child] : children_) converted += child->convert_linear_weights(dtype);
+  return converted;
+}
+
 std::vector<Tensor> Module::parameters() const {
   std::vector<Tensor> out;
   for (auto& [name, p] : named_parameters()) out.push_back(p);

@@ -661,28 +661,35 @@ int run_bench_generate(const BenchArgs& a) {
       std::vector<KVCache> warm = model.make_caches(1, prompt_len + new_tokens);
       model.forward_cached(Tensor::from_ints({prompt.begin(), prompt.begin() + 8}, {1, 8}), warm);
     }
-    std::vector<KVCache> caches = model.make_caches(1, prompt_len + new_tokens);
-    auto t0 = std::chrono::steady_clock::now();
-    Tensor logits = model.forward_cached(Tensor::from_ints(prompt, {1, prompt_len}), caches);
-    const double prefill = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::vector<int64_t> tokens;
-    t0 = std::chrono::steady_clock::now();
-    for (int64_t i = 0; i < new_tokens; ++i) {
-      const int64_t V = logits.size(-1);
-      const float* last = logits.data<float>() + (logits.size(1) - 1) * V;
-      tokens.push_back(2 + (std::max_element(last + 2, last + V) - (last + 2)));
-      logits = model.forward_cached(Tensor::from_ints({tokens.back()}, {1, 1}), caches);
-    }
-    const double decode = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const double weight_bytes = 4.0 * (double)model.parameter_count();
-    const double decode_tps = new_tokens / decode, fraction = weight_bytes * decode_tps / bandwidth;
-    best_fraction = std::max(best_fraction, fraction);
-    rows.push_back({{"impl", "qkv"},
-                    {"size", name},
-                    {"params", model.parameter_count()},
-                    {"prefill_tokens_per_s", prompt_len / prefill},
-                    {"decode_tokens_per_s", decode_tps},
-                    {"bandwidth_fraction", fraction}});
+    // Prefill, then greedy decoding; the weights' bytes (float32 or bfloat16) set the bound.
+    auto run = [&](const char* impl) {
+      std::vector<KVCache> caches = model.make_caches(1, prompt_len + new_tokens);
+      auto t0 = std::chrono::steady_clock::now();
+      Tensor logits = model.forward_cached(Tensor::from_ints(prompt, {1, prompt_len}), caches);
+      const double prefill = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::vector<int64_t> tokens;
+      t0 = std::chrono::steady_clock::now();
+      for (int64_t i = 0; i < new_tokens; ++i) {
+        const int64_t V = logits.size(-1);
+        const float* last = logits.data<float>() + (logits.size(1) - 1) * V;
+        tokens.push_back(2 + (std::max_element(last + 2, last + V) - (last + 2)));
+        logits = model.forward_cached(Tensor::from_ints({tokens.back()}, {1, 1}), caches);
+      }
+      const double decode = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const double decode_tps = new_tokens / decode;
+      const double fraction = (double)model.parameter_bytes() * decode_tps / bandwidth;
+      best_fraction = std::max(best_fraction, fraction);
+      rows.push_back({{"impl", impl},
+                      {"size", name},
+                      {"params", model.parameter_count()},
+                      {"weight_bytes", model.parameter_bytes()},
+                      {"prefill_tokens_per_s", prompt_len / prefill},
+                      {"decode_tokens_per_s", decode_tps},
+                      {"bandwidth_fraction", fraction}});
+      return tokens;
+    };
+    const std::vector<int64_t> tokens = run("qkv");
+    const double weight_bytes = (double)model.parameter_bytes();
     // The same weights in plain PyTorch.
     char tmpl[] = "/tmp/qkv_bench_generate_XXXXXX";
     const char* dir = mkdtemp(tmpl);
@@ -709,6 +716,13 @@ int run_bench_generate(const BenchArgs& a) {
                       {"bandwidth_fraction", weight_bytes * ttps / bandwidth},
                       {"same_greedy_tokens", same}});
     }
+    // The same model with every Linear weight in bfloat16 (the tied embedding stays float32).
+    if (progress) std::fprintf(stderr, "\rbench generate: qkv bf16 %s ...          ", name.c_str());
+    model.convert_linear_weights(DType::BF16);
+    const std::vector<int64_t> bf16_tokens = run("qkv bf16");
+    int64_t same = 0;
+    for (size_t i = 0; i < tokens.size() && bf16_tokens[i] == tokens[i]; ++i) ++same;
+    rows.back()["same_greedy_tokens_as_f32"] = same;
   }
   if (progress) std::fprintf(stderr, "\r%70s\r", "");
   nlohmann::ordered_json out = {{"suite", "generate"},
@@ -723,17 +737,28 @@ int run_bench_generate(const BenchArgs& a) {
     return 0;
   }
   std::printf("qkv bench generate: decoder (RMSNorm, RoPE, SwiGLU, tied), batch 1, prompt %lld tokens, %lld greedy "
-              "tokens, float32, %d threads;\nmeasured read bandwidth %.1f GB/s; bound = weights bytes per token / "
-              "bandwidth\n\n",
-              (long long)prompt_len, (long long)new_tokens, thread_count(), bandwidth / 1e9);
-  std::printf("  %-6s %-6s %12s %16s %16s %12s\n", "size", "impl", "params", "prefill tok/s", "decode tok/s",
+              "tokens, float32 (\"qkv bf16\": Linear weights in bfloat16, %s), %d threads;\nmeasured read bandwidth "
+              "%.1f GB/s; bound = weights bytes per token / bandwidth\n\n",
+              (long long)prompt_len, (long long)new_tokens, gemm_bf16_path(), thread_count(), bandwidth / 1e9);
+  std::printf("  %-6s %-9s %12s %16s %16s %12s\n", "size", "impl", "params", "prefill tok/s", "decode tok/s",
               "of bound");
   for (auto& r : rows)
-    std::printf("  %-6s %-6s %12lld %16.0f %16.1f %11.0f%%\n", r["size"].get<std::string>().c_str(),
+    std::printf("  %-6s %-9s %12lld %16.0f %16.1f %11.0f%%\n", r["size"].get<std::string>().c_str(),
                 r["impl"].get<std::string>().c_str(), (long long)r["params"].get<int64_t>(),
                 r["prefill_tokens_per_s"].get<double>(), r["decode_tokens_per_s"].get<double>(),
                 100 * r["bandwidth_fraction"].get<double>());
-  if (rows.size() == sizes.size()) std::printf("  PyTorch not available (needs python3 with torch and safetensors)\n");
+  if (rows.size() == 2 * sizes.size())
+    std::printf("  PyTorch not available (needs python3 with torch and safetensors)\n");
+  for (size_t i = 0; i < rows.size(); ++i)
+    if (rows[i]["impl"] == "qkv bf16")
+      for (size_t j = 0; j < i; ++j)
+        if (rows[j]["impl"] == "qkv" && rows[j]["size"] == rows[i]["size"])
+          std::printf("  %s bf16: decode %.2fx, prefill %.2fx qkv float32; greedy tokens as float32's for the first "
+                      "%lld of %lld\n",
+                      rows[i]["size"].get<std::string>().c_str(),
+                      rows[i]["decode_tokens_per_s"].get<double>() / rows[j]["decode_tokens_per_s"].get<double>(),
+                      rows[i]["prefill_tokens_per_s"].get<double>() / rows[j]["prefill_tokens_per_s"].get<double>(),
+                      (long long)rows[i]["same_greedy_tokens_as_f32"].get<int64_t>(), (long long)new_tokens);
   for (size_t i = 0; i + 1 < rows.size(); ++i)
     if (rows[i]["impl"] == "qkv" && rows[i + 1]["impl"] == "torch")
       std::printf("  %s: decode %.2fx, prefill %.2fx PyTorch; greedy tokens identical for the first %lld of %lld\n",

@@ -13,6 +13,8 @@
 //                    pairs of bfloat16 into 16 float32 sums: a block of 8 rows
 //                    by 32 columns of C lives in 16 vector registers; each step
 //                    broadcasts one pair of A per row against two vectors of B.
+//                    Up to 4 rows of A (decoding), on AMX CPUs too: each row of
+//                    B streamed once as dot products, with no packing.
 //   widened          bfloat16 -> float32 copies (exact: a shift), then the
 //                    float32 BLAS; B in panels so the copy stays small.
 //
@@ -293,6 +295,78 @@ void dpbf16_blocks(const GemmBf16Args& g, const Packed& pk) {
   split_blocks(g, (g.m + 15) / 16 * (pk.nb / 2), [&](int64_t first, int64_t last) { dpbf16_range(g, pk, first, last); });
 }
 
+// --- AVX512-BF16, a few rows (decoding) ---
+
+// Rows of A up to which gemm_bf16 streams B instead of packing it: a product
+// this thin is bound by reading B once, and packing would read it twice.
+constexpr int64_t kMaxGemvRows = 4;
+
+inline float hsum(__m512 v) {  // through memory: GCC 12 warns on the lane-extract intrinsics
+  alignas(64) float t[16];
+  _mm512_store_ps(t, v);
+  float s = 0.0f;
+  for (float x : t) s += x;
+  return s;
+}
+
+// Rows [j0, j1) of B against the M rows of a (bfloat16, row stride k): each
+// row of B read once, in order, straight from where it lies; two accumulators
+// per row of A so that no single chain of dependent adds sets the pace (M is
+// a constant so that they stay in registers).
+template <int M>
+__attribute__((target("avx512bf16"))) void gemv_rows(const GemmBf16Args& g, const uint16_t* a, int64_t j0,
+                                                     int64_t j1) {
+  const int64_t k = g.k, full = k / 32 * 32;
+  const __mmask32 tail = (__mmask32)(k > full ? (1ull << (k - full)) - 1 : 0);
+  for (int64_t j = j0; j < j1; ++j) {
+    const uint16_t* w = g.b + j * g.ldb;
+    __m512 acc[M][2];
+    for (auto& r : acc) r[0] = r[1] = _mm512_setzero_ps();
+    int64_t p = 0;
+    for (; p + 64 <= full; p += 64) {
+      const __m512bh w0 = (__m512bh)_mm512_loadu_si512(w + p), w1 = (__m512bh)_mm512_loadu_si512(w + p + 32);
+      for (int64_t i = 0; i < M; ++i) {
+        acc[i][0] = _mm512_dpbf16_ps(acc[i][0], (__m512bh)_mm512_loadu_si512(a + i * k + p), w0);
+        acc[i][1] = _mm512_dpbf16_ps(acc[i][1], (__m512bh)_mm512_loadu_si512(a + i * k + p + 32), w1);
+      }
+    }
+    for (; p < full; p += 32) {
+      const __m512bh w0 = (__m512bh)_mm512_loadu_si512(w + p);
+      for (int64_t i = 0; i < M; ++i)
+        acc[i][0] = _mm512_dpbf16_ps(acc[i][0], (__m512bh)_mm512_loadu_si512(a + i * k + p), w0);
+    }
+    if (tail) {
+      const __m512bh w0 = (__m512bh)_mm512_maskz_loadu_epi16(tail, w + full);
+      for (int64_t i = 0; i < M; ++i)
+        acc[i][1] = _mm512_dpbf16_ps(acc[i][1], (__m512bh)_mm512_maskz_loadu_epi16(tail, a + i * k + full), w0);
+    }
+    for (int64_t i = 0; i < M; ++i) finish(g, i, j, hsum(_mm512_add_ps(acc[i][0], acc[i][1])));
+  }
+}
+
+__attribute__((target("avx512bf16"))) void gemv_range(const GemmBf16Args& g, const uint16_t* a, int64_t j0,
+                                                      int64_t j1) {
+  switch (g.m) {
+    case 1: return gemv_rows<1>(g, a, j0, j1);
+    case 2: return gemv_rows<2>(g, a, j0, j1);
+    case 3: return gemv_rows<3>(g, a, j0, j1);
+    default: return gemv_rows<4>(g, a, j0, j1);  // gemm_bf16 sends at most kMaxGemvRows
+  }
+}
+
+void gemv(const GemmBf16Args& g) {
+  Scratch buffer((g.m * g.k + 1) / 2);  // A as bfloat16, rounded once
+  uint16_t* a = reinterpret_cast<uint16_t*>(buffer.data());
+  for (int64_t i = 0; i < g.m; ++i)
+    for (int64_t p = 0; p < g.k; ++p) a[i * g.k + p] = a_at(g, i, p);
+  if (g.n * g.k < (1 << 16) || omp_get_max_threads() == 1 || omp_in_parallel()) return gemv_range(g, a, 0, g.n);
+#pragma omp parallel
+  {
+    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+    gemv_range(g, a, g.n * t / nt, g.n * (t + 1) / nt);
+  }
+}
+
 #endif  // __AVX512F__
 
 }  // namespace
@@ -314,6 +388,7 @@ void gemm_bf16_amx(const GemmBf16Args& g) {
 }
 void gemm_bf16_avx512_bf16(const GemmBf16Args& g) {
   if (g.k == 0) return scale_only(g);
+  if (g.m <= kMaxGemvRows) return gemv(g);
   with_packed(g, [&](const Packed& pk) { dpbf16_blocks(g, pk); });
 }
 void gemm_bf16_widened(const GemmBf16Args& g) {
@@ -323,13 +398,13 @@ void gemm_bf16_widened(const GemmBf16Args& g) {
 
 void gemm_bf16(const GemmBf16Args& g) {
   if (g.m == 0 || g.n == 0) return;
-  if (amx_bf16_usable()) return gemm_bf16_amx(g);
+  if (amx_bf16_usable() && g.m > kMaxGemvRows) return gemm_bf16_amx(g);
   if (avx512_bf16_usable()) return gemm_bf16_avx512_bf16(g);
   gemm_bf16_widened(g);
 }
 
 const char* gemm_bf16_path() {
-  if (amx_bf16_usable()) return "AMX-BF16 tiles";
+  if (amx_bf16_usable()) return "AMX-BF16 tiles (AVX512-BF16 for up to 4 rows)";
   if (avx512_bf16_usable()) return "AVX512-BF16";
   return "float32 BLAS on widened inputs";
 }
