@@ -71,6 +71,8 @@ printf '我是中国人\n他吃苹果\n' >"$tmp/in.txt"
 check "translate" 0 sh -c "\"$QKV\" translate --model \"$tmp/demo/model\" < \"$tmp/in.txt\""
 [ "$(wc -l <"$tmp/out")" -eq 2 ] || { echo "FAIL translate: expected 2 lines"; cat "$tmp/out"; failures=$((failures + 1)); }
 printf 'bad\xff\n' >"$tmp/bad.txt"
+check "translate --dtype bf16" 0 sh -c "\"$QKV\" translate --model \"$tmp/demo/model\" --dtype bf16 < \"$tmp/in.txt\""
+[ "$(wc -l <"$tmp/out")" -eq 2 ] || { echo "FAIL translate --dtype bf16: expected 2 lines"; cat "$tmp/out"; failures=$((failures + 1)); }
 check "translate invalid UTF-8" nonzero sh -c "\"$QKV\" translate --model \"$tmp/demo/model\" < \"$tmp/bad.txt\""
 one_line_error "translate invalid UTF-8"
 grep -q "line 1" "$tmp/err" || { echo "FAIL translate error lacks the line number"; failures=$((failures + 1)); }
@@ -162,6 +164,8 @@ grep -q "confusion matrix" "$tmp/out" || { echo "FAIL eval vit table"; cat "$tmp
 check "classify --index" 0 "$QKV" classify --model "$tmp/vit" --test "$tmp/idx" --index 0 --index 3 --top-k 2 --attention-map "$tmp/rollout.png"
 grep -q "light" "$tmp/out" || { echo "FAIL classify lacks class names"; cat "$tmp/out"; failures=$((failures + 1)); }
 [ "$(head -c 4 "$tmp/rollout.png" | od -An -c | tr -d ' ')" = "211PNG" ] || { echo "FAIL rollout is not a PNG"; failures=$((failures + 1)); }
+check "classify --dtype bf16" 0 "$QKV" classify --model "$tmp/vit" --test "$tmp/idx" --index 0 --top-k 2 --dtype bf16
+grep -q "light" "$tmp/out" || { echo "FAIL classify --dtype bf16 lacks class names"; cat "$tmp/out"; failures=$((failures + 1)); }
 check "classify a PNG" 0 "$QKV" classify --model "$tmp/vit" "$tmp/rollout.png"
 check "classify a text file" nonzero "$QKV" classify --model "$tmp/vit" "$tmp/vit.json"
 one_line_error "classify a text file"

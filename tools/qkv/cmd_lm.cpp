@@ -104,7 +104,7 @@ int run_generate(GenerateArgs a) {
   set_threads(a.threads);
   LanguageModel m = load_language_model(a.model, "generate");
   require_tokenizer(m, a.model, "generate");
-  if (a.dtype == "bf16") m.model->convert_linear_weights(DType::BF16);
+  apply_dtype(*m.model, a.dtype);
   QKV_CHECK(invalid_utf8_offset(a.prompt) == std::string::npos, "generate: the prompt is not valid UTF-8");
   std::fputs(a.prompt.c_str(), stdout);
   std::fflush(stdout);
@@ -140,10 +140,7 @@ Run add_generate(CLI::App& app) {
   sub->add_option("--seed", args->options.seed, "Seed of the sampling")->capture_default_str();
   sub->add_flag("--truncate-prompt", args->options.truncate_prompt,
                 "Keep the prompt's last tokens when it does not fit the context (default: an error)");
-  sub->add_option("--dtype", args->dtype,
-                  "f32, or bf16: every Linear weight converted to bfloat16 after loading (half the bytes to read per "
-                  "token; float32 sums; `qkv info` shows the kernel)")
-      ->capture_default_str()->check(CLI::IsMember({"f32", "bf16"}));
+  add_dtype_option(sub, args->dtype);
   sub->add_option("--threads", args->threads, "Threads (0: all cores)");
   return [args] { return run_generate(*args); };
 }

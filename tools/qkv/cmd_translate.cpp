@@ -103,10 +103,12 @@ struct TranslateArgs {
   SourceLimit source_limit;
   bool replace_invalid = false;
   std::string attention_map;  // SVG of the first sentence's cross-attention
+  std::string dtype = "f32";
 };
 
 int run_translate(const TranslateArgs& a) {
   TranslationModel m = load_translation_model(a.model, "translate");
+  apply_dtype(*m.model, a.dtype);
   std::string line;
   int64_t number = 0;
   std::vector<std::vector<int64_t>> batch;
@@ -254,6 +256,7 @@ Run add_translate(CLI::App& app) {
   sub->add_flag("--replace-invalid-utf8", args->replace_invalid, "Replace invalid UTF-8 by U+FFFD instead of failing");
   sub->add_option("--attention-map", args->attention_map,
                   "Write the first sentence's cross-attention (last decoder layer, mean over heads) as SVG");
+  add_dtype_option(sub, args->dtype);
   return [args] { return run_translate(*args); };
 }
 

@@ -102,10 +102,12 @@ struct ClassifyArgs {
   int64_t top_k = 3;
   std::string attention_map;
   bool json = false;
+  std::string dtype = "f32";
 };
 
 int run_classify(const ClassifyArgs& a) {
   std::shared_ptr<VisionTransformer> model = load_vit_model(a.model, "classify");
+  apply_dtype(*model, a.dtype);
   const ViTConfig& c = model->config();
   const int64_t size = c.image_size, pixels = c.channels * size * size;
   std::vector<std::string> names;
@@ -177,6 +179,7 @@ Run add_classify(CLI::App& app) {
   sub->add_option("--attention-map", args->attention_map,
                   "Write the attention rollout over each image as a PNG (a row per image: the image, then the rollout)");
   sub->add_flag("--json", args->json, "Print one JSON array instead of text");
+  add_dtype_option(sub, args->dtype);
   return [args] { return run_classify(*args); };
 }
 

@@ -32,6 +32,7 @@ nlohmann::ordered_json runtime_json();
 
 namespace qkv {
 struct TranslationModel;
+class Module;
 }
 
 namespace qkv::cli {
@@ -84,6 +85,12 @@ int run_lm_eval(const std::string& model_dir, const std::string& test, bool json
 // in place on a terminal; otherwise a line every total/lines steps.
 void print_progress(int64_t step, int64_t total, const std::string& position, const std::string& stats,
                     double eta_seconds, int64_t skipped, int64_t lines = 10);
+
+// --dtype f32|bf16 of the commands that run a model (generate, translate,
+// classify); with bf16, apply_dtype converts every Linear weight of the loaded
+// model to bfloat16 (Module::convert_linear_weights).
+void add_dtype_option(CLI::App* sub, std::string& dtype);
+void apply_dtype(Module& model, const std::string& dtype);
 
 // Sets the OpenMP (and so OpenBLAS) thread count; 0 keeps the default; a
 // negative count or one above 1024 is a qkv::Error.

@@ -12,6 +12,7 @@
 
 #include "qkv/cpu.h"
 #include "qkv/error.h"
+#include "qkv/nn.h"
 #include "tools/qkv/commands.h"
 
 namespace qkv::cli {
@@ -26,6 +27,18 @@ void set_threads(int threads) {
   if (threads > 0) omp_set_num_threads(threads);
 }
 int thread_count() { return omp_get_max_threads(); }
+
+void add_dtype_option(CLI::App* sub, std::string& dtype) {
+  sub->add_option("--dtype", dtype,
+                  "f32, or bf16: every Linear weight converted to bfloat16 after loading (half the bytes to read; "
+                  "float32 sums; `qkv info` shows the kernel)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"f32", "bf16"}));
+}
+
+void apply_dtype(Module& model, const std::string& dtype) {
+  if (dtype == "bf16") model.convert_linear_weights(DType::BF16);
+}
 
 void print_progress(int64_t step, int64_t total, const std::string& position, const std::string& stats,
                     double eta_seconds, int64_t skipped, int64_t lines) {
