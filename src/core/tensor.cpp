@@ -343,7 +343,7 @@ void Tensor::fill_(float value) {
   copy_(full(shape(), value));
 }
 
-// Element-wise conversion through float (or int64 between integer types).
+// to(), then the converted storage in place of the old.
 Tensor& Tensor::convert_(DType target) {
   QKV_CHECK(defined(), "convert_: the tensor is undefined");
   QKV_CHECK(!impl_->grad_fn, "convert_: a tensor computed by an op cannot change its dtype in place");
@@ -358,6 +358,7 @@ Tensor& Tensor::convert_(DType target) {
   return *this;
 }
 
+// Element-wise conversion through float (or int64 between integer types).
 Tensor Tensor::to(DType target) const {
   if (target == dtype()) return *this;
   Tensor out = empty_on(shape(), target, device());

@@ -130,9 +130,6 @@ UnaryOp unary_op(Activation a) {
   fail("linear: unknown activation");
 }
 
-// y = act(x W^T + b), or x W^T + b when act is null. With an activation and
-// history to record, the product before it (pre) is kept for the backward:
-// dpre = dy * act'(pre), then the linear's backward with dpre.
 // A bfloat16 weight (inference): x rounded to bfloat16 by the kernel as it
 // reads it, float32 sums, then the bias and the activation in float32.
 Tensor linear_bf16(const Tensor& x, const Tensor& weight, const Tensor& bias, const UnaryOp* act) {
@@ -155,6 +152,9 @@ Tensor linear_bf16(const Tensor& x, const Tensor& weight, const Tensor& bias, co
   return y;
 }
 
+// y = act(x W^T + b), or x W^T + b when act is null. With an activation and
+// history to record, the product before it (pre) is kept for the backward:
+// dpre = dy * act'(pre), then the linear's backward with dpre.
 Tensor linear_impl(const Tensor& x, const Tensor& weight, const Tensor& bias, const UnaryOp* act) {
   require_f32(x, "linear", "x");
   QKV_CHECK(weight.defined(), "linear: weight is undefined");
