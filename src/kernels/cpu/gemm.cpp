@@ -16,6 +16,7 @@
 #include <omp.h>
 
 #include "src/kernels/blas.h"
+#include "src/kernels/cpu/simd.h"
 #include "src/kernels/kernels.h"
 
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
@@ -31,15 +32,6 @@ namespace {
 // BLAS's blocked GEMM wins.
 constexpr int64_t kMaxGemvRows = 4;
 
-#if defined(__AVX512F__)
-inline float hsum(__m512 v) {  // through memory: GCC 12 warns on the lane-extract intrinsics
-  alignas(64) float t[16];
-  _mm512_store_ps(t, v);
-  float s = 0.0f;
-  for (float x : t) s += x;
-  return s;
-}
-#endif
 
 // x . w over k floats: four independent accumulators of full vector width, so
 // loads, not one chain of dependent adds, set the pace. One row of W is one

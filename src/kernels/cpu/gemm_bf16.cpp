@@ -33,6 +33,7 @@
 
 #include "src/kernels/blas.h"
 #include "src/kernels/cpu/scratch.h"
+#include "src/kernels/cpu/simd.h"
 #include "src/kernels/kernels.h"
 
 #if defined(__AVX512F__)
@@ -301,13 +302,6 @@ void dpbf16_blocks(const GemmBf16Args& g, const Packed& pk) {
 // this thin is bound by reading B once, and packing would read it twice.
 constexpr int64_t kMaxGemvRows = 4;
 
-inline float hsum(__m512 v) {  // through memory: GCC 12 warns on the lane-extract intrinsics
-  alignas(64) float t[16];
-  _mm512_store_ps(t, v);
-  float s = 0.0f;
-  for (float x : t) s += x;
-  return s;
-}
 
 // Rows [j0, j1) of B against the M rows of a (bfloat16, row stride k): each
 // row of B read once, in order, straight from where it lies; two accumulators

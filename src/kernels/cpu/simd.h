@@ -1,0 +1,28 @@
+// Internal to the CPU kernel variants: small helpers over the vector
+// registers of the level being compiled (AVX-512 only, for now). In the
+// variant's namespace, like vec_math.h.
+#pragma once
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#ifndef QKV_CPU_NS
+#error "simd.h belongs to a kernel variant: define QKV_CPU_NS (CMake does for src/kernels/cpu)"
+#endif
+
+namespace qkv::cpu::QKV_CPU_NS {
+
+#if defined(__AVX512F__)
+// The sum of the 16 lanes, through memory: GCC 12 warns on the lane-extract
+// intrinsics that a reduction would use.
+inline float hsum(__m512 v) {
+  alignas(64) float t[16];
+  _mm512_store_ps(t, v);
+  float s = 0.0f;
+  for (float x : t) s += x;
+  return s;
+}
+#endif
+
+}  // namespace qkv::cpu::QKV_CPU_NS
