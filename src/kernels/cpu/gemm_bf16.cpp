@@ -75,7 +75,6 @@ void scale_only(const GemmBf16Args& g) {
     for (int64_t j = 0; j < g.n; ++j) finish(g, i, j, 0.0f);
 }
 
-
 // float32 BLAS on widened copies: A whole, B in panels of about 4 MB.
 void widened(const GemmBf16Args& g) {
   Scratch a(g.m * g.k);
@@ -129,7 +128,7 @@ void pack_a_segment(const GemmBf16Args& g, int64_t i, int64_t k0, bool vector_ro
   for (int64_t q = 0; q < 32; ++q) out[q] = k0 + q < g.k ? a_at(g, i, k0 + q) : 0;
 }
 
-// Packs A and B into the two scratch buffers (sized by packed_words).
+// Packs A and B into pk's buffers (with_packed sizes them).
 void pack(const GemmBf16Args& g, Packed& pk) {
   const int64_t kb = pk.kb;
   const bool threads = !omp_in_parallel() && g.m * g.n * g.k >= (1 << 20);
