@@ -32,7 +32,6 @@ namespace {
 // BLAS's blocked GEMM wins.
 constexpr int64_t kMaxGemvRows = 4;
 
-
 // x . w over k floats: four independent accumulators of full vector width, so
 // loads, not one chain of dependent adds, set the pace. One row of W is one
 // sequential stream, which the hardware prefetcher follows at full bandwidth

@@ -31,7 +31,6 @@
 #include <algorithm>
 #include <cstring>
 
-#include "src/kernels/blas.h"
 #include "src/kernels/cpu/scratch.h"
 #include "src/kernels/cpu/simd.h"
 #include "src/kernels/kernels.h"
@@ -43,6 +42,10 @@
 namespace qkv::cpu::QKV_CPU_NS {
 namespace {
 
+// bfloat16 <-> float32 as qkv::bf16_to_float and float_to_bf16 do them
+// (rounding to nearest with ties to even; NaN stays NaN), written again here
+// so they inline in this level's loops: an inline function shared with the
+// library could be kept by the linker in another level's copy.
 inline float widen(uint16_t b) {
   const uint32_t u = (uint32_t)b << 16;
   float f;
@@ -50,7 +53,6 @@ inline float widen(uint16_t b) {
   return f;
 }
 
-// float32 -> bfloat16, to nearest with ties to even (NaN stays NaN), as qkv::float_to_bf16.
 inline uint16_t round_bf16(float f) {
   uint32_t u;
   std::memcpy(&u, &f, sizeof u);
@@ -75,23 +77,25 @@ void scale_only(const GemmBf16Args& g) {
     for (int64_t j = 0; j < g.n; ++j) finish(g, i, j, 0.0f);
 }
 
-// float32 BLAS on widened copies: A whole, B in panels of about 4 MB.
+// This level's float32 gemm (its thread split, GEMV and bias epilogue) on
+// widened copies: A whole, B in panels of about 4 MB.
 void widened(const GemmBf16Args& g) {
   Scratch a(g.m * g.k);
   for (int64_t i = 0; i < g.m; ++i)
     for (int64_t p = 0; p < g.k; ++p) a.data()[i * g.k + p] = widen(a_at(g, i, p));
   const int64_t panel = std::min(std::max<int64_t>((int64_t{1} << 20) / g.k, 16), g.n);
   Scratch b(panel * g.k);
+  GemmArgs f;
+  f.trans_b = true, f.m = g.m, f.k = g.k, f.alpha = g.alpha, f.beta = g.beta;
+  f.a = a.data(), f.lda = g.k, f.b = b.data(), f.ldb = g.k, f.ldc = g.ldc;
   for (int64_t j0 = 0; j0 < g.n; j0 += panel) {
-    const int64_t cols = std::min(panel, g.n - j0);
-    for (int64_t j = 0; j < cols; ++j)
+    f.n = std::min(panel, g.n - j0);
+    for (int64_t j = 0; j < f.n; ++j)
       for (int64_t p = 0; p < g.k; ++p) b.data()[j * g.k + p] = widen(g.b[(j0 + j) * g.ldb + p]);
-    blas::sgemm()(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)g.m, (blasint)cols, (blasint)g.k, g.alpha,
-                  a.data(), (blasint)g.k, b.data(), (blasint)g.k, g.beta, g.c + j0, (blasint)g.ldc);
+    f.c = g.c + j0;
+    f.bias = g.bias ? g.bias + j0 : nullptr;
+    gemm(f);
   }
-  if (g.bias)
-    for (int64_t i = 0; i < g.m; ++i)
-      for (int64_t j = 0; j < g.n; ++j) g.c[i * g.ldc + j] += g.bias[j];
 }
 
 #if defined(__AVX512F__)
@@ -300,7 +304,6 @@ void dpbf16_blocks(const GemmBf16Args& g, const Packed& pk) {
 // Rows of A up to which gemm_bf16 streams B instead of packing it: a product
 // this thin is bound by reading B once, and packing would read it twice.
 constexpr int64_t kMaxGemvRows = 4;
-
 
 // Rows [j0, j1) of B against the M rows of a (bfloat16, row stride k): each
 // row of B read once, in order, straight from where it lies; two accumulators
