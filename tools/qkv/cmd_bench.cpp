@@ -120,25 +120,32 @@ nlohmann::ordered_json bench_gemm(const GemmRow& r, double seconds) {
 
 nlohmann::json run_peer(const std::string& cmd_in);
 
+// The PyTorch peer of `rows` (scripts/bench_matmul_torch.py, all shapes in
+// one Python process, the same threads) in float32 or bfloat16; null without
+// torch. Its "rows" come in the order of `rows`.
+nlohmann::json torch_matmul(const BenchArgs& a, const std::vector<const GemmRow*>& rows, const std::string& dtype) {
+  std::string cmd = a.python + " scripts/bench_matmul_torch.py --dtype " + dtype + " --threads " +
+                    std::to_string(thread_count()) + " --seconds " + std::to_string(a.seconds) + " --shapes";
+  for (const GemmRow* r : rows)
+    cmd += " " + std::to_string(r->batch) + "," + std::to_string(r->m) + "," + std::to_string(r->n) + "," +
+           std::to_string(r->k) + "," + (r->weight_layout ? "1" : "0");
+  if (!a.json) std::fprintf(stderr, "\rbench ops: PyTorch %s (scripts/bench_matmul_torch.py) ...   ", dtype.c_str());
+  nlohmann::json torch = run_peer(cmd);
+  if (!a.json) std::fprintf(stderr, "\r%70s\r", "");
+  return torch.contains("rows") && torch["rows"].size() == rows.size() ? torch : nlohmann::json();
+}
+
 // linear with a BF16 weight on the weight-layout shapes of `gemms` (whose
 // float32 rows are already in out["matmul"]), against F.linear on bfloat16
 // tensors (oneDNN; AMX where the CPU has it). qkv's time includes rounding x
 // to bfloat16; the peer's input is bfloat16 already.
 void bench_bf16_linear(const BenchArgs& a, const std::vector<GemmRow>& gemms, nlohmann::ordered_json& out) {
-  std::string cmd = a.python + " scripts/bench_matmul_torch.py --dtype bfloat16 --threads " +
-                    std::to_string(thread_count()) + " --seconds " + std::to_string(a.seconds) + " --shapes";
   std::vector<size_t> rows;
-  for (size_t i = 0; i < gemms.size(); ++i) {
-    const GemmRow& r = gemms[i];
-    if (!r.weight_layout) continue;
-    rows.push_back(i);
-    cmd += " " + std::to_string(r.batch) + "," + std::to_string(r.m) + "," + std::to_string(r.n) + "," +
-           std::to_string(r.k) + ",1";
-  }
-  if (!a.json) std::fprintf(stderr, "\rbench ops: PyTorch bfloat16 (scripts/bench_matmul_torch.py) ...   ");
-  const nlohmann::json torch = run_peer(cmd);
-  if (!a.json) std::fprintf(stderr, "\r%70s\r", "");
-  const bool have_torch = torch.contains("rows") && torch["rows"].size() == rows.size();
+  std::vector<const GemmRow*> shapes;
+  for (size_t i = 0; i < gemms.size(); ++i)
+    if (gemms[i].weight_layout) rows.push_back(i), shapes.push_back(&gemms[i]);
+  const nlohmann::json torch = torch_matmul(a, shapes, "bfloat16");
+  const bool have_torch = !torch.is_null();
   const char* path = gemm_bf16_path();
   out["bf16_path"] = path;
   out["bf16_linear"] = nlohmann::ordered_json::array();
@@ -798,15 +805,10 @@ int run_bench(const BenchArgs& a) {
   out["matmul"] = nlohmann::ordered_json::array();
   // The second peer: torch.matmul / F.linear on the same shapes and threads
   // (MKL on x86), all shapes in one Python process, before our rows.
-  std::string cmd = a.python + " scripts/bench_matmul_torch.py --threads " + std::to_string(thread_count()) +
-                    " --seconds " + std::to_string(a.seconds) + " --shapes";
-  for (const GemmRow& r : gemms)
-    cmd += " " + std::to_string(r.batch) + "," + std::to_string(r.m) + "," + std::to_string(r.n) + "," +
-           std::to_string(r.k) + "," + (r.weight_layout ? "1" : "0");
-  if (!a.json) std::fprintf(stderr, "\rbench ops: PyTorch (scripts/bench_matmul_torch.py) ...   ");
-  const nlohmann::json torch = run_peer(cmd);
-  if (!a.json) std::fprintf(stderr, "\r%70s\r", "");
-  const bool have_torch = torch.contains("rows") && torch["rows"].size() == gemms.size();
+  std::vector<const GemmRow*> shapes;
+  for (const GemmRow& r : gemms) shapes.push_back(&r);
+  const nlohmann::json torch = torch_matmul(a, shapes, "float32");
+  const bool have_torch = !torch.is_null();
   if (have_torch) out["torch"] = torch["torch"];
   if (!a.json) {
     std::printf("qkv bench ops (%d threads); peers in the same run: raw sgemm of the loaded BLAS on the same\n"
