@@ -7,6 +7,7 @@
 #include "qkv/checkpoint.h"
 #include "qkv/infer.h"
 #include "qkv/utf8.h"
+#include "src/infer/sampling.h"
 
 namespace qkv {
 
@@ -67,10 +68,8 @@ LanguageModel load_language_model(const std::string& dir, const std::string& com
   return {f.tokenizer, std::dynamic_pointer_cast<DecoderLM>(f.model)};
 }
 
-namespace {
+namespace detail {
 
-// The length of the longest prefix of s that ends on a whole UTF-8 character
-// (a multi-byte character still arriving is held back).
 size_t complete_utf8_prefix(const std::string& s) {
   size_t n = s.size();
   for (size_t back = 1; back <= 4 && back <= n; ++back) {
@@ -82,7 +81,7 @@ size_t complete_utf8_prefix(const std::string& s) {
   return n;
 }
 
-int64_t sample(const float* logits, int64_t V, const GenerateOptions& o, Rng& rng) {
+int64_t sample_token(const float* logits, int64_t V, const GenerateOptions& o, Rng& rng) {
   std::vector<std::pair<float, int64_t>> cand;
   for (int64_t v = 0; v < V; ++v)
     if (v != Tokenizer::kPad && v != Tokenizer::kBos && v != Tokenizer::kUnk) cand.push_back({logits[v], v});
@@ -108,7 +107,7 @@ int64_t sample(const float* logits, int64_t V, const GenerateOptions& o, Rng& rn
   return cand[keep - 1].second;
 }
 
-}  // namespace
+}  // namespace detail
 
 std::vector<int64_t> generate(LanguageModel& m, const std::string& prompt, const GenerateOptions& o,
                               const std::function<void(const std::string&)>& emit) {
@@ -133,19 +132,19 @@ std::vector<int64_t> generate(LanguageModel& m, const std::string& prompt, const
   size_t emitted = 0;
   for (int64_t i = 0; i < o.max_new_tokens && caches[0].length < C; ++i) {
     const float* last = logits.data<float>() + (logits.size(1) - 1) * V;
-    const int64_t next = sample(last, V, o, rng);
+    const int64_t next = detail::sample_token(last, V, o, rng);
     if (next == Tokenizer::kEos) break;
     out.push_back(next);
     if (emit) {
       const std::string text = m.tokenizer->decode(out);
-      const size_t cut = complete_utf8_prefix(text);
+      const size_t cut = detail::complete_utf8_prefix(text);
       if (cut > emitted) emit(replace_invalid_utf8(text.substr(emitted, cut - emitted))), emitted = cut;
     }
     if (caches[0].length < C) logits = model.forward_cached(Tensor::from_ints({next}, {1, 1}), caches);
   }
   if (emit) {  // what is left, less a character cut off by max_new_tokens (it is not text yet)
     const std::string text = m.tokenizer->decode(out);
-    const size_t cut = complete_utf8_prefix(text);
+    const size_t cut = detail::complete_utf8_prefix(text);
     if (cut > emitted) emit(replace_invalid_utf8(text.substr(emitted, cut - emitted)));
   }
   return out;

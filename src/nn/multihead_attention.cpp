@@ -165,6 +165,34 @@ AttentionOutput MultiheadAttention::forward_cached(const Tensor& x, KVCache& cac
   return attend(q, cache.k.slice(2, 0, cache.length), cache.v.slice(2, 0, cache.length), c);
 }
 
+AttentionOutput MultiheadAttention::forward_cached_rows(const Tensor& x, const std::vector<KVCache*>& caches) {
+  QKV_CHECK(!options_.cross_attention, "MultiheadAttention: forward_cached_rows is for self-attention");
+  const int64_t B = x.dim() == 3 ? x.size(0) : 0;
+  QKV_CHECK(x.dim() == 3 && x.size(1) == 1 && x.size(-1) == options_.d_model && (size_t)B == caches.size(),
+            "MultiheadAttention: x must be [B, 1, ", options_.d_model, "] with one cache per row, got ",
+            shape_str(x.shape()), " and ", caches.size(), " caches");
+  std::vector<Tensor> qkv = project_self(x);
+  Tensor q = heads(qkv[0], options_.nhead), k = heads(qkv[1], kv_heads_), v = heads(qkv[2], kv_heads_);
+  const AttentionOptions o = attention_options({});
+  std::vector<Tensor> ctx;  // [1, H, 1, Dh] per row
+  for (int64_t b = 0; b < B; ++b) {
+    KVCache& cache = *caches[(size_t)b];
+    const int64_t start = cache.length;
+    QKV_CHECK(cache.k.defined() && cache.k.size(0) == 1, "MultiheadAttention: row ", b, " needs a cache of batch 1");
+    QKV_CHECK(start < cache.capacity(), "KV cache full: row ", b, " is at its capacity ", cache.capacity());
+    {
+      NoGradGuard no_grad;
+      cache.k.slice(2, start, start + 1).copy_(prepare(k.slice(0, b, b + 1), k_norm, start));
+      cache.v.slice(2, start, start + 1).copy_(v.slice(0, b, b + 1));
+    }
+    cache.length = start + 1;
+    ctx.push_back(scaled_dot_product_attention(prepare(q.slice(0, b, b + 1), q_norm, start),
+                                               cache.k.slice(2, 0, cache.length), cache.v.slice(2, 0, cache.length), o));
+  }
+  Tensor merged = concat(ctx, 0).permute({0, 2, 1, 3}).reshape({B, 1, options_.nhead * head_dim_});
+  return {out_proj->forward(merged), {}};
+}
+
 AttentionOutput MultiheadAttention::forward(const Tensor& x, const Tensor& memory, const AttentionCall& call) {
   QKV_CHECK(options_.cross_attention, "MultiheadAttention: a self-attention module takes no memory");
   QKV_CHECK(x.dim() == 3 && x.size(-1) == options_.d_model && memory.dim() == 3 &&

@@ -72,6 +72,10 @@ Tensor TransformerEncoderLayer::forward_cached(const Tensor& x, KVCache& cache) 
   return run(x, [&](const Tensor& h) { return self_attn->forward_cached(h, cache).out; });
 }
 
+Tensor TransformerEncoderLayer::forward_cached_rows(const Tensor& x, const std::vector<KVCache*>& caches) {
+  return run(x, [&](const Tensor& h) { return self_attn->forward_cached_rows(h, caches).out; });
+}
+
 Tensor TransformerEncoderLayer::run(const Tensor& x_in, const std::function<Tensor(const Tensor&)>& attend) {
   Tensor x = x_in;
   if (options_.norm_first) {

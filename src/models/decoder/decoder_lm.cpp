@@ -80,6 +80,25 @@ Tensor DecoderLM::forward_cached(const Tensor& ids, std::vector<KVCache>& caches
   return logits(x);
 }
 
+Tensor DecoderLM::forward_cached_rows(const Tensor& ids, const std::vector<std::vector<KVCache>*>& rows) {
+  const int64_t B = ids.dim() == 2 ? ids.size(0) : 0;
+  QKV_CHECK(ids.dim() == 2 && ids.size(1) == 1 && (size_t)B == rows.size(),
+            "decoder: ids must be [B, 1] with the caches of each row, got ", shape_str(ids.shape()), " and ",
+            rows.size(), " rows");
+  std::vector<Tensor> at;  // [1, 1, D] per row: its token at its own position
+  for (int64_t b = 0; b < B; ++b) {
+    QKV_CHECK(rows[(size_t)b]->size() == layers.size(), "decoder: row ", b, " needs one cache per layer");
+    at.push_back(embed_tokens(ids.slice(0, b, b + 1), rows[(size_t)b]->front().length));
+  }
+  Tensor x = concat(at, 0);
+  std::vector<KVCache*> caches((size_t)B);
+  for (size_t i = 0; i < layers.size(); ++i) {
+    for (int64_t b = 0; b < B; ++b) caches[(size_t)b] = &(*rows[(size_t)b])[i];
+    x = layers[i]->forward_cached_rows(x, caches);
+  }
+  return logits(x);
+}
+
 Tensor DecoderLM::aux_loss() const {
   Tensor total;
   for (auto& l : layers) {

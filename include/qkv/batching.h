@@ -1,0 +1,106 @@
+// qkv/batching.h — continuous batching for a decoder language model: many
+// generations share one decoding step.
+//
+// The generator has a fixed number of slots, each a KV cache of `context`
+// positions for one sequence. A request waits in a bounded queue until a slot
+// is free; it then joins at the next step: its prompt is prefilled into its
+// slot, and from then on every step computes the next token of all active
+// sequences with one batched forward pass (DecoderLM::forward_cached_rows:
+// the matrix products once for all rows, attention per row at its own
+// length). A finished or cancelled request leaves at once and frees its slot.
+//
+// Each request samples with its own generator seeded by its seed, so its
+// tokens are the ones qkv::generate() gives for the same prompt and options,
+// whatever else shares the batch.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "qkv/infer.h"
+
+namespace qkv {
+
+struct BatchResult {
+  std::string text;  // the completion as emitted, less any stop sequence
+  int64_t prompt_tokens = 0, completion_tokens = 0;
+  // "stop": <eos> or a stop sequence; "length": max_new_tokens or the
+  // context; "cancelled"; "error" (then `error` says what failed).
+  std::string finish_reason;
+  std::string error;
+};
+
+struct BatchRequest {
+  std::vector<int64_t> prompt;  // token ids, <bos> first, fewer than the generator's context
+  GenerateOptions options;      // max_new_tokens, temperature, top_k, top_p, seed
+  // Generation ends where the text first contains one of these; the text up to
+  // it is returned. Text that could still become one is held back meanwhile.
+  std::vector<std::string> stop;
+  // Each new piece of text, on the generator's thread; never a split UTF-8 character.
+  std::function<void(const std::string&)> on_text;
+  // Once, at the end, on the generator's thread.
+  std::function<void(const BatchResult&)> on_done;
+  // Set by the caller (a client gone): the request leaves at the next step.
+  std::shared_ptr<std::atomic<bool>> cancel;
+};
+
+struct BatchStats {
+  int64_t slots = 0, active = 0, waiting = 0;
+  int64_t steps = 0;  // batched decoding steps run so far
+};
+
+class BatchGenerator {
+public:
+  // slots >= 1 sequences at once, each of up to `context` positions (at most
+  // the model's); at most max_waiting requests wait for a slot.
+  BatchGenerator(LanguageModel model, int64_t slots, int64_t context, int64_t max_waiting);
+  ~BatchGenerator();
+  BatchGenerator(const BatchGenerator&) = delete;
+  BatchGenerator& operator=(const BatchGenerator&) = delete;
+
+  // Queues a request (thread-safe). False, and nothing queued, when the queue
+  // is full or the generator is stopping. A prompt that does not fit the
+  // context, or options out of range, are a qkv::Error.
+  bool submit(BatchRequest request);
+  // One round on the calling thread: admits waiting requests into free slots
+  // (prefill and their first token), then one batched step for every active
+  // sequence. Returns whether any request is still active or waiting.
+  bool step();
+  // Runs step() on a thread of its own (with `threads` OpenMP threads, 0: the
+  // default) until stop().
+  void start(int threads = 0);
+  // Takes no new requests, lets the active and waiting ones finish, and joins
+  // the thread. Idempotent.
+  void stop();
+
+  BatchStats stats() const;
+  int64_t context() const { return context_; }
+  const LanguageModel& model() const { return model_; }
+
+private:
+  struct Slot;
+  void admit(Slot& slot, BatchRequest request);
+  // Appends the token sampled for `slot`, emits its text, and finishes it when it is done.
+  void accept(Slot& slot, int64_t token);
+  void finish(Slot& slot, const std::string& reason, const std::string& error = "");
+  void loop(int threads);
+
+  LanguageModel model_;
+  int64_t context_, max_waiting_;
+  std::vector<std::unique_ptr<Slot>> slots_;
+  mutable std::mutex mutex_;  // guards waiting_, stopping_ and the counts read by stats()
+  std::condition_variable wake_;
+  std::deque<BatchRequest> waiting_;
+  bool stopping_ = false;
+  int64_t active_ = 0, steps_ = 0;
+  std::thread thread_;
+};
+
+}  // namespace qkv

@@ -1,0 +1,241 @@
+// Continuous batching (qkv/batching.h): slots of KV caches, a bounded queue,
+// and one batched decoding step for every active sequence.
+#include "qkv/batching.h"
+
+#include <omp.h>
+
+#include <algorithm>
+
+#include "qkv/utf8.h"
+#include "src/infer/sampling.h"
+
+namespace qkv {
+
+struct BatchGenerator::Slot {
+  bool active = false;
+  BatchRequest request;
+  std::vector<KVCache> caches;  // one per layer, batch 1, `context` positions
+  Rng rng;
+  std::vector<int64_t> tokens;  // generated so far
+  std::string text;             // their decoded text
+  size_t emitted = 0;           // bytes of `text` already given to on_text
+  int64_t pending = -1;         // the token the next step feeds, or -1
+  BatchResult result;
+};
+
+BatchGenerator::BatchGenerator(LanguageModel model, int64_t slots, int64_t context, int64_t max_waiting)
+    : model_(std::move(model)), context_(context), max_waiting_(max_waiting) {
+  QKV_CHECK(model_.model && model_.tokenizer, "batch generator: needs a decoder model with its tokenizer");
+  QKV_CHECK(slots >= 1 && slots <= 1024, "batch generator: slots must be 1 to 1024, got ", slots);
+  QKV_CHECK(max_waiting >= 0, "batch generator: the queue length must not be negative, got ", max_waiting);
+  const int64_t model_context = model_.model->config().context;
+  QKV_CHECK(context >= 2 && context <= model_context, "batch generator: context must be 2 to the model's ",
+            model_context, ", got ", context);
+  model_.model->eval();
+  for (int64_t i = 0; i < slots; ++i) {
+    slots_.push_back(std::make_unique<Slot>());
+    slots_.back()->caches = model_.model->make_caches(1, context);
+  }
+}
+
+BatchGenerator::~BatchGenerator() {
+  stop();
+  // Without a thread (step() driven by the caller) requests may remain: each still hears its end.
+  for (auto& s : slots_)
+    if (s->active) finish(*s, "cancelled");
+  for (BatchRequest& r : waiting_) {
+    BatchResult result;
+    result.prompt_tokens = (int64_t)r.prompt.size();
+    result.finish_reason = "cancelled";
+    if (r.on_done) r.on_done(result);
+  }
+}
+
+bool BatchGenerator::submit(BatchRequest r) {
+  const GenerateOptions& o = r.options;
+  QKV_CHECK(o.max_new_tokens >= 0 && o.top_k >= 0 && o.top_p > 0 && o.top_p <= 1 && o.temperature >= 0,
+            "generate: max_new_tokens, top_k and temperature must not be negative, top_p in (0, 1]");
+  QKV_CHECK(!r.prompt.empty() && (int64_t)r.prompt.size() < context_, "generate: the prompt is ", r.prompt.size(),
+            " tokens; it must be 1 to ", context_ - 1, " (the context is ", context_, ")");
+  for (const std::string& s : r.stop) QKV_CHECK(!s.empty(), "generate: a stop sequence must not be empty");
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const int64_t free_slots = (int64_t)slots_.size() - active_;  // those admit at the next step
+    if (stopping_ || (int64_t)waiting_.size() >= max_waiting_ + free_slots) return false;
+    waiting_.push_back(std::move(r));
+  }
+  wake_.notify_one();
+  return true;
+}
+
+void BatchGenerator::admit(Slot& s, BatchRequest r) {
+  s.active = true;
+  s.request = std::move(r);
+  s.rng = Rng(s.request.options.seed);
+  s.tokens.clear();
+  s.text.clear();
+  s.emitted = 0;
+  s.pending = -1;
+  s.result = BatchResult{};
+  s.result.prompt_tokens = (int64_t)s.request.prompt.size();
+  for (KVCache& c : s.caches) c.length = 0;  // what the last request left is overwritten
+  if (s.request.cancel && *s.request.cancel) return finish(s, "cancelled");
+  if (s.request.options.max_new_tokens == 0) return finish(s, "length");
+  Tensor logits;
+  try {
+    const std::vector<int64_t>& p = s.request.prompt;
+    logits = model_.model->forward_cached(Tensor::from_ints(p, {1, (int64_t)p.size()}), s.caches);
+  } catch (const std::exception& e) {
+    return finish(s, "error", e.what());
+  }
+  const int64_t V = logits.size(-1);
+  accept(s, detail::sample_token(logits.data<float>() + (logits.size(1) - 1) * V, V, s.request.options, s.rng));
+}
+
+namespace {
+
+// Where the earliest of `stops` begins in `text` at or after `from`, or npos.
+size_t find_stop(const std::string& text, const std::vector<std::string>& stops, size_t from) {
+  size_t best = std::string::npos;
+  for (const std::string& stop : stops) best = std::min(best, text.find(stop, from));
+  return best;
+}
+
+// The longest tail of text[from, end) that begins one of `stops` (it may yet become one).
+size_t held_back(const std::string& text, size_t from, size_t end, const std::vector<std::string>& stops) {
+  size_t longest = 0;
+  for (const std::string& stop : stops) longest = std::max(longest, stop.size() - 1);
+  for (size_t k = std::min(longest, end - from); k > 0; --k) {
+    for (const std::string& stop : stops)
+      if (stop.compare(0, k, text, end - k, k) == 0) return k;
+  }
+  return 0;
+}
+
+}  // namespace
+
+void BatchGenerator::accept(Slot& s, int64_t token) {
+  auto emit_to = [&](size_t end) {
+    if (end <= s.emitted) return;
+    const std::string piece = replace_invalid_utf8(s.text.substr(s.emitted, end - s.emitted));
+    s.emitted = end;
+    s.result.text += piece;
+    if (s.request.on_text) s.request.on_text(piece);
+  };
+  if (token == Tokenizer::kEos) {
+    emit_to(detail::complete_utf8_prefix(s.text));
+    return finish(s, "stop");
+  }
+  s.tokens.push_back(token);
+  s.result.completion_tokens = (int64_t)s.tokens.size();
+  s.text = model_.tokenizer->decode(s.tokens);
+  const std::vector<std::string>& stops = s.request.stop;
+  if (const size_t at = find_stop(s.text, stops, s.emitted); at != std::string::npos) {
+    emit_to(at);
+    return finish(s, "stop");
+  }
+  const size_t whole = detail::complete_utf8_prefix(s.text);
+  const int64_t length = s.caches.front().length;  // positions cached; the token goes to this one
+  if ((int64_t)s.tokens.size() >= s.request.options.max_new_tokens || length + 1 >= context_) {
+    emit_to(whole);  // a character cut off at the end is not text yet, and is dropped (as generate() does)
+    return finish(s, "length");
+  }
+  emit_to(whole - held_back(s.text, s.emitted, whole, stops));
+  s.pending = token;
+}
+
+void BatchGenerator::finish(Slot& s, const std::string& reason, const std::string& error) {
+  s.result.finish_reason = reason;
+  s.result.error = error;
+  s.active = false;
+  s.pending = -1;
+  BatchRequest done = std::move(s.request);
+  s.request = BatchRequest{};
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    --active_;
+  }
+  if (done.on_done) done.on_done(s.result);
+}
+
+bool BatchGenerator::step() {
+  NoGradGuard no_grad;
+  for (auto& s : slots_) {  // free slots take waiting requests, oldest first
+    if (s->active) continue;
+    BatchRequest r;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (waiting_.empty()) break;
+      r = std::move(waiting_.front());
+      waiting_.pop_front();
+      ++active_;
+    }
+    admit(*s, std::move(r));
+  }
+  std::vector<Slot*> rows;
+  std::vector<int64_t> ids;
+  std::vector<std::vector<KVCache>*> caches;
+  for (auto& s : slots_) {
+    if (!s->active) continue;
+    if (s->request.cancel && *s->request.cancel) {
+      finish(*s, "cancelled");
+      continue;
+    }
+    if (s->pending < 0) continue;
+    rows.push_back(s.get());
+    ids.push_back(s->pending);
+    caches.push_back(&s->caches);
+  }
+  if (!rows.empty()) {
+    Tensor logits;
+    try {
+      logits = model_.model->forward_cached_rows(Tensor::from_ints(ids, {(int64_t)rows.size(), 1}), caches);
+    } catch (const std::exception& e) {
+      for (Slot* s : rows) finish(*s, "error", e.what());
+      rows.clear();
+    }
+    const int64_t V = logits.defined() ? logits.size(-1) : 0;
+    for (size_t b = 0; b < rows.size(); ++b) {
+      Slot& s = *rows[b];
+      s.pending = -1;
+      accept(s, detail::sample_token(logits.data<float>() + (int64_t)b * V, V, s.request.options, s.rng));
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++steps_;
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  return active_ > 0 || !waiting_.empty();
+}
+
+void BatchGenerator::loop(int threads) {
+  if (threads > 0) omp_set_num_threads(threads);  // a new thread starts from the process default
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      wake_.wait(lock, [&] { return stopping_ || active_ > 0 || !waiting_.empty(); });
+      if (stopping_ && active_ == 0 && waiting_.empty()) return;
+    }
+    step();
+  }
+}
+
+void BatchGenerator::start(int threads) {
+  QKV_CHECK(!thread_.joinable(), "batch generator: already started");
+  thread_ = std::thread([this, threads] { loop(threads); });
+}
+
+void BatchGenerator::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
+}
+
+BatchStats BatchGenerator::stats() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return {(int64_t)slots_.size(), active_, (int64_t)waiting_.size(), steps_};
+}
+
+}  // namespace qkv

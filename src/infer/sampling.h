@@ -1,0 +1,22 @@
+// Sampling one token from logits, and cutting text at whole UTF-8
+// characters: shared by generate() and the continuous-batching generator.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "qkv/infer.h"
+#include "qkv/rng.h"
+
+namespace qkv::detail {
+
+// The length of the longest prefix of s that ends on a whole UTF-8 character
+// (a multi-byte character still arriving is held back).
+size_t complete_utf8_prefix(const std::string& s);
+
+// A token from logits [V]: the most likely at temperature 0, else drawn from
+// softmax(logits / temperature) restricted by top_k and top_p. <pad>, <bos>
+// and <unk> are never drawn.
+int64_t sample_token(const float* logits, int64_t V, const GenerateOptions& o, Rng& rng);
+
+}  // namespace qkv::detail

@@ -1,0 +1,219 @@
+// Continuous batching: the batched decoding step against one sequence at a
+// time, and the generator's tokens against generate() for the same requests.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "qkv/batching.h"
+#include "qkv/ops.h"
+
+namespace qkv {
+namespace {
+
+LanguageModel random_model(std::shared_ptr<const Tokenizer> tok, const std::string& json, uint64_t seed = 7) {
+  DecoderConfig c = DecoderConfig::from_json(json, "test");
+  c.vocab_size = tok->size();
+  Rng rng(seed);
+  auto model = std::make_shared<DecoderLM>(c, rng);
+  model->eval();
+  return {tok, model};
+}
+
+LanguageModel random_byte_model(const std::string& json) {
+  TokenizerConfig tc;
+  tc.type = TokenizerKind::Bytes;
+  return random_model(train_tokenizer(tc, {}), json);
+}
+
+const char* kRope = R"({"d_model": 32, "nhead": 4, "num_kv_heads": 2, "num_layers": 2, "dim_feedforward": 48,
+                        "context": 48, "qk_norm": true, "positions": "rope"})";
+const char* kLearned = R"({"d_model": 24, "nhead": 2, "num_layers": 2, "dim_feedforward": 32, "context": 40,
+                           "positions": "learned", "mlp": "dense", "norm": "layernorm", "norm_first": false})";
+
+std::vector<int64_t> with_bos(const LanguageModel& m, const std::string& text) {
+  std::vector<int64_t> ids = {Tokenizer::kBos};
+  for (int64_t id : m.tokenizer->encode(text)) ids.push_back(id);
+  return ids;
+}
+
+class RowsStep : public ::testing::TestWithParam<const char*> {};
+
+// Three sequences at different lengths: one batched step per token gives the
+// logits that each sequence gets alone with its own cache.
+TEST_P(RowsStep, EqualsOneSequenceAtATime) {
+  NoGradGuard no_grad;
+  LanguageModel m = random_byte_model(GetParam());
+  DecoderLM& model = *m.model;
+  const std::vector<std::string> prompts = {"a", "the cat sat", "我是中国人"};
+  std::vector<std::vector<KVCache>> alone, batched;
+  std::vector<int64_t> next;
+  for (const std::string& p : prompts) {
+    const std::vector<int64_t> ids = with_bos(m, p);
+    alone.push_back(model.make_caches(1, model.config().context));
+    batched.push_back(model.make_caches(1, model.config().context));
+    Tensor a = model.forward_cached(Tensor::from_ints(ids, {1, (int64_t)ids.size()}), alone.back());
+    model.forward_cached(Tensor::from_ints(ids, {1, (int64_t)ids.size()}), batched.back());
+    next.push_back(4 + (int64_t)ids.size());  // any byte token
+  }
+  for (int step = 0; step < 5; ++step) {
+    std::vector<std::vector<KVCache>*> rows;
+    for (auto& c : batched) rows.push_back(&c);
+    Tensor got = model.forward_cached_rows(Tensor::from_ints(next, {3, 1}), rows);
+    ASSERT_EQ(got.shape(), (Shape{3, 1, model.config().vocab_size}));
+    for (size_t b = 0; b < 3; ++b) {
+      Tensor want = model.forward_cached(Tensor::from_ints({next[b]}, {1, 1}), alone[b]);
+      EXPECT_EQ(batched[b][0].length, alone[b][0].length);
+      const float* g = got.data<float>() + b * (size_t)got.size(-1);
+      const float* w = want.data<float>();
+      double worst = 0, scale = 0;
+      for (int64_t v = 0; v < want.numel(); ++v) {
+        worst = std::max(worst, (double)std::fabs(g[v] - w[v]));
+        scale = std::max(scale, (double)std::fabs(w[v]));
+      }
+      // The same sums, but a GEMM over 3 rows may order them differently from a GEMV over one.
+      EXPECT_LE(worst, 1e-5 * std::max(1.0, scale)) << "row " << b << " step " << step;
+      next[b] = 4 + (next[b] * 7 + 3) % 200;
+    }
+  }
+  std::vector<std::vector<KVCache>*> short_rows = {&batched[0]};
+  EXPECT_THROW(model.forward_cached_rows(Tensor::from_ints(next, {3, 1}), short_rows), Error);
+}
+
+INSTANTIATE_TEST_SUITE_P(Batching, RowsStep, ::testing::Values(kRope, kLearned));
+
+struct Collected {
+  std::string pieces;
+  BatchResult result;
+  bool done = false;
+};
+
+BatchRequest request_for(const LanguageModel& m, const std::string& prompt, GenerateOptions o, Collected& into,
+                         std::vector<std::string> stop = {}) {
+  BatchRequest r;
+  r.prompt = with_bos(m, prompt);
+  r.options = o;
+  r.stop = std::move(stop);
+  r.on_text = [&into](const std::string& piece) { into.pieces += piece; };
+  r.on_done = [&into](const BatchResult& result) { into.result = result, into.done = true; };
+  return r;
+}
+
+void run_until_idle(BatchGenerator& g) {
+  for (int i = 0; i < 10000 && g.step(); ++i) {
+  }
+}
+
+// Seven requests through three slots (four of them wait at first): each
+// gets the tokens that generate() gives it alone, greedy and sampled.
+TEST(Batching, GeneratorGivesWhatGenerateGivesWhateverSharesTheBatch) {
+  LanguageModel m = random_byte_model(kRope);
+  const std::vector<std::string> prompts = {"a", "the cat", "私は", "hello world", "x", "yy", "中国"};
+  std::vector<GenerateOptions> options;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    GenerateOptions o;
+    o.max_new_tokens = 6 + (int64_t)i * 3;
+    o.temperature = i % 2 ? 0.9f : 0.0f;
+    o.top_k = i % 3 == 1 ? 20 : 0;
+    o.top_p = i % 3 == 2 ? 0.8f : 1.0f;
+    o.seed = 100 + i;
+    options.push_back(o);
+  }
+  BatchGenerator g(m, 3, m.model->config().context, 8);
+  std::vector<Collected> got(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) ASSERT_TRUE(g.submit(request_for(m, prompts[i], options[i], got[i])));
+  EXPECT_EQ(g.stats().waiting, 7);
+  run_until_idle(g);
+  int64_t tokens = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    std::string streamed;
+    const std::vector<int64_t> want = generate(m, prompts[i], options[i], [&](const std::string& p) { streamed += p; });
+    ASSERT_TRUE(got[i].done) << i;
+    EXPECT_EQ(got[i].result.text, streamed) << "request " << i;
+    EXPECT_EQ(got[i].pieces, streamed) << "request " << i;
+    EXPECT_EQ(got[i].result.completion_tokens, (int64_t)want.size()) << "request " << i;
+    EXPECT_EQ(got[i].result.prompt_tokens, 1 + (int64_t)m.tokenizer->encode(prompts[i]).size());
+    EXPECT_EQ(got[i].result.finish_reason, (int64_t)want.size() == options[i].max_new_tokens ? "length" : "stop");
+    tokens += (int64_t)want.size();
+  }
+  const BatchStats s = g.stats();
+  EXPECT_EQ(s.active, 0);
+  EXPECT_EQ(s.waiting, 0);
+  // Batched: far fewer steps than tokens (each request's first token comes from its prefill).
+  EXPECT_LT(s.steps, tokens - (int64_t)prompts.size());
+}
+
+TEST(Batching, StopSequencesEndTheTextBeforeThem) {
+  // Characters (a random byte model writes invalid UTF-8, shown as U+FFFD, which a stop sequence cannot name).
+  LanguageModel m = random_model(std::make_shared<CharTokenizer>(CharTokenizer::build({"abcdefgh ijklmnop"})), kRope);
+  GenerateOptions o;
+  o.max_new_tokens = 30, o.temperature = 0.7f, o.seed = 5;
+  std::string full;
+  generate(m, "the", o, [&](const std::string& p) { full += p; });
+  ASSERT_GE(full.size(), 8u) << "the random model stopped too early to test a stop sequence";
+  const std::string stop = full.substr(4, 3);
+  BatchGenerator g(m, 2, m.model->config().context, 4);
+  Collected a, b;
+  ASSERT_TRUE(g.submit(request_for(m, "the", o, a, {stop, "never in it \x01"})));
+  ASSERT_TRUE(g.submit(request_for(m, "the", o, b, {"never in it \x01"})));
+  run_until_idle(g);
+  EXPECT_EQ(a.result.text, full.substr(0, full.find(stop)));
+  EXPECT_EQ(a.pieces, a.result.text);  // nothing of the stop sequence was streamed
+  EXPECT_EQ(a.result.finish_reason, "stop");
+  EXPECT_EQ(b.result.text, full);
+}
+
+TEST(Batching, QueueIsBoundedAndCancelledRequestsFreeTheirSlot) {
+  LanguageModel m = random_byte_model(kRope);
+  BatchGenerator g(m, 1, 32, 1);
+  GenerateOptions o;
+  o.max_new_tokens = 20, o.temperature = 0;
+  Collected a, b, c;
+  BatchRequest first = request_for(m, "a", o, a);
+  auto cancel = std::make_shared<std::atomic<bool>>(false);
+  first.cancel = cancel;
+  first.on_text = [&](const std::string& piece) { a.pieces += piece, *cancel = true; };
+  ASSERT_TRUE(g.submit(std::move(first)));       // takes the free slot at the next step
+  ASSERT_TRUE(g.submit(request_for(m, "b", o, b)));  // waits
+  EXPECT_FALSE(g.submit(request_for(m, "c", o, c)));  // the queue of 1 is full
+  run_until_idle(g);
+  EXPECT_EQ(a.result.finish_reason, "cancelled");
+  EXPECT_LT(a.result.completion_tokens, o.max_new_tokens);
+  EXPECT_TRUE(b.done);
+  EXPECT_FALSE(c.done);
+  std::string want;
+  generate(m, "b", o, [&](const std::string& p) { want += p; });
+  EXPECT_EQ(b.result.text, want);
+
+  // Bad requests are errors, never queued.
+  BatchRequest too_long = request_for(m, std::string(40, 'x'), o, c);
+  EXPECT_THROW(g.submit(std::move(too_long)), Error);
+  GenerateOptions bad = o;
+  bad.top_p = 0;
+  EXPECT_THROW(g.submit(request_for(m, "a", bad, c)), Error);
+  EXPECT_THROW(g.submit(request_for(m, "a", o, c, {""})), Error);
+  EXPECT_THROW(BatchGenerator(m, 0, 32, 1), Error);
+  EXPECT_THROW(BatchGenerator(m, 1, 49, 1), Error);  // past the model's context
+}
+
+// The generator's own thread: requests from other threads, then a drain.
+TEST(Batching, ThreadServesRequestsAndStopDrainsThem) {
+  LanguageModel m = random_byte_model(kRope);
+  BatchGenerator g(m, 2, 48, 8);
+  g.start(1);
+  GenerateOptions o;
+  o.max_new_tokens = 10, o.temperature = 0;
+  std::vector<Collected> got(5);  // written on the generator's thread, read after it is joined
+  for (auto& c : got) ASSERT_TRUE(g.submit(request_for(m, "the", o, c)));
+  g.stop();  // waits for all five
+  Collected late;
+  EXPECT_FALSE(g.submit(request_for(m, "the", o, late)));
+  std::string want;
+  generate(m, "the", o, [&](const std::string& p) { want += p; });
+  for (auto& c : got) {
+    EXPECT_TRUE(c.done);
+    EXPECT_EQ(c.result.text, want);
+  }
+}
+
+}  // namespace
+}  // namespace qkv
