@@ -8,11 +8,13 @@ packages=(
   libopenblas-dev libopenblas0-openmp  # GEMM, OpenMP build (shares our thread pool)
   nlohmann-json3-dev              # configs, safetensors headers
   libcli11-dev                    # subcommands and flags with help text
+  libcpp-httplib-dev pkg-config   # qkv serve's HTTP
   libpng-dev libjpeg62-turbo-dev zlib1g-dev  # PNG and JPEG images, gzipped IDX files
   libsentencepiece-dev            # subword tokenizer
   libgtest-dev                    # unit tests
   libbenchmark-dev                # micro benchmarks
   dataset-fashion-mnist           # real images for the ViT recipes (not needed by make test)
+  python3 python3-pip             # the server's client tests (openai, below)
 )
 
 # `install-deps.sh --fuzz` (make fuzz) adds clang with libFuzzer and its OpenMP.
@@ -28,15 +30,22 @@ done
 
 if [ ${#missing[@]} -eq 0 ]; then
   echo "install-deps: all ${#packages[@]} packages present"
-  exit 0
+else
+  echo "install-deps: installing ${missing[*]}"
+  sudo=""
+  if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null || { echo "install-deps: need root or sudo to install ${missing[*]}" >&2; exit 1; }
+    sudo="sudo"
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-echo "install-deps: installing ${missing[*]}"
-sudo=""
-if [ "$(id -u)" -ne 0 ]; then
-  command -v sudo >/dev/null || { echo "install-deps: need root or sudo to install ${missing[*]}" >&2; exit 1; }
-  sudo="sudo"
+# PyPI: the openai client, for the python3 first on PATH (the one the tests run).
+# A Debian python3 refuses pip installs into it unless told (PEP 668).
+if ! python3 -c "import openai" 2>/dev/null; then
+  echo "install-deps: pip install openai"
+  python3 -m pip install --quiet --disable-pip-version-check openai 2>/dev/null ||
+    python3 -m pip install --quiet --disable-pip-version-check --break-system-packages openai
 fi
-export DEBIAN_FRONTEND=noninteractive
-$sudo apt-get update -qq
-$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"

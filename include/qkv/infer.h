@@ -78,6 +78,7 @@ struct GenerateOptions {
   float top_p = 1.0f;        // nucleus: the smallest set of tokens with this much probability
   uint64_t seed = 1;
   bool truncate_prompt = false;  // keep the prompt's last tokens when it does not fit the context
+  bool ignore_eos = false;       // never sample <eos>: exactly max_new_tokens (or up to the context)
 };
 
 // Prefills the prompt, then samples one token at a time with the KV cache,

@@ -84,7 +84,8 @@ size_t complete_utf8_prefix(const std::string& s) {
 int64_t sample_token(const float* logits, int64_t V, const GenerateOptions& o, Rng& rng) {
   std::vector<std::pair<float, int64_t>> cand;
   for (int64_t v = 0; v < V; ++v)
-    if (v != Tokenizer::kPad && v != Tokenizer::kBos && v != Tokenizer::kUnk) cand.push_back({logits[v], v});
+    if (v != Tokenizer::kPad && v != Tokenizer::kBos && v != Tokenizer::kUnk && !(o.ignore_eos && v == Tokenizer::kEos))
+      cand.push_back({logits[v], v});
   std::sort(cand.begin(), cand.end(), [](auto& a, auto& b) { return a.first > b.first; });
   if (o.temperature <= 0) return cand[0].second;
   if (o.top_k > 0 && (size_t)o.top_k < cand.size()) cand.resize((size_t)o.top_k);

@@ -16,7 +16,7 @@ size_t complete_utf8_prefix(const std::string& s);
 
 // A token from logits [V]: the most likely at temperature 0, else drawn from
 // softmax(logits / temperature) restricted by top_k and top_p. <pad>, <bos>
-// and <unk> are never drawn.
+// and <unk> are never drawn, nor <eos> with ignore_eos.
 int64_t sample_token(const float* logits, int64_t V, const GenerateOptions& o, Rng& rng);
 
 }  // namespace qkv::detail

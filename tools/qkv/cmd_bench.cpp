@@ -281,7 +281,7 @@ nlohmann::json run_peer(const std::string& cmd_in) {
 nlohmann::json bench_attention_torch(const BenchArgs& a, const std::vector<int64_t>& lengths) {
   std::string cmd = a.python + " scripts/bench_attention_torch.py --threads " + std::to_string(thread_count()) +
                     " --seconds " + std::to_string(a.seconds) + (a.causal ? " --causal" : "") + " --n";
-  for (int64_t n : lengths) cmd += " " + std::to_string(n);
+  for (int64_t n : lengths) cmd.append(" ").append(std::to_string(n));  // not " " + ...: GCC 12's -Wrestrict false alarm
   return run_peer(cmd);
 }
 

@@ -21,6 +21,7 @@ Run add_translate(CLI::App& app);
 Run add_eval(CLI::App& app);
 Run add_classify(CLI::App& app);
 Run add_generate(CLI::App& app);
+Run add_serve(CLI::App& app);
 Run add_info(CLI::App& app);
 
 // What runs the figures (cmd_info.cpp): the CPU, its features, the kernel

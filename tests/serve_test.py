@@ -1,0 +1,370 @@
+#!/usr/bin/env python3
+"""qkv serve, driven as its users would: the openai client for completions and
+streaming, plain HTTP for the rest, every bad input followed by a good request,
+queueing, a client that leaves mid-stream, SIGTERM while a stream is open, and
+a bounded load test (200 requests from 16 clients) that checks for errors and
+memory growth.
+
+usage: serve_test.py QKV FIXTURES_DIR
+"""
+import http.client
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+
+import openai
+
+QKV = os.path.abspath(sys.argv[1]) if len(sys.argv) > 1 else "build/release/qkv"
+FIXTURES = os.path.abspath(sys.argv[2]) if len(sys.argv) > 2 else "tests/fixtures"
+TMP = tempfile.mkdtemp(prefix="qkv-serve-test-")
+# Under a sanitizer everything is several times slower.
+SLOW = 5 if "asan" in QKV else 1
+
+
+def run(*args, timeout=300):
+    r = subprocess.run([QKV, *args], capture_output=True, text=True, timeout=timeout)
+    if r.returncode != 0:
+        raise RuntimeError(f"qkv {' '.join(args)} failed:\n{r.stdout}\n{r.stderr}")
+    return r.stdout
+
+
+def train_decoder(name, config, steps):
+    out = os.path.join(TMP, name)
+    text = os.path.join(TMP, "lm.txt")
+    if not os.path.exists(text):
+        with open(text, "w") as f:
+            f.write("the cat sat on the mat.\n\nthe dog ran in the park.\n\n" * 60)
+    with open(out + ".json", "w") as f:
+        json.dump({"arch": "decoder", **config, "train": {"steps": steps, "batch_size": 4, "eval_every": steps}}, f)
+    run("train", "--config", out + ".json", "--train", text, "--out", out, "--threads", "1")
+    return out
+
+
+class Server:
+    """qkv serve on a free loopback port, its stderr kept in a file."""
+
+    def __init__(self, model, *flags):
+        self.log = open(os.path.join(TMP, f"serve-{time.monotonic_ns()}.log"), "w+")
+        self.proc = subprocess.Popen([QKV, "serve", "--model", model, "--port", "0", "--threads", "1", *flags],
+                                     stdout=subprocess.PIPE, stderr=self.log, text=True)
+        for line in self.proc.stdout:
+            m = re.match(r"listening on http://([\d.]+):(\d+)", line)
+            if m:
+                self.host, self.port = m.group(1), int(m.group(2))
+                break
+        else:
+            self.log.seek(0)
+            raise RuntimeError("qkv serve did not start: " + self.log.read())
+        self.base = f"http://{self.host}:{self.port}"
+        self.client = openai.OpenAI(base_url=self.base + "/v1", api_key="none", max_retries=0, timeout=60 * SLOW)
+
+    def request(self, method, path, body=None, raw=None, timeout=60):
+        c = http.client.HTTPConnection(self.host, self.port, timeout=timeout * SLOW)
+        data = raw if raw is not None else (json.dumps(body) if body is not None else None)
+        c.request(method, path, body=data, headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        payload = r.read()
+        c.close()
+        try:
+            return r.status, json.loads(payload)
+        except ValueError:
+            return r.status, payload.decode()
+
+    def complete(self, **body):
+        return self.request("POST", "/v1/completions", body)
+
+    def metric(self, name):
+        _, text = self.request("GET", "/metrics")
+        m = re.search("^" + re.escape(name) + r" (\S+)$", text, re.M)
+        return float(m.group(1)) if m else 0.0
+
+    def rss_kib(self):
+        with open(f"/proc/{self.proc.pid}/status") as f:
+            return int(re.search(r"VmRSS:\s+(\d+)", f.read()).group(1))
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        rc = self.proc.wait(timeout=60 * SLOW)
+        self.proc.stdout.close()
+        self.log.close()
+        return rc
+
+
+def cli_generate(model, prompt, *flags):
+    """What `qkv generate` prints after the prompt (it echoes the prompt, then a newline at the end)."""
+    out = run("generate", "--model", model, "--prompt", prompt, "--threads", "1", *flags)
+    assert out.startswith(prompt) and out.endswith("\n"), out
+    return out[len(prompt):-1]
+
+
+class Completions(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.model = train_decoder("small", {"d_model": 32, "nhead": 4, "num_layers": 1, "dim_feedforward": 64,
+                                            "context": 64}, 60)
+        cls.s = Server(cls.model, "--parallel", "4", "--queue", "16", "--max-body", "4096")
+
+    @classmethod
+    def tearDownClass(cls):
+        assert cls.s.stop() == 0
+
+    def assert_serving(self):
+        """After a refused request the next good one still succeeds."""
+        r = self.s.client.completions.create(model="small", prompt="the", max_tokens=3, temperature=0)
+        self.assertEqual(r.choices[0].finish_reason, "length")
+
+    def test_health_and_models(self):
+        status, h = self.s.request("GET", "/health")
+        self.assertEqual((status, h["status"], h["slots"]), (200, "ok", 4))
+        models = self.s.client.models.list()
+        self.assertEqual([m.id for m in models.data], ["small"])
+
+    def test_greedy_completion_is_what_generate_prints(self):
+        for prompt in ["the cat", "the dog ran", "x"]:
+            r = self.s.client.completions.create(model="small", prompt=prompt, max_tokens=20, temperature=0)
+            self.assertEqual(r.choices[0].text, cli_generate(self.model, prompt, "--max-new-tokens", "20",
+                                                             "--temperature", "0"))
+            self.assertEqual(r.usage.prompt_tokens, 1 + len(prompt.encode()))  # <bos> and the bytes
+            self.assertEqual(r.usage.completion_tokens + r.usage.prompt_tokens, r.usage.total_tokens)
+
+    def test_sampling_with_a_seed_is_what_generate_prints(self):
+        r = self.s.client.completions.create(model="small", prompt="the", max_tokens=25, temperature=0.9,
+                                             top_p=0.9, seed=7, extra_body={"top_k": 5})
+        self.assertEqual(r.choices[0].text, cli_generate(self.model, "the", "--max-new-tokens", "25", "--temperature",
+                                                         "0.9", "--top-p", "0.9", "--top-k", "5", "--seed", "7"))
+
+    def test_streaming_gives_the_same_text_in_pieces(self):
+        whole = self.s.client.completions.create(model="small", prompt="the cat", max_tokens=30, temperature=0.8,
+                                                 seed=3)
+        chunks = list(self.s.client.completions.create(model="small", prompt="the cat", max_tokens=30,
+                                                       temperature=0.8, seed=3, stream=True))
+        self.assertGreater(len(chunks), 2)
+        self.assertEqual("".join(c.choices[0].text for c in chunks), whole.choices[0].text)
+        self.assertEqual(chunks[-1].choices[0].finish_reason, whole.choices[0].finish_reason)
+        self.assertTrue(all(c.choices[0].finish_reason is None for c in chunks[:-1]))
+
+    def test_stop_sequence(self):
+        full = self.s.complete(prompt="the", max_tokens=40, temperature=0, ignore_eos=True)[1]["choices"][0]["text"]
+        self.assertGreater(len(full), 10)
+        stop = full[5:8]
+        r = self.s.client.completions.create(model="small", prompt="the", max_tokens=40, temperature=0,
+                                             stop=[stop, "never"], extra_body={"ignore_eos": True})
+        self.assertEqual(r.choices[0].text, full[:full.index(stop)])
+        self.assertEqual(r.choices[0].finish_reason, "stop")
+        streamed = "".join(c.choices[0].text for c in self.s.client.completions.create(
+            model="small", prompt="the", max_tokens=40, temperature=0, stop=stop, stream=True,
+            extra_body={"ignore_eos": True}))
+        self.assertEqual(streamed, full[:full.index(stop)])
+
+    def test_concurrent_requests_share_steps_and_get_their_own_tokens(self):
+        prompts = [("the cat", 11), ("the dog", 12), ("a", 13), ("park", 14), ("mat", 15), ("ran", 16)]
+        alone = {p: self.s.complete(prompt=p, max_tokens=40, temperature=0.9, seed=seed, ignore_eos=True)[1]
+                 for p, seed in prompts}
+        steps_before = self.s.metric("qkv_decode_steps_total")
+        results, errors = {}, []
+
+        def client(p, seed):
+            try:
+                chunks = self.s.client.completions.create(model="small", prompt=p, max_tokens=40, temperature=0.9,
+                                                          seed=seed, stream=True, extra_body={"ignore_eos": True})
+                results[p] = "".join(c.choices[0].text for c in chunks)
+            except Exception as e:  # noqa: BLE001 (reported below)
+                errors.append(repr(e))
+
+        threads = [threading.Thread(target=client, args=a) for a in prompts]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.assertEqual(errors, [])
+        for p, _ in prompts:
+            self.assertEqual(results[p], alone[p]["choices"][0]["text"], p)
+        # 6 x 39 tokens after the prefills; alone they would take 234 steps.
+        self.assertLess(self.s.metric("qkv_decode_steps_total") - steps_before, 6 * 39)
+
+    def test_bad_input_is_a_400_naming_the_field(self):
+        cases = [
+            (dict(raw='{"prompt": '), 400, None),
+            (dict(raw='[1, 2]'), 400, None),
+            (dict(raw=b'{"prompt": "\xff\xfe"}'), 400, None),  # invalid UTF-8
+            (dict(body={"prompt": "a", "max_tokens": "x"}), 400, "max_tokens"),
+            (dict(body={"prompt": "a", "max_tokens": -1}), 400, "max_tokens"),
+            (dict(body={"prompt": "a", "max_tokens": 64}), 400, "max_tokens"),  # past the context with the prompt
+            (dict(body={"prompt": "x" * 70}), 400, "prompt"),  # past the context
+            (dict(body={"prompt": 5}), 400, "prompt"),
+            (dict(body={"max_tokens": 5}), 400, "prompt"),
+            (dict(body={"prompt": "a", "temperature": 3}), 400, "temperature"),
+            (dict(body={"prompt": "a", "top_p": 0}), 400, "top_p"),
+            (dict(body={"prompt": "a", "stream": "yes"}), 400, "stream"),
+            (dict(body={"prompt": "a", "stop": [""]}), 400, "stop"),
+            (dict(body={"prompt": "a", "n": 2}), 400, "n"),
+            (dict(body={"prompt": "a", "frobnicate": 1}), 400, "frobnicate"),
+            (dict(body={"prompt": "a", "model": "gpt-4"}), 404, "model"),
+            (dict(raw=json.dumps({"prompt": "a" * 5000})), 413, None),  # past --max-body 4096
+        ]
+        for kwargs, status, param in cases:
+            got, body = self.s.request("POST", "/v1/completions", **kwargs)
+            self.assertEqual(got, status, (kwargs, body))
+            self.assertIn("message", body["error"], body)
+            self.assertEqual(body["error"]["param"], param, body)
+            self.assert_serving()
+        for path, status in [("/v1/chat/completions", 400), ("/v1/embeddings", 400), ("/v1/translate", 400),
+                             ("/v1/nothing", 404)]:
+            got, body = self.s.request("POST", path, {"messages": [], "input": "a", "text": ["a"]})
+            self.assertEqual(got, status, (path, body))
+            self.assertTrue(body["error"]["message"], body)
+        with self.assertRaises(openai.BadRequestError):
+            self.s.client.chat.completions.create(model="small", messages=[{"role": "user", "content": "hi"}])
+        self.assert_serving()
+        _, metrics = self.s.request("GET", "/metrics")
+        self.assertRegex(metrics, r'qkv_requests_total\{endpoint="/v1/completions",code="400"\} \d+')
+        self.assertRegex(metrics, r"qkv_request_duration_seconds_count \d+")
+
+    def test_load_200_requests_from_16_clients(self):
+        def one_round(n, clients):
+            latencies, errors, tokens = [], [], [0]
+            lock = threading.Lock()
+            todo = list(range(n))
+
+            def client():
+                while True:
+                    with lock:
+                        if not todo:
+                            return
+                        i = todo.pop()
+                    t0 = time.monotonic()
+                    try:
+                        r = self.s.client.completions.create(model="small", prompt=f"the {i}", max_tokens=24,
+                                                             temperature=0.8, seed=i, stream=i % 2 == 0)
+                        if i % 2 == 0:
+                            text = "".join(c.choices[0].text for c in r)
+                        else:
+                            text = r.choices[0].text
+                            with lock:
+                                tokens[0] += r.usage.completion_tokens
+                        assert isinstance(text, str)
+                    except Exception as e:  # noqa: BLE001
+                        with lock:
+                            errors.append(repr(e))
+                    with lock:
+                        latencies.append(time.monotonic() - t0)
+
+            t0 = time.monotonic()
+            threads = [threading.Thread(target=client) for _ in range(clients)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            return errors, sorted(latencies), time.monotonic() - t0
+
+        rss = [self.s.rss_kib()]
+        tokens0 = self.s.metric("qkv_completion_tokens_total")
+        for round_ in range(3):
+            errors, lat, seconds = one_round(200 if round_ == 0 else 100, 16)
+            self.assertEqual(errors, [])
+            rss.append(self.s.rss_kib())
+            if round_ == 0:
+                tokens = self.s.metric("qkv_completion_tokens_total") - tokens0
+                print(f"\nload: 200 requests, 16 clients: p50 {lat[len(lat) // 2] * 1e3:.1f} ms, "
+                      f"p99 {lat[int(len(lat) * 0.99)] * 1e3:.1f} ms, {tokens / seconds:.0f} tokens/s", flush=True)
+        print(f"load: RSS after each round (KiB): {rss}", flush=True)
+        # The first round grows the pools (threads, allocator); later rounds may not keep growing.
+        self.assertLess(rss[3] - rss[1], 4096, rss)
+
+
+class Slow(unittest.TestCase):
+    """A model slow enough that requests overlap: queueing, leaving mid-stream, draining on SIGTERM."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.model = train_decoder("wide", {"d_model": 384, "nhead": 6, "num_layers": 4, "dim_feedforward": 1024,
+                                           "context": 512}, 1)
+
+    def test_queue_full_is_a_429(self):
+        s = Server(self.model, "--parallel", "1", "--queue", "1")
+        try:
+            codes = []
+
+            def client():
+                codes.append(s.complete(prompt="a", max_tokens=400, temperature=0, ignore_eos=True)[0])
+
+            threads = [threading.Thread(target=client) for _ in range(5)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            self.assertEqual(sorted(codes)[:2], [200, 200], codes)  # one decoding, one waiting
+            self.assertIn(429, codes)
+            status, body = s.complete(prompt="a", max_tokens=2)
+            self.assertEqual(status, 200, body)
+        finally:
+            self.assertEqual(s.stop(), 0)
+
+    def test_a_client_that_leaves_frees_its_slot(self):
+        s = Server(self.model, "--parallel", "1", "--queue", "0")
+        try:
+            c = socket.create_connection((s.host, s.port))
+            body = json.dumps({"prompt": "a", "max_tokens": 500, "ignore_eos": True, "stream": True}).encode()
+            c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+            got = b""
+            while b"data: " not in got:
+                got += c.recv(4096)
+            c.close()
+            deadline = time.monotonic() + 30 * SLOW
+            while s.metric('qkv_generations_total{reason="cancelled"}') < 1 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            self.assertEqual(s.metric('qkv_generations_total{reason="cancelled"}'), 1)
+            self.assertLess(s.metric("qkv_completion_tokens_total"), 500)
+            status, body = s.complete(prompt="a", max_tokens=2)  # the only slot is free again
+            self.assertEqual(status, 200, body)
+        finally:
+            self.assertEqual(s.stop(), 0)
+
+    def test_sigterm_finishes_the_stream_in_flight(self):
+        s = Server(self.model)
+        stream = s.client.completions.create(model="wide", prompt="a", max_tokens=300, temperature=0, stream=True,
+                                             extra_body={"ignore_eos": True})
+        it = iter(stream)
+        first = next(it)
+        s.proc.send_signal(signal.SIGTERM)
+        rest = list(it)
+        self.assertEqual(rest[-1].choices[0].finish_reason, "length")
+        self.assertEqual(rest[-1].usage.completion_tokens, 300)
+        self.assertEqual(s.stop(), 0)
+        with self.assertRaises(OSError):
+            socket.create_connection((s.host, s.port), timeout=2)
+        del first
+
+
+class Translation(unittest.TestCase):
+    def test_translate_is_what_the_cli_gives(self):
+        model = os.path.join(FIXTURES, "folders", "transformer")
+        s = Server(model)
+        try:
+            texts = ["我是中国人", "这本书很有意思"]
+            status, body = s.request("POST", "/v1/translate", {"text": texts, "beam": 2})
+            self.assertEqual(status, 200, body)
+            r = subprocess.run([QKV, "translate", "--model", model, "--beam", "2"], input="\n".join(texts) + "\n",
+                               capture_output=True, text=True, check=True)
+            self.assertEqual(body["translations"], r.stdout.split("\n")[:2])
+            for bad, param in [({"text": 3}, "text"), ({"text": ["a"], "beam": 0}, "beam"), ({}, "text")]:
+                status, body = s.request("POST", "/v1/translate", bad)
+                self.assertEqual((status, body["error"]["param"]), (400, param), body)
+            status, body = s.complete(prompt="a")
+            self.assertEqual((status, body["error"]["param"]), (400, "model"), body)
+        finally:
+            self.assertEqual(s.stop(), 0)
+
+
+if __name__ == "__main__":
+    unittest.main(argv=[sys.argv[0], "-v"])

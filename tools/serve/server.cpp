@@ -1,0 +1,581 @@
+// qkv serve (tools/serve/server.h): routes, request checking, streaming and
+// metrics. The HTTP itself is cpp-httplib's; the model work is src/infer's.
+#include "tools/serve/server.h"
+
+#include <httplib.h>
+#include <omp.h>
+#include <pthread.h>
+#include <signal.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <future>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "qkv/batching.h"
+#include "qkv/infer.h"
+#include "qkv/registry.h"
+#include "qkv/utf8.h"
+
+namespace qkv::serve {
+
+namespace {
+
+using json = nlohmann::ordered_json;
+using Clock = std::chrono::steady_clock;
+
+// A request the server refuses: its status, the field at fault, and why.
+struct HttpError {
+  int status;
+  std::string param, message;
+  std::string type = "invalid_request_error";
+};
+
+[[noreturn]] void bad(const std::string& param, const std::string& message) { throw HttpError{400, param, message}; }
+
+void send_json(httplib::Response& res, int status, const json& body) {
+  res.status = status;
+  res.set_content(body.dump(), "application/json");
+}
+
+void send_error(httplib::Response& res, const HttpError& e) {
+  json error = {{"message", e.message}, {"type", e.type}, {"param", nullptr}, {"code", nullptr}};
+  if (!e.param.empty()) error["param"] = e.param;
+  send_json(res, e.status, {{"error", error}});
+}
+
+// The body as a JSON object; `known` lists the fields the endpoint reads, any other is an error.
+json parse_body(const httplib::Request& req, std::initializer_list<const char*> known) {
+  if (const size_t at = invalid_utf8_offset(req.body); at != std::string::npos)
+    bad("", "the body is not valid UTF-8 (at byte " + std::to_string(at + 1) + ")");
+  json body;
+  try {
+    body = json::parse(req.body);
+  } catch (const json::parse_error& e) {
+    bad("", std::string("the body is not JSON: ") + e.what());
+  }
+  if (!body.is_object()) bad("", "the body must be a JSON object");
+  for (auto it = body.begin(); it != body.end(); ++it) {
+    bool found = false;
+    for (const char* k : known) found = found || it.key() == k;
+    if (!found) bad(it.key(), "unknown field '" + it.key() + "'");
+  }
+  return body;
+}
+
+int64_t int_field(const json& body, const char* name, int64_t fallback, int64_t lo, int64_t hi) {
+  if (!body.contains(name) || body[name].is_null()) return fallback;
+  const json& v = body[name];
+  if (!v.is_number_integer()) bad(name, std::string(name) + " must be an integer");
+  const int64_t x = v.get<int64_t>();
+  if (x < lo || x > hi) bad(name, std::string(name) + " must be " + std::to_string(lo) + " to " + std::to_string(hi) +
+                                      ", got " + std::to_string(x));
+  return x;
+}
+
+double number_field(const json& body, const char* name, double fallback, double lo, double hi) {
+  if (!body.contains(name) || body[name].is_null()) return fallback;
+  const json& v = body[name];
+  if (!v.is_number()) bad(name, std::string(name) + " must be a number");
+  const double x = v.get<double>();
+  if (!(x >= lo && x <= hi)) {
+    char msg[160];
+    std::snprintf(msg, sizeof msg, "%s must be %g to %g, got %g", name, lo, hi, x);
+    bad(name, msg);
+  }
+  return x;
+}
+
+bool bool_field(const json& body, const char* name, bool fallback) {
+  if (!body.contains(name) || body[name].is_null()) return fallback;
+  if (!body[name].is_boolean()) bad(name, std::string(name) + " must be true or false");
+  return body[name].get<bool>();
+}
+
+// A string, or a list of them (OpenAI's prompt and stop).
+std::vector<std::string> strings_field(const json& body, const char* name, size_t most) {
+  if (!body.contains(name) || body[name].is_null()) return {};
+  const json& v = body[name];
+  if (v.is_string()) return {v.get<std::string>()};
+  if (!v.is_array()) bad(name, std::string(name) + " must be a string or a list of strings");
+  if (v.size() > most) bad(name, std::string(name) + " takes at most " + std::to_string(most) + " strings");
+  std::vector<std::string> out;
+  for (const json& s : v) {
+    if (!s.is_string()) bad(name, std::string(name) + " must be a string or a list of strings");
+    out.push_back(s.get<std::string>());
+  }
+  return out;
+}
+
+// Request counts, tokens and latency, for GET /metrics.
+class Metrics {
+public:
+  static constexpr double kBounds[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
+
+  void request(const std::string& endpoint, int status, double seconds) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++requests_[{endpoint, status}];
+    for (size_t i = 0; i < std::size(kBounds); ++i) buckets_[i] += seconds <= kBounds[i];
+    sum_ += seconds;
+    ++count_;
+  }
+  void generation(const BatchResult& r) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    prompt_tokens_ += r.prompt_tokens;
+    completion_tokens_ += r.completion_tokens;
+    ++finished_[r.finish_reason];
+  }
+  std::string text(const BatchStats* s) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::string out;
+    auto line = [&](const std::string& l) { out += l + "\n"; };
+    line("# HELP qkv_requests_total HTTP requests answered, by endpoint and status code.");
+    line("# TYPE qkv_requests_total counter");
+    for (auto& [key, n] : requests_)
+      line("qkv_requests_total{endpoint=\"" + key.first + "\",code=\"" + std::to_string(key.second) + "\"} " +
+           std::to_string(n));
+    line("# HELP qkv_prompt_tokens_total Prompt tokens prefilled (with <bos>).");
+    line("# TYPE qkv_prompt_tokens_total counter");
+    line("qkv_prompt_tokens_total " + std::to_string(prompt_tokens_));
+    line("# HELP qkv_completion_tokens_total Tokens generated.");
+    line("# TYPE qkv_completion_tokens_total counter");
+    line("qkv_completion_tokens_total " + std::to_string(completion_tokens_));
+    line("# HELP qkv_generations_total Generations ended, by finish reason (stop, length, cancelled, error).");
+    line("# TYPE qkv_generations_total counter");
+    for (auto& [reason, n] : finished_)
+      line("qkv_generations_total{reason=\"" + reason + "\"} " + std::to_string(n));
+    if (s) {
+      line("# HELP qkv_queue_depth Requests waiting for a decoding slot.");
+      line("# TYPE qkv_queue_depth gauge");
+      line("qkv_queue_depth " + std::to_string(s->waiting));
+      line("# HELP qkv_active_slots Sequences being decoded.");
+      line("# TYPE qkv_active_slots gauge");
+      line("qkv_active_slots " + std::to_string(s->active));
+      line("# HELP qkv_slots Decoding slots (--parallel).");
+      line("# TYPE qkv_slots gauge");
+      line("qkv_slots " + std::to_string(s->slots));
+      line("# HELP qkv_decode_steps_total Batched decoding steps.");
+      line("# TYPE qkv_decode_steps_total counter");
+      line("qkv_decode_steps_total " + std::to_string(s->steps));
+    }
+    line("# HELP qkv_request_duration_seconds Time from a request's arrival to its last byte.");
+    line("# TYPE qkv_request_duration_seconds histogram");
+    char buf[96];
+    for (size_t i = 0; i < std::size(kBounds); ++i) {
+      std::snprintf(buf, sizeof buf, "qkv_request_duration_seconds_bucket{le=\"%g\"} %lld", kBounds[i],
+                    (long long)buckets_[i]);
+      line(buf);
+    }
+    line("qkv_request_duration_seconds_bucket{le=\"+Inf\"} " + std::to_string(count_));
+    std::snprintf(buf, sizeof buf, "qkv_request_duration_seconds_sum %.6f", sum_);
+    line(buf);
+    line("qkv_request_duration_seconds_count " + std::to_string(count_));
+    return out;
+  }
+
+private:
+  mutable std::mutex mutex_;
+  std::map<std::pair<std::string, int>, int64_t> requests_;
+  std::map<std::string, int64_t> finished_;
+  int64_t prompt_tokens_ = 0, completion_tokens_ = 0;
+  int64_t buckets_[std::size(kBounds)] = {};
+  double sum_ = 0;
+  int64_t count_ = 0;
+};
+
+// One streamed generation: pieces from the generator's thread to the HTTP thread writing them.
+struct Stream {
+  std::mutex mutex;
+  std::condition_variable ready;
+  std::deque<std::string> pieces;
+  bool done = false;
+  BatchResult result;
+};
+
+class Server {
+public:
+  Server(ModelFolder folder, const std::string& dir, const ServerOptions& o) : folder_(std::move(folder)), o_(o) {
+    std::filesystem::path folder_path = std::filesystem::absolute(dir).lexically_normal();
+    if (!folder_path.has_filename()) folder_path = folder_path.parent_path();  // "out/lm/" and "."
+    name_ = o.name.empty() ? folder_path.filename().string() : o.name;
+    const Domain domain = folder_.family->domain;
+    QKV_CHECK(domain != Domain::Vision, "serve: ", dir, " holds ", folder_.family->description,
+              "; qkv serve runs decoder and translation models (images are not served yet)");
+    QKV_CHECK(folder_.tokenizer, "serve: ", dir, " is a Hugging Face folder; qkv does not read its tokenizer yet ",
+              "(tokenizer.json), so it cannot serve text from it");
+    if (domain == Domain::Language) {
+      LanguageModel lm{folder_.tokenizer, std::dynamic_pointer_cast<DecoderLM>(folder_.model)};
+      const int64_t context = o.context > 0 ? o.context : lm.model->config().context;
+      generator_ = std::make_unique<BatchGenerator>(lm, o.parallel, context, o.queue);
+    } else {
+      translation_ = {folder_.tokenizer, std::dynamic_pointer_cast<Seq2Seq>(folder_.model)};
+    }
+    created_ = (int64_t)std::time(nullptr);
+  }
+
+  int run() {
+    // SIGTERM and SIGINT go to one thread that waits for them; every thread
+    // started from here on (the generator's, the HTTP pool's) inherits the mask.
+    sigset_t signals;
+    sigemptyset(&signals);
+    sigaddset(&signals, SIGTERM);
+    sigaddset(&signals, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+    signal(SIGPIPE, SIG_IGN);
+
+    routes();
+    const int port = o_.port == 0 ? http_.bind_to_any_port(o_.host)
+                                  : (http_.bind_to_port(o_.host, o_.port) ? o_.port : -1);
+    QKV_CHECK(port > 0, "serve: cannot listen on ", o_.host, ":", o_.port, " (", std::strerror(errno), ")");
+    if (generator_) generator_->start(o_.threads);
+    std::thread watcher([this, signals] {
+      int sig = 0;
+      sigwait(&signals, &sig);
+      draining_ = true;  // new requests get a 503 from here on
+      std::fprintf(stderr, "qkv serve: %s: finishing %lld requests in flight, then exiting\n",
+                   sig == SIGTERM ? "SIGTERM" : "SIGINT", (long long)in_flight_.load());
+      // httplib's stop() cuts the streams it is writing, so it waits for them to end.
+      while (in_flight_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      http_.stop();
+    });
+    watcher.detach();
+    std::printf("qkv serve: %s\n  model '%s': %s\n", folder_.family->description.c_str(), name_.c_str(),
+                summary().c_str());
+    std::printf("listening on http://%s:%d\n", o_.host.c_str(), port);
+    std::fflush(stdout);
+    const size_t pool = (size_t)(o_.parallel + o_.queue + 4);
+    http_.new_task_queue = [pool] { return new httplib::ThreadPool(pool); };
+    const bool ok = http_.listen_after_bind();
+    if (generator_) generator_->stop();
+    std::printf("qkv serve: stopped\n");
+    std::fflush(stdout);
+    return ok ? 0 : 1;
+  }
+
+private:
+  std::string summary() const {
+    if (generator_) {
+      const BatchStats s = generator_->stats();
+      return generator_->model().model->summary() + "; " + std::to_string(s.slots) + " slots of " +
+             std::to_string(generator_->context()) + " positions, queue " + std::to_string(o_.queue);
+    }
+    return "translation";
+  }
+
+  // The endpoint's name for the metrics (a fixed set: never the raw path of a 404).
+  static std::string endpoint_of(const httplib::Request& req) {
+    static const char* known[] = {"/health", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions",
+                                  "/v1/embeddings", "/v1/translate"};
+    for (const char* k : known)
+      if (req.path == k) return k;
+    return "other";
+  }
+
+  void check_model_field(const json& body) {
+    if (!body.contains("model") || body["model"].is_null()) return;
+    if (!body["model"].is_string()) bad("model", "model must be a string");
+    const std::string asked = body["model"].get<std::string>();
+    if (asked != name_)
+      throw HttpError{404, "model", "model '" + asked + "' is not served here; this server has '" + name_ + "'",
+                      "not_found_error"};
+  }
+
+  const char* kind() const { return generator_ ? "a decoder language model" : "a translation model"; }
+
+  void routes() {
+    http_.set_payload_max_length(o_.max_body);
+    http_.set_keep_alive_timeout(2);
+    http_.set_pre_routing_handler([](const httplib::Request&, httplib::Response&) {
+      started_ = Clock::now();
+      return httplib::Server::HandlerResponse::Unhandled;
+    });
+    http_.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+      const double seconds = std::chrono::duration<double>(Clock::now() - started_).count();
+      metrics_.request(endpoint_of(req), res.status, seconds);
+      if (!o_.quiet)
+        std::fprintf(stderr, "%s %s %d %.3fs\n", req.method.c_str(), req.path.c_str(), res.status, seconds);
+    });
+    http_.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+      std::string what = "unknown error";
+      try {
+        std::rethrow_exception(ep);
+      } catch (const std::exception& e) {
+        what = e.what();
+      } catch (...) {
+      }
+      send_error(res, {500, "", what, "server_error"});
+    });
+    http_.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+      if (!res.body.empty()) return;  // a handler's own error
+      if (res.status == 413) return send_error(res, {413, "", "the body is too large", "invalid_request_error"});
+      if (res.status == 404)
+        return send_error(res, {404, "", "no endpoint " + req.method + " " + req.path, "not_found_error"});
+      send_error(res, {res.status, "", "HTTP error " + std::to_string(res.status), "invalid_request_error"});
+    });
+
+    handle("GET", "/health", [this](const httplib::Request&, httplib::Response& res, const InFlightToken&) {
+      json h = {{"status", "ok"}, {"model", name_}};
+      if (generator_) {
+        const BatchStats s = generator_->stats();
+        h["slots"] = s.slots, h["active"] = s.active, h["waiting"] = s.waiting;
+      }
+      send_json(res, 200, h);
+    });
+    handle("GET", "/metrics", [this](const httplib::Request&, httplib::Response& res, const InFlightToken&) {
+      BatchStats s;
+      if (generator_) s = generator_->stats();
+      res.set_content(metrics_.text(generator_ ? &s : nullptr), "text/plain; version=0.0.4");
+    });
+    handle("GET", "/v1/models", [this](const httplib::Request&, httplib::Response& res, const InFlightToken&) {
+      json model = {{"id", name_}, {"object", "model"}, {"created", created_}, {"owned_by", "qkv"},
+                    {"arch", folder_.family->arch}};
+      if (generator_) model["context"] = generator_->context();
+      send_json(res, 200, {{"object", "list"}, {"data", json::array({model})}});
+    });
+    handle("POST", "/v1/completions",
+           [this](const httplib::Request& req, httplib::Response& res, const InFlightToken& token) {
+             completions(req, res, token);
+           });
+    handle("POST", "/v1/chat/completions", [this](const httplib::Request&, httplib::Response&, const InFlightToken&) {
+      throw HttpError{400, "model", "model '" + name_ + "' is " + kind() +
+                                        " whose folder defines no chat format; use /v1/completions"};
+    });
+    handle("POST", "/v1/embeddings", [this](const httplib::Request&, httplib::Response&, const InFlightToken&) {
+      throw HttpError{400, "model", "model '" + name_ + "' is " + kind() +
+                                        "; embeddings come from encoder models, which qkv does not serve yet"};
+    });
+    handle("POST", "/v1/translate", [this](const httplib::Request& req, httplib::Response& res, const InFlightToken&) {
+      translate(req, res);
+    });
+  }
+
+  // Counts a request in flight while it lives: the handler holds one, and a
+  // streamed response's content provider a copy, so the count drops when its last byte is written.
+  struct InFlight {
+    std::atomic<int64_t>& count;
+    explicit InFlight(std::atomic<int64_t>& c) : count(c) { ++count; }
+    ~InFlight() { --count; }
+  };
+  using InFlightToken = std::shared_ptr<InFlight>;
+
+  // Registers a route whose HttpError becomes its JSON error response. While
+  // draining (after SIGTERM) every route answers 503.
+  void handle(const char* method, const char* path, std::function<void(const httplib::Request&, httplib::Response&,
+                                                                        const InFlightToken&)> h) {
+    auto wrapped = [this, h](const httplib::Request& req, httplib::Response& res) {
+      InFlightToken token = std::make_shared<InFlight>(in_flight_);
+      try {
+        if (draining_) throw HttpError{503, "", "the server is shutting down", "server_error"};
+        h(req, res, token);
+      } catch (const HttpError& e) {
+        send_error(res, e);
+      }
+    };
+    if (std::string(method) == "GET") http_.Get(path, wrapped);
+    else http_.Post(path, wrapped);
+  }
+
+  json completion_chunk(const std::string& id, const std::string& text, const json& finish) const {
+    return {{"id", id},         {"object", "text_completion"},
+            {"created", (int64_t)std::time(nullptr)}, {"model", name_},
+            {"choices",
+             json::array({{{"text", text}, {"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish}}})}};
+  }
+
+  static json usage(const BatchResult& r) {
+    return {{"prompt_tokens", r.prompt_tokens},
+            {"completion_tokens", r.completion_tokens},
+            {"total_tokens", r.prompt_tokens + r.completion_tokens}};
+  }
+
+  void completions(const httplib::Request& req, httplib::Response& res, const InFlightToken& token) {
+    json body = parse_body(req, {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop",
+                                 "stream", "n", "echo", "logprobs", "presence_penalty", "frequency_penalty", "user",
+                                 "ignore_eos"});
+    if (!generator_) bad("model", "model '" + name_ + "' is " + kind() + "; /v1/completions needs a decoder model");
+    check_model_field(body);
+    int_field(body, "n", 1, 1, 1);
+    if (bool_field(body, "echo", false)) bad("echo", "echo is not supported");
+    if (body.contains("logprobs") && !body["logprobs"].is_null()) bad("logprobs", "logprobs is not supported");
+    number_field(body, "presence_penalty", 0, 0, 0);
+    number_field(body, "frequency_penalty", 0, 0, 0);
+    if (body.contains("user") && !body["user"].is_string()) bad("user", "user must be a string");
+    if (!body.contains("prompt")) bad("prompt", "prompt is required");
+    const std::vector<std::string> prompts = strings_field(body, "prompt", 1);
+    if (prompts.size() != 1) bad("prompt", "prompt must be one string");
+
+    const int64_t C = generator_->context();
+    BatchRequest r;
+    r.prompt = {Tokenizer::kBos};
+    for (int64_t id : generator_->model().tokenizer->encode(prompts[0])) r.prompt.push_back(id);
+    const int64_t P = (int64_t)r.prompt.size();
+    if (P >= C)
+      bad("prompt", "the prompt is " + std::to_string(P) + " tokens (with <bos>); the context is " + std::to_string(C) +
+                        ", which leaves room for none to generate");
+    const bool given = body.contains("max_tokens") && !body["max_tokens"].is_null();
+    r.options.max_new_tokens = int_field(body, "max_tokens", std::min<int64_t>(16, C - P), 0, 1 << 30);
+    if (given && P + r.options.max_new_tokens > C)
+      bad("max_tokens", "max_tokens " + std::to_string(r.options.max_new_tokens) + " and the prompt's " +
+                            std::to_string(P) + " tokens exceed the context of " + std::to_string(C));
+    r.options.temperature = (float)number_field(body, "temperature", 1.0, 0, 2);
+    r.options.top_p = (float)number_field(body, "top_p", 1.0, 1e-6, 1);
+    r.options.top_k = int_field(body, "top_k", 0, 0, 1 << 20);
+    r.options.seed = (uint64_t)int_field(body, "seed", (int64_t)(seeds_++ + 1), 0, INT64_MAX);
+    r.options.ignore_eos = bool_field(body, "ignore_eos", false);
+    r.stop = strings_field(body, "stop", 4);
+    for (const std::string& s : r.stop)
+      if (s.empty()) bad("stop", "a stop sequence must not be empty");
+    const bool stream = bool_field(body, "stream", false);
+    const std::string id = "cmpl-" + std::to_string(ids_++);
+    auto cancel = std::make_shared<std::atomic<bool>>(false);
+    r.cancel = cancel;
+
+    if (!stream) {
+      auto done = std::make_shared<std::promise<BatchResult>>();
+      r.on_done = [this, done](const BatchResult& result) {
+        metrics_.generation(result);
+        done->set_value(result);
+      };
+      std::future<BatchResult> future = done->get_future();
+      submit(std::move(r));
+      const BatchResult result = future.get();
+      if (result.finish_reason == "error") throw HttpError{500, "", result.error, "server_error"};
+      json out = completion_chunk(id, result.text, result.finish_reason);
+      out["usage"] = usage(result);
+      return send_json(res, 200, out);
+    }
+
+    auto st = std::make_shared<Stream>();
+    r.on_text = [st](const std::string& piece) {
+      std::lock_guard<std::mutex> lock(st->mutex);
+      st->pieces.push_back(piece);
+      st->ready.notify_one();
+    };
+    r.on_done = [this, st](const BatchResult& result) {
+      metrics_.generation(result);
+      std::lock_guard<std::mutex> lock(st->mutex);
+      st->done = true;
+      st->result = result;
+      st->ready.notify_one();
+    };
+    submit(std::move(r));
+    res.set_header("Cache-Control", "no-cache");
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [this, st, cancel, id, token](size_t, httplib::DataSink& sink) {
+          std::deque<std::string> pieces;
+          bool done;
+          BatchResult result;
+          {
+            std::unique_lock<std::mutex> lock(st->mutex);
+            st->ready.wait_for(lock, std::chrono::milliseconds(100), [&] { return !st->pieces.empty() || st->done; });
+            pieces.swap(st->pieces);
+            done = st->done;
+            if (done) result = st->result;
+          }
+          auto event = [&](const json& data) {
+            const std::string line = "data: " + data.dump() + "\n\n";
+            return sink.write(line.data(), line.size());
+          };
+          if (!sink.is_writable()) {  // the client has gone: its slot is freed at the next step
+            *cancel = true;
+            return false;
+          }
+          for (const std::string& p : pieces) {
+            if (!event(completion_chunk(id, p, nullptr))) {
+              *cancel = true;
+              return false;
+            }
+          }
+          if (!done) return true;
+          if (result.finish_reason == "error") {
+            event({{"error",
+                    {{"message", result.error}, {"type", "server_error"}, {"param", nullptr}, {"code", nullptr}}}});
+          } else {
+            json last = completion_chunk(id, "", result.finish_reason);
+            last["usage"] = usage(result);
+            event(last);
+          }
+          const std::string end = "data: [DONE]\n\n";
+          sink.write(end.data(), end.size());
+          sink.done();
+          return true;
+        },
+        [cancel](bool success) {
+          if (!success) *cancel = true;
+        });
+  }
+
+  void submit(BatchRequest r) {
+    bool queued = false;
+    try {
+      queued = generator_->submit(std::move(r));
+    } catch (const Error& e) {
+      bad("", e.what());
+    }
+    if (!queued)
+      throw HttpError{429, "",
+                      "all " + std::to_string(o_.parallel) + " slots are busy and " + std::to_string(o_.queue) +
+                          " requests wait; try again later",
+                      "rate_limit_error"};
+  }
+
+  void translate(const httplib::Request& req, httplib::Response& res) {
+    json body = parse_body(req, {"model", "text", "beam", "max_len"});
+    if (!translation_.model)
+      bad("model", "model '" + name_ + "' is " + kind() + "; /v1/translate needs a translation model");
+    check_model_field(body);
+    if (!body.contains("text")) bad("text", "text is required");
+    const std::vector<std::string> texts = strings_field(body, "text", 256);
+    const int64_t beam = int_field(body, "beam", 1, 1, 64);
+    const int64_t max_len = int_field(body, "max_len", 128, 1, 1024);
+    std::vector<std::vector<int64_t>> sources;
+    for (size_t i = 0; i < texts.size(); ++i) {
+      try {
+        sources.push_back(encode_source(translation_, texts[i], {}, "text[" + std::to_string(i) + "]"));
+      } catch (const Error& e) {
+        bad("text", e.what());
+      }
+    }
+    std::vector<std::string> out;
+    {
+      std::lock_guard<std::mutex> lock(translate_mutex_);  // one translation batch at a time
+      if (o_.threads > 0) omp_set_num_threads(o_.threads);
+      out = translate_ids(translation_, sources, max_len, beam);
+    }
+    send_json(res, 200, {{"model", name_}, {"translations", out}});
+  }
+
+  ModelFolder folder_;
+  ServerOptions o_;
+  std::string name_;
+  int64_t created_ = 0;
+  std::unique_ptr<BatchGenerator> generator_;
+  TranslationModel translation_;
+  std::mutex translate_mutex_;
+  std::atomic<uint64_t> ids_{0}, seeds_{0};
+  std::atomic<int64_t> in_flight_{0};
+  std::atomic<bool> draining_{false};
+  Metrics metrics_;
+  httplib::Server http_;
+  static thread_local Clock::time_point started_;  // the request this HTTP thread is answering
+};
+
+thread_local Clock::time_point Server::started_;
+
+}  // namespace
+
+int run(ModelFolder folder, const std::string& dir, const ServerOptions& options) {
+  QKV_CHECK(options.parallel >= 1 && options.parallel <= 256, "serve: --parallel must be 1 to 256, got ",
+            options.parallel);
+  QKV_CHECK(options.queue >= 0 && options.queue <= 4096, "serve: --queue must be 0 to 4096, got ", options.queue);
+  QKV_CHECK(options.port >= 0 && options.port <= 65535, "serve: --port must be 0 to 65535, got ", options.port);
+  Server server(std::move(folder), dir, options);
+  return server.run();
+}
+
+}  // namespace qkv::serve
