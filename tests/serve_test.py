@@ -25,8 +25,11 @@ import openai
 QKV = os.path.abspath(sys.argv[1]) if len(sys.argv) > 1 else "build/release/qkv"
 FIXTURES = os.path.abspath(sys.argv[2]) if len(sys.argv) > 2 else "tests/fixtures"
 TMP = tempfile.mkdtemp(prefix="qkv-serve-test-")
-# Under a sanitizer everything is several times slower.
-SLOW = 5 if "asan" in QKV else 1
+# Under AddressSanitizer everything is several times slower, and freed memory
+# is held in its quarantine (RSS grows by design; LeakSanitizer checks leaks
+# instead, when the server exits: its exit status must be 0).
+SANITIZED = "asan" in QKV
+SLOW = 5 if SANITIZED else 1
 
 
 def run(*args, timeout=300):
@@ -231,7 +234,7 @@ class Completions(unittest.TestCase):
 
     def test_load_200_requests_from_16_clients(self):
         def one_round(n, clients):
-            latencies, errors, tokens = [], [], [0]
+            latencies, errors = [], []
             lock = threading.Lock()
             todo = list(range(n))
 
@@ -245,12 +248,7 @@ class Completions(unittest.TestCase):
                     try:
                         r = self.s.client.completions.create(model="small", prompt=f"the {i}", max_tokens=24,
                                                              temperature=0.8, seed=i, stream=i % 2 == 0)
-                        if i % 2 == 0:
-                            text = "".join(c.choices[0].text for c in r)
-                        else:
-                            text = r.choices[0].text
-                            with lock:
-                                tokens[0] += r.usage.completion_tokens
+                        text = "".join(c.choices[0].text for c in r) if i % 2 == 0 else r.choices[0].text
                         assert isinstance(text, str)
                     except Exception as e:  # noqa: BLE001
                         with lock:
@@ -278,7 +276,8 @@ class Completions(unittest.TestCase):
                       f"p99 {lat[int(len(lat) * 0.99)] * 1e3:.1f} ms, {tokens / seconds:.0f} tokens/s", flush=True)
         print(f"load: RSS after each round (KiB): {rss}", flush=True)
         # The first round grows the pools (threads, allocator); later rounds may not keep growing.
-        self.assertLess(rss[3] - rss[1], 4096, rss)
+        if not SANITIZED:
+            self.assertLess(rss[3] - rss[1], 4096, rss)
 
 
 class Slow(unittest.TestCase):

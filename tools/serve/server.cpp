@@ -37,9 +37,12 @@ struct HttpError {
 
 [[noreturn]] void bad(const std::string& param, const std::string& message) { throw HttpError{400, param, message}; }
 
+// JSON text; bytes that are not UTF-8 (none should reach here) become U+FFFD rather than an exception.
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
 void send_json(httplib::Response& res, int status, const json& body) {
   res.status = status;
-  res.set_content(body.dump(), "application/json");
+  res.set_content(dump(body), "application/json");
 }
 
 void send_error(httplib::Response& res, const HttpError& e) {
@@ -116,9 +119,11 @@ class Metrics {
 public:
   static constexpr double kBounds[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
 
+  // seconds < 0: not known (the request is counted, not timed).
   void request(const std::string& endpoint, int status, double seconds) {
     std::lock_guard<std::mutex> lock(mutex_);
     ++requests_[{endpoint, status}];
+    if (seconds < 0) return;
     for (size_t i = 0; i < std::size(kBounds); ++i) buckets_[i] += seconds <= kBounds[i];
     sum_ += seconds;
     ++count_;
@@ -294,8 +299,11 @@ private:
       return httplib::Server::HandlerResponse::Unhandled;
     });
     http_.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
-      const double seconds = std::chrono::duration<double>(Clock::now() - started_).count();
-      metrics_.request(endpoint_of(req), res.status, seconds);
+      // A request httplib refused before routing (a malformed request line) was never stamped.
+      const bool stamped = started_ != Clock::time_point{};
+      const double seconds = stamped ? std::chrono::duration<double>(Clock::now() - started_).count() : 0.0;
+      started_ = Clock::time_point{};
+      metrics_.request(endpoint_of(req), res.status, stamped ? seconds : -1);
       if (!o_.quiet)
         std::fprintf(stderr, "%s %s %d %.3fs\n", req.method.c_str(), req.path.c_str(), res.status, seconds);
     });
@@ -478,7 +486,7 @@ private:
             if (done) result = st->result;
           }
           auto event = [&](const json& data) {
-            const std::string line = "data: " + data.dump() + "\n\n";
+            const std::string line = "data: " + dump(data) + "\n\n";
             return sink.write(line.data(), line.size());
           };
           if (!sink.is_writable()) {  // the client has gone: its slot is freed at the next step

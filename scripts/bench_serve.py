@@ -1,0 +1,136 @@
+#!/usr/bin/env python3
+"""Aggregate decoding throughput of `qkv serve` with 1, 4 and 16 concurrent
+streams (a benchmark, not a test).
+
+For each stream count N it starts `qkv serve --parallel N`, sends one warm-up
+request, then has N client threads each send --requests completions of
+--max-tokens tokens (greedy, ignore_eos, so every request is the same length)
+and reports the completion tokens per second of the whole server, the
+latency of a request, and the server's peak resident memory.
+
+Without --model it builds the lm-20m recipe (configs/lm-20m.json: 21 M
+parameters, SentencePiece BPE 4096) once in out/bench-serve/: a tokenizer
+trained on generated text and one training step, since only the shapes
+matter for speed.
+
+usage: scripts/bench_serve.py [--qkv build/release/qkv] [--model DIR] [--streams 1,4,16]
+"""
+import argparse
+import http.client
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import threading
+import time
+
+
+def build_recipe_model(qkv, out):
+    model = os.path.join(out, "lm-20m")
+    if os.path.exists(os.path.join(model, "model.safetensors")):
+        return model
+    os.makedirs(out, exist_ok=True)
+    rng = random.Random(1)
+    syllables = [a + b for a in "bcdfghjklmnprstvwz" for b in "aeiou"] + ["ai", "ou", "ei"]
+    words = ["".join(rng.choice(syllables) for _ in range(rng.randint(1, 4))) for _ in range(20000)]
+    text = os.path.join(out, "text.txt")
+    with open(text, "w") as f:
+        for _ in range(20000):
+            f.write(" ".join(rng.choice(words) for _ in range(rng.randint(8, 30))) + "\n\n")
+    print("bench serve: building the lm-20m recipe model (a tokenizer and one training step) ...", file=sys.stderr)
+    subprocess.run([qkv, "train", "--config", "configs/lm-20m.json", "--train", text, "--out", model, "--steps", "1"],
+                   check=True, stdout=subprocess.DEVNULL)
+    return model
+
+
+def serve(qkv, model, parallel, threads):
+    proc = subprocess.Popen([qkv, "serve", "--model", model, "--port", "0", "--parallel", str(parallel),
+                             "--queue", str(parallel), "--quiet", "--threads", str(threads)],
+                            stdout=subprocess.PIPE, text=True)
+    for line in proc.stdout:
+        m = re.match(r"listening on http://([\d.]+):(\d+)", line)
+        if m:
+            return proc, m.group(1), int(m.group(2))
+    raise RuntimeError("qkv serve did not start")
+
+
+def complete(host, port, body):
+    c = http.client.HTTPConnection(host, port, timeout=600)
+    c.request("POST", "/v1/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    data = json.loads(r.read())
+    c.close()
+    if r.status != 200:
+        raise RuntimeError(f"{r.status}: {data}")
+    return data
+
+
+def peak_rss_mib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        return int(re.search(r"VmHWM:\s+(\d+)", f.read()).group(1)) / 1024
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--qkv", default="build/release/qkv")
+    p.add_argument("--model", help="a decoder model folder (default: the lm-20m recipe, built once)")
+    p.add_argument("--streams", default="1,4,16")
+    p.add_argument("--requests", type=int, default=2, help="requests per stream")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--prompt", default="the quick brown fox jumps over the lazy dog and runs far away")
+    p.add_argument("--threads", type=int, default=os.cpu_count())
+    p.add_argument("--json", action="store_true")
+    a = p.parse_args()
+    model = a.model or build_recipe_model(a.qkv, "out/bench-serve")
+    rows = []
+    for n in [int(x) for x in a.streams.split(",")]:
+        proc, host, port = serve(a.qkv, model, n, a.threads)
+        try:
+            body = {"prompt": a.prompt, "max_tokens": a.max_tokens, "temperature": 0, "ignore_eos": True}
+            complete(host, port, body)  # warm-up
+            latencies, tokens, errors = [], [0], []
+            lock = threading.Lock()
+
+            def client():
+                for _ in range(a.requests):
+                    t0 = time.monotonic()
+                    try:
+                        r = complete(host, port, body)
+                    except Exception as e:  # noqa: BLE001 (reported below)
+                        errors.append(repr(e))
+                        return
+                    with lock:
+                        latencies.append(time.monotonic() - t0)
+                        tokens[0] += r["usage"]["completion_tokens"]
+
+            t0 = time.monotonic()
+            threads = [threading.Thread(target=client) for _ in range(n)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            seconds = time.monotonic() - t0
+            if errors:
+                raise RuntimeError(errors[0])
+            latencies.sort()
+            rows.append({"streams": n, "requests": len(latencies), "completion_tokens": tokens[0],
+                         "seconds": seconds, "tokens_per_s": tokens[0] / seconds,
+                         "latency_p50_s": latencies[len(latencies) // 2], "peak_rss_mib": peak_rss_mib(proc.pid)})
+        finally:
+            proc.terminate()
+            proc.wait()
+    single = rows[0]["tokens_per_s"]
+    if a.json:
+        print(json.dumps({"model": model, "max_tokens": a.max_tokens, "threads": a.threads, "rows": rows}))
+        return
+    print(f"qkv serve, {model}, {a.max_tokens} tokens per request (greedy, ignore_eos), {a.threads} threads")
+    print(f"{'streams':>8} {'requests':>9} {'tokens/s':>9} {'x first':>8} {'p50 latency':>12} {'peak RSS':>9}")
+    for r in rows:
+        print(f"{r['streams']:>8} {r['requests']:>9} {r['tokens_per_s']:>9.1f} {r['tokens_per_s'] / single:>7.2f}x "
+              f"{r['latency_p50_s']:>11.2f}s {r['peak_rss_mib']:>7.0f}MB")
+
+
+if __name__ == "__main__":
+    main()
