@@ -1,5 +1,6 @@
 // Language-model inference: sampling with the KV cache, the loss over a
 // token stream, and the typed model-folder reader.
+#include <algorithm>
 #include <cmath>
 #include <numeric>
 #include <sstream>
@@ -82,13 +83,28 @@ size_t complete_utf8_prefix(const std::string& s) {
 }
 
 int64_t sample_token(const float* logits, int64_t V, const GenerateOptions& o, Rng& rng) {
+  auto drawable = [&](int64_t v) {
+    return v != Tokenizer::kPad && v != Tokenizer::kBos && v != Tokenizer::kUnk && !(o.ignore_eos && v == Tokenizer::kEos);
+  };
+  // Most likely first; equal logits by id, so every path below agrees on the order.
+  auto before = [](const std::pair<float, int64_t>& a, const std::pair<float, int64_t>& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  };
+  if (o.temperature <= 0) {  // greedy: the first of that order, without sorting the vocabulary
+    int64_t best = -1;
+    for (int64_t v = 0; v < V; ++v)
+      if (drawable(v) && (best < 0 || logits[v] > logits[best])) best = v;
+    return best;
+  }
   std::vector<std::pair<float, int64_t>> cand;
   for (int64_t v = 0; v < V; ++v)
-    if (v != Tokenizer::kPad && v != Tokenizer::kBos && v != Tokenizer::kUnk && !(o.ignore_eos && v == Tokenizer::kEos))
-      cand.push_back({logits[v], v});
-  std::sort(cand.begin(), cand.end(), [](auto& a, auto& b) { return a.first > b.first; });
-  if (o.temperature <= 0) return cand[0].second;
-  if (o.top_k > 0 && (size_t)o.top_k < cand.size()) cand.resize((size_t)o.top_k);
+    if (drawable(v)) cand.push_back({logits[v], v});
+  if (o.top_k > 0 && (size_t)o.top_k < cand.size()) {
+    std::partial_sort(cand.begin(), cand.begin() + o.top_k, cand.end(), before);
+    cand.resize((size_t)o.top_k);
+  } else {
+    std::sort(cand.begin(), cand.end(), before);
+  }
   std::vector<double> p(cand.size());
   double total = 0;
   for (size_t i = 0; i < cand.size(); ++i) total += p[i] = std::exp((cand[i].first - cand[0].first) / o.temperature);

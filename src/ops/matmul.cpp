@@ -45,6 +45,13 @@ Tensor as_blas_operand(const Tensor& t, MatrixLayout* layout) {
 
 // out [batch..., M, N] = a [.., M, K] @ b [.., K, N] with batch broadcasting; no autograd.
 Tensor matmul_forward(const Tensor& a_in, const Tensor& b_in) {
+  if (b_in.dim() == 2 && a_in.dim() > 2 && a_in.is_contiguous()) {
+    // One shared matrix: a's rows of every batch are one GEMM (for [B, 1, D]
+    // rows of decoding, one pass over b instead of B).
+    Shape out_shape = a_in.shape();
+    out_shape.back() = b_in.size(1);
+    return matmul_forward(a_in.reshape({-1, a_in.size(-1)}), b_in).reshape(out_shape);
+  }
   MatrixLayout la, lb;
   Tensor a = as_blas_operand(a_in, &la), b = as_blas_operand(b_in, &lb);
   const int64_t M = a.size(-2), K = a.size(-1), N = b.size(-1);
