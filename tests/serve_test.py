@@ -158,6 +158,8 @@ class Completions(unittest.TestCase):
     def test_stop_sequence(self):
         full = self.s.complete(prompt="the", max_tokens=40, temperature=0, ignore_eos=True)[1]["choices"][0]["text"]
         self.assertGreater(len(full), 10)
+        self.assertEqual(full, cli_generate(self.model, "the", "--max-new-tokens", "40", "--temperature", "0",
+                                            "--ignore-eos"))
         stop = full[5:8]
         r = self.s.client.completions.create(model="small", prompt="the", max_tokens=40, temperature=0,
                                              stop=[stop, "never"], extra_body={"ignore_eos": True})
@@ -221,7 +223,7 @@ class Completions(unittest.TestCase):
             self.assertEqual(body["error"]["param"], param, body)
             self.assert_serving()
         for path, status in [("/v1/chat/completions", 400), ("/v1/embeddings", 400), ("/v1/translate", 400),
-                             ("/v1/nothing", 404)]:
+                             ("/v1/attention", 400), ("/v1/nothing", 404)]:
             got, body = self.s.request("POST", path, {"messages": [], "input": "a", "text": ["a"]})
             self.assertEqual(got, status, (path, body))
             self.assertTrue(body["error"]["message"], body)
@@ -361,6 +363,19 @@ class Translation(unittest.TestCase):
                 self.assertEqual((status, body["error"]["param"]), (400, param), body)
             status, body = s.complete(prompt="a")
             self.assertEqual((status, body["error"]["param"]), (400, "model"), body)
+            # The cross-attention behind the first translation: one row per output token (<eos> included), each a
+            # distribution over the source tokens.
+            status, a = s.request("POST", "/v1/attention", {"text": texts[0]})
+            self.assertEqual(status, 200, a)
+            greedy = subprocess.run([QKV, "translate", "--model", model], input=texts[0] + "\n", capture_output=True,
+                                    text=True, check=True).stdout
+            self.assertEqual(a["translation"] + "\n", greedy)
+            self.assertEqual(len(a["weights"]), len(a["target_tokens"]))
+            for row in a["weights"]:
+                self.assertEqual(len(row), len(a["source_tokens"]))
+                self.assertAlmostEqual(sum(row), 1.0, places=4)
+            status, body = s.request("POST", "/v1/attention", {"text": ["a"]})
+            self.assertEqual((status, body["error"]["param"]), (400, "text"), body)
         finally:
             self.assertEqual(s.stop(), 0)
 

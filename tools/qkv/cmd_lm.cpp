@@ -138,6 +138,8 @@ Run add_generate(CLI::App& app) {
   sub->add_option("--top-p", args->options.top_p, "Sample from the smallest set with this much probability")
       ->capture_default_str()->check(CLI::Range(0.0, 1.0));
   sub->add_option("--seed", args->options.seed, "Seed of the sampling")->capture_default_str();
+  sub->add_flag("--ignore-eos", args->options.ignore_eos,
+                "Never sample <eos>: exactly --max-new-tokens tokens, or up to the context (for timing)");
   sub->add_flag("--truncate-prompt", args->options.truncate_prompt,
                 "Keep the prompt's last tokens when it does not fit the context (default: an error)");
   add_dtype_option(sub, args->dtype);

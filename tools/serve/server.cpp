@@ -273,8 +273,8 @@ private:
 
   // The endpoint's name for the metrics (a fixed set: never the raw path of a 404).
   static std::string endpoint_of(const httplib::Request& req) {
-    static const char* known[] = {"/health", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions",
-                                  "/v1/embeddings", "/v1/translate"};
+    static const char* known[] = {"/health",        "/metrics",      "/v1/models",    "/v1/completions",
+                                  "/v1/chat/completions", "/v1/embeddings", "/v1/translate", "/v1/attention"};
     for (const char* k : known)
       if (req.path == k) return k;
     return "other";
@@ -355,6 +355,9 @@ private:
     handle("POST", "/v1/embeddings", [this](const httplib::Request&, httplib::Response&, const InFlightToken&) {
       throw HttpError{400, "model", "model '" + name_ + "' is " + kind() +
                                         "; embeddings come from encoder models, which qkv does not serve yet"};
+    });
+    handle("POST", "/v1/attention", [this](const httplib::Request& req, httplib::Response& res, const InFlightToken&) {
+      attention(req, res);
     });
     handle("POST", "/v1/translate", [this](const httplib::Request& req, httplib::Response& res, const InFlightToken&) {
       translate(req, res);
@@ -556,6 +559,39 @@ private:
       out = translate_ids(translation_, sources, max_len, beam);
     }
     send_json(res, 200, {{"model", name_}, {"translations", out}});
+  }
+
+  // The translation of one text with its cross-attention (the data of the
+  // attention explorer; `qkv translate --attention-map` draws the same).
+  void attention(const httplib::Request& req, httplib::Response& res) {
+    json body = parse_body(req, {"model", "text", "max_len"});
+    if (!translation_.model)
+      bad("model", "model '" + name_ + "' is " + kind() + "; /v1/attention serves translation models so far");
+    check_model_field(body);
+    if (!body.contains("text") || !body["text"].is_string()) bad("text", "text must be a string");
+    const int64_t max_len = int_field(body, "max_len", 128, 1, 1024);
+    std::vector<int64_t> source;
+    try {
+      source = encode_source(translation_, body["text"].get<std::string>(), {}, "text");
+    } catch (const Error& e) {
+      bad("text", e.what());
+    }
+    AlignedTranslation a;
+    {
+      std::lock_guard<std::mutex> lock(translate_mutex_);
+      if (o_.threads > 0) omp_set_num_threads(o_.threads);
+      a = translate_with_attention(*translation_.model, source, max_len);
+    }
+    json rows = json::array();
+    for (size_t t = 0; t < a.tokens.size(); ++t)
+      rows.push_back(std::vector<float>(a.weights.begin() + (ptrdiff_t)(t * a.source_length),
+                                        a.weights.begin() + (ptrdiff_t)((t + 1) * a.source_length)));
+    send_json(res, 200, {{"model", name_},
+                         {"translation", translation_.tokenizer->decode(a.tokens)},
+                         {"source_tokens", translation_.tokenizer->pieces(source)},
+                         {"target_tokens", translation_.tokenizer->pieces(a.tokens)},
+                         {"attention", translation_.model->attention_name()},
+                         {"weights", rows}});
   }
 
   ModelFolder folder_;
