@@ -15,6 +15,7 @@ packages=(
   libbenchmark-dev                # micro benchmarks
   dataset-fashion-mnist           # real images for the ViT recipes (not needed by make test)
   python3 python3-pip             # the server's client tests (openai, below)
+  chromium                        # the attention explorer page, tested in a headless browser
 )
 
 # `install-deps.sh --fuzz` (make fuzz) adds clang with libFuzzer and its OpenMP.

@@ -3,7 +3,7 @@
 streaming, plain HTTP for the rest, every bad input followed by a good request,
 queueing, a client that leaves mid-stream, SIGTERM while a stream is open, and
 a bounded load test (200 requests from 16 clients) that checks for errors and
-memory growth.
+memory growth, and the attention explorer page in headless Chromium.
 
 usage: serve_test.py QKV FIXTURES_DIR
 """
@@ -345,6 +345,44 @@ class Slow(unittest.TestCase):
         with self.assertRaises(OSError):
             socket.create_connection((s.host, s.port), timeout=2)
         del first
+
+
+def chromium(*args):
+    """Headless Chromium (Debian's chromium, installed by scripts/install-deps.sh); root needs --no-sandbox."""
+    return subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=20000",
+                           *args], capture_output=True, text=True, timeout=120 * SLOW)
+
+
+class Explorer(unittest.TestCase):
+    """The attention explorer page in a real browser: it loads, translates the text of its URL, and draws one
+    row of cells per output token, one cell per source token, shaded by the weight /v1/attention returned."""
+
+    def test_page_draws_the_cross_attention(self):
+        model = os.path.join(FIXTURES, "folders", "transformer")
+        s = Server(model)
+        try:
+            status, page = s.request("GET", "/")
+            self.assertEqual(status, 200)
+            self.assertIn("qkv attention explorer", page)
+            _, a = s.request("POST", "/v1/attention", {"text": "我是中国人"})
+            dom = chromium("--dump-dom", s.base + "/?text=" + "我是中国人").stdout
+            self.assertIn('data-state="done"', dom, dom[-2000:])
+            rows = re.findall(r'<tr class="target">(.*?)</tr>', dom)
+            self.assertEqual(len(rows), len(a["target_tokens"]))
+            for row, want in zip(rows, a["weights"]):
+                got = [float(w) for w in re.findall(r'data-weight="([\d.]+)"', row)]
+                self.assertEqual(len(got), len(a["source_tokens"]))
+                for g, w in zip(got, want):
+                    self.assertAlmostEqual(g, w, places=3)
+                # The darkest cell of each row is its largest weight.
+                shades = [int(x) for x in re.findall(r"background: rgb\((\d+),", row)]
+                self.assertEqual(shades.index(min(shades)), want.index(max(want)))
+            png = os.path.join(TMP, "explorer.png")
+            chromium("--window-size=900,700", "--screenshot=" + png, s.base + "/?text=" + "我是中国人")
+            with open(png, "rb") as f:
+                self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
+        finally:
+            self.assertEqual(s.stop(), 0)
 
 
 class Translation(unittest.TestCase):

@@ -20,6 +20,7 @@
 #include "qkv/infer.h"
 #include "qkv/registry.h"
 #include "qkv/utf8.h"
+#include "tools/serve/explorer_html.h"
 
 namespace qkv::serve {
 
@@ -273,8 +274,9 @@ private:
 
   // The endpoint's name for the metrics (a fixed set: never the raw path of a 404).
   static std::string endpoint_of(const httplib::Request& req) {
-    static const char* known[] = {"/health",        "/metrics",      "/v1/models",    "/v1/completions",
-                                  "/v1/chat/completions", "/v1/embeddings", "/v1/translate", "/v1/attention"};
+    static const char* known[] = {"/",           "/health",        "/metrics",              "/v1/models",
+                                  "/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/v1/translate",
+                                  "/v1/attention"};
     for (const char* k : known)
       if (req.path == k) return k;
     return "other";
@@ -325,6 +327,9 @@ private:
       send_error(res, {res.status, "", "HTTP error " + std::to_string(res.status), "invalid_request_error"});
     });
 
+    handle("GET", "/", [](const httplib::Request&, httplib::Response& res, const InFlightToken&) {
+      res.set_content(kExplorerHtml, "text/html; charset=utf-8");
+    });
     handle("GET", "/health", [this](const httplib::Request&, httplib::Response& res, const InFlightToken&) {
       json h = {{"status", "ok"}, {"model", name_}};
       if (generator_) {

@@ -1,5 +1,6 @@
 // qkv serve: an HTTP server over src/infer with OpenAI field names.
 //
+//   GET  /                   the attention explorer page (tools/serve/explorer.html, compiled in)
 //   GET  /health             {"status": "ok", ...}
 //   GET  /v1/models          the one model served, OpenAI's list format
 //   GET  /metrics            Prometheus text: requests, tokens, queue depth, latency
