@@ -377,6 +377,9 @@ class Explorer(unittest.TestCase):
                 # The darkest cell of each row is its largest weight.
                 shades = [int(x) for x in re.findall(r"background: rgb\((\d+),", row)]
                 self.assertEqual(shades.index(min(shades)), want.index(max(want)))
+            # Every head of every layer, small, below the big map.
+            heads = re.findall(r'<canvas[^>]*data-layer="(\d+)" data-head="(\d+)"', dom)
+            self.assertEqual(len(heads), sum(len(layer) for layer in a["layers"]), dom[-2000:])
             png = os.path.join(TMP, "explorer.png")
             chromium("--window-size=900,700", "--screenshot=" + png, s.base + "/?text=" + "我是中国人")
             with open(png, "rb") as f:
@@ -412,6 +415,13 @@ class Translation(unittest.TestCase):
             for row in a["weights"]:
                 self.assertEqual(len(row), len(a["source_tokens"]))
                 self.assertAlmostEqual(sum(row), 1.0, places=4)
+            # Every layer and head: [layer][head][token][source token]; the last layer's mean over heads is "weights".
+            layers = a["layers"]
+            self.assertEqual(len(layers), 1)  # the fixture: 1 decoder layer, 2 heads
+            self.assertEqual(len(layers[0]), 2)
+            for t, row in enumerate(a["weights"]):
+                for j, w in enumerate(row):
+                    self.assertAlmostEqual(sum(h[t][j] for h in layers[-1]) / len(layers[-1]), w, places=5)
             status, body = s.request("POST", "/v1/attention", {"text": ["a"]})
             self.assertEqual((status, body["error"]["param"]), (400, "text"), body)
         finally:

@@ -37,6 +37,10 @@ public:
   // [B, S] attention of the last decode_step's last token (need_weights); mean over heads where there are several.
   virtual Tensor cross_weights() const = 0;
   virtual std::string attention_name() const = 0;  // what cross_weights() shows, for pictures
+  // [layers, heads, S]: every cross-attention head of the last decode_step's
+  // last token (batch row 0, need_weights), for models with layers of heads;
+  // undefined for the others.
+  virtual Tensor cross_weights_by_head() const { return Tensor(); }
   // Keeps rows `rows` of the state, in this order, repeats allowed: beams
   // follow their hypotheses, finished sentences leave the batch. After
   // expand_beams(k), rows i*k .. i*k+k-1 must all come from one sentence.
@@ -98,6 +102,7 @@ public:
   Tensor decode_step(const Tensor& ids, DecodeState& state, bool need_weights = false) override;
   Tensor cross_weights() const override;
   std::string attention_name() const override;
+  Tensor cross_weights_by_head() const override;
   void select_rows(DecodeState& state, const std::vector<int64_t>& rows) override;
   void expand_beams(DecodeState& state, int64_t sentences, int64_t k) override;
   // The sum of the MoE layers' load-balancing losses of the last forward (undefined without MoE).

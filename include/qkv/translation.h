@@ -59,8 +59,12 @@ std::vector<BeamHypothesis> beam_translate(Seq2Seq& model, const std::vector<std
 // the cross-attention weights of the last decoder layer averaged over its heads.
 struct AlignedTranslation {
   std::vector<int64_t> tokens;  // output ids, ending with <eos> when one was produced
-  std::vector<float> weights;   // tokens.size() x source_length, row-major
+  std::vector<float> weights;   // tokens.size() x source_length, row-major (Seq2Seq::cross_weights)
   int64_t source_length = 0;
+  // Every head, where the model has them (Seq2Seq::cross_weights_by_head):
+  // layers x heads x tokens.size() x source_length, row-major; else empty.
+  std::vector<float> heads;
+  int64_t layers = 0, nheads = 0;
 };
 AlignedTranslation translate_with_attention(Seq2Seq& model, const std::vector<int64_t>& source,
                                             int64_t max_len);

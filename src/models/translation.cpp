@@ -140,14 +140,26 @@ AlignedTranslation translate_with_attention(Seq2Seq& model, const std::vector<in
   std::unique_ptr<DecodeState> state = model.start_decoding(b.src, b.src_lengths, max_len + 1);
   AlignedTranslation out;
   out.source_length = b.src.size(1);
+  std::vector<std::vector<float>> by_step;  // [L, H, S] per output token
   int64_t next = Tokenizer::kBos;
   for (int64_t step = 0; step < max_len; ++step) {
     Tensor logits = model.decode_step(Tensor::from_ints({next}, {1, 1}), *state, /*need_weights=*/true);
     std::vector<float> row = model.cross_weights().to_vector();  // [1, S]
     out.weights.insert(out.weights.end(), row.begin(), row.end());
+    if (Tensor h = model.cross_weights_by_head(); h.defined()) {  // [L, H, S] this step
+      out.layers = h.size(0), out.nheads = h.size(1);
+      by_step.push_back(h.contiguous().to_vector());
+    }
     next = best_token(logits.data<float>(), logits.size(-1));
     out.tokens.push_back(next);
     if (next == Tokenizer::kEos) break;
+  }
+  if (!by_step.empty()) {  // [T][L, H, S] -> [L, H, T, S]
+    const int64_t T = (int64_t)by_step.size(), S = out.source_length;
+    out.heads.resize((size_t)(out.layers * out.nheads * T * S));
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t lh = 0; lh < out.layers * out.nheads; ++lh)
+        std::copy_n(by_step[(size_t)t].begin() + lh * S, S, out.heads.begin() + (lh * T + t) * S);
   }
   return out;
 }

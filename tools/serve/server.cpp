@@ -591,12 +591,27 @@ private:
     for (size_t t = 0; t < a.tokens.size(); ++t)
       rows.push_back(std::vector<float>(a.weights.begin() + (ptrdiff_t)(t * a.source_length),
                                         a.weights.begin() + (ptrdiff_t)((t + 1) * a.source_length)));
+    const int64_t T = (int64_t)a.tokens.size(), S = a.source_length;
+    json layers = json::array();  // [layer][head][token][source token], where the model has heads
+    for (int64_t l = 0; l < a.layers; ++l) {
+      json heads = json::array();
+      for (int64_t h = 0; h < a.nheads; ++h) {
+        json m = json::array();
+        for (int64_t t = 0; t < T; ++t) {
+          const auto row = a.heads.begin() + (ptrdiff_t)(((l * a.nheads + h) * T + t) * S);
+          m.push_back(std::vector<float>(row, row + S));
+        }
+        heads.push_back(std::move(m));
+      }
+      layers.push_back(std::move(heads));
+    }
     send_json(res, 200, {{"model", name_},
                          {"translation", translation_.tokenizer->decode(a.tokens)},
                          {"source_tokens", translation_.tokenizer->pieces(source)},
                          {"target_tokens", translation_.tokenizer->pieces(a.tokens)},
                          {"attention", translation_.model->attention_name()},
-                         {"weights", rows}});
+                         {"weights", rows},
+                         {"layers", layers}});
   }
 
   ModelFolder folder_;

@@ -112,6 +112,16 @@ Tensor TranslationTransformer::cross_weights() const {
   return mean(w.slice(2, w.size(2) - 1, w.size(2)), {1}).reshape({w.size(0), w.size(3)});
 }
 
+Tensor TranslationTransformer::cross_weights_by_head() const {
+  std::vector<Tensor> layers;  // [1, H, S] each: row 0's last query
+  for (const auto& layer : decoder_layers) {
+    const Tensor& w = layer->last_cross_weights;  // [B, H, T, S]
+    QKV_CHECK(w.defined(), "transformer: no cross-attention weights; decode with need_weights");
+    layers.push_back(w.slice(0, 0, 1).slice(2, w.size(2) - 1, w.size(2)).reshape({1, w.size(1), w.size(3)}));
+  }
+  return concat(layers, 0);
+}
+
 std::string TranslationTransformer::attention_name() const {
   return "cross-attention: last decoder layer, mean of " + std::to_string(config_.nhead) + " heads";
 }
