@@ -400,6 +400,22 @@ TEST(KVCache, AttentionWeightsPerOutputToken) {
     float row = a.weights[t * 3] + a.weights[t * 3 + 1] + a.weights[t * 3 + 2];
     EXPECT_NEAR(row, 1.0f, 1e-5f) << "each row is a distribution over the source";
   }
+  // Every head of every layer [L, H, T, S]: each row a distribution; the last layer's mean is `weights`.
+  const int64_t T = (int64_t)a.tokens.size(), S = 3, H = 2;
+  ASSERT_EQ(a.layers, cfg.num_decoder_layers);
+  ASSERT_EQ(a.nheads, H);
+  ASSERT_EQ((int64_t)a.heads.size(), a.layers * H * T * S);
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t j = 0; j < S; ++j) {
+      float mean = 0;
+      for (int64_t h = 0; h < H; ++h) mean += a.heads[(((a.layers - 1) * H + h) * T + t) * S + j] / H;
+      EXPECT_NEAR(mean, a.weights[t * S + j], 1e-6f);
+    }
+    for (int64_t lh = 0; lh < a.layers * H; ++lh) {
+      const float* row = a.heads.data() + (lh * T + t) * S;
+      EXPECT_NEAR(row[0] + row[1] + row[2], 1.0f, 1e-5f);
+    }
+  }
 }
 
 }  // namespace
