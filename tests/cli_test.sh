@@ -171,6 +171,12 @@ check "classify a text file" nonzero "$QKV" classify --model "$tmp/vit" "$tmp/vi
 one_line_error "classify a text file"
 check "classify missing image" nonzero "$QKV" classify --model "$tmp/vit" "$tmp/none.png"
 one_line_error "classify missing image"
+check "serve a vit" nonzero timeout 20 "$QKV" serve --model "$tmp/vit" --port 0
+one_line_error "serve a vit"
+check "serve a missing folder" nonzero timeout 20 "$QKV" serve --model "$tmp/none" --port 0
+one_line_error "serve a missing folder"
+check "serve --port 70000" nonzero timeout 20 "$QKV" serve --model "$tmp/vit" --port 70000
+one_line_error "serve --port 70000"
 head -c 100 "$tmp/idx/t10k-images-idx3-ubyte" >"$tmp/idx/t10k-images-idx3-ubyte.cut"
 mv "$tmp/idx/t10k-images-idx3-ubyte.cut" "$tmp/idx/t10k-images-idx3-ubyte"
 check "eval vit truncated IDX" nonzero "$QKV" eval --model "$tmp/vit" --test "$tmp/idx"
@@ -197,6 +203,9 @@ check "generate --dtype f8" nonzero "$QKV" generate --model "$tmp/lm" --dtype f8
 one_line_error "generate --dtype f8"
 check "generate too long a prompt" nonzero "$QKV" generate --model "$tmp/lm" --prompt "$(printf 'x%.0s' $(seq 40))"
 one_line_error "generate too long a prompt"
+check "serve --ctx past the context" nonzero timeout 20 "$QKV" serve --model "$tmp/lm" --port 0 --ctx 33
+one_line_error "serve --ctx past the context"
+grep -q "past the model's context of 32" "$tmp/err" || { echo "FAIL serve --ctx message"; cat "$tmp/err"; failures=$((failures + 1)); }
 check "generate --truncate-prompt" 0 "$QKV" generate --model "$tmp/lm" --prompt "$(printf 'x%.0s' $(seq 40))" --max-new-tokens 3 --truncate-prompt
 check "generate bad top-p" nonzero "$QKV" generate --model "$tmp/lm" --top-p 1.5
 one_line_error "generate bad top-p"

@@ -215,7 +215,10 @@ public:
               "(tokenizer.json), so it cannot serve text from it");
     if (domain == Domain::Language) {
       LanguageModel lm{folder_.tokenizer, std::dynamic_pointer_cast<DecoderLM>(folder_.model)};
-      const int64_t context = o.context > 0 ? o.context : lm.model->config().context;
+      const int64_t model_context = lm.model->config().context;
+      QKV_CHECK(o.context <= model_context, "serve: --ctx ", o.context, " is past the model's context of ",
+                model_context);
+      const int64_t context = o.context > 0 ? o.context : model_context;
       generator_ = std::make_unique<BatchGenerator>(lm, o.parallel, context, o.queue);
     } else {
       translation_ = {folder_.tokenizer, std::dynamic_pointer_cast<Seq2Seq>(folder_.model)};
