@@ -171,8 +171,9 @@ check "classify a text file" nonzero "$QKV" classify --model "$tmp/vit" "$tmp/vi
 one_line_error "classify a text file"
 check "classify missing image" nonzero "$QKV" classify --model "$tmp/vit" "$tmp/none.png"
 one_line_error "classify missing image"
-check "serve a vit" nonzero timeout 20 "$QKV" serve --model "$tmp/vit" --port 0
-one_line_error "serve a vit"
+check "serve a folder without a tokenizer" nonzero timeout 20 "$QKV" serve --model "$FIXTURES/hf/llama" --port 0
+one_line_error "serve a folder without a tokenizer"
+grep -q "tokenizer" "$tmp/err" || { echo "FAIL serve without a tokenizer message"; cat "$tmp/err"; failures=$((failures + 1)); }
 check "serve a missing folder" nonzero timeout 20 "$QKV" serve --model "$tmp/none" --port 0
 one_line_error "serve a missing folder"
 check "serve --port 70000" nonzero timeout 20 "$QKV" serve --model "$tmp/vit" --port 70000

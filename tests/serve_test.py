@@ -388,6 +388,59 @@ class Explorer(unittest.TestCase):
             self.assertEqual(s.stop(), 0)
 
 
+def png(width, height, pixel):
+    """A PNG file's bytes (8-bit RGB), pixel(x, y) -> (r, g, b); the stdlib only."""
+    import struct
+    import zlib
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    rows = b"".join(b"\x00" + b"".join(bytes(pixel(x, y)) for x in range(width)) for y in range(height))
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)) +
+            chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
+
+
+class Images(unittest.TestCase):
+    def test_classify_is_what_the_cli_gives(self):
+        import base64
+        model = os.path.join(FIXTURES, "folders", "vit")  # 8x8 grey images, classes dark and light
+        images = {"light": png(12, 12, lambda x, y: (230, 230, 230)),
+                  "stripes": png(8, 8, lambda x, y: (255, 255, 255) if x % 2 else (0, 0, 0))}
+        paths = []
+        for name, data in images.items():
+            paths.append(os.path.join(TMP, name + ".png"))
+            with open(paths[-1], "wb") as f:
+                f.write(data)
+        cli = json.loads(run("classify", "--model", model, "--top-k", "2", "--json", *paths))
+        s = Server(model)
+        try:
+            encoded = [base64.b64encode(d).decode() for d in images.values()]
+            encoded[1] = "data:image/png;base64," + encoded[1]
+            status, body = s.request("POST", "/v1/classify", {"image": encoded, "top_k": 2})
+            self.assertEqual(status, 200, body)
+            for got, want in zip(body["results"], cli):
+                self.assertEqual([t["label"] for t in got["top"]], [t["label"] for t in want["top"]])
+                for g, w in zip(got["top"], want["top"]):
+                    self.assertAlmostEqual(g["probability"], w["probability"], places=5)
+                grid = got["rollout"]  # the 2x2 patches of an 8x8 image with patch 4
+                self.assertEqual([len(r) for r in grid], [2, 2])
+                # What the class token draws from each patch: the rollout's row less its own column.
+                self.assertTrue(all(w >= 0 for r in grid for w in r), grid)
+                self.assertTrue(0 < sum(map(sum, grid)) <= 1 + 1e-5, grid)
+            for bad in [{"image": "not base64!"}, {"image": base64.b64encode(b"not an image").decode()},
+                        {"image": []}, {"image": encoded[0], "top_k": 3}, {}]:
+                status, body = s.request("POST", "/v1/classify", bad)
+                self.assertEqual(status, 400, (bad, body))
+                self.assertIn(body["error"]["param"], ("image", "top_k"), body)
+            status, body = s.request("POST", "/v1/classify", {"image": encoded[0]})
+            self.assertEqual(status, 200, body)
+            status, body = s.complete(prompt="a")
+            self.assertEqual((status, body["error"]["param"]), (400, "model"), body)
+        finally:
+            self.assertEqual(s.stop(), 0)
+
+
 class Translation(unittest.TestCase):
     def test_translate_is_what_the_cli_gives(self):
         model = os.path.join(FIXTURES, "folders", "transformer")

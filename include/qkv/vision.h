@@ -33,6 +33,9 @@ ImageSet load_idx_folder(const std::string& dir, const std::string& split);
 // A PNG or JPEG file as bytes C x size x size: converted to `channels` (1:
 // luminance, 3: RGB) and resized (bilinear) to a square of `size`.
 std::vector<uint8_t> read_image(const std::string& path, int64_t channels, int64_t size);
+// The same from the bytes of a PNG or JPEG file; `source` names it in errors.
+std::vector<uint8_t> decode_image(const std::string& bytes, const std::string& source, int64_t channels,
+                                  int64_t size);
 
 // Pixels to model inputs: x = (p / 255 - 0.5) / 0.5, in [-1, 1].
 float pixel_to_input(uint8_t p);

@@ -148,8 +148,13 @@ ImageSet load_idx_folder(const std::string& dir, const std::string& split) {
 }
 
 std::vector<uint8_t> read_image(const std::string& path, int64_t channels, int64_t size) {
+  return decode_image(read_file(path), path, channels, size);
+}
+
+std::vector<uint8_t> decode_image(const std::string& bytes, const std::string& source, int64_t channels,
+                                  int64_t size) {
   QKV_CHECK(channels == 1 || channels == 3, "read_image: channels must be 1 or 3, not ", channels);
-  const images::Rgb image = images::decode(read_file(path), path);
+  const images::Rgb image = images::decode(bytes, source);
   const int w = (int)image.width, h = (int)image.height;
   const std::vector<uint8_t>& rgb = image.pixels;
   // Bilinear resize to size x size, pixel centres aligned, then to the channels.

@@ -12,8 +12,9 @@ Run add_serve(CLI::App& app) {
   auto a = std::make_shared<Args>();
   CLI::App* sub = app.add_subcommand(
       "serve", "Serve a model over HTTP with OpenAI field names: /v1/completions (streamed, continuously batched), "
-               "/v1/translate, /v1/models, /health, /metrics (docs/serving.md)");
-  sub->add_option("--model", a->model, "Model folder (decoder or translation)")->required();
+               "/v1/translate, /v1/attention, /v1/classify, /v1/models, /health, /metrics, and an attention explorer "
+               "page at / (docs/serving.md)");
+  sub->add_option("--model", a->model, "Model folder (decoder, translation or vit)")->required();
   sub->add_option("--name", a->options.name, "The model's id in requests and /v1/models (default: the folder's name)");
   sub->add_option("--host", a->options.host, "Address to listen on")->capture_default_str();
   sub->add_option("--port", a->options.port, "Port (0: any free one, printed at start)")

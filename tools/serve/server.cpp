@@ -14,10 +14,12 @@
 #include <filesystem>
 #include <future>
 #include <map>
+#include <string_view>
 #include <nlohmann/json.hpp>
 
 #include "qkv/batching.h"
 #include "qkv/infer.h"
+#include "qkv/ops.h"
 #include "qkv/registry.h"
 #include "qkv/utf8.h"
 #include "tools/serve/explorer_html.h"
@@ -115,6 +117,37 @@ std::vector<std::string> strings_field(const json& body, const char* name, size_
   return out;
 }
 
+// Standard base64 (RFC 4648, padding optional) to bytes; a data: URL prefix
+// ("data:image/png;base64,") is skipped. Anything else is an error naming `param`.
+std::string from_base64(const std::string& text, const std::string& param) {
+  std::string_view in(text);
+  if (in.rfind("data:", 0) == 0) {
+    const size_t comma = in.find(',');
+    if (comma == std::string_view::npos || in.substr(0, comma).find(";base64") == std::string_view::npos)
+      bad(param, param + " is a data: URL that is not base64");
+    in.remove_prefix(comma + 1);
+  }
+  while (!in.empty() && in.back() == '=') in.remove_suffix(1);
+  std::string out;
+  out.reserve(in.size() * 3 / 4);
+  uint32_t acc = 0;
+  int bits = 0;
+  for (size_t i = 0; i < in.size(); ++i) {
+    const char c = in[i];
+    int v = c >= 'A' && c <= 'Z' ? c - 'A' : c >= 'a' && c <= 'z' ? c - 'a' + 26 : c >= '0' && c <= '9' ? c - '0' + 52
+          : c == '+' ? 62 : c == '/' ? 63 : -1;
+    if (v < 0) bad(param, param + " is not base64 (character " + std::to_string(i + 1) + ")");
+    acc = (acc << 6) | (uint32_t)v;
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      out.push_back((char)((acc >> bits) & 0xFF));
+    }
+  }
+  if (bits >= 6) bad(param, param + " is not base64 (its length is impossible)");
+  return out;
+}
+
 // Request counts, tokens and latency, for GET /metrics.
 class Metrics {
 public:
@@ -209,11 +242,12 @@ public:
     if (!folder_path.has_filename()) folder_path = folder_path.parent_path();  // "out/lm/" and "."
     name_ = o.name.empty() ? folder_path.filename().string() : o.name;
     const Domain domain = folder_.family->domain;
-    QKV_CHECK(domain != Domain::Vision, "serve: ", dir, " holds ", folder_.family->description,
-              "; qkv serve runs decoder and translation models (images are not served yet)");
-    QKV_CHECK(folder_.tokenizer, "serve: ", dir, " is a Hugging Face folder; qkv does not read its tokenizer yet ",
-              "(tokenizer.json), so it cannot serve text from it");
-    if (domain == Domain::Language) {
+    QKV_CHECK(domain == Domain::Vision || folder_.tokenizer, "serve: ", dir,
+              " is a Hugging Face folder; qkv does not read its tokenizer yet (tokenizer.json), so it cannot serve "
+              "text from it");
+    if (domain == Domain::Vision) {
+      vit_ = std::dynamic_pointer_cast<VisionTransformer>(folder_.model);
+    } else if (domain == Domain::Language) {
       LanguageModel lm{folder_.tokenizer, std::dynamic_pointer_cast<DecoderLM>(folder_.model)};
       const int64_t model_context = lm.model->config().context;
       QKV_CHECK(o.context <= model_context, "serve: --ctx ", o.context, " is past the model's context of ",
@@ -272,14 +306,14 @@ private:
       return generator_->model().model->summary() + "; " + std::to_string(s.slots) + " slots of " +
              std::to_string(generator_->context()) + " positions, queue " + std::to_string(o_.queue);
     }
-    return "translation";
+    return vit_ ? "images" : "translation";
   }
 
   // The endpoint's name for the metrics (a fixed set: never the raw path of a 404).
   static std::string endpoint_of(const httplib::Request& req) {
     static const char* known[] = {"/",           "/health",        "/metrics",              "/v1/models",
                                   "/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/v1/translate",
-                                  "/v1/attention"};
+                                  "/v1/attention",   "/v1/classify"};
     for (const char* k : known)
       if (req.path == k) return k;
     return "other";
@@ -294,7 +328,9 @@ private:
                       "not_found_error"};
   }
 
-  const char* kind() const { return generator_ ? "a decoder language model" : "a translation model"; }
+  const char* kind() const {
+    return generator_ ? "a decoder language model" : vit_ ? "a Vision Transformer" : "a translation model";
+  }
 
   void routes() {
     http_.set_payload_max_length(o_.max_body);
@@ -366,6 +402,9 @@ private:
     });
     handle("POST", "/v1/attention", [this](const httplib::Request& req, httplib::Response& res, const InFlightToken&) {
       attention(req, res);
+    });
+    handle("POST", "/v1/classify", [this](const httplib::Request& req, httplib::Response& res, const InFlightToken&) {
+      classify(req, res);
     });
     handle("POST", "/v1/translate", [this](const httplib::Request& req, httplib::Response& res, const InFlightToken&) {
       translate(req, res);
@@ -562,7 +601,7 @@ private:
     }
     std::vector<std::string> out;
     {
-      std::lock_guard<std::mutex> lock(translate_mutex_);  // one translation batch at a time
+      std::lock_guard<std::mutex> lock(model_mutex_);  // one batch at a time
       if (o_.threads > 0) omp_set_num_threads(o_.threads);
       out = translate_ids(translation_, sources, max_len, beam);
     }
@@ -586,7 +625,7 @@ private:
     }
     AlignedTranslation a;
     {
-      std::lock_guard<std::mutex> lock(translate_mutex_);
+      std::lock_guard<std::mutex> lock(model_mutex_);
       if (o_.threads > 0) omp_set_num_threads(o_.threads);
       a = translate_with_attention(*translation_.model, source, max_len);
     }
@@ -617,13 +656,68 @@ private:
                          {"layers", layers}});
   }
 
+  // Images (base64 PNG or JPEG, as the files `qkv classify` reads) to their
+  // most likely classes, with the attention rollout over each image's patches.
+  void classify(const httplib::Request& req, httplib::Response& res) {
+    json body = parse_body(req, {"model", "image", "top_k"});
+    if (!vit_) bad("model", "model '" + name_ + "' is " + kind() + "; /v1/classify needs a vit model");
+    check_model_field(body);
+    if (!body.contains("image")) bad("image", "image is required: a base64 PNG or JPEG, or a list of up to 64");
+    const std::vector<std::string> encoded = strings_field(body, "image", 64);
+    if (encoded.empty()) bad("image", "image must not be an empty list");
+    const ViTConfig& c = vit_->config();
+    const int64_t top_k = int_field(body, "top_k", std::min<int64_t>(5, c.num_classes), 1, c.num_classes);
+    ImageSet set;
+    set.count = (int64_t)encoded.size(), set.channels = c.channels, set.height = c.image_size, set.width = c.image_size;
+    for (size_t i = 0; i < encoded.size(); ++i) {
+      const std::string param = body["image"].is_string() ? "image" : "image[" + std::to_string(i) + "]";
+      std::vector<uint8_t> pixels;
+      try {
+        pixels = decode_image(from_base64(encoded[i], param), param, c.channels, c.image_size);
+      } catch (const Error& e) {
+        bad(param, e.what());
+      }
+      set.pixels.insert(set.pixels.end(), pixels.begin(), pixels.end());
+    }
+    std::vector<int64_t> all((size_t)set.count);
+    for (size_t i = 0; i < all.size(); ++i) all[i] = (int64_t)i;
+    Tensor probs, rollout;
+    {
+      std::lock_guard<std::mutex> lock(model_mutex_);
+      if (o_.threads > 0) omp_set_num_threads(o_.threads);
+      NoGradGuard no_grad;
+      probs = softmax(vit_->forward(image_batch(set, all), /*need_weights=*/true));
+      rollout = vit_->rollout();  // [B, grid, grid]
+    }
+    const int64_t C = c.num_classes, g = c.grid();
+    json results = json::array();
+    for (int64_t i = 0; i < set.count; ++i) {
+      const float* p = probs.data<float>() + i * C;
+      std::vector<int64_t> order((size_t)C);
+      for (int64_t j = 0; j < C; ++j) order[(size_t)j] = j;
+      std::partial_sort(order.begin(), order.begin() + top_k, order.end(),
+                        [&](int64_t x, int64_t y) { return p[x] > p[y] || (p[x] == p[y] && x < y); });
+      json top = json::array();
+      for (int64_t j = 0; j < top_k; ++j)
+        top.push_back({{"label", c.class_names[(size_t)order[(size_t)j]]}, {"probability", p[order[(size_t)j]]}});
+      json grid = json::array();
+      for (int64_t y = 0; y < g; ++y) {
+        const float* row = rollout.data<float>() + (i * g + y) * g;
+        grid.push_back(std::vector<float>(row, row + g));
+      }
+      results.push_back({{"top", top}, {"rollout", grid}});
+    }
+    send_json(res, 200, {{"model", name_}, {"results", results}});
+  }
+
   ModelFolder folder_;
   ServerOptions o_;
   std::string name_;
   int64_t created_ = 0;
   std::unique_ptr<BatchGenerator> generator_;
   TranslationModel translation_;
-  std::mutex translate_mutex_;
+  std::shared_ptr<VisionTransformer> vit_;
+  std::mutex model_mutex_;
   std::atomic<uint64_t> ids_{0}, seeds_{0};
   std::atomic<int64_t> in_flight_{0};
   std::atomic<bool> draining_{false};

@@ -8,6 +8,7 @@
 //                            concurrent requests share decoding steps (qkv/batching.h)
 //   POST /v1/translate       translation models: {"text": [...], "beam": k}
 //   POST /v1/attention       translation models: one text, its translation and cross-attention weights
+//   POST /v1/classify        vit models: base64 PNG/JPEG images -> top classes and attention rollout
 //   POST /v1/chat/completions, /v1/embeddings: a 400 saying what the model lacks
 //
 // Every error is a JSON body {"error": {"message", "type", "param", "code"}}
