@@ -40,7 +40,10 @@ def run(*args, timeout=300):
 
 
 def train_decoder(name, config, steps):
+    """A decoder trained on a short text (once per name and test run)."""
     out = os.path.join(TMP, name)
+    if os.path.exists(os.path.join(out, "model.safetensors")):
+        return out
     text = os.path.join(TMP, "lm.txt")
     if not os.path.exists(text):
         with open(text, "w") as f:
@@ -109,11 +112,15 @@ def cli_generate(model, prompt, *flags):
     return out[len(prompt):-1]
 
 
+def small_decoder():
+    return train_decoder("small", {"d_model": 32, "nhead": 4, "num_layers": 1, "dim_feedforward": 64,
+                                   "context": 64}, 60)
+
+
 class Completions(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.model = train_decoder("small", {"d_model": 32, "nhead": 4, "num_layers": 1, "dim_feedforward": 64,
-                                            "context": 64}, 60)
+        cls.model = small_decoder()
         cls.s = Server(cls.model, "--parallel", "4", "--queue", "16", "--max-body", "4096")
 
     @classmethod
@@ -233,6 +240,34 @@ class Completions(unittest.TestCase):
         _, metrics = self.s.request("GET", "/metrics")
         self.assertRegex(metrics, r'qkv_requests_total\{endpoint="/v1/completions",code="400"\} \d+')
         self.assertRegex(metrics, r"qkv_request_duration_seconds_count \d+")
+
+    def test_masked_self_attention_of_every_head(self):
+        status, a = self.s.request("POST", "/v1/attention", {"text": "the cat"})
+        self.assertEqual(status, 200, a)
+        T = 1 + len("the cat")  # <bos> and the bytes
+        self.assertEqual(len(a["source_tokens"]), T)
+        self.assertEqual((len(a["layers"]), len(a["layers"][0])), (1, 4))  # 1 layer, 4 heads
+        for head in a["layers"][0]:
+            self.assertEqual(len(head), T)
+            for t, row in enumerate(head):
+                self.assertAlmostEqual(sum(row), 1.0, places=5)
+                self.assertTrue(all(w == 0 for w in row[t + 1:]), (t, row))  # a query never sees later keys
+        for t, row in enumerate(a["weights"]):
+            for j, w in enumerate(row):
+                self.assertAlmostEqual(sum(h[t][j] for h in a["layers"][0]) / 4, w, places=5)
+        # While generations run: the attention is computed between their steps, and they are not disturbed.
+        results = []
+        threads = [threading.Thread(target=lambda: results.append(self.s.complete(
+            prompt="the", max_tokens=30, temperature=0, ignore_eos=True)[1]["choices"][0]["text"])) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for _ in range(5):
+            self.assertEqual(self.s.request("POST", "/v1/attention", {"text": "the dog"})[0], 200)
+        for t in threads:
+            t.join()
+        self.assertEqual(len(set(results)), 1, results)
+        status, body = self.s.request("POST", "/v1/attention", {"text": "x" * 80})
+        self.assertEqual((status, body["error"]["param"]), (400, "text"), body)
 
     def test_load_200_requests_from_16_clients(self):
         def one_round(n, clients):
@@ -399,6 +434,23 @@ def png(width, height, pixel):
     rows = b"".join(b"\x00" + b"".join(bytes(pixel(x, y)) for x in range(width)) for y in range(height))
     return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)) +
             chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
+
+
+class ExplorerDecoder(unittest.TestCase):
+    def test_page_streams_a_completion_and_draws_its_masked_attention(self):
+        s = Server(small_decoder())
+        try:
+            dom = chromium("--dump-dom", s.base + "/?text=the").stdout
+            self.assertIn('data-state="done"', dom, dom[-2000:])
+            rows = re.findall(r'<tr class="target">(.*?)</tr>', dom)
+            self.assertGreater(len(rows), 2)  # <bos>, "the" and what followed
+            for t, row in enumerate(rows):
+                weights = [float(w) for w in re.findall(r'data-weight="([\d.]+)"', row)]
+                self.assertEqual(len(weights), len(rows))
+                self.assertTrue(all(w == 0 for w in weights[t + 1:]), (t, weights))
+            self.assertEqual(len(re.findall(r"<canvas[^>]*data-head=", dom)), 4)
+        finally:
+            self.assertEqual(s.stop(), 0)
 
 
 class Images(unittest.TestCase):

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <future>
 
 #include "qkv/batching.h"
 #include "qkv/ops.h"
@@ -212,6 +213,47 @@ TEST(Batching, ThreadServesRequestsAndStopDrainsThem) {
   for (auto& c : got) {
     EXPECT_TRUE(c.done);
     EXPECT_EQ(c.result.text, want);
+  }
+}
+
+// A task posted to the generator runs on its thread, between steps, while requests are decoded.
+TEST(Batching, PostedTasksRunBetweenStepsOnTheGeneratorsThread) {
+  LanguageModel m = random_byte_model(kRope);
+  BatchGenerator g(m, 2, 48, 8);
+  g.start(1);
+  GenerateOptions o;
+  o.max_new_tokens = 20, o.temperature = 0, o.ignore_eos = true;
+  Collected a;
+  ASSERT_TRUE(g.submit(request_for(m, "the", o, a)));
+  std::promise<std::thread::id> ran;
+  Tensor weights;
+  g.post([&] {
+    NoGradGuard no_grad;
+    m.model->forward(Tensor::from_ints({1, 5, 6, 7}, {1, 4}), /*need_weights=*/true);
+    weights = m.model->layers.back()->last_self_weights;
+    ran.set_value(std::this_thread::get_id());
+  });
+  EXPECT_NE(ran.get_future().get(), std::this_thread::get_id());
+  g.stop();
+  ASSERT_TRUE(a.done);
+  EXPECT_EQ(a.result.completion_tokens, 20);
+  std::string want;
+  generate(m, "the", o, [&](const std::string& p) { want += p; });
+  EXPECT_EQ(a.result.text, want);
+  // The decoder's masked self-attention: [1, H, T, T], each row a distribution over the keys up to its own.
+  ASSERT_EQ(weights.shape(), (Shape{1, 4, 4, 4}));
+  const float* w = weights.contiguous().data<float>();
+  for (int64_t h = 0; h < 4; ++h) {
+    for (int64_t t = 0; t < 4; ++t) {
+      float sum = 0;
+      for (int64_t j = 0; j < 4; ++j) {
+        sum += w[(h * 4 + t) * 4 + j];
+        if (j > t) {
+          EXPECT_EQ(w[(h * 4 + t) * 4 + j], 0.0f);
+        }
+      }
+      EXPECT_NEAR(sum, 1.0f, 1e-5f);
+    }
   }
 }
 

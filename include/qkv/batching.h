@@ -79,6 +79,10 @@ public:
   // Takes no new requests, lets the active and waiting ones finish, and joins
   // the thread. Idempotent.
   void stop();
+  // Runs `task` on the generator's thread between two steps, so that it may
+  // use the model while nothing else does (the model is not safe to run from
+  // two threads at once). Returns at once; `task` tells its caller itself.
+  void post(std::function<void()> task);
 
   BatchStats stats() const;
   int64_t context() const { return context_; }
@@ -98,6 +102,7 @@ private:
   mutable std::mutex mutex_;  // guards waiting_, stopping_ and the counts read by stats()
   std::condition_variable wake_;
   std::deque<BatchRequest> waiting_;
+  std::deque<std::function<void()>> tasks_;
   bool stopping_ = false;
   int64_t active_ = 0, steps_ = 0;
   std::thread thread_;

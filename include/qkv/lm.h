@@ -35,8 +35,10 @@ struct DecoderConfig : BlockConfig {
 class DecoderLM : public Module {
 public:
   DecoderLM(const DecoderConfig& config, Rng& rng);
-  // ids [B, T] -> logits [B, T, V]; position t sees tokens 0..t.
-  Tensor forward(const Tensor& ids);
+  // ids [B, T] -> logits [B, T, V]; position t sees tokens 0..t. With
+  // need_weights every layer keeps its masked self-attention weights
+  // [B, H, T, T] (layers[i]->last_self_weights; the naive attention path).
+  Tensor forward(const Tensor& ids, bool need_weights = false);
   // One KV cache per layer for `capacity` positions.
   std::vector<KVCache> make_caches(int64_t batch, int64_t capacity) const;
   // ids [B, T] at positions caches[0].length .. +T-1 -> logits [B, T, V]:

@@ -40,6 +40,7 @@ BatchGenerator::BatchGenerator(LanguageModel model, int64_t slots, int64_t conte
 
 BatchGenerator::~BatchGenerator() {
   stop();
+  for (auto& task : tasks_) task();  // without a thread, posted tasks still run (and tell their callers)
   // Without a thread (step() driven by the caller) requests may remain: each still hears its end.
   for (auto& s : slots_)
     if (s->active) finish(*s, "cancelled");
@@ -158,8 +159,26 @@ void BatchGenerator::finish(Slot& s, const std::string& reason, const std::strin
   if (done.on_done) done.on_done(s.result);
 }
 
+void BatchGenerator::post(std::function<void()> task) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    tasks_.push_back(std::move(task));
+  }
+  wake_.notify_one();
+}
+
 bool BatchGenerator::step() {
   NoGradGuard no_grad;
+  for (;;) {  // posted tasks first, each with the model to itself
+    std::function<void()> task;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (tasks_.empty()) break;
+      task = std::move(tasks_.front());
+      tasks_.pop_front();
+    }
+    task();
+  }
   for (auto& s : slots_) {  // free slots take waiting requests, oldest first
     if (s->active) continue;
     BatchRequest r;
@@ -204,7 +223,7 @@ bool BatchGenerator::step() {
     ++steps_;
   }
   std::lock_guard<std::mutex> lock(mutex_);
-  return active_ > 0 || !waiting_.empty();
+  return active_ > 0 || !waiting_.empty() || !tasks_.empty();
 }
 
 void BatchGenerator::loop(int threads) {
@@ -212,8 +231,8 @@ void BatchGenerator::loop(int threads) {
   for (;;) {
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      wake_.wait(lock, [&] { return stopping_ || active_ > 0 || !waiting_.empty(); });
-      if (stopping_ && active_ == 0 && waiting_.empty()) return;
+      wake_.wait(lock, [&] { return stopping_ || active_ > 0 || !waiting_.empty() || !tasks_.empty(); });
+      if (stopping_ && active_ == 0 && waiting_.empty() && tasks_.empty()) return;
     }
     step();
   }

@@ -612,10 +612,11 @@ private:
   // attention explorer; `qkv translate --attention-map` draws the same).
   void attention(const httplib::Request& req, httplib::Response& res) {
     json body = parse_body(req, {"model", "text", "max_len"});
-    if (!translation_.model)
-      bad("model", "model '" + name_ + "' is " + kind() + "; /v1/attention serves translation models so far");
+    if (!translation_.model && !generator_)
+      bad("model", "model '" + name_ + "' is " + kind() + "; /v1/attention serves text models");
     check_model_field(body);
     if (!body.contains("text") || !body["text"].is_string()) bad("text", "text must be a string");
+    if (generator_) return self_attention(body["text"].get<std::string>(), res);
     const int64_t max_len = int_field(body, "max_len", 128, 1, 1024);
     std::vector<int64_t> source;
     try {
@@ -653,6 +654,59 @@ private:
                          {"target_tokens", translation_.tokenizer->pieces(a.tokens)},
                          {"attention", translation_.model->attention_name()},
                          {"weights", rows},
+                         {"layers", layers}});
+  }
+
+  // A decoder's masked self-attention over `text` (after <bos>), every layer
+  // and head, computed on the generator's thread between decoding steps.
+  void self_attention(const std::string& text, httplib::Response& res) {
+    const LanguageModel& m = generator_->model();
+    std::vector<int64_t> ids = {Tokenizer::kBos};
+    for (int64_t id : m.tokenizer->encode(text)) ids.push_back(id);
+    const int64_t T = (int64_t)ids.size(), C = m.model->config().context;
+    if (T > C)
+      bad("text", "text is " + std::to_string(T) + " tokens (with <bos>); the context is " + std::to_string(C));
+    auto done = std::make_shared<std::promise<json>>();
+    std::future<json> future = done->get_future();
+    generator_->post([&m, ids, T, done] {
+      try {
+        NoGradGuard no_grad;
+        m.model->forward(Tensor::from_ints(ids, {1, T}), /*need_weights=*/true);
+        json layers = json::array();  // [layer][head][query][key]
+        for (auto& layer : m.model->layers) {
+          const Tensor w = layer->last_self_weights.contiguous();  // [1, H, T, T]
+          layer->last_self_weights = Tensor();
+          const float* p = w.data<float>();
+          json heads = json::array();
+          for (int64_t h = 0; h < w.size(1); ++h) {
+            json rows = json::array();
+            for (int64_t t = 0; t < T; ++t)
+              rows.push_back(std::vector<float>(p + (h * T + t) * T, p + (h * T + t + 1) * T));
+            heads.push_back(std::move(rows));
+          }
+          layers.push_back(std::move(heads));
+        }
+        done->set_value(std::move(layers));
+      } catch (...) {
+        done->set_exception(std::current_exception());
+      }
+    });
+    const json layers = future.get();
+    json mean = json::array();  // the last layer's heads averaged, as "weights" is for a translation
+    const json& last = layers.back();
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<float> row((size_t)T, 0.0f);
+      for (const json& head : last)
+        for (int64_t j = 0; j < T; ++j) row[(size_t)j] += head[t][j].get<float>() / (float)last.size();
+      mean.push_back(row);
+    }
+    const std::vector<std::string> pieces = m.tokenizer->pieces(ids);
+    send_json(res, 200, {{"model", name_},
+                         {"source_tokens", pieces},
+                         {"target_tokens", pieces},
+                         {"attention", "masked self-attention: last layer, mean of " +
+                                           std::to_string(last.size()) + " heads (a row per query, a column per key)"},
+                         {"weights", mean},
                          {"layers", layers}});
   }
 

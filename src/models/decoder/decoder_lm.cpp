@@ -58,10 +58,10 @@ Tensor DecoderLM::logits(const Tensor& x_in) {
   return output_proj ? output_proj->forward(x) : matmul(x, embed->weight.transpose(0, 1));
 }
 
-Tensor DecoderLM::forward(const Tensor& ids) {
+Tensor DecoderLM::forward(const Tensor& ids, bool need_weights) {
   QKV_CHECK(ids.dim() == 2, "decoder: ids must be [B, T], got ", shape_str(ids.shape()));
   Tensor x = embed_tokens(ids, 0);
-  for (auto& layer : layers) x = layer->forward(x, {.causal = true});
+  for (auto& layer : layers) x = layer->forward(x, {.causal = true, .need_weights = need_weights});
   return logits(x);
 }
 
