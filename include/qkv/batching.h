@@ -82,6 +82,7 @@ public:
   // Runs `task` on the generator's thread between two steps, so that it may
   // use the model while nothing else does (the model is not safe to run from
   // two threads at once). Returns at once; `task` tells its caller itself.
+  // Without a thread, the next step() runs it; after stop(), the destructor.
   void post(std::function<void()> task);
 
   BatchStats stats() const;
