@@ -104,6 +104,7 @@ size_t find_stop(const std::string& text, const std::vector<std::string>& stops,
 
 // The longest tail of text[from, end) that begins one of `stops` (it may yet become one).
 size_t held_back(const std::string& text, size_t from, size_t end, const std::vector<std::string>& stops) {
+  if (end <= from) return 0;
   size_t longest = 0;
   for (const std::string& stop : stops) longest = std::max(longest, stop.size() - 1);
   for (size_t k = std::min(longest, end - from); k > 0; --k) {
