@@ -94,6 +94,9 @@ std::vector<int64_t> generate(LanguageModel& m, const std::string& prompt, const
 std::shared_ptr<VisionTransformer> load_vit_model(const std::string& dir, const std::string& command = "classify");
 // Softmax probabilities [B, classes] of images [B, C, H, W].
 Tensor classify_images(VisionTransformer& model, const Tensor& images);
+// The k most likely classes of one row of probabilities [classes], most likely
+// first, equal probabilities by class number (qkv classify and qkv serve).
+std::vector<int64_t> top_classes(const float* probs, int64_t classes, int64_t k);
 struct VitEvaluation {
   int64_t images = 0;
   double accuracy = 0;              // 0..1

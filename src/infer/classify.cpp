@@ -1,5 +1,6 @@
 // Image classification: probabilities, accuracy with a confusion matrix, and
 // the typed model-folder reader.
+#include <algorithm>
 #include <numeric>
 
 #include "qkv/checkpoint.h"
@@ -46,6 +47,16 @@ VitEvaluation evaluate_vit(VisionTransformer& model, const ImageSet& set, int64_
 
 std::shared_ptr<VisionTransformer> load_vit_model(const std::string& dir, const std::string& command) {
   return std::dynamic_pointer_cast<VisionTransformer>(load_model_folder(dir, Task::Classify, command).model);
+}
+
+std::vector<int64_t> top_classes(const float* p, int64_t classes, int64_t k) {
+  k = std::min(k, classes);
+  std::vector<int64_t> order((size_t)classes);
+  for (int64_t j = 0; j < classes; ++j) order[(size_t)j] = j;
+  std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                    [&](int64_t x, int64_t y) { return p[x] > p[y] || (p[x] == p[y] && x < y); });
+  order.resize((size_t)k);
+  return order;
 }
 
 }  // namespace qkv

@@ -139,9 +139,7 @@ int run_classify(const ClassifyArgs& a) {
   nlohmann::json out = nlohmann::json::array();
   for (size_t i = 0; i < images.size(); ++i) {
     const float* p = probs.data<float>() + i * C;
-    std::vector<int64_t> order(C);
-    for (int64_t j = 0; j < C; ++j) order[j] = j;
-    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int64_t x, int64_t y) { return p[x] > p[y]; });
+    const std::vector<int64_t> order = top_classes(p, C, k);
     if (!a.json) std::printf("%s\n", names[i].c_str());
     nlohmann::json top = nlohmann::json::array();
     for (int64_t j = 0; j < k; ++j) {

@@ -747,10 +747,7 @@ private:
     json results = json::array();
     for (int64_t i = 0; i < set.count; ++i) {
       const float* p = probs.data<float>() + i * C;
-      std::vector<int64_t> order((size_t)C);
-      for (int64_t j = 0; j < C; ++j) order[(size_t)j] = j;
-      std::partial_sort(order.begin(), order.begin() + top_k, order.end(),
-                        [&](int64_t x, int64_t y) { return p[x] > p[y] || (p[x] == p[y] && x < y); });
+      const std::vector<int64_t> order = top_classes(p, C, top_k);
       json top = json::array();
       for (int64_t j = 0; j < top_k; ++j)
         top.push_back({{"label", c.class_names[(size_t)order[(size_t)j]]}, {"probability", p[order[(size_t)j]]}});
