@@ -42,9 +42,12 @@ bench: build
 	@$(QKV) bench train
 	@test -d out/demo/model && $(QKV) bench decode || echo "bench decode: run make demo first (it needs a trained model)"
 
-# Regenerate the golden fixtures from PyTorch (needs: pip install torch safetensors numpy).
+# Regenerate the golden fixtures from PyTorch, the tokenizer.json fixtures and the Hugging Face folders
+# (needs: pip install torch safetensors numpy tokenizers transformers).
 fixtures:
 	python3 scripts/make_fixtures.py
+	python3 scripts/make_tokenizer_fixtures.py
+	python3 scripts/make_hf_fixtures.py
 
 # Python's safetensors loads a file qkv wrote (needs the same Python packages).
 interop: build

@@ -11,6 +11,7 @@ packages=(
   libcpp-httplib-dev pkg-config   # qkv serve's HTTP
   libpng-dev libjpeg62-turbo-dev zlib1g-dev  # PNG and JPEG images, gzipped IDX files
   libsentencepiece-dev            # subword tokenizer
+  libpcre2-dev libutf8proc-dev    # Hugging Face tokenizers: Unicode regex classes, normalization
   libgtest-dev                    # unit tests
   libbenchmark-dev                # micro benchmarks
   dataset-fashion-mnist           # real images for the ViT recipes (not needed by make test)

@@ -3,45 +3,59 @@
 computes with them (tests/fixtures/hf/), for qkv's parity tests.
 
 Each folder is what `save_pretrained` writes (config.json, model.safetensors,
-generation_config.json), from a fixed seed; next to it, NAME.expected.safetensors
-holds the input ids, transformers' logits for them (float32) and 16 greedy
-tokens continuing them (argmax at each step, as qkv's greedy decoding does).
+generation_config.json), from a fixed seed, with a tokenizer.json of
+tests/fixtures/tokenizers (make_tokenizer_fixtures.py writes those first).
+Next to it, NAME.expected.safetensors holds the input ids, transformers'
+logits for them (float32) and 16 greedy tokens continuing them (argmax at
+each step, as qkv's greedy decoding does); NAME.expected.json a prompt and
+what transformers' generate() makes of it through the tokenizer (greedy, 16
+new tokens at most, stopping at the folder's eos_token_id).
 
   llama  LlamaForCausalLM: GQA (4 heads, 2 key/value heads), rope_theta 500000,
          untied head, float32 on disk
+         and the llama3 tokenizer (<|begin_of_text|> before the prompt)
   qwen2  Qwen2ForCausalLM: q/k/v bias without o bias, tied embeddings, an
          explicit head_dim, bfloat16 on disk (the logits are of the bfloat16
-         weights, computed in float32)
+         weights, computed in float32), the qwen2 tokenizer and two
+         eos_token_id (<|im_end|>, <|endoftext|>) in generation_config.json
 
 Usage: python3 scripts/make_hf_fixtures.py [--out tests/fixtures/hf]
 Needs: torch, transformers, safetensors (pip install torch transformers safetensors).
 """
 import argparse
+import json
 import os
+import shutil
 import sys
 
 import torch
 from safetensors.torch import save_file
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-COMMON = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5, initializer_range=0.2,
-              bos_token_id=1, eos_token_id=2, pad_token_id=0)
+# The vocabulary is a little larger than the tokenizers' (508 and 509 tokens), as Qwen2's is.
+COMMON = dict(vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5, initializer_range=0.2)
+TOKENIZERS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures", "tokenizers")
+PROMPT = "我是中国人 -> 私は"
 
 
 def build(name):
     torch.manual_seed(0)
-    if name == "llama":
-        config = LlamaConfig(**COMMON, rope_theta=500000.0, tie_word_embeddings=False)
-        return LlamaForCausalLM(config), torch.float32
-    config = Qwen2Config(**COMMON, head_dim=12, rope_theta=1000000.0, tie_word_embeddings=True)
-    return Qwen2ForCausalLM(config), torch.bfloat16
+    if name == "llama":  # llama3.json: <|begin_of_text|> = 0, <|end_of_text|> = 1
+        config = LlamaConfig(**COMMON, rope_theta=500000.0, tie_word_embeddings=False, bos_token_id=0,
+                             eos_token_id=1)
+        return LlamaForCausalLM(config), torch.float32, "llama3"
+    # qwen2.json: <|endoftext|> = 0, <|im_start|> = 1, <|im_end|> = 2
+    config = Qwen2Config(**COMMON, head_dim=12, rope_theta=1000000.0, tie_word_embeddings=True, bos_token_id=None,
+                         eos_token_id=[2, 0], pad_token_id=0)
+    return Qwen2ForCausalLM(config), torch.bfloat16, "qwen2"
 
 
 def make(name, out_dir):
-    model, dtype = build(name)
+    model, dtype, tokenizer = build(name)
     folder = os.path.join(out_dir, name)
     model.to(dtype).save_pretrained(folder)
+    shutil.copyfile(os.path.join(TOKENIZERS, tokenizer + ".json"), os.path.join(folder, "tokenizer.json"))
     # The reference is the folder as transformers loads it in float32 (the
     # bfloat16 weights widened exactly). Not the model above moved back to
     # float32: its rotary inv_freq buffer went through bfloat16 as well.
@@ -56,6 +70,15 @@ def make(name, out_dir):
             seq = torch.cat([seq, nxt], dim=1)
     save_file({"ids": ids, "logits": logits.contiguous(), "greedy": seq[:, ids.size(1):].contiguous()},
               os.path.join(out_dir, name + ".expected.safetensors"))
+    tok = PreTrainedTokenizerFast(tokenizer_file=os.path.join(folder, "tokenizer.json"))
+    prompt = tok(PROMPT, return_tensors="pt")
+    with torch.no_grad():
+        out = model.generate(**prompt, max_new_tokens=16, do_sample=False)
+    new = out[0, prompt["input_ids"].size(1):].tolist()
+    with open(os.path.join(out_dir, name + ".expected.json"), "w") as f:
+        json.dump({"prompt": PROMPT, "prompt_ids": prompt["input_ids"][0].tolist(), "new_ids": new,
+                   "text": tok.decode(new, skip_special_tokens=True)}, f, ensure_ascii=False, indent=1)
+        f.write("\n")
     print(f"{name}: {sum(p.numel() for p in model.parameters())} parameters, {dtype} on disk")
 
 

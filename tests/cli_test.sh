@@ -171,7 +171,18 @@ check "classify a text file" nonzero "$QKV" classify --model "$tmp/vit" "$tmp/vi
 one_line_error "classify a text file"
 check "classify missing image" nonzero "$QKV" classify --model "$tmp/vit" "$tmp/none.png"
 one_line_error "classify missing image"
-check "serve a folder without a tokenizer" nonzero timeout 20 "$QKV" serve --model "$FIXTURES/hf/llama" --port 0
+# A Hugging Face folder with its tokenizer.json generates text; without one, the commands that need text say so.
+check "generate from a Hugging Face folder" 0 "$QKV" generate --model "$FIXTURES/hf/llama" --prompt "我是中国人 -> 私は" --temperature 0 --max-new-tokens 16
+grep -q "^我是中国人 -> 私は.*国人です$" "$tmp/out" || { echo "FAIL generate from a Hugging Face folder"; cat "$tmp/out"; failures=$((failures + 1)); }
+mkdir -p "$tmp/hf-no-tokenizer" && cp "$FIXTURES/hf/llama/config.json" "$FIXTURES/hf/llama/model.safetensors" "$tmp/hf-no-tokenizer/"
+check "generate without a tokenizer" nonzero "$QKV" generate --model "$tmp/hf-no-tokenizer" --prompt "a"
+one_line_error "generate without a tokenizer"
+printf '{"model": {"type": "Unigram"}}' >"$tmp/hf-no-tokenizer/tokenizer.json"
+check "generate with an unread tokenizer" nonzero "$QKV" generate --model "$tmp/hf-no-tokenizer" --prompt "a"
+one_line_error "generate with an unread tokenizer"
+grep -q "tokenizer.json: model: model type 'Unigram' is not supported yet" "$tmp/err" || { echo "FAIL unread tokenizer message"; cat "$tmp/err"; failures=$((failures + 1)); }
+rm "$tmp/hf-no-tokenizer/tokenizer.json"
+check "serve a folder without a tokenizer" nonzero timeout 20 "$QKV" serve --model "$tmp/hf-no-tokenizer" --port 0
 one_line_error "serve a folder without a tokenizer"
 grep -q "tokenizer" "$tmp/err" || { echo "FAIL serve without a tokenizer message"; cat "$tmp/err"; failures=$((failures + 1)); }
 check "serve a missing folder" nonzero timeout 20 "$QKV" serve --model "$tmp/none" --port 0

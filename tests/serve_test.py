@@ -498,6 +498,24 @@ class Images(unittest.TestCase):
             self.assertEqual(s.stop(), 0)
 
 
+class HuggingFace(unittest.TestCase):
+    def test_a_hugging_face_folder_serves_transformers_text(self):
+        """The llama fixture with its tokenizer.json: the OpenAI client gets what transformers' generate() gave."""
+        model = os.path.join(FIXTURES, "hf", "llama")
+        with open(os.path.join(FIXTURES, "hf", "llama.expected.json"), encoding="utf-8") as f:
+            expected = json.load(f)
+        s = Server(model)
+        try:
+            r = s.client.completions.create(model="llama", prompt=expected["prompt"], max_tokens=16, temperature=0)
+            self.assertEqual(r.choices[0].text, expected["text"])
+            self.assertEqual(r.usage.prompt_tokens, len(expected["prompt_ids"]))  # <|begin_of_text|> included
+            self.assertEqual(r.usage.completion_tokens, len(expected["new_ids"]))
+            self.assertEqual(cli_generate(model, expected["prompt"], "--temperature", "0", "--max-new-tokens", "16"),
+                             expected["text"])
+        finally:
+            self.assertEqual(s.stop(), 0)
+
+
 class Translation(unittest.TestCase):
     def test_translate_is_what_the_cli_gives(self):
         model = os.path.join(FIXTURES, "folders", "transformer")

@@ -27,6 +27,19 @@ public:
   // ... and the file in the model folder that holds the vocabulary ("" when none is needed).
   virtual std::string file_name() const = 0;
   virtual std::string serialize() const = 0;
+
+  // The ids put around a text (a prompt or a document), those that end
+  // generation, and those never sampled. qkv's own tokenizers: <bos> text
+  // <eos>; <eos>; <pad>, <bos>, <unk>. A Hugging Face tokenizer's prefix and
+  // suffix are its post-processor's template, its eos the folder's
+  // eos_token_id, and it never refuses a token.
+  struct Specials {
+    std::vector<int64_t> prefix{kBos}, suffix{kEos}, eos{kEos}, never_sampled{kPad, kBos, kUnk};
+  };
+  virtual const Specials& specials() const;
+  // prefix + encode(text): a prompt as the model reads it.
+  std::vector<int64_t> encode_prompt(const std::string& text) const;
+  bool is_eos(int64_t id) const;
 };
 
 // The "tokenizer" field of a model config:
@@ -51,6 +64,15 @@ struct TokenizerConfig {
 std::unique_ptr<Tokenizer> train_tokenizer(const TokenizerConfig& config, const std::vector<std::string>& texts);
 // The tokenizer of a model folder, from its config's "tokenizer" field.
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& config_json, const std::string& dir);
+
+// A Hugging Face tokenizer.json (src/data/hf_tokenizer.cpp): byte-level BPE
+// (GPT-2, Llama 3, Qwen2) with its added tokens, normalizer, split pattern,
+// post-processor and decoder. `eos` ends generation (the folder's
+// eos_token_id). What it does not read is an error naming the field. Invalid
+// UTF-8 in a text is replaced by U+FFFD as Python does when it reads bytes;
+// decode returns bytes, a character maybe cut (replace_invalid_utf8 gives the
+// text `tokenizers` decodes).
+std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::string& path, std::vector<int64_t> eos);
 
 // A character vocabulary: the specials, then every character of the
 // training text, most frequent first (ties by code point order).

@@ -9,7 +9,9 @@ namespace qkv {
 
 // Byte offset of the first invalid sequence, or std::string::npos.
 size_t invalid_utf8_offset(const std::string& s);
-// Each invalid byte replaced by U+FFFD.
+// Each invalid part replaced by one U+FFFD: a sequence cut short (its longest
+// valid start) or a byte that starts none, as Python's errors="replace" and
+// Rust's from_utf8_lossy do (Unicode's "maximal subpart" practice).
 std::string replace_invalid_utf8(const std::string& s);
 // The code points of valid UTF-8 text, each as its own string.
 std::vector<std::string> utf8_chars(const std::string& s);

@@ -5,15 +5,37 @@
 #include <nlohmann/json.hpp>
 
 #include "qkv/io.h"
+#include "qkv/tokenizer.h"
 #include "src/core/json.h"
 
 namespace qkv {
 
 namespace {
 
+// The ids that end generation: eos_token_id (a number or a list) of
+// generation_config.json, as transformers' generate() reads it, else of
+// config.json; none when neither has one.
+std::vector<int64_t> hf_eos(const std::string& dir, const nlohmann::json& config, const std::string& config_path) {
+  nlohmann::json from = config;
+  std::string source = config_path;
+  const std::string generation = dir + "/generation_config.json";
+  if (std::filesystem::exists(generation)) {
+    nlohmann::json g = parse_json(read_file(generation), generation);
+    if (g.is_object() && g.contains("eos_token_id")) from = g, source = generation;
+  }
+  std::vector<int64_t> eos;
+  const nlohmann::json id = from.is_object() ? from.value("eos_token_id", nlohmann::json()) : nlohmann::json();
+  for (const nlohmann::json& v : id.is_array() ? id : nlohmann::json::array({id})) {
+    if (v.is_null()) continue;
+    QKV_CHECK(v.is_number_integer() && v.get<int64_t>() >= 0, source, ": eos_token_id must be an id or a list of ids");
+    eos.push_back(v.get<int64_t>());
+  }
+  return eos;
+}
+
 // A Hugging Face folder: the family's import of its config.json, and the
-// weights under their qkv names, converted to F32 as they load. Its
-// tokenizer.json is not read yet, so m.tokenizer stays null (issue 15).
+// weights under their qkv names, converted to F32 as they load; its
+// tokenizer.json when there is one (m.tokenizer stays null without).
 ModelFolder load_hf(const std::string& dir, const std::string& config_path, const std::string& text, ModelFolder m) {
   const HfImport hf = m.family->from_hf(text, config_path);
   Rng rng(0);
@@ -33,6 +55,14 @@ ModelFolder load_hf(const std::string& dir, const std::string& config_path, cons
     fail(path, ": ", e.what());
   }
   m.model->eval();
+  const std::string tokenizer = dir + "/tokenizer.json";
+  if (std::filesystem::exists(tokenizer)) {
+    const nlohmann::json config = parse_json(text, config_path);
+    m.tokenizer = load_hf_tokenizer(tokenizer, hf_eos(dir, config, config_path));
+    const nlohmann::json vocab = config.value("vocab_size", nlohmann::json(-1));
+    QKV_CHECK(!vocab.is_number_integer() || m.tokenizer->size() <= vocab.get<int64_t>(), tokenizer, ": ",
+              m.tokenizer->size(), " tokens, more than the model's vocab_size ", vocab.dump());
+  }
   return m;
 }
 

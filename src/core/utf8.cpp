@@ -29,13 +29,29 @@ size_t invalid_utf8_offset(const std::string& s) {
   return std::string::npos;
 }
 
+// How many bytes from s[i] begin a valid sequence that is cut short (the
+// "maximal subpart" of Unicode's chapter 3), at least 1: they become one U+FFFD.
+static size_t invalid_prefix(const std::string& s, size_t i) {
+  const unsigned char c = (unsigned char)s[i];
+  const int len = c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
+  size_t k = 1;
+  for (; len && (int)k < len && i + k < s.size(); ++k) {
+    const unsigned char cc = (unsigned char)s[i + k];
+    // The second byte's range depends on the first (no overlongs, surrogates or code points past U+10FFFF).
+    const unsigned char lo = k > 1 ? 0x80 : c == 0xE0 ? 0xA0 : c == 0xF0 ? 0x90 : 0x80;
+    const unsigned char hi = k > 1 ? 0xBF : c == 0xED ? 0x9F : c == 0xF4 ? 0x8F : 0xBF;
+    if (cc < lo || cc > hi) break;
+  }
+  return k;
+}
+
 std::string replace_invalid_utf8(const std::string& s) {
   std::string out;
   for (size_t i = 0; i < s.size();) {
     int len = sequence_length(s, i);
     if (len == 0) {
       out += "\xEF\xBF\xBD";
-      i += 1;
+      i += invalid_prefix(s, i);
     } else {
       out.append(s, i, len);
       i += len;

@@ -31,6 +31,22 @@ namespace qkv {
 
 static const char* kSpecials[] = {"<pad>", "<bos>", "<eos>", "<unk>"};
 
+const Tokenizer::Specials& Tokenizer::specials() const {
+  static const Specials qkv_numbering;
+  return qkv_numbering;
+}
+
+std::vector<int64_t> Tokenizer::encode_prompt(const std::string& text) const {
+  std::vector<int64_t> ids = specials().prefix;
+  for (int64_t id : encode(text)) ids.push_back(id);
+  return ids;
+}
+
+bool Tokenizer::is_eos(int64_t id) const {
+  const std::vector<int64_t>& eos = specials().eos;
+  return std::find(eos.begin(), eos.end(), id) != eos.end();
+}
+
 CharTokenizer CharTokenizer::build(const std::vector<std::string>& texts) {
   std::map<std::string, int64_t> counts;
   for (auto& t : texts)

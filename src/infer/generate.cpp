@@ -19,9 +19,10 @@ std::vector<int64_t> pack_documents(const Tokenizer& tok, const std::string& tex
   int64_t number = 0;
   auto flush = [&] {
     if (doc.empty()) return;
-    out.push_back(Tokenizer::kBos);
+    const Tokenizer::Specials& specials = tok.specials();
+    out.insert(out.end(), specials.prefix.begin(), specials.prefix.end());
     for (int64_t id : tok.encode(doc)) out.push_back(id);
-    out.push_back(Tokenizer::kEos);
+    out.insert(out.end(), specials.suffix.begin(), specials.suffix.end());
     doc.clear();
   };
   while (std::getline(in, line)) {
@@ -82,10 +83,15 @@ size_t complete_utf8_prefix(const std::string& s) {
   return n;
 }
 
-int64_t sample_token(const float* logits, int64_t V, const GenerateOptions& o, Rng& rng) {
-  auto drawable = [&](int64_t v) {
-    return v != Tokenizer::kPad && v != Tokenizer::kBos && v != Tokenizer::kUnk && !(o.ignore_eos && v == Tokenizer::kEos);
-  };
+int64_t sample_token(const float* logits, int64_t V, const GenerateOptions& o, const Tokenizer::Specials& specials,
+                     Rng& rng) {
+  std::vector<bool> refused((size_t)V, false);
+  for (int64_t v : specials.never_sampled)
+    if (v >= 0 && v < V) refused[(size_t)v] = true;
+  if (o.ignore_eos)
+    for (int64_t v : specials.eos)
+      if (v >= 0 && v < V) refused[(size_t)v] = true;
+  auto drawable = [&](int64_t v) { return !refused[(size_t)v]; };
   // Most likely first; equal logits by id, so every path below agrees on the order.
   auto before = [](const std::pair<float, int64_t>& a, const std::pair<float, int64_t>& b) {
     return a.first > b.first || (a.first == b.first && a.second < b.second);
@@ -134,12 +140,15 @@ std::vector<int64_t> generate(LanguageModel& m, const std::string& prompt, const
   DecoderLM& model = *m.model;
   model.eval();
   const int64_t C = model.config().context;
-  std::vector<int64_t> ids = {Tokenizer::kBos};
-  for (int64_t id : m.tokenizer->encode(prompt)) ids.push_back(id);
+  const Tokenizer::Specials& specials = m.tokenizer->specials();
+  std::vector<int64_t> ids = m.tokenizer->encode_prompt(prompt);
+  QKV_CHECK(!ids.empty(), "generate: the prompt is empty and the tokenizer puts no token before it; give a prompt");
+  const int64_t keep = (int64_t)specials.prefix.size();  // the prefix stays when the prompt is cut
   if ((int64_t)ids.size() >= C) {
-    QKV_CHECK(o.truncate_prompt, "generate: the prompt is ", ids.size() - 1, " tokens, the model's context is ", C,
-              " (pass --truncate-prompt to keep its last ", C - 2, " tokens)");
-    ids.erase(ids.begin() + 1, ids.end() - (C - 2));
+    QKV_CHECK(o.truncate_prompt && C - 1 > keep, "generate: the prompt is ", (int64_t)ids.size() - keep,
+              " tokens, the model's context is ", C, " (pass --truncate-prompt to keep its last ", C - 1 - keep,
+              " tokens)");
+    ids.erase(ids.begin() + keep, ids.end() - (C - 1 - keep));
   }
   std::vector<KVCache> caches = model.make_caches(1, C);
   Tensor logits = model.forward_cached(Tensor::from_ints(ids, {1, (int64_t)ids.size()}), caches);
@@ -149,8 +158,8 @@ std::vector<int64_t> generate(LanguageModel& m, const std::string& prompt, const
   size_t emitted = 0;
   for (int64_t i = 0; i < o.max_new_tokens && caches[0].length < C; ++i) {
     const float* last = logits.data<float>() + (logits.size(1) - 1) * V;
-    const int64_t next = detail::sample_token(last, V, o, rng);
-    if (next == Tokenizer::kEos) break;
+    const int64_t next = detail::sample_token(last, V, o, specials, rng);
+    if (m.tokenizer->is_eos(next) && !o.ignore_eos) break;
     out.push_back(next);
     if (emit) {
       const std::string text = m.tokenizer->decode(out);

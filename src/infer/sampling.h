@@ -7,6 +7,7 @@
 
 #include "qkv/infer.h"
 #include "qkv/rng.h"
+#include "qkv/tokenizer.h"
 
 namespace qkv::detail {
 
@@ -15,8 +16,9 @@ namespace qkv::detail {
 size_t complete_utf8_prefix(const std::string& s);
 
 // A token from logits [V]: the most likely at temperature 0, else drawn from
-// softmax(logits / temperature) restricted by top_k and top_p. <pad>, <bos>
-// and <unk> are never drawn, nor <eos> with ignore_eos.
-int64_t sample_token(const float* logits, int64_t V, const GenerateOptions& o, Rng& rng);
+// softmax(logits / temperature) restricted by top_k and top_p. The
+// tokenizer's never_sampled ids are never drawn, nor its eos with ignore_eos.
+int64_t sample_token(const float* logits, int64_t V, const GenerateOptions& o, const Tokenizer::Specials& specials,
+                     Rng& rng);
 
 }  // namespace qkv::detail

@@ -19,8 +19,8 @@ namespace {
 
 // Text in and out needs the folder's tokenizer; a Hugging Face folder's is not read yet.
 void require_tokenizer(const LanguageModel& m, const std::string& dir, const char* command) {
-  QKV_CHECK(m.tokenizer != nullptr, command, ": ", dir, " is a Hugging Face folder; qkv does not read its tokenizer ",
-            "yet (tokenizer.json), so its model runs only from the library, on token ids");
+  QKV_CHECK(m.tokenizer != nullptr, command, ": ", dir, " is a Hugging Face folder without a tokenizer.json (qkv ",
+            "does not read other tokenizer files yet), so its model runs only from the library, on token ids");
 }
 
 }  // namespace
@@ -114,7 +114,7 @@ int run_generate(GenerateArgs a) {
   });
   std::putchar('\n');
   const int64_t context = m.model->config().context;
-  const int64_t prompt_tokens = std::min<int64_t>(1 + (int64_t)m.tokenizer->encode(a.prompt).size(), context - 1);
+  const int64_t prompt_tokens = std::min<int64_t>((int64_t)m.tokenizer->encode_prompt(a.prompt).size(), context - 1);
   if ((int64_t)out.size() < a.options.max_new_tokens && prompt_tokens + (int64_t)out.size() >= context)
     std::fprintf(stderr, "generate: stopped at the model's context of %lld tokens\n", (long long)context);
   return 0;

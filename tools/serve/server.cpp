@@ -243,8 +243,8 @@ public:
     name_ = o.name.empty() ? folder_path.filename().string() : o.name;
     const Domain domain = folder_.family->domain;
     QKV_CHECK(domain == Domain::Vision || folder_.tokenizer, "serve: ", dir,
-              " is a Hugging Face folder; qkv does not read its tokenizer yet (tokenizer.json), so it cannot serve "
-              "text from it");
+              " is a Hugging Face folder without a tokenizer.json (qkv does not read other tokenizer files yet), so it "
+              "cannot serve text from it");
     if (domain == Domain::Vision) {
       vit_ = std::dynamic_pointer_cast<VisionTransformer>(folder_.model);
     } else if (domain == Domain::Language) {
@@ -468,8 +468,8 @@ private:
 
     const int64_t C = generator_->context();
     BatchRequest r;
-    r.prompt = {Tokenizer::kBos};
-    for (int64_t id : generator_->model().tokenizer->encode(prompts[0])) r.prompt.push_back(id);
+    r.prompt = generator_->model().tokenizer->encode_prompt(prompts[0]);
+    if (r.prompt.empty()) bad("prompt", "the prompt is empty and the tokenizer puts no token before it");
     const int64_t P = (int64_t)r.prompt.size();
     if (P >= C)
       bad("prompt", "the prompt is " + std::to_string(P) + " tokens (with <bos>); the context is " + std::to_string(C) +
@@ -661,8 +661,8 @@ private:
   // and head, computed on the generator's thread between decoding steps.
   void self_attention(const std::string& text, httplib::Response& res) {
     const LanguageModel& m = generator_->model();
-    std::vector<int64_t> ids = {Tokenizer::kBos};
-    for (int64_t id : m.tokenizer->encode(text)) ids.push_back(id);
+    const std::vector<int64_t> ids = m.tokenizer->encode_prompt(text);
+    if (ids.empty()) bad("text", "text is empty and the tokenizer puts no token before it");
     const int64_t T = (int64_t)ids.size(), C = m.model->config().context;
     if (T > C)
       bad("text", "text is " + std::to_string(T) + " tokens (with <bos>); the context is " + std::to_string(C));

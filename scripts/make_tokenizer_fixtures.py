@@ -1,0 +1,171 @@
+#!/usr/bin/env python3
+"""Writes the tokenizer parity fixtures (tests/fixtures/tokenizers/): small
+byte-level BPE tokenizer.json files trained locally with the `tokenizers`
+library, a test text, and what the library makes of each of its lines.
+
+  gpt2    ByteLevel pre-tokenizer with GPT-2's split pattern, <|endoftext|>,
+          a <mask> token that takes the white space before it (lstrip)
+  llama3  Llama 3's split pattern (Split, then ByteLevel without its own
+          pattern), ignore_merges, a template that puts <|begin_of_text|>
+          first, a single_word added token
+  qwen2   NFC normalizer, Qwen2's split pattern, <|im_start|> and <|im_end|>,
+          a normalized added token ("café") found in the normalized text
+
+text.txt has 5,000 lines of English, Chinese, Japanese, emoji, digits, runs
+of white space (tabs, U+00A0, U+3000, U+0085, carriage returns), combining
+accents, added tokens written out, and invalid UTF-8. Lines are split at
+b"\\n" only; each is read as Python reads bytes (invalid parts replaced by
+U+FFFD). For each tokenizer, NAME.expected has one line per text line:
+
+  <number of ids> <FNV-1a 32 of the ids> <FNV-1a 32 of the decoded text>
+
+(ids as 4 little-endian bytes each; the decoded text is decode(ids,
+skip_special_tokens=True), as UTF-8). The C++ test recomputes all three.
+
+Usage: python3 scripts/make_tokenizer_fixtures.py [--out DIR]
+       python3 scripts/make_tokenizer_fixtures.py --show NAME LINE   (the ids of one line, for a failing test)
+Needs: tokenizers (pip install tokenizers).
+"""
+import argparse
+import os
+import random
+import struct
+import sys
+
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures", "tokenizers")
+VOCAB = 512
+
+LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+          r"|\s+(?!\S)|\s+")
+QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+         r"|\s+(?!\S)|\s+")
+
+ENGLISH = ("the quick brown fox jumps over a lazy dog while attention heads look back at every token they have "
+           "seen before Transformers encode decode translate query key value softmax").split()
+CONTRACTIONS = ["don't", "it's", "I'LL", "we've", "they're", "she'd", "I'm", "You'RE", "o'clock", "rock'n'roll"]
+CHINESE = list("我是中国人你好世界今天天气很好我们学习注意力机制翻译模型的编码器和解码器")
+JAPANESE = ["私は中国人です", "こんにちは", "コンピュータ", "ありがとうございます", "東京都", "ｶﾀｶﾅ", "日本語の文章"]
+EMOJI = ["😀", "👍🏽", "👨‍👩‍👧", "🇯🇵", "❤️", "🤖", "✨"]
+SPACES = ["  ", "   ", "\t", "\t\t", " \u00a0 ", "\u3000", "\u0085", "\r", " \r", "\u2028", "\u200b", "\u180e", "\u000b\u000c"]
+ACCENTS = ["cafe\u0301", "café", "nai\u0308ve", "Ångström", "A\u030angstro\u0308m"]
+ADDED = ["<|endoftext|>", "<mask>", " <mask>", "<|im_start|>", "<|im_end|>", "<|begin_of_text|>", "qkv", "xqkv"]
+INVALID = [b"\xff", b"\xe3\x81", b"\xc0\xaf", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\x80", b"\xe2\x82"]
+
+
+def fragment(rng):
+    kind = rng.randrange(10)
+    if kind == 0:
+        return " ".join(rng.choice(ENGLISH) for _ in range(rng.randint(1, 6))).encode()
+    if kind == 1:
+        return rng.choice(CONTRACTIONS).encode()
+    if kind == 2:
+        return "".join(rng.choice(CHINESE) for _ in range(rng.randint(1, 8))).encode()
+    if kind == 3:
+        return rng.choice(JAPANESE).encode()
+    if kind == 4:
+        return rng.choice(EMOJI).encode()
+    if kind == 5:
+        digits = "".join(rng.choice("0123456789") for _ in range(rng.randint(1, 9)))
+        return rng.choice([digits, digits + "." + digits[:2], "1,000", "3.14159", "２０２６"]).encode()
+    if kind == 6:
+        return rng.choice(SPACES).encode()
+    if kind == 7:
+        return rng.choice(ACCENTS).encode()
+    if kind == 8:
+        return rng.choice(ADDED).encode()
+    return rng.choice(INVALID) if rng.random() < 0.5 else rng.choice(["!", "?!", "...", "(x)", "—", "«»", "#1"]).encode()
+
+
+def make_text(seed, lines):
+    rng = random.Random(seed)
+    out = []
+    for _ in range(lines):
+        if rng.random() < 0.03:
+            out.append(b"")
+            continue
+        parts = [fragment(rng) for _ in range(rng.randint(1, 6))]
+        out.append(b"".join(p + (b" " if rng.random() < 0.6 else b"") for p in parts))
+    return out
+
+
+def build(name, corpus):
+    if name == "gpt2":
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.post_processor = processors.ByteLevel(trim_offsets=True)
+        specials = ["<|endoftext|>"]
+    elif name == "llama3":
+        tok = Tokenizer(models.BPE(ignore_merges=True))
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(LLAMA3), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        specials = ["<|begin_of_text|>", "<|end_of_text|>"]
+    else:
+        tok = Tokenizer(models.BPE())
+        tok.normalizer = normalizers.NFC()
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(QWEN2), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB - 4, special_tokens=specials, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(corpus, trainer)
+    if name == "gpt2":
+        tok.add_special_tokens([AddedToken("<mask>", lstrip=True, special=True, normalized=False)])
+    elif name == "llama3":
+        bos = tok.token_to_id("<|begin_of_text|>")
+        tok.post_processor = processors.Sequence([
+            processors.ByteLevel(trim_offsets=False),
+            processors.TemplateProcessing(single="<|begin_of_text|> $A", pair="<|begin_of_text|> $A $B:1",
+                                          special_tokens=[("<|begin_of_text|>", bos)])])
+        tok.add_tokens([AddedToken("qkv", single_word=True, normalized=False)])
+    else:
+        tok.add_tokens([AddedToken("café", normalized=True)])
+    return tok
+
+
+def fnv(data):
+    h = 0x811C9DC5
+    for b in data:
+        h = ((h ^ b) * 0x01000193) & 0xFFFFFFFF
+    return h
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=OUT)
+    ap.add_argument("--show", nargs=2, metavar=("NAME", "LINE"), help="print the ids of one line (1-based)")
+    args = ap.parse_args()
+    if args.show:
+        tok = Tokenizer.from_file(os.path.join(args.out, args.show[0] + ".json"))
+        line = open(os.path.join(args.out, "text.txt"), "rb").read().split(b"\n")[int(args.show[1]) - 1]
+        text = line.decode("utf-8", errors="replace")
+        print(repr(text))
+        print(tok.encode(text, add_special_tokens=False).ids)
+        return 0
+    os.makedirs(args.out, exist_ok=True)
+    corpus = [l.decode("utf-8", errors="replace") for l in make_text(1, 3000)]
+    text = make_text(2, 5000)
+    with open(os.path.join(args.out, "text.txt"), "wb") as f:
+        f.write(b"\n".join(text))
+    for name in ("gpt2", "llama3", "qwen2"):
+        tok = build(name, corpus)
+        tok.save(os.path.join(args.out, name + ".json"))
+        rows = []
+        for line in text:
+            s = line.decode("utf-8", errors="replace")
+            ids = tok.encode(s, add_special_tokens=False).ids
+            decoded = tok.decode(ids, skip_special_tokens=True)
+            rows.append(f"{len(ids)} {fnv(struct.pack(f'<{len(ids)}I', *ids)):08x} {fnv(decoded.encode()):08x}")
+        with open(os.path.join(args.out, name + ".expected"), "w") as f:
+            f.write("\n".join(rows) + "\n")
+        with_specials = tok.encode("hello", add_special_tokens=True).ids
+        print(f"{name}: {tok.get_vocab_size()} tokens; 'hello' with specials: {with_specials}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,819 @@
+// A Hugging Face tokenizer.json, read as the `tokenizers` library runs it:
+//
+//   text -> added tokens split out -> normalizer -> pre-tokenizer -> model (BPE)
+//        -> post-processor (the ids around the text); ids -> decoder -> text
+//
+// Read here: normalizers NFC/NFD/NFKC/NFKD (utf8proc) and Sequence;
+// pre-tokenizers ByteLevel (GPT-2's byte-to-character table and, with
+// use_regex, its split pattern), Split (a regex run by PCRE2, or a string)
+// and Sequence; the BPE model (merges by rank, ignore_merges, unk_token,
+// byte_fallback); post-processors ByteLevel, TemplateProcessing,
+// BertProcessing, RobertaProcessing and Sequence; the ByteLevel decoder.
+// Anything else is one error naming the field, never a different tokenizer.
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+#include <utf8proc.h>
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <queue>
+#include <unordered_map>
+
+#include "qkv/error.h"
+#include "qkv/io.h"
+#include "qkv/tokenizer.h"
+#include "qkv/utf8.h"
+#include "src/config/fields.h"
+#include "src/core/json.h"
+
+namespace qkv {
+namespace {
+
+using Json = nlohmann::json;
+
+// ---------------------------------------------------------------- Unicode --
+
+// The code point at s[i] (s is valid UTF-8) and its length in bytes.
+uint32_t code_point(const std::string& s, size_t i, int* len) {
+  const uint8_t c = (uint8_t)s[i];
+  *len = c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
+  uint32_t cp = *len == 1 ? c : *len == 2 ? (c & 0x1F) : *len == 3 ? (c & 0x0F) : (c & 0x07);
+  for (int k = 1; k < *len; ++k) cp = (cp << 6) | ((uint8_t)s[i + k] & 0x3F);
+  return cp;
+}
+
+void append_utf8(std::string& out, uint32_t cp) {
+  utf8proc_uint8_t buf[4];
+  out.append((const char*)buf, (size_t)utf8proc_encode_char((utf8proc_int32_t)cp, buf));
+}
+
+// Unicode White_Space, what Rust's char::is_whitespace (and so `tokenizers`) tests.
+bool is_white_space(uint32_t cp) {
+  return (cp >= 0x09 && cp <= 0x0D) || cp == 0x20 || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
+         (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F ||
+         cp == 0x3000;
+}
+
+bool is_alphanumeric(uint32_t cp) {
+  const utf8proc_category_t c = utf8proc_category((utf8proc_int32_t)cp);
+  return (c >= UTF8PROC_CATEGORY_LU && c <= UTF8PROC_CATEGORY_LO) ||
+         (c >= UTF8PROC_CATEGORY_ND && c <= UTF8PROC_CATEGORY_NO);
+}
+
+// GPT-2's table: the printable bytes ! .. ~, ¡ .. ¬ and ® .. ÿ stand for
+// themselves; the other 68 bytes take the code points from U+0100 on, in byte
+// order. Every byte becomes one visible character, so BPE works on text.
+struct ByteTable {
+  std::string to_char[256];
+  std::unordered_map<uint32_t, uint8_t> to_byte;
+  ByteTable() {
+    uint32_t next = 256;
+    for (int b = 0; b < 256; ++b) {
+      const bool printable = (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+      const uint32_t cp = printable ? (uint32_t)b : next++;
+      append_utf8(to_char[b], cp);
+      to_byte[cp] = (uint8_t)b;
+    }
+  }
+};
+const ByteTable& byte_table() {
+  static const ByteTable t;
+  return t;
+}
+
+// A pattern as `tokenizers` runs it (Oniguruma), compiled by PCRE2 with
+// Unicode properties. One difference matters in the patterns these files
+// use: PCRE2's \s matches U+180E (Mongolian vowel separator, white space
+// before Unicode 6.3) and Oniguruma's does not. So \s becomes
+// (?:(?!\x{180E})\s), \S (?:\x{180E}|\S), a class with \s in it
+// (?:(?!\x{180E})[...]) and a negated one (?:\x{180E}|[^...]). The parity
+// text has U+180E in it.
+std::string pcre2_pattern(const std::string& onig) {
+  std::string out;
+  for (size_t i = 0; i < onig.size(); ++i) {
+    const char c = onig[i];
+    if (c == '\\' && i + 1 < onig.size()) {
+      const char e = onig[++i];
+      if (e == 's') out += "(?:(?!\\x{180E})\\s)";
+      else if (e == 'S') out += "(?:\\x{180E}|\\S)";
+      else out += c, out += e;
+    } else if (c == '[') {
+      size_t end = i + 1;
+      if (end < onig.size() && onig[end] == '^') ++end;
+      if (end < onig.size() && onig[end] == ']') ++end;  // a leading ] is a character
+      bool space = false, nested = false;
+      for (; end < onig.size() && onig[end] != ']'; ++end) {
+        if (onig[end] == '[') nested = true;
+        if (onig[end] == '\\' && end + 1 < onig.size()) space |= onig[++end] == 's';
+      }
+      const std::string cls = onig.substr(i, end + 1 - i);
+      if (!space || nested || end >= onig.size()) out += cls;
+      else if (cls[1] == '^') out += "(?:\\x{180E}|" + cls + ")";
+      else out += "(?:(?!\\x{180E})" + cls + ")";
+      i = end;
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+class Regex {
+public:
+  Regex(const std::string& pattern, const std::string& source) {
+    int code = 0;
+    PCRE2_SIZE at = 0;
+    const std::string p = pcre2_pattern(pattern);
+    code_ = pcre2_compile((PCRE2_SPTR)p.data(), p.size(), PCRE2_UTF | PCRE2_UCP | PCRE2_NO_UTF_CHECK, &code, &at,
+                          nullptr);
+    if (!code_) {
+      PCRE2_UCHAR message[256];
+      pcre2_get_error_message(code, message, sizeof message);
+      fail(source, ": the pattern '", pattern, "' does not compile (", (const char*)message, " at ", at, ")");
+    }
+    pcre2_jit_compile(code_, PCRE2_JIT_COMPLETE);  // faster where the JIT exists; the interpreter otherwise
+  }
+  ~Regex() { pcre2_code_free(code_); }
+  Regex(const Regex&) = delete;
+  Regex& operator=(const Regex&) = delete;
+
+  // The [begin, end) of every match, left to right (s is valid UTF-8).
+  std::vector<std::pair<size_t, size_t>> find_all(const std::string& s) const {
+    std::vector<std::pair<size_t, size_t>> out;
+    std::unique_ptr<pcre2_match_data, decltype(&pcre2_match_data_free)> md(
+        pcre2_match_data_create_from_pattern(code_, nullptr), &pcre2_match_data_free);
+    for (size_t at = 0; at <= s.size();) {
+      const int rc = pcre2_match(code_, (PCRE2_SPTR)s.data(), s.size(), at, PCRE2_NO_UTF_CHECK, md.get(), nullptr);
+      if (rc == PCRE2_ERROR_NOMATCH) break;
+      if (rc < 0) {
+        PCRE2_UCHAR message[256];
+        pcre2_get_error_message(rc, message, sizeof message);
+        fail("tokenizer: the split pattern failed on a text of ", s.size(), " bytes (", (const char*)message, ")");
+      }
+      const PCRE2_SIZE* v = pcre2_get_ovector_pointer(md.get());
+      if (v[1] > v[0]) out.push_back({v[0], v[1]});
+      if (v[1] > at) {
+        at = v[1];
+      } else {  // an empty match: step over one character
+        int len = 1;
+        if (at < s.size()) code_point(s, at, &len);
+        at += (size_t)len;
+      }
+    }
+    return out;
+  }
+
+private:
+  pcre2_code* code_ = nullptr;
+};
+
+// ------------------------------------------------------------ the parts --
+
+// Field access that names the field in its error.
+const Json& field(const Json& j, const char* key, const std::string& where) {
+  QKV_CHECK(j.is_object() && j.contains(key), where, ": no '", key, "'");
+  return j[key];
+}
+bool flag(const Json& j, const char* key, bool fallback) {
+  return j.contains(key) && j[key].is_boolean() ? j[key].get<bool>() : fallback;
+}
+std::string type_of(const Json& j, const std::string& where) {
+  const Json& t = field(j, "type", where);
+  QKV_CHECK(t.is_string(), where, ".type must be a string");
+  return t.get<std::string>();
+}
+
+class Normalizer {
+public:
+  Normalizer(const Json& j, const std::string& where) { add(j, where); }
+  bool empty() const { return steps_.empty(); }
+  std::string apply(std::string s) const {
+    for (int options : steps_) {
+      utf8proc_uint8_t* out = nullptr;
+      const utf8proc_ssize_t n = utf8proc_map((const utf8proc_uint8_t*)s.data(), (utf8proc_ssize_t)s.size(), &out,
+                                              (utf8proc_option_t)(UTF8PROC_STABLE | options));
+      QKV_CHECK(n >= 0, "tokenizer: cannot normalize the text (", utf8proc_errmsg(n), ")");
+      s.assign((const char*)out, (size_t)n);
+      std::free(out);
+    }
+    return s;
+  }
+
+private:
+  void add(const Json& j, const std::string& where) {
+    if (j.is_null()) return;
+    const std::string type = type_of(j, where);
+    if (type == "Sequence") {
+      const Json& list = field(j, "normalizers", where);
+      for (size_t i = 0; i < list.size(); ++i) add(list[i], where + ".normalizers[" + std::to_string(i) + "]");
+    } else if (type == "NFC") {
+      steps_.push_back(UTF8PROC_COMPOSE);
+    } else if (type == "NFD") {
+      steps_.push_back(UTF8PROC_DECOMPOSE);
+    } else if (type == "NFKC") {
+      steps_.push_back(UTF8PROC_COMPOSE | UTF8PROC_COMPAT);
+    } else if (type == "NFKD") {
+      steps_.push_back(UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT);
+    } else {
+      fail(where, ": normalizer type '", type, "' is not supported yet");
+    }
+  }
+  std::vector<int> steps_;  // utf8proc options, applied in order
+};
+
+// GPT-2's split pattern, what ByteLevel with use_regex runs.
+const char* kGpt2Pattern = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
+
+enum class SplitBehavior { Removed, Isolated, MergedWithPrevious, MergedWithNext, Contiguous };
+
+class PreTokenizer {
+public:
+  PreTokenizer(const Json& j, const std::string& where) { add(j, where); }
+  bool byte_level() const { return byte_level_; }
+
+  // The pieces of `text` BPE sees, each on its own.
+  std::vector<std::string> split(const std::string& text) const {
+    std::vector<std::string> pieces = {text};
+    for (const Step& step : steps_) {
+      std::vector<std::string> next;
+      for (std::string& p : pieces) {
+        if (step.prefix_space && (p.empty() || p[0] != ' ')) p.insert(0, " ");
+        if (!step.regex && step.literal.empty()) {
+          next.push_back(std::move(p));
+          continue;
+        }
+        split_one(step, p, next);
+      }
+      pieces.swap(next);
+    }
+    pieces.erase(std::remove(pieces.begin(), pieces.end(), std::string()), pieces.end());
+    return pieces;
+  }
+
+private:
+  struct Step {
+    std::shared_ptr<Regex> regex;  // or
+    std::string literal;           // a string pattern; neither: no split
+    SplitBehavior behavior = SplitBehavior::Isolated;
+    bool prefix_space = false;  // ByteLevel's add_prefix_space
+  };
+
+  void add(const Json& j, const std::string& where) {
+    if (j.is_null()) return;
+    const std::string type = type_of(j, where);
+    if (type == "Sequence") {
+      const Json& list = field(j, "pretokenizers", where);
+      for (size_t i = 0; i < list.size(); ++i) add(list[i], where + ".pretokenizers[" + std::to_string(i) + "]");
+    } else if (type == "ByteLevel") {
+      byte_level_ = true;
+      Step s;
+      s.prefix_space = flag(j, "add_prefix_space", true);
+      if (flag(j, "use_regex", true)) s.regex = std::make_shared<Regex>(kGpt2Pattern, where);
+      steps_.push_back(std::move(s));
+    } else if (type == "Split") {
+      QKV_CHECK(!flag(j, "invert", false), where, ".invert: true is not supported yet");
+      const Json& pattern = field(j, "pattern", where);
+      Step s;
+      if (pattern.contains("Regex") && pattern["Regex"].is_string()) {
+        s.regex = std::make_shared<Regex>(pattern["Regex"].get<std::string>(), where + ".pattern");
+      } else if (pattern.contains("String") && pattern["String"].is_string()) {
+        s.literal = pattern["String"].get<std::string>();
+        QKV_CHECK(!s.literal.empty(), where, ".pattern.String is empty");
+      } else {
+        fail(where, ".pattern must be {\"Regex\": ...} or {\"String\": ...}");
+      }
+      const std::string b = field(j, "behavior", where).is_string() ? j["behavior"].get<std::string>() : "";
+      static const std::pair<const char*, SplitBehavior> kBehaviors[] = {
+          {"Removed", SplitBehavior::Removed},
+          {"Isolated", SplitBehavior::Isolated},
+          {"MergedWithPrevious", SplitBehavior::MergedWithPrevious},
+          {"MergedWithNext", SplitBehavior::MergedWithNext},
+          {"Contiguous", SplitBehavior::Contiguous}};
+      bool known = false;
+      for (auto& [name, value] : kBehaviors)
+        if (b == name) s.behavior = value, known = true;
+      QKV_CHECK(known, where, ".behavior '", b, "' is not one of Removed, Isolated, MergedWithPrevious, ",
+                "MergedWithNext, Contiguous");
+      steps_.push_back(std::move(s));
+    } else {
+      fail(where, ": pre-tokenizer type '", type, "' is not supported yet");
+    }
+  }
+
+  // `tokenizers`' split: the text as runs, each a match or not, then joined as the behavior says.
+  static void split_one(const Step& step, const std::string& p, std::vector<std::string>& out) {
+    std::vector<std::pair<size_t, size_t>> matches;
+    if (step.regex) {
+      matches = step.regex->find_all(p);
+    } else {
+      for (size_t at = p.find(step.literal); at != std::string::npos; at = p.find(step.literal, at + step.literal.size()))
+        matches.push_back({at, at + step.literal.size()});
+    }
+    struct Run {
+      size_t begin, end;
+      bool match;
+    };
+    std::vector<Run> runs;
+    size_t at = 0;
+    for (auto [b, e] : matches) {
+      if (b > at) runs.push_back({at, b, false});
+      runs.push_back({b, e, true});
+      at = e;
+    }
+    if (at < p.size()) runs.push_back({at, p.size(), false});
+    std::vector<Run> joined;
+    switch (step.behavior) {
+      case SplitBehavior::Removed:
+        for (const Run& r : runs)
+          if (!r.match) joined.push_back(r);
+        break;
+      case SplitBehavior::Isolated:
+        joined = runs;
+        break;
+      case SplitBehavior::MergedWithPrevious: {
+        bool previous_match = false;
+        for (const Run& r : runs) {
+          if (r.match && !previous_match && !joined.empty()) joined.back().end = r.end;
+          else joined.push_back(r);
+          previous_match = r.match;
+        }
+        break;
+      }
+      case SplitBehavior::MergedWithNext: {
+        bool previous_match = false;
+        for (size_t i = runs.size(); i-- > 0;) {
+          const Run& r = runs[i];
+          if (r.match && !previous_match && !joined.empty()) joined.back().begin = r.begin;
+          else joined.push_back(r);
+          previous_match = r.match;
+        }
+        std::reverse(joined.begin(), joined.end());
+        break;
+      }
+      case SplitBehavior::Contiguous:
+        for (const Run& r : runs) {
+          if (!joined.empty() && joined.back().match && r.match) joined.back().end = r.end;
+          else joined.push_back(r);
+        }
+        break;
+    }
+    for (const Run& r : joined) out.push_back(p.substr(r.begin, r.end - r.begin));
+  }
+
+  std::vector<Step> steps_;
+  bool byte_level_ = false;
+};
+
+// BPE: a word starts as its characters (or, byte-level, the characters that
+// stand for its bytes); the adjacent pair with the lowest merge rank is
+// merged, leftmost first among equal ranks, until no pair has a merge.
+class Bpe {
+public:
+  Bpe(const Json& j, const std::string& where) {
+    const std::string type = type_of(j, where);
+    QKV_CHECK(type == "BPE", where, ": model type '", type, "' is not supported yet (BPE is)");
+    QKV_CHECK(j.value("dropout", Json()).is_null() || j["dropout"].get<double>() == 0.0, where,
+              ".dropout: a tokenizer that samples its merges is not supported");
+    for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
+      const Json v = j.value(key, Json());
+      QKV_CHECK(v.is_null() || (v.is_string() && v.get<std::string>().empty()), where, ".", key,
+                " is not supported yet");
+    }
+    ignore_merges_ = flag(j, "ignore_merges", false);
+    byte_fallback_ = flag(j, "byte_fallback", false);
+    fuse_unk_ = flag(j, "fuse_unk", false);
+    const Json& vocab = field(j, "vocab", where);
+    QKV_CHECK(vocab.is_object(), where, ".vocab must be an object of token: id");
+    for (auto& [token, id] : vocab.items()) {
+      QKV_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() < config::limits::kVocab, where,
+                ".vocab: '", token, "' has no id from 0 to ", config::limits::kVocab - 1);
+      vocab_[token] = id.get<int64_t>();
+      size_ = std::max(size_, id.get<int64_t>() + 1);
+    }
+    const Json unk = j.value("unk_token", Json());
+    if (unk.is_string()) {
+      auto it = vocab_.find(unk.get<std::string>());
+      QKV_CHECK(it != vocab_.end(), where, ".unk_token '", unk.get<std::string>(), "' is not in the vocabulary");
+      unk_ = it->second;
+    }
+    const Json& merges = field(j, "merges", where);
+    QKV_CHECK(merges.is_array(), where, ".merges must be an array");
+    for (size_t r = 0; r < merges.size(); ++r) {
+      std::string a, b;
+      const Json& m = merges[r];
+      if (m.is_string()) {  // "a b"
+        const std::string s = m.get<std::string>();
+        const size_t space = s.find(' ', 1);
+        QKV_CHECK(space != std::string::npos, where, ".merges[", r, "]: '", s, "' is not two tokens");
+        a = s.substr(0, space), b = s.substr(space + 1);
+      } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {  // ["a", "b"]
+        a = m[0].get<std::string>(), b = m[1].get<std::string>();
+      } else {
+        fail(where, ".merges[", r, "] is not a pair of tokens");
+      }
+      auto ia = vocab_.find(a), ib = vocab_.find(b), iab = vocab_.find(a + b);
+      QKV_CHECK(ia != vocab_.end() && ib != vocab_.end() && iab != vocab_.end(), where, ".merges[", r, "]: '", a,
+                "' + '", b, "' are not all in the vocabulary");
+      merges_.emplace(key(ia->second, ib->second), Merge{(int64_t)r, iab->second});
+    }
+  }
+
+  int64_t size() const { return size_; }
+  const std::unordered_map<std::string, int64_t>& vocab() const { return vocab_; }
+
+  void encode(const std::string& word, std::vector<int64_t>& out) const {
+    if (ignore_merges_) {
+      if (auto it = vocab_.find(word); it != vocab_.end()) return out.push_back(it->second);
+    }
+    // The symbols, a linked list over the word's characters.
+    struct Symbol {
+      int64_t id;
+      int prev, next;
+      bool alive = true;
+    };
+    std::vector<Symbol> sym;
+    for (size_t i = 0; i < word.size();) {
+      int len = 1;
+      code_point(word, i, &len);
+      const std::string ch = word.substr(i, (size_t)len);
+      i += (size_t)len;
+      if (auto it = vocab_.find(ch); it != vocab_.end()) {
+        sym.push_back({it->second, (int)sym.size() - 1, (int)sym.size() + 1});
+        continue;
+      }
+      if (byte_fallback_ && bytes_known(ch)) {
+        for (unsigned char c : ch) sym.push_back({vocab_.at(byte_token(c)), (int)sym.size() - 1, (int)sym.size() + 1});
+        continue;
+      }
+      QKV_CHECK(unk_ >= 0, "tokenizer: the character '", ch, "' is not in the vocabulary and there is no unk_token");
+      if (fuse_unk_ && !sym.empty() && sym.back().id == unk_) continue;
+      sym.push_back({unk_, (int)sym.size() - 1, (int)sym.size() + 1});
+    }
+    if (sym.empty()) return;
+    sym.back().next = -1;
+    struct Candidate {
+      int64_t rank;
+      int pos;  // the left symbol
+      int64_t left, right, merged;
+      bool operator>(const Candidate& o) const { return rank > o.rank || (rank == o.rank && pos > o.pos); }
+    };
+    std::priority_queue<Candidate, std::vector<Candidate>, std::greater<Candidate>> queue;
+    auto consider = [&](int pos) {
+      if (pos < 0 || sym[pos].next < 0) return;
+      const int nxt = sym[pos].next;
+      auto it = merges_.find(key(sym[pos].id, sym[nxt].id));
+      if (it != merges_.end()) queue.push({it->second.rank, pos, sym[pos].id, sym[nxt].id, it->second.merged});
+    };
+    for (int i = 0; i + 1 < (int)sym.size(); ++i) consider(i);
+    while (!queue.empty()) {
+      const Candidate c = queue.top();
+      queue.pop();
+      Symbol& left = sym[c.pos];
+      // Skip a candidate an earlier merge has changed.
+      if (!left.alive || left.id != c.left || left.next < 0 || sym[left.next].id != c.right) continue;
+      Symbol& right = sym[left.next];
+      left.id = c.merged;
+      right.alive = false;
+      left.next = right.next;
+      if (right.next >= 0) sym[right.next].prev = c.pos;
+      consider(left.prev);
+      consider(c.pos);
+    }
+    for (int i = 0; i >= 0; i = sym[i].next) out.push_back(sym[i].id);
+  }
+
+private:
+  struct Merge {
+    int64_t rank, merged;
+  };
+  static uint64_t key(int64_t a, int64_t b) { return ((uint64_t)a << 32) | (uint64_t)b; }
+  static std::string byte_token(unsigned char c) {
+    char hex[8];
+    std::snprintf(hex, sizeof hex, "<0x%02X>", (unsigned)c);
+    return hex;
+  }
+  bool bytes_known(const std::string& ch) const {
+    for (unsigned char c : ch)
+      if (!vocab_.count(byte_token(c))) return false;
+    return true;
+  }
+
+  std::unordered_map<std::string, int64_t> vocab_;
+  std::unordered_map<uint64_t, Merge> merges_;
+  int64_t size_ = 0, unk_ = -1;
+  bool ignore_merges_ = false, byte_fallback_ = false, fuse_unk_ = false;
+};
+
+struct AddedToken {
+  int64_t id;
+  std::string content;
+  bool single_word, lstrip, rstrip, normalized, special;
+};
+
+// Added tokens are found in the text before anything else: leftmost, and the
+// longest of those that start there. lstrip and rstrip take the white space
+// beside the token with it; single_word needs no letter or digit beside it.
+class AddedTokenMatcher {
+public:
+  void add(const AddedToken* t) {
+    if (!t->content.empty()) by_first_[(uint8_t)t->content[0]].push_back(t);
+  }
+  void finish() {
+    for (auto& list : by_first_)
+      std::stable_sort(list.begin(), list.end(),
+                       [](const AddedToken* a, const AddedToken* b) { return a->content.size() > b->content.size(); });
+  }
+
+  struct Match {
+    size_t begin, end;
+    const AddedToken* token;
+  };
+  std::vector<Match> find_all(const std::string& s) const {
+    std::vector<Match> out;
+    for (size_t at = 0; at < s.size();) {
+      const AddedToken* hit = nullptr;
+      for (const AddedToken* t : by_first_[(uint8_t)s[at]]) {
+        if (s.compare(at, t->content.size(), t->content) == 0 && (!t->single_word || alone(s, at, t->content.size()))) {
+          hit = t;
+          break;
+        }
+      }
+      if (!hit) {
+        ++at;
+        continue;
+      }
+      size_t b = at, e = at + hit->content.size();
+      const size_t floor = out.empty() ? 0 : out.back().end;
+      if (hit->lstrip)
+        while (b > floor && space_before(s, b)) b -= char_before(s, b);
+      if (hit->rstrip)
+        while (e < s.size() && space_at(s, e)) e += char_at(s, e);
+      out.push_back({b, e, hit});
+      at = e;
+    }
+    return out;
+  }
+  bool empty() const {
+    for (auto& l : by_first_)
+      if (!l.empty()) return false;
+    return true;
+  }
+
+private:
+  static size_t char_at(const std::string& s, size_t i) {
+    int len = 1;
+    code_point(s, i, &len);
+    return (size_t)len;
+  }
+  static size_t char_before(const std::string& s, size_t i) {
+    size_t k = 1;
+    while (k < i && ((uint8_t)s[i - k] & 0xC0) == 0x80) ++k;
+    return k;
+  }
+  static bool space_at(const std::string& s, size_t i) {
+    int len;
+    return is_white_space(code_point(s, i, &len));
+  }
+  static bool space_before(const std::string& s, size_t i) {
+    int len;
+    return is_white_space(code_point(s, i - char_before(s, i), &len));
+  }
+  static bool alone(const std::string& s, size_t b, size_t n) {
+    int len;
+    if (b > 0 && is_alphanumeric(code_point(s, b - char_before(s, b), &len))) return false;
+    return b + n >= s.size() || !is_alphanumeric(code_point(s, b + n, &len));
+  }
+  std::vector<const AddedToken*> by_first_[256];
+};
+
+// The byte-level decoder: a token whose characters all stand for bytes
+// becomes those bytes, any other token its own text. The bytes are returned
+// as they are, as qkv's byte tokenizer does: a character may still be
+// arriving while a stream is generated. `tokenizers` then replaces each
+// invalid part by U+FFFD, which replace_invalid_utf8 does the same way.
+std::string byte_level_decode(const std::vector<const std::string*>& tokens) {
+  const ByteTable& table = byte_table();
+  std::string bytes;
+  for (const std::string* t : tokens) {
+    std::string mapped;
+    bool all = true;
+    for (size_t i = 0; i < t->size() && all;) {
+      int len = 1;
+      auto it = table.to_byte.find(code_point(*t, i, &len));
+      if (it == table.to_byte.end()) all = false;
+      else mapped += (char)it->second;
+      i += (size_t)len;
+    }
+    bytes += all ? mapped : *t;
+  }
+  return bytes;
+}
+
+class HfTokenizer final : public Tokenizer {
+public:
+  HfTokenizer(const std::string& text, const std::string& path, std::vector<int64_t> eos)
+      : source_(text), path_(path),
+        root_(parse_root(text, path)),
+        normalizer_(root_.value("normalizer", Json()), path + ": normalizer"),
+        pre_(root_.value("pre_tokenizer", Json()), path + ": pre_tokenizer"),
+        model_(field(root_, "model", path), path + ": model") {
+    size_ = model_.size();
+    read_added_tokens(path);
+    specials_.prefix.clear(), specials_.suffix.clear();
+    read_decoder(root_.value("decoder", Json()), path + ": decoder");
+    read_post_processor(root_.value("post_processor", Json()), path + ": post_processor");
+    specials_.eos = std::move(eos);
+    specials_.never_sampled.clear();
+    id_to_token_.assign((size_t)size_, nullptr);
+    for (auto& [token, id] : model_.vocab()) id_to_token_[(size_t)id] = &token;
+    for (const AddedToken& t : added_) id_to_token_[(size_t)t.id] = &t.content;
+  }
+
+  std::vector<int64_t> encode(const std::string& raw) const override {
+    // Invalid UTF-8 is replaced first, as Python does when it reads the bytes as text.
+    const std::string text = replace_invalid_utf8(raw);
+    std::vector<int64_t> ids;
+    split_added(text, raw_tokens_, [&](const std::string& gap) {
+      const std::string normalized = normalizer_.empty() ? gap : normalizer_.apply(gap);
+      split_added(normalized, normalized_tokens_, [&](const std::string& part) { encode_part(part, ids); }, ids);
+    }, ids);
+    return ids;
+  }
+
+  std::string decode(const std::vector<int64_t>& ids) const override {
+    std::vector<const std::string*> tokens;
+    for (int64_t id : ids) {
+      if (id < 0 || id >= size_ || !id_to_token_[(size_t)id] || is_special(id)) continue;
+      tokens.push_back(id_to_token_[(size_t)id]);
+    }
+    return decode_tokens(tokens);
+  }
+
+  std::vector<std::string> pieces(const std::vector<int64_t>& ids) const override {
+    std::vector<std::string> out;
+    for (int64_t id : ids) {
+      if (id < 0 || id >= size_ || !id_to_token_[(size_t)id]) out.push_back("<unk>");
+      else out.push_back(replace_invalid_utf8(decode_tokens({id_to_token_[(size_t)id]})));
+    }
+    return out;
+  }
+
+  int64_t size() const override { return size_; }
+  const Specials& specials() const override { return specials_; }
+  std::string config_json() const override {
+    fail(path_, ": a Hugging Face tokenizer is not written into a qkv model folder yet");
+  }
+  std::string file_name() const override { return "tokenizer.json"; }
+  std::string serialize() const override { return source_; }
+
+private:
+  static Json parse_root(const std::string& text, const std::string& path) {
+    Json j = parse_json(text, path);
+    QKV_CHECK(j.is_object(), path, ": not a tokenizer.json (the top level is not an object)");
+    return j;
+  }
+
+  void read_added_tokens(const std::string& path) {
+    const Json list = root_.value("added_tokens", Json::array());
+    QKV_CHECK(list.is_array(), path, ": added_tokens must be an array");
+    added_.reserve(list.size());  // the matchers keep pointers
+    for (size_t i = 0; i < list.size(); ++i) {
+      const Json& t = list[i];
+      const std::string where = path + ": added_tokens[" + std::to_string(i) + "]";
+      QKV_CHECK(field(t, "id", where).is_number_integer() && t["id"].get<int64_t>() >= 0 &&
+                    t["id"].get<int64_t>() < config::limits::kVocab,
+                where, ".id must be an id from 0 to ", config::limits::kVocab - 1);
+      QKV_CHECK(field(t, "content", where).is_string(), where, ".content must be a string");
+      added_.push_back({t["id"].get<int64_t>(), t["content"].get<std::string>(), flag(t, "single_word", false),
+                        flag(t, "lstrip", false), flag(t, "rstrip", false), flag(t, "normalized", true),
+                        flag(t, "special", false)});
+      QKV_CHECK(invalid_utf8_offset(added_.back().content) == std::string::npos, where, ".content is not UTF-8");
+      size_ = std::max(size_, added_.back().id + 1);
+    }
+    for (AddedToken& t : added_) {
+      // A normalized token is looked for in the normalized text, as its own normalized form.
+      if (t.normalized && !normalizer_.empty()) t.content = normalizer_.apply(t.content);
+      (t.normalized && !normalizer_.empty() ? normalized_tokens_ : raw_tokens_).add(&t);
+      if (t.special) special_ids_.push_back(t.id);
+    }
+    raw_tokens_.finish();
+    normalized_tokens_.finish();
+    std::sort(special_ids_.begin(), special_ids_.end());
+  }
+
+  void read_decoder(const Json& j, const std::string& where) {
+    if (j.is_null()) return;  // tokens joined by spaces, as `tokenizers` does without a decoder
+    const std::string type = type_of(j, where);
+    if (type == "Sequence") {
+      const Json& list = field(j, "decoders", where);
+      QKV_CHECK(list.size() == 1, where, ": a decoder Sequence other than one ByteLevel is not supported yet");
+      return read_decoder(list[0], where + ".decoders[0]");
+    }
+    QKV_CHECK(type == "ByteLevel", where, ": decoder type '", type, "' is not supported yet");
+    byte_level_decoder_ = true;
+  }
+
+  void read_post_processor(const Json& j, const std::string& where) {
+    if (j.is_null()) return;
+    const std::string type = type_of(j, where);
+    auto id_of_pair = [&](const char* key) {  // ["[CLS]", 101]
+      const Json& p = field(j, key, where);
+      QKV_CHECK(p.is_array() && p.size() == 2 && p[1].is_number_integer(), where, ".", key, " must be [token, id]");
+      return p[1].get<int64_t>();
+    };
+    if (type == "Sequence") {
+      const Json& list = field(j, "processors", where);
+      for (size_t i = 0; i < list.size(); ++i)
+        read_post_processor(list[i], where + ".processors[" + std::to_string(i) + "]");
+    } else if (type == "ByteLevel") {
+      // trim_offsets and add_prefix_space change offsets only; the ids stay.
+    } else if (type == "BertProcessing" || type == "RobertaProcessing") {
+      specials_.prefix = {id_of_pair("cls")};
+      specials_.suffix = {id_of_pair("sep")};
+    } else if (type == "TemplateProcessing") {
+      specials_.prefix.clear(), specials_.suffix.clear();
+      const Json& single = field(j, "single", where);
+      const Json& tokens = field(j, "special_tokens", where);
+      bool seen_text = false;
+      for (const Json& item : single) {
+        if (item.contains("Sequence")) {
+          QKV_CHECK(!seen_text, where, ".single: the text appears twice");
+          seen_text = true;
+          continue;
+        }
+        const Json& s = field(item, "SpecialToken", where + ".single");
+        const std::string name = field(s, "id", where + ".single").get<std::string>();
+        QKV_CHECK(tokens.contains(name), where, ".special_tokens has no '", name, "'");
+        for (const Json& id : field(tokens[name], "ids", where + ".special_tokens." + name))
+          (seen_text ? specials_.suffix : specials_.prefix).push_back(id.get<int64_t>());
+      }
+      QKV_CHECK(seen_text, where, ".single has no place for the text ({\"Sequence\": {\"id\": \"A\"}})");
+    } else {
+      fail(where, ": post-processor type '", type, "' is not supported yet");
+    }
+  }
+
+  bool is_special(int64_t id) const { return std::binary_search(special_ids_.begin(), special_ids_.end(), id); }
+
+  // Calls gap(text) for the text between added tokens and appends the tokens' ids in order.
+  template <typename Gap>
+  static void split_added(const std::string& text, const AddedTokenMatcher& m, const Gap& gap,
+                          std::vector<int64_t>& ids) {
+    if (m.empty()) return gap(text);
+    size_t at = 0;
+    for (const auto& hit : m.find_all(text)) {
+      if (hit.begin > at) gap(text.substr(at, hit.begin - at));
+      ids.push_back(hit.token->id);
+      at = hit.end;
+    }
+    if (at < text.size()) gap(text.substr(at));
+  }
+
+  void encode_part(const std::string& part, std::vector<int64_t>& ids) const {
+    const ByteTable& table = byte_table();
+    for (const std::string& piece : pre_.split(part)) {
+      if (!pre_.byte_level()) {
+        model_.encode(piece, ids);
+        continue;
+      }
+      std::string mapped;
+      for (unsigned char c : piece) mapped += table.to_char[c];
+      model_.encode(mapped, ids);
+    }
+  }
+
+  std::string decode_tokens(const std::vector<const std::string*>& tokens) const {
+    if (byte_level_decoder_) return byte_level_decode(tokens);
+    std::string out;
+    for (size_t i = 0; i < tokens.size(); ++i) out.append(i ? " " : "").append(*tokens[i]);
+    return out;
+  }
+
+  std::string source_, path_;
+  Json root_;
+  Normalizer normalizer_;
+  PreTokenizer pre_;
+  Bpe model_;
+  std::vector<AddedToken> added_;
+  AddedTokenMatcher raw_tokens_, normalized_tokens_;
+  std::vector<int64_t> special_ids_;
+  std::vector<const std::string*> id_to_token_;
+  bool byte_level_decoder_ = false;
+  int64_t size_ = 0;
+  Specials specials_;
+};
+
+}  // namespace
+
+std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::string& path, std::vector<int64_t> eos) {
+  const std::string text = read_file(path);
+  try {
+    return std::make_unique<HfTokenizer>(text, path, std::move(eos));
+  } catch (const nlohmann::json::exception& e) {  // a field of the wrong type where the checks above expect none
+    fail(path, ": not a tokenizer.json qkv reads (", e.what(), ")");
+  }
+}
+
+}  // namespace qkv
