@@ -179,6 +179,14 @@ const Json& field(const Json& j, const char* key, const std::string& where) {
 bool flag(const Json& j, const char* key, bool fallback) {
   return j.contains(key) && j[key].is_boolean() ? j[key].get<bool>() : fallback;
 }
+// Calls add(part, where) for each part of a Sequence (the list j[key]).
+template <typename Add>
+void each_part(const Json& j, const char* key, const std::string& where, const Add& add) {
+  const Json& list = field(j, key, where);
+  QKV_CHECK(list.is_array(), where, ".", key, " must be an array");
+  for (size_t i = 0; i < list.size(); ++i) add(list[i], where + "." + key + "[" + std::to_string(i) + "]");
+}
+
 std::string type_of(const Json& j, const std::string& where) {
   const Json& t = field(j, "type", where);
   QKV_CHECK(t.is_string(), where, ".type must be a string");
@@ -206,8 +214,7 @@ private:
     if (j.is_null()) return;
     const std::string type = type_of(j, where);
     if (type == "Sequence") {
-      const Json& list = field(j, "normalizers", where);
-      for (size_t i = 0; i < list.size(); ++i) add(list[i], where + ".normalizers[" + std::to_string(i) + "]");
+      each_part(j, "normalizers", where, [&](const Json& part, const std::string& w) { add(part, w); });
     } else if (type == "NFC") {
       steps_.push_back(UTF8PROC_COMPOSE);
     } else if (type == "NFD") {
@@ -264,8 +271,7 @@ private:
     if (j.is_null()) return;
     const std::string type = type_of(j, where);
     if (type == "Sequence") {
-      const Json& list = field(j, "pretokenizers", where);
-      for (size_t i = 0; i < list.size(); ++i) add(list[i], where + ".pretokenizers[" + std::to_string(i) + "]");
+      each_part(j, "pretokenizers", where, [&](const Json& part, const std::string& w) { add(part, w); });
     } else if (type == "ByteLevel") {
       byte_level_ = true;
       Step s;
@@ -724,9 +730,7 @@ private:
       return p[1].get<int64_t>();
     };
     if (type == "Sequence") {
-      const Json& list = field(j, "processors", where);
-      for (size_t i = 0; i < list.size(); ++i)
-        read_post_processor(list[i], where + ".processors[" + std::to_string(i) + "]");
+      each_part(j, "processors", where, [&](const Json& part, const std::string& w) { read_post_processor(part, w); });
     } else if (type == "ByteLevel") {
       // trim_offsets and add_prefix_space change offsets only; the ids stay.
     } else if (type == "BertProcessing" || type == "RobertaProcessing") {

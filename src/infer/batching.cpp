@@ -90,7 +90,8 @@ void BatchGenerator::admit(Slot& s, BatchRequest r) {
     return finish(s, "error", e.what());
   }
   const int64_t V = logits.size(-1);
-  accept(s, detail::sample_token(logits.data<float>() + (logits.size(1) - 1) * V, V, s.request.options, model_.tokenizer->specials(), s.rng));
+  accept(s, detail::sample_token(logits.data<float>() + (logits.size(1) - 1) * V, V, s.request.options,
+                                 model_.tokenizer->specials(), s.rng));
 }
 
 namespace {
@@ -124,7 +125,7 @@ void BatchGenerator::accept(Slot& s, int64_t token) {
     s.result.text += piece;
     if (s.request.on_text) s.request.on_text(piece);
   };
-  if (model_.tokenizer->is_eos(token) && !s.request.options.ignore_eos) {
+  if (model_.tokenizer->is_eos(token)) {  // never drawn with ignore_eos
     emit_to(detail::complete_utf8_prefix(s.text));
     return finish(s, "stop");
   }

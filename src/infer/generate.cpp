@@ -85,13 +85,8 @@ size_t complete_utf8_prefix(const std::string& s) {
 
 int64_t sample_token(const float* logits, int64_t V, const GenerateOptions& o, const Tokenizer::Specials& specials,
                      Rng& rng) {
-  std::vector<bool> refused((size_t)V, false);
-  for (int64_t v : specials.never_sampled)
-    if (v >= 0 && v < V) refused[(size_t)v] = true;
-  if (o.ignore_eos)
-    for (int64_t v : specials.eos)
-      if (v >= 0 && v < V) refused[(size_t)v] = true;
-  auto drawable = [&](int64_t v) { return !refused[(size_t)v]; };
+  auto in = [](const std::vector<int64_t>& ids, int64_t v) { return std::find(ids.begin(), ids.end(), v) != ids.end(); };
+  auto drawable = [&](int64_t v) { return !in(specials.never_sampled, v) && !(o.ignore_eos && in(specials.eos, v)); };
   // Most likely first; equal logits by id, so every path below agrees on the order.
   auto before = [](const std::pair<float, int64_t>& a, const std::pair<float, int64_t>& b) {
     return a.first > b.first || (a.first == b.first && a.second < b.second);
@@ -159,7 +154,7 @@ std::vector<int64_t> generate(LanguageModel& m, const std::string& prompt, const
   for (int64_t i = 0; i < o.max_new_tokens && caches[0].length < C; ++i) {
     const float* last = logits.data<float>() + (logits.size(1) - 1) * V;
     const int64_t next = detail::sample_token(last, V, o, specials, rng);
-    if (m.tokenizer->is_eos(next) && !o.ignore_eos) break;
+    if (m.tokenizer->is_eos(next)) break;  // never drawn with ignore_eos
     out.push_back(next);
     if (emit) {
       const std::string text = m.tokenizer->decode(out);
