@@ -11,13 +11,23 @@ each step, as qkv's greedy decoding does); NAME.expected.json a prompt and
 what transformers' generate() makes of it through the tokenizer (greedy, 16
 new tokens at most, stopping at the folder's eos_token_id).
 
-  llama  LlamaForCausalLM: GQA (4 heads, 2 key/value heads), rope_theta 500000,
-         untied head, float32 on disk
-         and the llama3 tokenizer (<|begin_of_text|> before the prompt)
-  qwen2  Qwen2ForCausalLM: q/k/v bias without o bias, tied embeddings, an
-         explicit head_dim, bfloat16 on disk (the logits are of the bfloat16
-         weights, computed in float32), the qwen2 tokenizer and two
-         eos_token_id (<|im_end|>, <|endoftext|>) in generation_config.json
+  llama    LlamaForCausalLM: GQA (4 heads, 2 key/value heads), rope_theta
+           500000 with Llama 3.1's "llama3" frequency scaling (original
+           context 256, factors 1 and 32, so that the head's four frequencies
+           fall in all three of its bands: kept, blended, divided by 8; a
+           context of 512, as the original must be shorter),
+           untied head, float32 on disk, and the llama3 tokenizer
+           (<|begin_of_text|> first)
+  qwen2    Qwen2ForCausalLM: q/k/v bias without o bias, tied embeddings, an
+           explicit head_dim, bfloat16 on disk (the logits are of the bfloat16
+           weights, computed in float32), the qwen2 tokenizer and two
+           eos_token_id (<|im_end|>, <|endoftext|>) in generation_config.json
+  qwen3    Qwen3ForCausalLM: q_norm/k_norm (RMSNorm of each head before the
+           rotation), head_dim 16 (4 x 16 query rows for a width of 32), tied
+           embeddings, float16 on disk in three shards
+           (model.safetensors.index.json), the qwen2 tokenizer
+  mistral  MistralForCausalLM: sliding_window 32, which caps qkv's context at
+           32 (the 28 positions here fit), the llama3 tokenizer
 
 Usage: python3 scripts/make_hf_fixtures.py [--out tests/fixtures/hf]
 Needs: torch, transformers, safetensors (pip install torch transformers safetensors).
@@ -30,7 +40,8 @@ import sys
 
 import torch
 from safetensors.torch import save_file
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, PreTrainedTokenizerFast,
+                          Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
 # The vocabulary is a little larger than the tokenizers' (508 and 509 tokens), as Qwen2's is.
 COMMON = dict(vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -40,21 +51,42 @@ PROMPT = "我是中国人 -> 私は"
 
 
 def build(name):
+    """The model, its dtype on disk, its tokenizer and the largest shard (None: one file)."""
     torch.manual_seed(0)
     if name == "llama":  # llama3.json: <|begin_of_text|> = 0, <|end_of_text|> = 1
-        config = LlamaConfig(**COMMON, rope_theta=500000.0, tie_word_embeddings=False, bos_token_id=0,
+        rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 32.0, "original_max_position_embeddings": 256}
+        config = LlamaConfig(**{**COMMON, "max_position_embeddings": 512}, rope_parameters=rope, tie_word_embeddings=False, bos_token_id=0,
                              eos_token_id=1)
-        return LlamaForCausalLM(config), torch.float32, "llama3"
+        return LlamaForCausalLM(config), torch.float32, "llama3", None
+    if name == "mistral":
+        config = MistralConfig(**COMMON, sliding_window=32, rope_theta=10000.0, tie_word_embeddings=False,
+                               bos_token_id=0, eos_token_id=1)
+        return MistralForCausalLM(config), torch.float32, "llama3", None
     # qwen2.json: <|endoftext|> = 0, <|im_start|> = 1, <|im_end|> = 2
+    if name == "qwen3":
+        config = Qwen3Config(**COMMON, head_dim=16, rope_theta=1000000.0, tie_word_embeddings=True,
+                             bos_token_id=None, eos_token_id=2, pad_token_id=0)
+        return Qwen3ForCausalLM(config), torch.float16, "qwen2", "40KB"
     config = Qwen2Config(**COMMON, head_dim=12, rope_theta=1000000.0, tie_word_embeddings=True, bos_token_id=None,
                          eos_token_id=[2, 0], pad_token_id=0)
-    return Qwen2ForCausalLM(config), torch.bfloat16, "qwen2"
+    return Qwen2ForCausalLM(config), torch.bfloat16, "qwen2", None
 
 
 def make(name, out_dir):
-    model, dtype, tokenizer = build(name)
+    model, dtype, tokenizer, shard = build(name)
+    # The norms start at ones, where a weight read into the wrong norm (q_norm
+    # for k_norm, say) would change nothing; random gains make every one count.
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if pname.endswith("norm.weight"):
+                p.copy_(1.0 + 0.3 * torch.randn_like(p))
     folder = os.path.join(out_dir, name)
-    model.to(dtype).save_pretrained(folder)
+    shutil.rmtree(folder, ignore_errors=True)
+    if shard:
+        model.to(dtype).save_pretrained(folder, max_shard_size=shard)
+    else:
+        model.to(dtype).save_pretrained(folder)
     shutil.copyfile(os.path.join(TOKENIZERS, tokenizer + ".json"), os.path.join(folder, "tokenizer.json"))
     # The reference is the folder as transformers loads it in float32 (the
     # bfloat16 weights widened exactly). Not the model above moved back to
@@ -87,7 +119,7 @@ def main():
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures", "hf"))
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    for name in ("llama", "qwen2"):
+    for name in ("llama", "qwen2", "qwen3", "mistral"):
         make(name, args.out)
     return 0
 

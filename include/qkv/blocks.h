@@ -45,7 +45,8 @@ struct MultiheadAttentionOptions {
   float dropout = 0.0f;      // on the attention weights, in training mode
   bool qk_norm = false;      // RMSNorm over the head dimension of q and k (QK-Norm)
   bool rotary = false;       // RoPE on q and k
-  float rope_theta = 10000.0f;  // RoPE base (Llama 3: 500000); rope scaling would join it here
+  float rope_theta = 10000.0f;  // RoPE base (Llama 3: 500000)
+  RopeScaling rope_scaling;     // Llama 3's long-context frequencies (qkv/position.h)
   bool cross_attention = false;  // q from x, k and v from a memory
   QkvLayout qkv_layout = QkvLayout::Fused;
   float qk_norm_eps = 1e-6f;
@@ -276,6 +277,8 @@ struct BlockConfig {
   float qk_norm_eps = 1e-6f;
   PositionKind positions = PositionKind::Sinusoidal;  // Sinusoidal | Learned | Rope
   float rope_theta = 10000.0f;
+  RopeScaling rope_scaling;   // rope_scaling_factor, rope_low_freq_factor, rope_high_freq_factor,
+                              // rope_original_context (written when the factor is not 1)
   ProjectionBias bias;        // q_bias, k_bias, v_bias, out_bias
   QkvLayout qkv_layout = QkvLayout::Fused;
   bool tie_output = true;     // output projection = embedding^T
@@ -283,6 +286,7 @@ struct BlockConfig {
 
   int64_t kv_heads() const { return num_kv_heads > 0 ? num_kv_heads : nhead; }
   bool is_moe() const { return mlp == MLPKind::MoE; }
+  bool is_rope_scaled() const { return rope_scaling.active(); }
   TransformerLayerOptions layer_options() const;
   // The cross-field rules (d_model and nhead, heads and key/value heads, MoE
   // top_k), as errors naming `source`.

@@ -84,8 +84,9 @@ struct GenerateOptions {
 // Prefills the prompt, then samples one token at a time with the KV cache,
 // until <eos> or max_new_tokens. `emit` receives the text as it grows, in
 // pieces that never split a UTF-8 character (a character still arriving is
-// held back, and dropped if generation stops inside it; bytes that can never
-// form one become U+FFFD). Returns the new token ids.
+// held back; bytes that can never form one, and a character generation stops
+// inside, become U+FFFD), so the pieces add up to replace_invalid_utf8 of the
+// decoded ids, as transformers' TextStreamer does. Returns the new token ids.
 std::vector<int64_t> generate(LanguageModel& m, const std::string& prompt, const GenerateOptions& options,
                               const std::function<void(const std::string&)>& emit = {});
 

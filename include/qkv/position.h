@@ -3,6 +3,8 @@
 // the embeddings) or through q and k (rotary).
 #pragma once
 
+#include <vector>
+
 #include "qkv/tensor.h"
 
 namespace qkv {
@@ -27,10 +29,29 @@ Tensor sinusoidal_encoding_2d(int64_t grid_h, int64_t grid_w, int64_t dim);
 // so q'.k' depends on the positions only through their difference. The
 // backward rotates the gradient by -a. `offset` is the cache length when
 // decoding token by token.
+//
+// Llama 3's long-context scaling ("rope_scaling" of type "llama3") changes
+// only the frequencies f_i = theta^{-2i/Dh}. With L = original_context, a
+// pair whose wavelength 2 pi / f_i exceeds L / low_freq_factor turns factor
+// times slower; one shorter than L / high_freq_factor is kept; between the
+// two, with s = (L f_i / 2 pi - low_freq_factor) / (high_freq_factor -
+// low_freq_factor), f_i becomes (1 - s) f_i / factor + s f_i.
+struct RopeScaling {
+  float factor = 1.0f;  // 1: no scaling
+  float low_freq_factor = 1.0f;
+  float high_freq_factor = 4.0f;
+  int64_t original_context = 8192;
+
+  bool active() const { return factor != 1.0f; }
+};
 struct RopeOptions {
   int64_t offset = 0;
   float theta = 10000.0f;
+  RopeScaling scaling;
 };
 Tensor rope(const Tensor& x, RopeOptions options = {});
+
+// The Dh/2 frequencies f_i the rotation uses, scaling applied (in double).
+std::vector<double> rope_frequencies(int64_t dh, float theta, const RopeScaling& scaling = {});
 
 }  // namespace qkv

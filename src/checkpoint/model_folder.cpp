@@ -2,6 +2,8 @@
 #include "qkv/checkpoint.h"
 
 #include <filesystem>
+#include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "qkv/io.h"
@@ -33,6 +35,54 @@ std::vector<int64_t> hf_eos(const std::string& dir, const nlohmann::json& config
   return eos;
 }
 
+// The weights of a Hugging Face folder by their names in the files:
+// model.safetensors, or the shards model.safetensors.index.json lists
+// (its "weight_map" names each tensor's file, a file name in `dir`). Every
+// tensor the index names must be in its shard, and a shard holds no tensor
+// the index does not give it, so a mixed-up folder is an error, not a model
+// with weights from the wrong place.
+// `source` is the file errors about the whole set name.
+struct HfWeights {
+  std::string source;
+  std::vector<std::pair<std::string, Tensor>> tensors;
+};
+
+HfWeights hf_weights(const std::string& dir) {
+  const std::string single = dir + "/model.safetensors", index_path = dir + "/model.safetensors.index.json";
+  HfWeights out;
+  if (std::filesystem::exists(single) || !std::filesystem::exists(index_path)) {
+    out.source = single;
+    for (auto& [name, t] : load_safetensors(single).as_map()) out.tensors.emplace_back(name, t);
+    return out;
+  }
+  out.source = index_path;
+  const nlohmann::json index = parse_json(read_file(index_path), index_path);
+  QKV_CHECK(index.is_object() && index.contains("weight_map") && index["weight_map"].is_object(), index_path,
+            ": expected an object with a \"weight_map\" object");
+  std::map<std::string, std::set<std::string>> shards;  // file -> the tensors the index puts there
+  for (const auto& [name, file] : index["weight_map"].items()) {
+    QKV_CHECK(file.is_string(), index_path, ": the file of '", name, "' is not a string");
+    const std::string f = file.get<std::string>();
+    QKV_CHECK(!f.empty() && f.find('/') == std::string::npos && f.find('\\') == std::string::npos && f != "." &&
+                  f != "..",
+              index_path, ": '", f, "' is not a file name in the folder");
+    shards[f].insert(name);
+  }
+  QKV_CHECK(!shards.empty(), index_path, ": \"weight_map\" names no tensor");
+  for (const auto& [file, names] : shards) {
+    const std::string path = dir + "/" + file;
+    std::set<std::string> seen;
+    for (auto& [name, t] : load_safetensors(path).as_map()) {
+      QKV_CHECK(names.count(name), path, ": tensor '", name, "' is not listed for this file in ", index_path);
+      seen.insert(name);
+      out.tensors.emplace_back(name, t);
+    }
+    for (const std::string& name : names)
+      QKV_CHECK(seen.count(name), path, ": tensor '", name, "', which ", index_path, " places here, is missing");
+  }
+  return out;
+}
+
 // A Hugging Face folder: the family's import of its config.json, and the
 // weights under their qkv names, converted to F32 as they load; its
 // tokenizer.json when there is one (m.tokenizer stays null without).
@@ -40,19 +90,17 @@ ModelFolder load_hf(const std::string& dir, const std::string& config_path, cons
   const HfImport hf = m.family->from_hf(text, config_path);
   Rng rng(0);
   m.model = m.family->build(hf.config_json, config_path, rng);
-  const std::string path = dir + "/model.safetensors";
-  QKV_CHECK(std::filesystem::exists(path) || !std::filesystem::exists(dir + "/model.safetensors.index.json"), dir,
-            ": weights sharded over several files (model.safetensors.index.json) are not read yet");
+  HfWeights weights = hf_weights(dir);
   StateDict state;
-  for (auto& [name, t] : load_safetensors(path).as_map()) {
+  for (auto& [name, t] : weights.tensors) {
     const std::string to = hf.weight_name(name);
-    QKV_CHECK(!to.empty(), path, ": tensor '", name, "' has no place in ", m.family->description);
+    QKV_CHECK(!to.empty(), weights.source, ": tensor '", name, "' has no place in ", m.family->description);
     state[to] = t;
   }
   try {
     m.model->load_state_dict(state);
   } catch (const Error& e) {
-    fail(path, ": ", e.what());
+    fail(weights.source, ": ", e.what());
   }
   m.model->eval();
   const std::string tokenizer = dir + "/tokenizer.json";

@@ -126,7 +126,7 @@ void BatchGenerator::accept(Slot& s, int64_t token) {
     if (s.request.on_text) s.request.on_text(piece);
   };
   if (model_.tokenizer->is_eos(token)) {  // never drawn with ignore_eos
-    emit_to(detail::complete_utf8_prefix(s.text));
+    emit_to(s.text.size());  // a character cut off before eos is U+FFFD, as in the decoded text
     return finish(s, "stop");
   }
   s.tokens.push_back(token);
@@ -140,7 +140,7 @@ void BatchGenerator::accept(Slot& s, int64_t token) {
   const size_t whole = detail::complete_utf8_prefix(s.text);
   const int64_t length = s.caches.front().length;  // positions cached; the token goes to this one
   if ((int64_t)s.tokens.size() >= s.request.options.max_new_tokens || length + 1 >= context_) {
-    emit_to(whole);  // a character cut off at the end is not text yet, and is dropped (as generate() does)
+    emit_to(s.text.size());  // a character cut off at the end is U+FFFD, as in the decoded text (and generate())
     return finish(s, "length");
   }
   emit_to(whole - held_back(s.text, s.emitted, whole, stops));

@@ -163,10 +163,9 @@ std::vector<int64_t> generate(LanguageModel& m, const std::string& prompt, const
     }
     if (caches[0].length < C) logits = model.forward_cached(Tensor::from_ints({next}, {1, 1}), caches);
   }
-  if (emit) {  // what is left, less a character cut off by max_new_tokens (it is not text yet)
+  if (emit) {  // what is left, a character cut off at the end as U+FFFD: the stream adds up to the decoded text
     const std::string text = m.tokenizer->decode(out);
-    const size_t cut = detail::complete_utf8_prefix(text);
-    if (cut > emitted) emit(replace_invalid_utf8(text.substr(emitted, cut - emitted)));
+    if (text.size() > emitted) emit(replace_invalid_utf8(text.substr(emitted)));
   }
   return out;
 }

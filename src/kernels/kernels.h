@@ -177,8 +177,9 @@ struct SgdStep {
                               float* dlogits, int64_t rows, int64_t vocab, int64_t ignore_index, float smoothing); \
   /* RoPE on x [rows, t_len, dh]: channels (i, i + dh/2) of position p = offset + t rotated by */                 \
   /* sign * p * theta^(-2i/dh) (sign -1: the transpose, for the backward) */                                     \
-  void rope(const float* x, float* y, int64_t rows, int64_t t_len, int64_t dh, int64_t offset, float theta,       \
-            float sign);                                                                                         \
+  /* the pair (i, i + dh/2) of position offset + t turns by sign * (offset + t) * freq[i] (dh/2 of them) */      \
+  void rope(const float* x, float* y, int64_t rows, int64_t t_len, int64_t dh, int64_t offset,                   \
+            const double* freq, float sign);                                                                     \
   /* g as one product of batch many: product i reads a + a_offsets[i], b + b_offsets[i] and writes */           \
   /* c + i * c_stride (k == 0 writes zeros); no bias or activation */                                           \
   void gemm_batched(const GemmArgs& g, int64_t batch, const int64_t* a_offsets, const int64_t* b_offsets,         \

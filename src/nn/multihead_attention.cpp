@@ -64,7 +64,7 @@ Tensor MultiheadAttention::heads(const Tensor& x, int64_t count) const {
 
 Tensor MultiheadAttention::prepare(const Tensor& h, const std::shared_ptr<RMSNorm>& norm, int64_t offset) const {
   Tensor out = norm ? norm->forward(h) : h;
-  if (options_.rotary) out = rope(out, {.offset = offset, .theta = options_.rope_theta});
+  if (options_.rotary) out = rope(out, {.offset = offset, .theta = options_.rope_theta, .scaling = options_.rope_scaling});
   return out;
 }
 

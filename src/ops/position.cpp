@@ -34,6 +34,27 @@ Tensor sinusoidal_encoding_2d(int64_t grid_h, int64_t grid_w, int64_t dim) {
   return pe;
 }
 
+std::vector<double> rope_frequencies(int64_t dh, float theta, const RopeScaling& s) {
+  QKV_CHECK(dh > 0 && dh % 2 == 0, "rope: the head dimension must be even and positive, got ", dh);
+  QKV_CHECK(theta > 0.0f, "rope: theta must be positive, got ", theta);
+  std::vector<double> f(dh / 2);
+  for (int64_t i = 0; i < dh / 2; ++i) f[i] = std::pow((double)theta, -2.0 * (double)i / (double)dh);
+  if (!s.active()) return f;
+  QKV_CHECK(s.factor > 0.0f && s.original_context > 0 && s.low_freq_factor < s.high_freq_factor,
+            "rope: scaling needs factor > 0, original_context > 0 and low_freq_factor < high_freq_factor");
+  const double L = (double)s.original_context, pi = 3.14159265358979323846;
+  for (double& fi : f) {
+    const double wavelength = 2.0 * pi / fi;
+    if (wavelength > L / s.low_freq_factor) {
+      fi /= s.factor;
+    } else if (wavelength >= L / s.high_freq_factor) {
+      const double smooth = (L / wavelength - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+      fi = (1.0 - smooth) * fi / s.factor + smooth * fi;
+    }
+  }
+  return f;
+}
+
 Tensor rope(const Tensor& x_in, RopeOptions o) {
   require_f32(x_in, "rope", "x");
   QKV_CHECK(x_in.dim() >= 2 && x_in.size(-1) % 2 == 0, "rope: x must be [..., T, Dh] with Dh even, got ",
@@ -41,12 +62,13 @@ Tensor rope(const Tensor& x_in, RopeOptions o) {
   QKV_CHECK(o.offset >= 0, "rope: negative offset ", o.offset);
   Tensor x = contiguous_values(x_in);
   const int64_t dh = x.size(-1), t_len = x.size(-2), rows = x.numel() / std::max<int64_t>(dh * t_len, 1);
+  auto freq = std::make_shared<const std::vector<double>>(rope_frequencies(dh, o.theta, o.scaling));
   Tensor y = Tensor::empty(x.shape());
-  QKV_KERNEL(rope)(x.data<float>(), y.data<float>(), rows, t_len, dh, o.offset, o.theta, 1.0f);
-  record_op(y, "rope", {x_in}, [o, rows, t_len, dh](const BackwardArgs& a) -> std::vector<Tensor> {
+  QKV_KERNEL(rope)(x.data<float>(), y.data<float>(), rows, t_len, dh, o.offset, freq->data(), 1.0f);
+  record_op(y, "rope", {x_in}, [o, rows, t_len, dh, freq](const BackwardArgs& a) -> std::vector<Tensor> {
     Tensor g = a.grad_out.contiguous();
     Tensor dx = Tensor::empty(g.shape());
-    QKV_KERNEL(rope)(g.data<float>(), dx.data<float>(), rows, t_len, dh, o.offset, o.theta, -1.0f);  // R^T = R(-a)
+    QKV_KERNEL(rope)(g.data<float>(), dx.data<float>(), rows, t_len, dh, o.offset, freq->data(), -1.0f);  // R^T = R(-a)
     return {dx};
   });
   return y;

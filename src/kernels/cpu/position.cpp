@@ -8,7 +8,7 @@
 
 namespace qkv::cpu::QKV_CPU_NS {
 
-void rope(const float* x, float* y, int64_t rows, int64_t t_len, int64_t dh, int64_t offset, float theta,
+void rope(const float* x, float* y, int64_t rows, int64_t t_len, int64_t dh, int64_t offset, const double* freq,
           float sign) {
   const int64_t half = dh / 2;
   Scratch table(2 * t_len * half);
@@ -16,7 +16,7 @@ void rope(const float* x, float* y, int64_t rows, int64_t t_len, int64_t dh, int
   float* sin_t = table.data() + t_len * half;
   for (int64_t t = 0; t < t_len; ++t)
     for (int64_t i = 0; i < half; ++i) {
-      const double angle = (double)(offset + t) * std::pow((double)theta, -2.0 * (double)i / (double)dh);
+      const double angle = (double)(offset + t) * freq[i];
       cos_t[t * half + i] = (float)std::cos(angle);
       sin_t[t * half + i] = sign * (float)std::sin(angle);
     }

@@ -5,7 +5,7 @@
 
 namespace qkv::ref {
 
-void rope(const float* x, float* y, int64_t rows, int64_t t_len, int64_t dh, int64_t offset, float theta,
+void rope(const float* x, float* y, int64_t rows, int64_t t_len, int64_t dh, int64_t offset, const double* freq,
           float sign) {
   const int64_t half = dh / 2;
   for (int64_t r = 0; r < rows; ++r)
@@ -13,7 +13,7 @@ void rope(const float* x, float* y, int64_t rows, int64_t t_len, int64_t dh, int
       const float* a = x + (r * t_len + t) * dh;
       float* b = y + (r * t_len + t) * dh;
       for (int64_t i = 0; i < half; ++i) {
-        const double angle = (double)(offset + t) * std::pow((double)theta, -2.0 * (double)i / (double)dh);
+        const double angle = (double)(offset + t) * freq[i];
         const double c = std::cos(angle), s = sign * std::sin(angle);
         b[i] = (float)(a[i] * c - a[i + half] * s);
         b[i + half] = (float)(a[i + half] * c + a[i] * s);

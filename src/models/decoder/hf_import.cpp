@@ -1,7 +1,9 @@
 // Hugging Face causal language models as qkv decoders: LlamaForCausalLM,
-// MistralForCausalLM and Qwen2ForCausalLM are one architecture (Pre-Norm
-// RMSNorm, rotary positions, grouped-query attention, a SwiGLU MLP) that
-// differs in which projections have a bias. The config keys and the weight
+// MistralForCausalLM, Qwen2ForCausalLM and Qwen3ForCausalLM are one
+// architecture (Pre-Norm RMSNorm, rotary positions, grouped-query attention,
+// a SwiGLU MLP) that differs in which projections have a bias, whether q and
+// k are RMS-normalized per head before the rotation (Qwen3's QK-Norm), and
+// how the rotary frequencies are scaled (Llama 3.1's "llama3" type). The config keys and the weight
 // names are mapped here, once; an option that changes the math and that qkv
 // does not implement is an error naming the field, never a different model.
 #include <nlohmann/json.hpp>
@@ -27,6 +29,8 @@ const std::vector<std::pair<std::string, std::string>> kLayerWeights = {
     {"self_attn.v_proj.bias", "self_attn.v_proj.bias"},
     {"self_attn.o_proj.weight", "self_attn.out_proj.weight"},
     {"self_attn.o_proj.bias", "self_attn.out_proj.bias"},
+    {"self_attn.q_norm.weight", "self_attn.q_norm.weight"},  // Qwen3
+    {"self_attn.k_norm.weight", "self_attn.k_norm.weight"},
     {"mlp.gate_proj.weight", "mlp.w1.weight"},  // silu(x W1^T) * (x W2^T), then W3
     {"mlp.up_proj.weight", "mlp.w2.weight"},
     {"mlp.down_proj.weight", "mlp.w3.weight"},
@@ -67,16 +71,28 @@ HfImport import(const std::string& text, const std::string& source) {
   if (field(hf, "mlp_bias", false) != false) unsupported("'mlp_bias': true");
   if (field(hf, "pretraining_tp", 1) != 1) unsupported("'pretraining_tp' other than 1");
   // Rotary positions: rope_theta at the top (transformers 4) or in
-  // rope_parameters (transformers 5); only the plain rotation.
+  // rope_parameters (transformers 5); the plain rotation or Llama 3's
+  // frequency scaling.
   double theta = field(hf, "rope_theta", 10000.0).get<double>();
+  nlohmann::ordered_json scaling = nlohmann::ordered_json::object();
   for (const char* key : {"rope_parameters", "rope_scaling"}) {
     const nlohmann::json r = field(hf, key, nlohmann::json::object());
     if (!r.is_object()) unsupported(std::string("'") + key + "' " + r.dump());
     const std::string kind = field(r, "rope_type", field(r, "type", "default")).get<std::string>();
-    if (kind != "default") unsupported(std::string("'") + key + "' of type '" + kind + "'");
+    const std::string where = source + ": '" + key + "'";
+    if (kind == "llama3") {
+      scaling = {{"rope_scaling_factor", required(r, "factor", where)},
+                 {"rope_low_freq_factor", required(r, "low_freq_factor", where)},
+                 {"rope_high_freq_factor", required(r, "high_freq_factor", where)},
+                 {"rope_original_context", required(r, "original_max_position_embeddings", where)}};
+    } else if (kind != "default") {
+      unsupported(std::string("'") + key + "' of type '" + kind + "'");
+    }
     theta = field(r, "rope_theta", theta).get<double>();
   }
   if (field(hf, "use_sliding_window", false) != false) unsupported("'use_sliding_window': true");
+  for (const nlohmann::json& kind : field(hf, "layer_types", nlohmann::json::array()))
+    if (kind != "full_attention") unsupported("'layer_types' with " + kind.dump());
   const int64_t heads = required(hf, "num_attention_heads", source).get<int64_t>();
   const int64_t d = required(hf, "hidden_size", source).get<int64_t>();
   int64_t context = field(hf, "max_position_embeddings", 2048).get<int64_t>();
@@ -86,6 +102,7 @@ HfImport import(const std::string& text, const std::string& source) {
   if (type == "mistral") context = std::min(context, field(hf, "sliding_window", context).get<int64_t>());
   const bool qkv_bias = type == "qwen2" || field(hf, "attention_bias", false).get<bool>();
   const bool out_bias = type != "qwen2" && field(hf, "attention_bias", false).get<bool>();
+  const bool qk_norm = type == "qwen3";
   nlohmann::ordered_json c = {
       {"arch", "decoder"},
       {"vocab_size", required(hf, "vocab_size", source)},
@@ -111,6 +128,11 @@ HfImport import(const std::string& text, const std::string& source) {
       {"out_bias", out_bias},
       {"tie_output", field(hf, "tie_word_embeddings", false)},
   };
+  if (qk_norm) {
+    c["qk_norm"] = true;
+    c["qk_norm_eps"] = c["norm_eps"];
+  }
+  c.update(scaling);
   return {c.dump(2), decoder_weight_name};
 }
 
