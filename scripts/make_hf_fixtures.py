@@ -28,6 +28,12 @@ new tokens at most, stopping at the folder's eos_token_id).
            (model.safetensors.index.json), the qwen2 tokenizer
   mistral  MistralForCausalLM: sliding_window 32, which caps qkv's context at
            32 (the 28 positions here fit), the llama3 tokenizer
+  mixtral  MixtralForCausalLM: 4 experts, top 2 (as Mixtral's 8 and 2), the
+           router's softmax renormalized over the chosen two, the llama3
+           tokenizer
+  gpt2     GPT2LMHeadModel: learned positions, LayerNorm, gelu_new, Conv1D
+           weights ([in, out]), one fused c_attn, tied head, float32, the
+           gpt2 tokenizer (<|endoftext|> = 0 as eos)
 
 Usage: python3 scripts/make_hf_fixtures.py [--out tests/fixtures/hf]
 Needs: torch, transformers, safetensors (pip install torch transformers safetensors).
@@ -35,12 +41,14 @@ Needs: torch, transformers, safetensors (pip install torch transformers safetens
 import argparse
 import json
 import os
+import re
 import shutil
 import sys
 
 import torch
 from safetensors.torch import save_file
-from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, PreTrainedTokenizerFast,
+from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
+                          MixtralConfig, MixtralForCausalLM, PreTrainedTokenizerFast,
                           Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
 # The vocabulary is a little larger than the tokenizers' (508 and 509 tokens), as Qwen2's is.
@@ -56,13 +64,21 @@ def build(name):
     if name == "llama":  # llama3.json: <|begin_of_text|> = 0, <|end_of_text|> = 1
         rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
                 "high_freq_factor": 32.0, "original_max_position_embeddings": 256}
-        config = LlamaConfig(**{**COMMON, "max_position_embeddings": 512}, rope_parameters=rope, tie_word_embeddings=False, bos_token_id=0,
-                             eos_token_id=1)
+        config = LlamaConfig(**{**COMMON, "max_position_embeddings": 512}, rope_parameters=rope,
+                             tie_word_embeddings=False, bos_token_id=0, eos_token_id=1)
         return LlamaForCausalLM(config), torch.float32, "llama3", None
     if name == "mistral":
         config = MistralConfig(**COMMON, sliding_window=32, rope_theta=10000.0, tie_word_embeddings=False,
                                bos_token_id=0, eos_token_id=1)
         return MistralForCausalLM(config), torch.float32, "llama3", None
+    if name == "mixtral":
+        config = MixtralConfig(**COMMON, num_local_experts=4, num_experts_per_tok=2, sliding_window=None,
+                               rope_theta=1000000.0, tie_word_embeddings=False, bos_token_id=0, eos_token_id=1)
+        return MixtralForCausalLM(config), torch.float32, "llama3", None
+    if name == "gpt2":  # gpt2.json: <|endoftext|> = 0
+        config = GPT2Config(vocab_size=512, n_embd=32, n_layer=2, n_head=4, n_positions=64, n_inner=None,
+                            initializer_range=0.2, bos_token_id=0, eos_token_id=0)
+        return GPT2LMHeadModel(config), torch.float32, "gpt2", None
     # qwen2.json: <|endoftext|> = 0, <|im_start|> = 1, <|im_end|> = 2
     if name == "qwen3":
         config = Qwen3Config(**COMMON, head_dim=16, rope_theta=1000000.0, tie_word_embeddings=True,
@@ -75,12 +91,15 @@ def build(name):
 
 def make(name, out_dir):
     model, dtype, tokenizer, shard = build(name)
-    # The norms start at ones, where a weight read into the wrong norm (q_norm
-    # for k_norm, say) would change nothing; random gains make every one count.
+    # Norm gains start at ones and biases at zeros, where a weight read into
+    # the wrong place (q_norm for k_norm, say) would change nothing; random
+    # values make every one count.
     with torch.no_grad():
         for pname, p in model.named_parameters():
-            if pname.endswith("norm.weight"):
+            if pname.endswith("norm.weight") or re.search(r"\bln_(1|2|f)\.weight$", pname):
                 p.copy_(1.0 + 0.3 * torch.randn_like(p))
+            elif pname.endswith(".bias"):
+                p.copy_(0.3 * torch.randn_like(p))
     folder = os.path.join(out_dir, name)
     shutil.rmtree(folder, ignore_errors=True)
     if shard:
@@ -119,7 +138,7 @@ def main():
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures", "hf"))
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    for name in ("llama", "qwen2", "qwen3", "mistral"):
+    for name in ("llama", "qwen2", "qwen3", "mistral", "mixtral", "gpt2"):
         make(name, args.out)
     return 0
 

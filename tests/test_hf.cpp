@@ -2,7 +2,8 @@
 // a tiny random LlamaForCausalLM (float32, GQA, rope_theta 500000 with the
 // "llama3" frequency scaling, untied), Qwen2ForCausalLM (bfloat16, q/k/v bias,
 // head_dim 12, tied), Qwen3ForCausalLM (float16 in three shards, q_norm and
-// k_norm, head_dim 16) and MistralForCausalLM (sliding_window 32) load as qkv
+// k_norm, head_dim 16), MistralForCausalLM (sliding_window 32),
+// MixtralForCausalLM (4 SwiGLU experts, top 2) and GPT2LMHeadModel (learned positions, LayerNorm, gelu_new, Conv1D) load as qkv
 // decoders whose logits match transformers' to 1e-4 and whose greedy tokens
 // through the KV cache are transformers' exactly; options qkv does not
 // implement are one error naming the field. With their tokenizer.json (the
@@ -94,7 +95,7 @@ TEST_P(HfParity, GenerateGivesTransformersTextThroughTheTokenizer) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, HfParity, ::testing::Values("llama", "qwen2", "qwen3", "mistral"));
+INSTANTIATE_TEST_SUITE_P(Fixtures, HfParity, ::testing::Values("llama", "qwen2", "qwen3", "mistral", "mixtral", "gpt2"));
 
 TEST(Hf, TheEosIdsComeFromGenerationConfig) {
   EXPECT_EQ(load_language_model(hf("qwen2")).tokenizer->specials().eos, (std::vector<int64_t>{2, 0}));
@@ -133,6 +134,11 @@ TEST(Hf, TheConfigMapsOntoTheDecoderFields) {
   EXPECT_EQ(qwen3.head_dim, 16);
   EXPECT_FALSE(qwen3.bias.q || qwen3.bias.out);
   EXPECT_EQ(load_language_model(hf("mistral")).model->config().context, 32);
+  const DecoderConfig mixtral = load_language_model(hf("mixtral")).model->config();
+  EXPECT_EQ(mixtral.mlp, MLPKind::MoE);
+  EXPECT_EQ(mixtral.moe.num_experts, 4);
+  EXPECT_EQ(mixtral.moe.top_k, 2);
+  EXPECT_EQ(mixtral.moe.expert, MLPKind::SwiGLU);
 }
 
 // The scaled frequencies in their three bands (head_dim 8, theta 500000,
@@ -172,9 +178,9 @@ TEST(Hf, OptionsQkvDoesNotImplementAreOneErrorNamingTheField) {
   EXPECT_EQ(error_with({{"vocab_size", nullptr}}), "config.json: 'vocab_size' is missing");
   EXPECT_EQ(error_with({{"hidden_size", "wide"}}).rfind("config.json: a field has the wrong type (", 0), 0u);
   EXPECT_EQ(error_with({{"num_key_value_heads", 3}}).rfind("config.json: ", 0), 0u);  // 4 heads over 3: the decoder's check
-  EXPECT_EQ(error_with({{"architectures", {"GPT2LMHeadModel"}}}),
-            "config.json: a Hugging Face model of architecture GPT2LMHeadModel; qkv reads LlamaForCausalLM, "
-            "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM");
+  EXPECT_EQ(error_with({{"architectures", {"BertModel"}}}),
+            "config.json: a Hugging Face model of architecture BertModel; qkv reads LlamaForCausalLM, "
+            "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM, GPT2LMHeadModel");
   // The wrong task names what the folder holds, as for qkv's own folders.
   EXPECT_NE(error_of([] { load_translation_model(hf("llama"), "translate"); }).find("a decoder-only language model"),
             std::string::npos);
@@ -183,6 +189,39 @@ TEST(Hf, OptionsQkvDoesNotImplementAreOneErrorNamingTheField) {
   EXPECT_EQ(error_of([&] { load_language_model(dir); }),
             dir + "/model.safetensors: load_state_dict: tensor 'layers.0.mlp.w1.weight' has shape [64,32], model "
                   "expects [48,32]");
+}
+
+TEST(Hf, Gpt2OptionsAndCheckpointNames) {
+  auto error_with = [](const nlohmann::json& changes) {
+    const std::string dir = with_config("gpt2", changes);
+    return error_of([&] { load_language_model(dir); }).substr(dir.size() + 1);
+  };
+  EXPECT_EQ(error_with({{"activation_function", "swish"}}),
+            "config.json: 'activation_function' 'swish' is not supported yet (a different model would run)");
+  EXPECT_EQ(error_with({{"scale_attn_by_inverse_layer_idx", true}}),
+            "config.json: 'scale_attn_by_inverse_layer_idx': true is not supported yet (a different model would run)");
+  EXPECT_EQ(error_with({{"n_positions", nullptr}}), "config.json: 'n_positions' is missing");
+  const DecoderConfig c = load_language_model(hf("gpt2")).model->config();
+  EXPECT_EQ(c.positions, PositionKind::Learned);
+  EXPECT_EQ(c.norm, NormKind::LayerNorm);
+  EXPECT_EQ(c.activation, Activation::GeluTanh);
+  EXPECT_EQ(c.dim_feedforward, 128);  // n_inner null: 4 x n_embd
+  EXPECT_TRUE(c.tie_output);
+  // The original GPT-2 files: no "transformer." prefix, and the causal mask saved as h.N.attn.bias (skipped).
+  const std::string dir = with_config("gpt2", nlohmann::json::object());
+  std::vector<std::pair<std::string, Tensor>> renamed;
+  for (auto& [name, t] : load_safetensors(dir + "/model.safetensors").as_map())
+    renamed.emplace_back(name.rfind("transformer.", 0) == 0 ? name.substr(12) : name, t);
+  renamed.emplace_back("h.0.attn.bias", Tensor::ones({1, 1, 64, 64}));
+  save_safetensors(dir + "/model.safetensors", renamed);
+  LanguageModel m = load_language_model(dir);
+  SafetensorsFile expected = load_safetensors(hf("gpt2.expected.safetensors"));
+  NoGradGuard no_grad;
+  EXPECT_TRUE(testing::all_close(m.model->forward(*expected.find("ids")), *expected.find("logits"), 1e-4f, 1e-4f));
+  // Both spellings at once: the second copy of a weight is an error, not a silent choice.
+  renamed.emplace_back("transformer.wte.weight", *load_safetensors(hf("gpt2/model.safetensors")).find("transformer.wte.weight"));
+  save_safetensors(dir + "/model.safetensors", renamed);
+  EXPECT_NE(error_of([&] { load_language_model(dir); }).find("is a second copy of embed.weight"), std::string::npos);
 }
 
 // model.safetensors.index.json: each tensor in the shard the index names,

@@ -38,10 +38,15 @@ enum class Domain {
 
 // A Hugging Face config.json as a family reads it: the qkv config of the same
 // model ("arch" set), and the qkv name of each weight the HF checkpoint holds
-// ("" for a name the family has no place for: an error naming it).
+// ("" for a name the family has no place for: an error naming it; kSkip for a
+// tensor that is no weight, such as the causal mask GPT-2 checkpoints save as
+// "attn.bias"). `convert`, when set, gives a tensor the layout qkv's weight has
+// (GPT-2's Conv1D stores [in, out], qkv's Linear [out, in]).
 struct HfImport {
+  static constexpr const char* kSkip = "(not a weight)";
   std::string config_json;
   std::function<std::string(const std::string& hf_name)> weight_name;
+  std::function<Tensor(const std::string& hf_name, const Tensor& t)> convert;
 };
 
 struct Family {

@@ -95,7 +95,9 @@ ModelFolder load_hf(const std::string& dir, const std::string& config_path, cons
   for (auto& [name, t] : weights.tensors) {
     const std::string to = hf.weight_name(name);
     QKV_CHECK(!to.empty(), weights.source, ": tensor '", name, "' has no place in ", m.family->description);
-    state[to] = t;
+    if (to == HfImport::kSkip) continue;
+    QKV_CHECK(!state.count(to), weights.source, ": tensor '", name, "' is a second copy of ", to);
+    state[to] = hf.convert ? hf.convert(name, t) : t;
   }
   try {
     m.model->load_state_dict(state);

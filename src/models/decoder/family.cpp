@@ -7,7 +7,8 @@ namespace qkv::builtin {
 Family decoder() {
   Family f = family_of<DecoderLM, DecoderConfig>("decoder", "a decoder-only language model", Domain::Language,
                                                  {Task::Generate, Task::Eval});
-  f.hf_architectures = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"};
+  f.hf_architectures = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+                        "MixtralForCausalLM", "GPT2LMHeadModel"};
   f.from_hf = import_hf_causal_lm;  // hf_import.cpp
   return f;
 }

@@ -1,12 +1,17 @@
 // Hugging Face causal language models as qkv decoders: LlamaForCausalLM,
-// MistralForCausalLM, Qwen2ForCausalLM and Qwen3ForCausalLM are one
-// architecture (Pre-Norm RMSNorm, rotary positions, grouped-query attention,
-// a SwiGLU MLP) that differs in which projections have a bias, whether q and
+// MistralForCausalLM, MixtralForCausalLM, Qwen2ForCausalLM and
+// Qwen3ForCausalLM are one architecture (Pre-Norm RMSNorm, rotary positions,
+// grouped-query attention, a SwiGLU MLP, or a mixture of SwiGLU experts for
+// Mixtral) that differs in which projections have a bias, whether q and
 // k are RMS-normalized per head before the rotation (Qwen3's QK-Norm), and
-// how the rotary frequencies are scaled (Llama 3.1's "llama3" type). The config keys and the weight
+// how the rotary frequencies are scaled (Llama 3.1's "llama3" type).
+// GPT2LMHeadModel is the other decoder of the lecture's kind: learned
+// positions, LayerNorm, a dense GELU MLP, one fused q/k/v projection, a bias
+// everywhere, and weights stored as Conv1D ([in, out], transposed here). The config keys and the weight
 // names are mapped here, once; an option that changes the math and that qkv
 // does not implement is an error naming the field, never a different model.
 #include <nlohmann/json.hpp>
+#include <map>
 #include <regex>
 
 #include "qkv/lm.h"
@@ -45,7 +50,14 @@ std::string decoder_weight_name(const std::string& hf) {
   if (!std::regex_match(hf, m, layer)) return "";
   for (const auto& [from, to] : kLayerWeights)
     if (m[2] == from) return "layers." + m[1].str() + "." + to;
-  return "";
+  // Mixtral's experts: w1 gate, w3 up, w2 down (qkv's SwiGLU: w1 gate, w2 up, w3 down).
+  if (m[2] == "block_sparse_moe.gate.weight") return "layers." + m[1].str() + ".mlp.router.weight";
+  static const std::regex expert(R"(block_sparse_moe\.experts\.(\d+)\.(w[123])\.weight)");
+  std::smatch e;
+  const std::string rest = m[2].str();
+  if (!std::regex_match(rest, e, expert)) return "";
+  static const std::map<std::string, std::string> kExpertWeights = {{"w1", "w1"}, {"w3", "w2"}, {"w2", "w3"}};
+  return "layers." + m[1].str() + ".mlp.experts." + e[1].str() + "." + kExpertWeights.at(e[2].str()) + ".weight";
 }
 
 // The value of `key`, or `fallback` when it is absent or null.
@@ -59,13 +71,94 @@ nlohmann::json required(const nlohmann::json& j, const char* key, const std::str
   return j[key];
 }
 
+[[noreturn]] void unsupported(const std::string& source, const std::string& what) {
+  fail(source, ": ", what, " is not supported yet (a different model would run)");
+}
+
+// GPT-2: HF -> qkv names of h.N.*; the Conv1D weights among them are transposed.
+const std::vector<std::pair<std::string, std::string>> kGpt2LayerWeights = {
+    {"ln_1.weight", "norm1.weight"},
+    {"ln_1.bias", "norm1.bias"},
+    {"ln_2.weight", "norm2.weight"},
+    {"ln_2.bias", "norm2.bias"},
+    {"attn.c_attn.weight", "self_attn.qkv_proj.weight"},  // q, k, v stacked, as qkv's fused layout
+    {"attn.c_attn.bias", "self_attn.qkv_proj.bias"},
+    {"attn.c_proj.weight", "self_attn.out_proj.weight"},
+    {"attn.c_proj.bias", "self_attn.out_proj.bias"},
+    {"mlp.c_fc.weight", "mlp.mlp.fc1.weight"},
+    {"mlp.c_fc.bias", "mlp.mlp.fc1.bias"},
+    {"mlp.c_proj.weight", "mlp.mlp.fc2.weight"},
+    {"mlp.c_proj.bias", "mlp.mlp.fc2.bias"},
+};
+
+// Checkpoints name the body "transformer.*" (GPT2LMHeadModel) or leave the
+// prefix out (the original GPT-2 files, which also save the causal mask).
+std::string gpt2_weight_name(const std::string& hf_name) {
+  const std::string prefix = "transformer.";
+  const std::string hf = hf_name.rfind(prefix, 0) == 0 ? hf_name.substr(prefix.size()) : hf_name;
+  if (hf == "wte.weight") return "embed.weight";
+  if (hf == "wpe.weight") return "positions.weight";
+  if (hf == "ln_f.weight") return "norm.weight";
+  if (hf == "ln_f.bias") return "norm.bias";
+  if (hf_name == "lm_head.weight") return "output_proj.weight";
+  static const std::regex layer(R"(h\.(\d+)\.(.+))");
+  std::smatch m;
+  if (!std::regex_match(hf, m, layer)) return "";
+  if (m[2] == "attn.bias" || m[2] == "attn.masked_bias") return HfImport::kSkip;
+  for (const auto& [from, to] : kGpt2LayerWeights)
+    if (m[2] == from) return "layers." + m[1].str() + "." + to;
+  return "";
+}
+
+Tensor gpt2_convert(const std::string& hf_name, const Tensor& t) {
+  static const std::regex conv1d(R"((transformer\.)?h\.\d+\.(attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)\.weight)");
+  if (!std::regex_match(hf_name, conv1d)) return t;
+  QKV_CHECK(t.dim() == 2, hf_name, ": a Conv1D weight must have 2 dimensions, got ", shape_str(t.shape()));
+  return t.transpose(0, 1).contiguous();
+}
+
+HfImport import_gpt2(const nlohmann::json& hf, const std::string& source) {
+  const std::string act = field(hf, "activation_function", "gelu_new").get<std::string>();
+  static const std::map<std::string, std::string> kActivations = {
+      {"gelu_new", "gelu_tanh"}, {"gelu_pytorch_tanh", "gelu_tanh"}, {"gelu", "gelu"}, {"relu", "relu"}};
+  const auto a = kActivations.find(act);
+  if (a == kActivations.end()) unsupported(source, "'activation_function' '" + act + "'");
+  if (field(hf, "scale_attn_weights", true) != true) unsupported(source, "'scale_attn_weights': false");
+  if (field(hf, "scale_attn_by_inverse_layer_idx", false) != false)
+    unsupported(source, "'scale_attn_by_inverse_layer_idx': true");
+  if (field(hf, "add_cross_attention", false) != false) unsupported(source, "'add_cross_attention': true");
+  const int64_t d = required(hf, "n_embd", source).get<int64_t>();
+  nlohmann::ordered_json c = {
+      {"arch", "decoder"},
+      {"vocab_size", required(hf, "vocab_size", source)},
+      {"num_layers", required(hf, "n_layer", source)},
+      {"context", required(hf, "n_positions", source)},
+      {"d_model", d},
+      {"nhead", required(hf, "n_head", source)},
+      {"dim_feedforward", field(hf, "n_inner", 4 * d)},
+      {"dropout", 0.0},
+      {"activation", a->second},
+      {"norm_first", true},
+      {"norm", "layernorm"},
+      {"norm_eps", field(hf, "layer_norm_epsilon", 1e-5)},
+      {"mlp", "dense"},
+      {"positions", "learned"},
+      {"qkv_layout", "fused"},
+      {"q_bias", true},
+      {"k_bias", true},
+      {"v_bias", true},
+      {"out_bias", true},
+      {"tie_output", field(hf, "tie_word_embeddings", true)},
+  };
+  return {c.dump(2), gpt2_weight_name, gpt2_convert};
+}
+
 HfImport import(const std::string& text, const std::string& source) {
   const nlohmann::json hf = parse_json(text, source);
   QKV_CHECK(hf.is_object(), source, ": expected a JSON object");
   const std::string type = field(hf, "model_type", "").get<std::string>();
-  auto unsupported = [&](const std::string& what) {
-    fail(source, ": ", what, " is not supported yet (a different model would run)");
-  };
+  if (type == "gpt2") return import_gpt2(hf, source);
+  auto unsupported = [&](const std::string& what) { qkv::builtin::unsupported(source, what); };
   QKV_CHECK(field(hf, "hidden_act", "silu") == "silu", source, ": 'hidden_act' is ", hf["hidden_act"].dump(),
             "; the SwiGLU MLP of these models uses silu");
   if (field(hf, "mlp_bias", false) != false) unsupported("'mlp_bias': true");
@@ -96,10 +189,11 @@ HfImport import(const std::string& text, const std::string& source) {
   const int64_t heads = required(hf, "num_attention_heads", source).get<int64_t>();
   const int64_t d = required(hf, "hidden_size", source).get<int64_t>();
   int64_t context = field(hf, "max_position_embeddings", 2048).get<int64_t>();
-  // Mistral attends to the last sliding_window positions: the same model as
+  // Mistral (and Mixtral) attend to the last sliding_window positions: the same model as
   // full attention up to that length, which is then the context (longer is
   // the decoder's "exceeds the context" error).
-  if (type == "mistral") context = std::min(context, field(hf, "sliding_window", context).get<int64_t>());
+  if (type == "mistral" || type == "mixtral")
+    context = std::min(context, field(hf, "sliding_window", context).get<int64_t>());
   const bool qkv_bias = type == "qwen2" || field(hf, "attention_bias", false).get<bool>();
   const bool out_bias = type != "qwen2" && field(hf, "attention_bias", false).get<bool>();
   const bool qk_norm = type == "qwen3";
@@ -128,6 +222,14 @@ HfImport import(const std::string& text, const std::string& source) {
       {"out_bias", out_bias},
       {"tie_output", field(hf, "tie_word_embeddings", false)},
   };
+  // Mixtral: a router over num_local_experts SwiGLU experts, the top
+  // num_experts_per_tok of its softmax renormalized, as qkv's MoE routes.
+  if (type == "mixtral") {
+    c["mlp"] = "moe";
+    c["num_experts"] = required(hf, "num_local_experts", source);
+    c["top_k"] = required(hf, "num_experts_per_tok", source);
+    c["aux_loss_weight"] = field(hf, "router_aux_loss_coef", 0.0);
+  }
   if (qk_norm) {
     c["qk_norm"] = true;
     c["qk_norm_eps"] = c["norm_eps"];
