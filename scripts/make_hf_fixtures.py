@@ -27,7 +27,8 @@ new tokens at most, stopping at the folder's eos_token_id).
            embeddings, float16 on disk in three shards
            (model.safetensors.index.json), the qwen2 tokenizer
   mistral  MistralForCausalLM: sliding_window 32, which caps qkv's context at
-           32 (the 28 positions here fit), the llama3 tokenizer
+           32 (the 28 positions here fit), the llama2 tokenizer (SentencePiece
+           BPE with byte fallback, as Mistral's; <s> first, </s> as eos)
   mixtral  MixtralForCausalLM: 4 experts, top 2 (as Mixtral's 8 and 2), the
            router's softmax renormalized over the chosen two, the llama3
            tokenizer
@@ -69,8 +70,8 @@ def build(name):
         return LlamaForCausalLM(config), torch.float32, "llama3", None
     if name == "mistral":
         config = MistralConfig(**COMMON, sliding_window=32, rope_theta=10000.0, tie_word_embeddings=False,
-                               bos_token_id=0, eos_token_id=1)
-        return MistralForCausalLM(config), torch.float32, "llama3", None
+                               bos_token_id=1, eos_token_id=2)
+        return MistralForCausalLM(config), torch.float32, "llama2", None
     if name == "mixtral":
         config = MixtralConfig(**COMMON, num_local_experts=4, num_experts_per_tok=2, sliding_window=None,
                                rope_theta=1000000.0, tie_word_embeddings=False, bos_token_id=0, eos_token_id=1)

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Writes the tokenizer parity fixtures (tests/fixtures/tokenizers/): small
-byte-level BPE tokenizer.json files trained locally with the `tokenizers`
+BPE tokenizer.json files trained locally with the `tokenizers`
 library, a test text, and what the library makes of each of its lines.
 
   gpt2    ByteLevel pre-tokenizer with GPT-2's split pattern, <|endoftext|>,
@@ -11,6 +11,13 @@ library, a test text, and what the library makes of each of its lines.
   qwen2   NFC normalizer, Qwen2's split pattern, <|im_start|> and <|im_end|>,
           a normalized added token ("café") found in the normalized text
 
+  llama2  SentencePiece-style BPE as Llama 2's tokenizer.json has it: the
+          normalizer prepends U+2581 and turns spaces into it, no
+          pre-tokenizer, byte_fallback to <0x00>..<0xFF> (ids 3 to 258) for
+          characters outside the vocabulary, fuse_unk, a template that puts
+          <s> first, the decoder Replace, ByteFallback, Fuse, Strip
+  spm     the same model behind a Metaspace pre-tokenizer (prepend_scheme
+          "first", split), decoded by ByteFallback, then Metaspace
 text.txt has 5,000 lines of English, Chinese, Japanese, emoji, digits, runs
 of white space (tabs, U+00A0, U+3000, U+0085, carriage returns), combining
 accents, added tokens written out, and invalid UTF-8. Lines are split at
@@ -27,6 +34,7 @@ Usage: python3 scripts/make_tokenizer_fixtures.py [--out DIR]
 Needs: tokenizers (pip install tokenizers).
 """
 import argparse
+import json
 import os
 import random
 import struct
@@ -90,7 +98,42 @@ def make_text(seed, lines):
     return out
 
 
+SPACE = "\u2581"
+
+
+def build_sentencepiece(name, corpus):
+    """Llama 2's kind: the vocabulary trained with BPE on words, then laid out
+    as Llama 2's is (<unk>, <s>, </s>, the 256 byte tokens, the rest)."""
+    trained = Tokenizer(models.BPE(unk_token="<unk>"))
+    trained.normalizer = normalizers.Sequence([normalizers.Prepend(SPACE), normalizers.Replace(" ", SPACE)])
+    trained.pre_tokenizer = pre_tokenizers.Metaspace(replacement=SPACE, prepend_scheme="never", split=True)
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB - 256 - 16, special_tokens=["<unk>", "<s>", "</s>"],
+                                  limit_alphabet=120, show_progress=False)
+    trained.train_from_iterator(corpus, trainer)
+    model = json.loads(trained.to_str())["model"]
+    specials = ["<unk>", "<s>", "</s>"]
+    order = specials + [f"<0x{b:02X}>" for b in range(256)]
+    order += [t for t, _ in sorted(model["vocab"].items(), key=lambda kv: kv[1]) if t not in specials]
+    vocab = {t: i for i, t in enumerate(order)}
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    if name == "llama2":
+        tok.normalizer = normalizers.Sequence([normalizers.Prepend(SPACE), normalizers.Replace(" ", SPACE)])
+        tok.decoder = decoders.Sequence([decoders.Replace(SPACE, " "), decoders.ByteFallback(), decoders.Fuse(),
+                                         decoders.Strip(" ", 1, 0)])
+    else:
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement=SPACE, prepend_scheme="first", split=True)
+        tok.decoder = decoders.Sequence([decoders.ByteFallback(),
+                                         decoders.Metaspace(replacement=SPACE, prepend_scheme="first")])
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A $B",
+                                                       special_tokens=[("<s>", 1)])
+    return tok
+
+
 def build(name, corpus):
+    if name in ("llama2", "spm"):
+        return build_sentencepiece(name, corpus)
     if name == "gpt2":
         tok = Tokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -151,7 +194,7 @@ def main():
     text = make_text(2, 5000)
     with open(os.path.join(args.out, "text.txt"), "wb") as f:
         f.write(b"\n".join(text))
-    for name in ("gpt2", "llama3", "qwen2"):
+    for name in ("gpt2", "llama3", "qwen2", "llama2", "spm"):
         tok = build(name, corpus)
         tok.save(os.path.join(args.out, name + ".json"))
         rows = []

@@ -74,7 +74,7 @@ TEST_P(TokenizerParity, IdsAndDecodedTextMatchTheTokenizersLibraryOnEveryLine) {
   EXPECT_GT(ids_total, 40000u);  // the text is long enough to mean something
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, TokenizerParity, ::testing::Values("gpt2", "llama3", "qwen2"));
+INSTANTIATE_TEST_SUITE_P(Fixtures, TokenizerParity, ::testing::Values("gpt2", "llama3", "qwen2", "llama2", "spm"));
 
 TEST(HfTokenizer, PostProcessorTemplatesGiveThePromptPrefix) {
   EXPECT_TRUE(load_hf_tokenizer(fixture("gpt2.json"), {})->specials().prefix.empty());  // GPT-2 adds nothing
@@ -99,6 +99,29 @@ TEST(HfTokenizer, AddedTokensAreFoundAndDecodedAsTheirText) {
   EXPECT_EQ(gpt2->decode(ids), "abc");
 }
 
+// Llama 2's kind: <s> first, characters outside the vocabulary as their
+// bytes, and bytes that are not UTF-8 one U+FFFD each on decoding, as
+// `tokenizers` does (ids 3 + b are the tokens <0xb>). A character cut short
+// at the very end stays bytes, so that a stream can wait for the rest.
+TEST(HfTokenizer, ByteFallbackAndTheSentencePieceSpace) {
+  std::unique_ptr<Tokenizer> llama = load_hf_tokenizer(fixture("llama2.json"), {2});
+  const std::vector<int64_t> prompt = llama->encode_prompt("我是 hi");
+  ASSERT_FALSE(prompt.empty());
+  EXPECT_EQ(prompt[0], 1);  // <s>
+  EXPECT_NE(std::find(prompt.begin(), prompt.end(), 3 + 0xE6), prompt.end());  // 是 is not in the vocabulary: E6 98 AF
+  EXPECT_EQ(llama->decode(prompt), "我是 hi");  // the normalizer's U+2581 in front is stripped again
+  // The expected values are what tokenizers' decode() gives, but for the cut-short end.
+  const int64_t t = llama->encode("t").back();  // "▁t"
+  const std::string two_marks = "\xEF\xBF\xBD\xEF\xBF\xBD";
+  EXPECT_EQ(llama->decode({1, 3 + 0xE6, 3 + 0x88, t}), two_marks + " t");
+  EXPECT_EQ(llama->decode({t, 3 + 0xE6, 3 + 0x88}), "t\xE6\x88");  // tokenizers: 't\ufffd\ufffd'
+  EXPECT_EQ(llama->decode({t, 3 + 0xE6, 3 + 0x88, 3 + 0x91}), "t我");
+  EXPECT_EQ(llama->decode({t, 3 + 0xFF, 3 + 0x88}), "t" + two_marks);  // can never become a character
+  // The Metaspace decoder (spm) drops the replacement in the first token, as `tokenizers` does.
+  std::unique_ptr<Tokenizer> spm = load_hf_tokenizer(fixture("spm.json"), {2});
+  EXPECT_EQ(spm->decode(spm->encode("a b")), "a b");
+}
+
 TEST(HfTokenizer, ALongLineEncodesAndDecodesBack) {
   std::unique_ptr<Tokenizer> tok = load_hf_tokenizer(fixture("llama3.json"), {});
   std::string line;
@@ -121,6 +144,11 @@ TEST(HfTokenizer, WhatIsNotReadIsOneErrorNamingTheField) {
     const std::string path = with_changes(changes);
     return error_of([&] { load_hf_tokenizer(path, {}); }).substr(path.size());
   };
+  EXPECT_EQ(error_with({{"pre_tokenizer", {{"type", "Metaspace"}, {"prepend_scheme", "sometimes"}}}}),
+            ": pre_tokenizer.prepend_scheme 'sometimes' is not one of always, first, never");
+  EXPECT_EQ(error_with({{"decoder", {{"type", "Strip"}, {"content", "ab"}, {"start", 1}, {"stop", 0}}}}),
+            ": decoder.content must be one character");
+  EXPECT_EQ(error_with({{"normalizer", {{"type", "Replace"}, {"content", "x"}}}}), ": normalizer: no 'pattern'");
   EXPECT_EQ(error_with({{"normalizer", {{"type", "Lowercase"}}}}),
             ": normalizer: normalizer type 'Lowercase' is not supported yet");
   EXPECT_EQ(error_with({{"pre_tokenizer", {{"type", "Whitespace"}}}}),

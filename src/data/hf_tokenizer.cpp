@@ -3,12 +3,15 @@
 //   text -> added tokens split out -> normalizer -> pre-tokenizer -> model (BPE)
 //        -> post-processor (the ids around the text); ids -> decoder -> text
 //
-// Read here: normalizers NFC/NFD/NFKC/NFKD (utf8proc) and Sequence;
-// pre-tokenizers ByteLevel (GPT-2's byte-to-character table and, with
-// use_regex, its split pattern), Split (a regex run by PCRE2, or a string)
-// and Sequence; the BPE model (merges by rank, ignore_merges, unk_token,
-// byte_fallback); post-processors ByteLevel, TemplateProcessing,
-// BertProcessing, RobertaProcessing and Sequence; the ByteLevel decoder.
+// Read here: normalizers NFC/NFD/NFKC/NFKD (utf8proc), Prepend, Replace and
+// Sequence; pre-tokenizers ByteLevel (GPT-2's byte-to-character table and,
+// with use_regex, its split pattern), Split (a regex run by PCRE2, or a
+// string), Metaspace and Sequence; the BPE model (merges by rank,
+// ignore_merges, unk_token, byte_fallback); post-processors ByteLevel,
+// TemplateProcessing, BertProcessing, RobertaProcessing and Sequence; the
+// decoders ByteLevel, ByteFallback, Replace, Fuse, Strip, Metaspace and
+// Sequence (byte-level BPE as GPT-2, Llama 3 and Qwen2 use it; SentencePiece
+// BPE with byte fallback as Llama 2 and Mistral do).
 // Anything else is one error naming the field, never a different tokenizer.
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
@@ -193,41 +196,97 @@ std::string type_of(const Json& j, const std::string& where) {
   return t.get<std::string>();
 }
 
+// Every non-overlapping occurrence of `from` in s replaced by `to`, left to right.
+std::string replace_all(const std::string& s, const std::string& from, const std::string& to) {
+  std::string out;
+  size_t at = 0;
+  for (size_t hit = s.find(from); hit != std::string::npos; hit = s.find(from, at)) {
+    out.append(s, at, hit - at).append(to);
+    at = hit + from.size();
+  }
+  return out.append(s, at, std::string::npos);
+}
+
+// A Replace step (normalizer or decoder): {"pattern": {"String": s} or {"Regex": r}, "content": c}.
+struct Replacement {
+  std::string literal;
+  std::shared_ptr<Regex> regex;
+  std::string content;
+
+  Replacement(const Json& j, const std::string& where) {
+    const Json& pattern = field(j, "pattern", where);
+    if (pattern.contains("String") && pattern["String"].is_string()) {
+      literal = pattern["String"].get<std::string>();
+      QKV_CHECK(!literal.empty(), where, ".pattern.String is empty");
+    } else if (pattern.contains("Regex") && pattern["Regex"].is_string()) {
+      regex = std::make_shared<Regex>(pattern["Regex"].get<std::string>(), where + ".pattern");
+    } else {
+      fail(where, ".pattern must be {\"Regex\": ...} or {\"String\": ...}");
+    }
+    QKV_CHECK(field(j, "content", where).is_string(), where, ".content must be a string");
+    content = j["content"].get<std::string>();
+  }
+  std::string apply(const std::string& s) const {
+    if (!regex) return replace_all(s, literal, content);
+    std::string out;
+    size_t at = 0;
+    for (auto [b, e] : regex->find_all(s)) out.append(s, at, b - at).append(content), at = e;
+    return out.append(s, at, std::string::npos);
+  }
+};
+
 class Normalizer {
 public:
   Normalizer(const Json& j, const std::string& where) { add(j, where); }
   bool empty() const { return steps_.empty(); }
   std::string apply(std::string s) const {
-    for (int options : steps_) {
-      utf8proc_uint8_t* out = nullptr;
-      const utf8proc_ssize_t n = utf8proc_map((const utf8proc_uint8_t*)s.data(), (utf8proc_ssize_t)s.size(), &out,
-                                              (utf8proc_option_t)(UTF8PROC_STABLE | options));
-      QKV_CHECK(n >= 0, "tokenizer: cannot normalize the text (", utf8proc_errmsg(n), ")");
-      s.assign((const char*)out, (size_t)n);
-      std::free(out);
+    for (const Step& step : steps_) {
+      if (step.replace) {
+        s = step.replace->apply(s);
+      } else if (step.utf8proc == 0) {  // Prepend, to a text that is not empty
+        if (!s.empty()) s.insert(0, step.prepend);
+      } else {
+        utf8proc_uint8_t* out = nullptr;
+        const utf8proc_ssize_t n = utf8proc_map((const utf8proc_uint8_t*)s.data(), (utf8proc_ssize_t)s.size(), &out,
+                                                (utf8proc_option_t)(UTF8PROC_STABLE | step.utf8proc));
+        QKV_CHECK(n >= 0, "tokenizer: cannot normalize the text (", utf8proc_errmsg(n), ")");
+        s.assign((const char*)out, (size_t)n);
+        std::free(out);
+      }
     }
     return s;
   }
 
 private:
+  struct Step {
+    int utf8proc = 0;                      // NFC, NFD, NFKC, NFKD: utf8proc options; or
+    std::string prepend;                   // Prepend; or
+    std::shared_ptr<Replacement> replace;  // Replace
+  };
+
   void add(const Json& j, const std::string& where) {
     if (j.is_null()) return;
     const std::string type = type_of(j, where);
     if (type == "Sequence") {
       each_part(j, "normalizers", where, [&](const Json& part, const std::string& w) { add(part, w); });
     } else if (type == "NFC") {
-      steps_.push_back(UTF8PROC_COMPOSE);
+      steps_.push_back({UTF8PROC_COMPOSE});
     } else if (type == "NFD") {
-      steps_.push_back(UTF8PROC_DECOMPOSE);
+      steps_.push_back({UTF8PROC_DECOMPOSE});
     } else if (type == "NFKC") {
-      steps_.push_back(UTF8PROC_COMPOSE | UTF8PROC_COMPAT);
+      steps_.push_back({UTF8PROC_COMPOSE | UTF8PROC_COMPAT});
     } else if (type == "NFKD") {
-      steps_.push_back(UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT);
+      steps_.push_back({UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT});
+    } else if (type == "Prepend") {
+      QKV_CHECK(field(j, "prepend", where).is_string(), where, ".prepend must be a string");
+      steps_.push_back({0, j["prepend"].get<std::string>()});
+    } else if (type == "Replace") {
+      steps_.push_back({0, "", std::make_shared<Replacement>(j, where)});
     } else {
       fail(where, ": normalizer type '", type, "' is not supported yet");
     }
   }
-  std::vector<int> steps_;  // utf8proc options, applied in order
+  std::vector<Step> steps_;  // applied in order
 };
 
 // GPT-2's split pattern, what ByteLevel with use_regex runs.
@@ -240,13 +299,25 @@ public:
   PreTokenizer(const Json& j, const std::string& where) { add(j, where); }
   bool byte_level() const { return byte_level_; }
 
-  // The pieces of `text` BPE sees, each on its own.
-  std::vector<std::string> split(const std::string& text) const {
+  // The pieces of `text` BPE sees, each on its own. `at_start`: the text
+  // begins the input (no added token before it), where Metaspace's "first"
+  // scheme puts its replacement character.
+  std::vector<std::string> split(const std::string& text, bool at_start) const {
     std::vector<std::string> pieces = {text};
     for (const Step& step : steps_) {
       std::vector<std::string> next;
-      for (std::string& p : pieces) {
+      for (size_t i = 0; i < pieces.size(); ++i) {
+        std::string& p = pieces[i];
         if (step.prefix_space && (p.empty() || p[0] != ' ')) p.insert(0, " ");
+        if (step.metaspace) {
+          p = replace_all(p, " ", step.literal);
+          const bool prepend = step.prepend == Prepend::Always || (step.prepend == Prepend::First && at_start && i == 0);
+          if (prepend && p.compare(0, step.literal.size(), step.literal) != 0) p.insert(0, step.literal);
+          if (!step.metaspace_split) {
+            next.push_back(std::move(p));
+            continue;
+          }
+        }
         if (!step.regex && step.literal.empty()) {
           next.push_back(std::move(p));
           continue;
@@ -260,11 +331,16 @@ public:
   }
 
 private:
+  enum class Prepend { Never, First, Always };
   struct Step {
     std::shared_ptr<Regex> regex;  // or
-    std::string literal;           // a string pattern; neither: no split
+    std::string literal;           // a string pattern (Metaspace: its replacement); neither: no split
     SplitBehavior behavior = SplitBehavior::Isolated;
     bool prefix_space = false;  // ByteLevel's add_prefix_space
+    // Metaspace: spaces become `literal`, which is prepended as `prepend`
+    // says; with metaspace_split, each piece then begins at one.
+    bool metaspace = false, metaspace_split = false;
+    Prepend prepend = Prepend::Never;
   };
 
   void add(const Json& j, const std::string& where) {
@@ -277,6 +353,21 @@ private:
       Step s;
       s.prefix_space = flag(j, "add_prefix_space", true);
       if (flag(j, "use_regex", true)) s.regex = std::make_shared<Regex>(kGpt2Pattern, where);
+      steps_.push_back(std::move(s));
+    } else if (type == "Metaspace") {
+      Step s;
+      s.metaspace = true;
+      s.literal = j.value("replacement", std::string("\xE2\x96\x81"));  // U+2581
+      QKV_CHECK(!s.literal.empty(), where, ".replacement is empty");
+      s.metaspace_split = flag(j, "split", true);
+      s.behavior = SplitBehavior::MergedWithNext;
+      // prepend_scheme (tokenizers 0.15 on), or add_prefix_space before it.
+      const std::string scheme = j.contains("prepend_scheme") ? field(j, "prepend_scheme", where).get<std::string>()
+                                 : flag(j, "add_prefix_space", true) ? "always" : "never";
+      if (scheme == "always") s.prepend = Prepend::Always;
+      else if (scheme == "first") s.prepend = Prepend::First;
+      else if (scheme == "never") s.prepend = Prepend::Never;
+      else fail(where, ".prepend_scheme '", scheme, "' is not one of always, first, never");
       steps_.push_back(std::move(s));
     } else if (type == "Split") {
       QKV_CHECK(!flag(j, "invert", false), where, ".invert: true is not supported yet");
@@ -594,28 +685,184 @@ private:
   std::vector<const AddedToken*> by_first_[256];
 };
 
-// The byte-level decoder: a token whose characters all stand for bytes
-// becomes those bytes, any other token its own text. The bytes are returned
-// as they are, as qkv's byte tokenizer does: a character may still be
-// arriving while a stream is generated. `tokenizers` then replaces each
-// invalid part by U+FFFD, which replace_invalid_utf8 does the same way.
-std::string byte_level_decode(const std::vector<const std::string*>& tokens) {
-  const ByteTable& table = byte_table();
-  std::string bytes;
-  for (const std::string* t : tokens) {
+// The decoders, each a map from the list of token strings to another, run
+// in order and then joined, as `tokenizers` runs them:
+//   ByteLevel     a token whose characters all stand for bytes becomes those
+//                 bytes, any other its own text
+//   ByteFallback  a run of <0xXX> tokens becomes its bytes when they are
+//                 UTF-8, else one U+FFFD per byte
+//   Replace       a pattern replaced in each token
+//   Fuse          all tokens joined into one
+//   Strip         up to `start` leading and `stop` trailing `content`
+//                 characters removed from each token
+//   Metaspace     the replacement character back to a space, except in
+//                 the first token, where it is removed (unless
+//                 prepend_scheme is never): what `tokenizers` does, so
+//                 after a Fuse no space is left
+// Bytes are returned as they are: a character may still be arriving while a
+// stream is generated, so a run of <0xXX> tokens at the very end that could
+// still become a character stays bytes (replace_invalid_utf8, which callers
+// run, makes it one U+FFFD should it end there).
+class Decoder {
+public:
+  Decoder(const Json& j, const std::string& where) { add(j, where); }
+  bool empty() const { return steps_.empty(); }
+
+  std::string decode(std::vector<std::string> tokens) const {
+    for (const Step& step : steps_) {
+      switch (step.kind) {
+        case Kind::ByteLevel:
+          for (std::string& t : tokens) t = byte_level(t);
+          break;
+        case Kind::ByteFallback:
+          tokens = byte_fallback(tokens);
+          break;
+        case Kind::Replace:
+          for (std::string& t : tokens) t = step.replace->apply(t);
+          break;
+        case Kind::Fuse: {
+          std::string all;
+          for (const std::string& t : tokens) all += t;
+          tokens.assign(1, all);
+          break;
+        }
+        case Kind::Strip:
+          for (std::string& t : tokens) t = strip(t, step);
+          break;
+        case Kind::Metaspace:  // in the first token every replacement goes (unless the scheme is never)
+          for (size_t i = 0; i < tokens.size(); ++i)
+            tokens[i] = replace_all(tokens[i], step.text, i == 0 && step.count > 0 ? "" : " ");
+          break;
+      }
+    }
+    std::string out;
+    for (const std::string& t : tokens) out += t;
+    return out;
+  }
+
+private:
+  enum class Kind { ByteLevel, ByteFallback, Replace, Fuse, Strip, Metaspace };
+  struct Step {
+    Kind kind;
+    std::shared_ptr<Replacement> replace;  // Replace
+    std::string text;                      // Strip: its character; Metaspace: the replacement
+    int64_t count = 0, stop = 0;           // Strip: start, stop; Metaspace: 1 to drop them in the first token
+  };
+
+  void add(const Json& j, const std::string& where) {
+    if (j.is_null()) return;
+    const std::string type = type_of(j, where);
+    if (type == "Sequence") {
+      each_part(j, "decoders", where, [&](const Json& part, const std::string& w) { add(part, w); });
+    } else if (type == "ByteLevel") {
+      steps_.push_back({Kind::ByteLevel});
+    } else if (type == "ByteFallback") {
+      steps_.push_back({Kind::ByteFallback});
+    } else if (type == "Fuse") {
+      steps_.push_back({Kind::Fuse});
+    } else if (type == "Replace") {
+      steps_.push_back({Kind::Replace, std::make_shared<Replacement>(j, where)});
+    } else if (type == "Strip") {
+      QKV_CHECK(field(j, "content", where).is_string(), where, ".content must be a character");
+      const std::string c = j["content"].get<std::string>();
+      int len = 0;
+      QKV_CHECK(!c.empty() && invalid_utf8_offset(c) == std::string::npos && (code_point(c, 0, &len), (size_t)len) == c.size(),
+                where, ".content must be one character");
+      auto count = [&](const char* key) {
+        const Json& v = field(j, key, where);
+        QKV_CHECK(v.is_number_unsigned(), where, ".", key, " must be a count");
+        return v.get<int64_t>();
+      };
+      steps_.push_back({Kind::Strip, nullptr, c, count("start"), count("stop")});
+    } else if (type == "Metaspace") {
+      const std::string rep = j.value("replacement", std::string("\xE2\x96\x81"));
+      QKV_CHECK(!rep.empty(), where, ".replacement is empty");
+      const std::string scheme = j.contains("prepend_scheme") ? field(j, "prepend_scheme", where).get<std::string>()
+                                 : flag(j, "add_prefix_space", true) ? "always" : "never";
+      steps_.push_back({Kind::Metaspace, nullptr, rep, scheme == "never" ? 0 : 1});
+    } else {
+      fail(where, ": decoder type '", type, "' is not supported yet");
+    }
+  }
+
+  static std::string byte_level(const std::string& t) {
+    const ByteTable& table = byte_table();
     std::string mapped;
-    bool all = true;
-    for (size_t i = 0; i < t->size() && all;) {
+    for (size_t i = 0; i < t.size();) {
       int len = 1;
-      auto it = table.to_byte.find(code_point(*t, i, &len));
-      if (it == table.to_byte.end()) all = false;
-      else mapped += (char)it->second;
+      auto it = table.to_byte.find(code_point(t, i, &len));
+      if (it == table.to_byte.end()) return t;
+      mapped += (char)it->second;
       i += (size_t)len;
     }
-    bytes += all ? mapped : *t;
+    return mapped;
   }
-  return bytes;
-}
+
+  // The byte of a token "<0xXX>", or -1.
+  static int byte_of(const std::string& t) {
+    if (t.size() != 6 || t.compare(0, 3, "<0x") != 0 || t[5] != '>') return -1;
+    int v = 0;
+    for (int k = 3; k < 5; ++k) {
+      const char c = t[k];
+      const int d = c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <= 'F' ? c - 'A' + 10 : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+      if (d < 0) return -1;
+      v = v * 16 + d;
+    }
+    return v;
+  }
+
+  // Whether s, not valid UTF-8, is valid but for a character that more bytes
+  // would finish: some continuation bytes make it valid. (Three kinds are
+  // tried, for the narrower second bytes after E0, ED, F0 and F4.)
+  static bool ends_unfinished(const std::string& s) {
+    for (const char pad : {'\x80', '\x90', '\xA0'}) {
+      std::string t = s;
+      for (int k = 0; k < 3; ++k)
+        if (t += pad; invalid_utf8_offset(t) == std::string::npos) return true;
+    }
+    return false;
+  }
+
+  static std::vector<std::string> byte_fallback(const std::vector<std::string>& tokens) {
+    std::vector<std::string> out;
+    std::string run;  // the bytes of the <0xXX> tokens so far
+    auto flush = [&](bool at_end) {
+      if (run.empty()) return;
+      const bool valid = invalid_utf8_offset(run) == std::string::npos;
+      // At the end, bytes that are only an unfinished character stay bytes (see above).
+      const bool unfinished = at_end && !valid && ends_unfinished(run);
+      if (valid || unfinished) {
+        out.push_back(run);
+      } else {
+        std::string marks;
+        for (size_t k = 0; k < run.size(); ++k) marks += "\xEF\xBF\xBD";
+        out.push_back(marks);
+      }
+      run.clear();
+    };
+    for (const std::string& t : tokens) {
+      const int b = byte_of(t);
+      if (b >= 0) {
+        run += (char)b;
+        continue;
+      }
+      flush(false);
+      out.push_back(t);
+    }
+    flush(true);
+    return out;
+  }
+
+  static std::string strip(const std::string& t, const Step& step) {
+    size_t begin = 0, end = t.size();
+    const size_t n = step.text.size();
+    for (int64_t k = 0; k < step.count && end - begin >= n && t.compare(begin, n, step.text) == 0; ++k) begin += n;
+    for (int64_t k = 0; k < step.stop && end - begin >= n && t.compare(end - n, n, step.text) == 0; ++k) end -= n;
+    return t.substr(begin, end - begin);
+  }
+
+  std::vector<Step> steps_;
+};
 
 class HfTokenizer final : public Tokenizer {
 public:
@@ -624,11 +871,11 @@ public:
         root_(parse_root(text, path)),
         normalizer_(root_.value("normalizer", Json()), path + ": normalizer"),
         pre_(root_.value("pre_tokenizer", Json()), path + ": pre_tokenizer"),
-        model_(field(root_, "model", path), path + ": model") {
+        model_(field(root_, "model", path), path + ": model"),
+        decoder_(root_.value("decoder", Json()), path + ": decoder") {
     size_ = model_.size();
     read_added_tokens(path);
     specials_.prefix.clear(), specials_.suffix.clear();
-    read_decoder(root_.value("decoder", Json()), path + ": decoder");
     read_post_processor(root_.value("post_processor", Json()), path + ": post_processor");
     specials_.eos = std::move(eos);
     specials_.never_sampled.clear();
@@ -641,9 +888,11 @@ public:
     // Invalid UTF-8 is replaced first, as Python does when it reads the bytes as text.
     const std::string text = replace_invalid_utf8(raw);
     std::vector<int64_t> ids;
-    split_added(text, raw_tokens_, [&](const std::string& gap) {
+    split_added(text, raw_tokens_, [&](const std::string& gap, size_t gap_at) {
       const std::string normalized = normalizer_.empty() ? gap : normalizer_.apply(gap);
-      split_added(normalized, normalized_tokens_, [&](const std::string& part) { encode_part(part, ids); }, ids);
+      split_added(normalized, normalized_tokens_, [&](const std::string& part, size_t part_at) {
+        encode_part(part, gap_at == 0 && part_at == 0, ids);
+      }, ids);
     }, ids);
     return ids;
   }
@@ -709,18 +958,6 @@ private:
     std::sort(special_ids_.begin(), special_ids_.end());
   }
 
-  void read_decoder(const Json& j, const std::string& where) {
-    if (j.is_null()) return;  // tokens joined by spaces, as `tokenizers` does without a decoder
-    const std::string type = type_of(j, where);
-    if (type == "Sequence") {
-      const Json& list = field(j, "decoders", where);
-      QKV_CHECK(list.size() == 1, where, ": a decoder Sequence other than one ByteLevel is not supported yet");
-      return read_decoder(list[0], where + ".decoders[0]");
-    }
-    QKV_CHECK(type == "ByteLevel", where, ": decoder type '", type, "' is not supported yet");
-    byte_level_decoder_ = true;
-  }
-
   void read_post_processor(const Json& j, const std::string& where) {
     if (j.is_null()) return;
     const std::string type = type_of(j, where);
@@ -761,23 +998,23 @@ private:
 
   bool is_special(int64_t id) const { return std::binary_search(special_ids_.begin(), special_ids_.end(), id); }
 
-  // Calls gap(text) for the text between added tokens and appends the tokens' ids in order.
+  // Calls gap(text, offset) for the text between added tokens and appends the tokens' ids in order.
   template <typename Gap>
   static void split_added(const std::string& text, const AddedTokenMatcher& m, const Gap& gap,
                           std::vector<int64_t>& ids) {
-    if (m.empty()) return gap(text);
+    if (m.empty()) return gap(text, 0);
     size_t at = 0;
     for (const auto& hit : m.find_all(text)) {
-      if (hit.begin > at) gap(text.substr(at, hit.begin - at));
+      if (hit.begin > at) gap(text.substr(at, hit.begin - at), at);
       ids.push_back(hit.token->id);
       at = hit.end;
     }
-    if (at < text.size()) gap(text.substr(at));
+    if (at < text.size()) gap(text.substr(at), at);
   }
 
-  void encode_part(const std::string& part, std::vector<int64_t>& ids) const {
+  void encode_part(const std::string& part, bool at_start, std::vector<int64_t>& ids) const {
     const ByteTable& table = byte_table();
-    for (const std::string& piece : pre_.split(part)) {
+    for (const std::string& piece : pre_.split(part, at_start)) {
       if (!pre_.byte_level()) {
         model_.encode(piece, ids);
         continue;
@@ -789,10 +1026,15 @@ private:
   }
 
   std::string decode_tokens(const std::vector<const std::string*>& tokens) const {
-    if (byte_level_decoder_) return byte_level_decode(tokens);
-    std::string out;
-    for (size_t i = 0; i < tokens.size(); ++i) out.append(i ? " " : "").append(*tokens[i]);
-    return out;
+    if (decoder_.empty()) {  // tokens joined by spaces, as `tokenizers` does without a decoder
+      std::string out;
+      for (size_t i = 0; i < tokens.size(); ++i) out.append(i ? " " : "").append(*tokens[i]);
+      return out;
+    }
+    std::vector<std::string> list;
+    list.reserve(tokens.size());
+    for (const std::string* t : tokens) list.push_back(*t);
+    return decoder_.decode(std::move(list));
   }
 
   std::string source_, path_;
@@ -800,11 +1042,11 @@ private:
   Normalizer normalizer_;
   PreTokenizer pre_;
   Bpe model_;
+  Decoder decoder_;
   std::vector<AddedToken> added_;
   AddedTokenMatcher raw_tokens_, normalized_tokens_;
   std::vector<int64_t> special_ids_;
   std::vector<const std::string*> id_to_token_;
-  bool byte_level_decoder_ = false;
   int64_t size_ = 0;
   Specials specials_;
 };

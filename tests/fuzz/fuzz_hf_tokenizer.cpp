@@ -1,6 +1,6 @@
 // Hugging Face tokenizer.json. An input that starts with '{' is read as a
 // tokenizer.json (load_hf_tokenizer), then used on a fixed text. Any other
-// input is text, encoded by the gpt2 and llama3 fixtures: every id in range,
+// input is text, encoded by the gpt2, llama3 and llama2 fixtures: every id in range,
 // and decoding gives the text back (invalid UTF-8 replaced) whenever it holds
 // no special token (decode skips those).
 #include "qkv/tokenizer.h"
@@ -36,5 +36,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (!special && qkv::replace_invalid_utf8(tok->decode(tok->encode(input))) != text) std::abort();
     });
   }
+  // Llama 2's kind: byte fallback makes every text come back, but for its
+  // special tokens and U+2581 (which stands for a space there).
+  static const auto llama2 = qkv::load_hf_tokenizer(QKV_FIXTURES_DIR "/tokenizers/llama2.json", {});
+  const bool sp_special = text.find("<s>") != std::string::npos || text.find("</s>") != std::string::npos ||
+                          text.find("<unk>") != std::string::npos || text.find("\xE2\x96\x81") != std::string::npos;
+  qkv::fuzz::expect_clean([&] {
+    use(*llama2, input);
+    if (!sp_special && qkv::replace_invalid_utf8(llama2->decode(llama2->encode(input))) != text) std::abort();
+  });
   return 0;
 }
