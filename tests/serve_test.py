@@ -440,12 +440,15 @@ class ExplorerDecoder(unittest.TestCase):
     def test_page_streams_a_completion_and_draws_its_masked_attention(self):
         s = Server(small_decoder())
         try:
-            # Chromium's --dump-dom does not wait for a stream to end, so the completion is short, and tried
-            # again when a slow machine (a sanitizer build) was still streaming it.
-            for _ in range(3):
+            # Chromium's --dump-dom does not wait for a stream to end (virtual time runs on while the body
+            # arrives), so the completion is short, and tried again when a slow machine was still streaming
+            # it: under AddressSanitizer with other tests beside it (make test-asan on 2 cores), three tries
+            # were seen to fail in a row.
+            for attempt in range(10):
                 dom = chromium("--dump-dom", s.base + "/?text=the&max_tokens=6").stdout
                 if 'data-state="running"' not in dom:
                     break
+                time.sleep(0.5 * (attempt + 1))
             self.assertIn('data-state="done"', dom, dom[-2000:])
             rows = re.findall(r'<tr class="target">(.*?)</tr>', dom)
             self.assertGreater(len(rows), 2)  # <bos>, "the" and what followed

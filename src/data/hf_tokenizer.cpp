@@ -311,7 +311,8 @@ public:
         if (step.prefix_space && (p.empty() || p[0] != ' ')) p.insert(0, " ");
         if (step.metaspace) {
           p = replace_all(p, " ", step.literal);
-          const bool prepend = step.prepend == Prepend::Always || (step.prepend == Prepend::First && at_start && i == 0);
+          const bool prepend =
+              step.prepend == Prepend::Always || (step.prepend == Prepend::First && at_start && i == 0);
           if (prepend && p.compare(0, step.literal.size(), step.literal) != 0) p.insert(0, step.literal);
           if (!step.metaspace_split) {
             next.push_back(std::move(p));
@@ -765,9 +766,8 @@ private:
     } else if (type == "Strip") {
       QKV_CHECK(field(j, "content", where).is_string(), where, ".content must be a character");
       const std::string c = j["content"].get<std::string>();
-      int len = 0;
-      QKV_CHECK(!c.empty() && invalid_utf8_offset(c) == std::string::npos && (code_point(c, 0, &len), (size_t)len) == c.size(),
-                where, ".content must be one character");
+      QKV_CHECK(invalid_utf8_offset(c) == std::string::npos && utf8_chars(c).size() == 1, where,
+                ".content must be one character");
       auto count = [&](const char* key) {
         const Json& v = field(j, key, where);
         QKV_CHECK(v.is_number_unsigned(), where, ".", key, " must be a count");
@@ -804,7 +804,10 @@ private:
     int v = 0;
     for (int k = 3; k < 5; ++k) {
       const char c = t[k];
-      const int d = c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <= 'F' ? c - 'A' + 10 : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+      const int d = c >= '0' && c <= '9'   ? c - '0'
+                    : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                    : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                                           : -1;
       if (d < 0) return -1;
       v = v * 16 + d;
     }

@@ -35,7 +35,7 @@ Tensor sinusoidal_encoding_2d(int64_t grid_h, int64_t grid_w, int64_t dim) {
 }
 
 std::vector<double> rope_frequencies(int64_t dh, float theta, const RopeScaling& s) {
-  QKV_CHECK(dh > 0 && dh % 2 == 0, "rope: the head dimension must be even and positive, got ", dh);
+  QKV_CHECK(dh >= 0 && dh % 2 == 0, "rope: the head dimension must be even, got ", dh);
   QKV_CHECK(theta > 0.0f, "rope: theta must be positive, got ", theta);
   std::vector<double> f(dh / 2);
   for (int64_t i = 0; i < dh / 2; ++i) f[i] = std::pow((double)theta, -2.0 * (double)i / (double)dh);

@@ -7,9 +7,10 @@
 // how the rotary frequencies are scaled (Llama 3.1's "llama3" type).
 // GPT2LMHeadModel is the other decoder of the lecture's kind: learned
 // positions, LayerNorm, a dense GELU MLP, one fused q/k/v projection, a bias
-// everywhere, and weights stored as Conv1D ([in, out], transposed here). The config keys and the weight
-// names are mapped here, once; an option that changes the math and that qkv
-// does not implement is an error naming the field, never a different model.
+// everywhere, and weights stored as Conv1D ([in, out], transposed here).
+// The config keys and the weight names are mapped here, once; an option that
+// changes the math and that qkv does not implement is an error naming the
+// field, never a different model.
 #include <nlohmann/json.hpp>
 #include <map>
 #include <regex>
@@ -111,7 +112,8 @@ std::string gpt2_weight_name(const std::string& hf_name) {
 }
 
 Tensor gpt2_convert(const std::string& hf_name, const Tensor& t) {
-  static const std::regex conv1d(R"((transformer\.)?h\.\d+\.(attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)\.weight)");
+  static const std::regex conv1d(
+      R"((transformer\.)?h\.\d+\.(attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)\.weight)");
   if (!std::regex_match(hf_name, conv1d)) return t;
   QKV_CHECK(t.dim() == 2, hf_name, ": a Conv1D weight must have 2 dimensions, got ", shape_str(t.shape()));
   return t.transpose(0, 1).contiguous();
@@ -189,9 +191,9 @@ HfImport import(const std::string& text, const std::string& source) {
   const int64_t heads = required(hf, "num_attention_heads", source).get<int64_t>();
   const int64_t d = required(hf, "hidden_size", source).get<int64_t>();
   int64_t context = field(hf, "max_position_embeddings", 2048).get<int64_t>();
-  // Mistral (and Mixtral) attend to the last sliding_window positions: the same model as
-  // full attention up to that length, which is then the context (longer is
-  // the decoder's "exceeds the context" error).
+  // Mistral and Mixtral attend to the last sliding_window positions: the
+  // same model as full attention up to that length, which is then the
+  // context (longer is the decoder's "exceeds the context" error).
   if (type == "mistral" || type == "mixtral")
     context = std::min(context, field(hf, "sliding_window", context).get<int64_t>());
   const bool qkv_bias = type == "qwen2" || field(hf, "attention_bias", false).get<bool>();
