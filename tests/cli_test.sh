@@ -171,6 +171,11 @@ check "classify a text file" nonzero "$QKV" classify --model "$tmp/vit" "$tmp/vi
 one_line_error "classify a text file"
 check "classify missing image" nonzero "$QKV" classify --model "$tmp/vit" "$tmp/none.png"
 one_line_error "classify missing image"
+# A sharded Hugging Face folder: inspect lists the tensors of every shard.
+check "inspect a sharded folder" 0 "$QKV" inspect "$FIXTURES/hf/qwen3"
+want=$(python3 -c 'import json, sys; print(len(json.load(open(sys.argv[1]))["weight_map"]))' "$FIXTURES/hf/qwen3/model.safetensors.index.json")
+{ grep -q "^3 shards$" "$tmp/out" && grep -q "^$want tensors, " "$tmp/out" && grep -q "self_attn.k_norm.weight" "$tmp/out"; } ||
+  { echo "FAIL inspect a sharded folder"; cat "$tmp/out"; failures=$((failures + 1)); }
 # A Hugging Face folder with its tokenizer.json generates text; without one, the commands that need text say so.
 check "generate from a Hugging Face folder" 0 "$QKV" generate --model "$FIXTURES/hf/llama" --prompt "我是中国人 -> 私は" --temperature 0 --max-new-tokens 16
 # The prompt, then what transformers' generate() gave (the fixture's "text").

@@ -28,10 +28,16 @@ struct ModelFolder {
 // Reads `dir`: its family from config.json, the tokenizer (whose size must be
 // the config's vocab_size), the model, every weight. Each problem is one error
 // naming the file. A Hugging Face folder (config.json with "architectures",
-// model.safetensors) of an architecture a family reads loads as that family's
-// model, its weights renamed and converted to F32; its tokenizer is not read
-// yet (tokenizer null): such a model runs on token ids.
+// model.safetensors or its shards) of an architecture a family reads loads as
+// that family's model, its weights renamed and converted to F32, with its
+// tokenizer.json when it has one (else tokenizer null: the model runs on
+// token ids).
 ModelFolder load_model_folder(const std::string& dir);
+
+// The weight files of a model folder: model.safetensors, or else the shards
+// model.safetensors.index.json lists (each once, by name); an index that is
+// not one, or names a file outside the folder, is an error naming it.
+std::vector<std::string> weight_files(const std::string& dir);
 // Like load_model_folder, after family_for_task: a folder of the wrong kind is
 // the registry's error naming `command`.
 ModelFolder load_model_folder(const std::string& dir, Task task, const std::string& command);

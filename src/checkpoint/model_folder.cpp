@@ -41,25 +41,12 @@ std::vector<int64_t> hf_eos(const std::string& dir, const nlohmann::json& config
 // tensor the index names must be in its shard, and a shard holds no tensor
 // the index does not give it, so a mixed-up folder is an error, not a model
 // with weights from the wrong place.
-// `source` is the file errors about the whole set name.
-struct HfWeights {
-  std::string source;
-  std::vector<std::pair<std::string, Tensor>> tensors;
-};
-
-HfWeights hf_weights(const std::string& dir) {
-  const std::string single = dir + "/model.safetensors", index_path = dir + "/model.safetensors.index.json";
-  HfWeights out;
-  if (std::filesystem::exists(single) || !std::filesystem::exists(index_path)) {
-    out.source = single;
-    for (auto& [name, t] : load_safetensors(single).as_map()) out.tensors.emplace_back(name, t);
-    return out;
-  }
-  out.source = index_path;
+// model.safetensors.index.json: file -> the tensors its "weight_map" puts there.
+std::map<std::string, std::set<std::string>> read_shard_index(const std::string& index_path) {
   const nlohmann::json index = parse_json(read_file(index_path), index_path);
   QKV_CHECK(index.is_object() && index.contains("weight_map") && index["weight_map"].is_object(), index_path,
             ": expected an object with a \"weight_map\" object");
-  std::map<std::string, std::set<std::string>> shards;  // file -> the tensors the index puts there
+  std::map<std::string, std::set<std::string>> shards;
   for (const auto& [name, file] : index["weight_map"].items()) {
     QKV_CHECK(file.is_string(), index_path, ": the file of '", name, "' is not a string");
     const std::string f = file.get<std::string>();
@@ -69,7 +56,30 @@ HfWeights hf_weights(const std::string& dir) {
     shards[f].insert(name);
   }
   QKV_CHECK(!shards.empty(), index_path, ": \"weight_map\" names no tensor");
-  for (const auto& [file, names] : shards) {
+  return shards;
+}
+
+bool sharded(const std::string& dir) {
+  return !std::filesystem::exists(dir + "/model.safetensors") &&
+         std::filesystem::exists(dir + "/model.safetensors.index.json");
+}
+
+// `source` is the file errors about the whole set name.
+struct HfWeights {
+  std::string source;
+  std::vector<std::pair<std::string, Tensor>> tensors;
+};
+
+HfWeights hf_weights(const std::string& dir) {
+  const std::string single = dir + "/model.safetensors", index_path = dir + "/model.safetensors.index.json";
+  HfWeights out;
+  if (!sharded(dir)) {
+    out.source = single;
+    for (auto& [name, t] : load_safetensors(single).as_map()) out.tensors.emplace_back(name, t);
+    return out;
+  }
+  out.source = index_path;
+  for (const auto& [file, names] : read_shard_index(index_path)) {
     const std::string path = dir + "/" + file;
     std::set<std::string> seen;
     for (auto& [name, t] : load_safetensors(path).as_map()) {
@@ -149,6 +159,14 @@ ModelFolder load(const std::string& dir, const Task* task, const std::string& co
 }  // namespace
 
 ModelFolder load_model_folder(const std::string& dir) { return load(dir, nullptr, ""); }
+
+std::vector<std::string> weight_files(const std::string& dir) {
+  if (!sharded(dir)) return {dir + "/model.safetensors"};
+  std::vector<std::string> files;
+  for (const auto& [file, names] : read_shard_index(dir + "/model.safetensors.index.json"))
+    files.push_back(dir + "/" + file);
+  return files;
+}
 
 ModelFolder load_model_folder(const std::string& dir, Task task, const std::string& command) {
   return load(dir, &task, command);

@@ -6,6 +6,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "qkv/checkpoint.h"
 #include "qkv/io.h"
 #include "qkv/registry.h"
 #include "src/core/json.h"
@@ -26,10 +27,12 @@ bool is_dir(const std::string& p) {
 
 int run_inspect(const InspectArgs& a) {
   std::string weights = a.path;
+  std::vector<std::string> files = {a.path};
   nlohmann::json config;
   const Family* family = nullptr;
   if (is_dir(a.path)) {
-    weights = a.path + "/model.safetensors";
+    files = weight_files(a.path);  // model.safetensors, or the shards its index lists
+    weights = files.size() == 1 ? files[0] : a.path + "/model.safetensors.index.json";
     std::string cfg = a.path + "/config.json";
     struct stat st;
     if (stat(cfg.c_str(), &st) == 0) {
@@ -40,12 +43,17 @@ int run_inspect(const InspectArgs& a) {
       }
     }
   }
-  SafetensorsFile f = load_safetensors(weights);
+  SafetensorsFile f = load_safetensors(files[0]);
+  for (size_t i = 1; i < files.size(); ++i) {  // the shards' tensors after the first's; metadata of the first
+    SafetensorsFile shard = load_safetensors(files[i]);
+    f.tensors.insert(f.tensors.end(), shard.tensors.begin(), shard.tensors.end());
+  }
   int64_t total = 0;
   for (auto& [name, t] : f.tensors) total += t.numel();
   if (a.json) {
     nlohmann::ordered_json out;
     out["file"] = weights;
+    if (files.size() > 1) out["shards"] = files;
     out["parameter_count"] = total;
     out["tensors"] = nlohmann::ordered_json::array();
     for (auto& [name, t] : f.tensors)
@@ -59,6 +67,7 @@ int run_inspect(const InspectArgs& a) {
   size_t width = 4;
   for (auto& [name, t] : f.tensors) width = std::max(width, name.size());
   std::printf("%s\n", weights.c_str());
+  if (files.size() > 1) std::printf("%zu shards\n", files.size());
   if (family) std::printf("model: %s (arch %s)\n", family->description.c_str(), family->arch.c_str());
   if (!config.is_null()) std::printf("config: %s\n", config.dump().c_str());
   std::printf("%-*s  %-5s  %-16s  %s\n", (int)width, "name", "dtype", "shape", "elements");
