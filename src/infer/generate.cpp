@@ -145,13 +145,18 @@ std::vector<int64_t> generate(LanguageModel& m, const std::string& prompt, const
               " tokens)");
     ids.erase(ids.begin() + keep, ids.end() - (C - 1 - keep));
   }
-  std::vector<KVCache> caches = model.make_caches(1, C);
+  // The cache holds what this call can reach, not the whole context: a
+  // pretrained model's context (32k to 128k positions) would otherwise cost
+  // gigabytes for a short completion.
+  const int64_t P = (int64_t)ids.size();
+  const int64_t capacity = o.max_new_tokens < C - P ? P + o.max_new_tokens : C;
+  std::vector<KVCache> caches = model.make_caches(1, capacity);
   Tensor logits = model.forward_cached(Tensor::from_ints(ids, {1, (int64_t)ids.size()}), caches);
   const int64_t V = logits.size(-1);
   Rng rng(o.seed);
   std::vector<int64_t> out;
   size_t emitted = 0;
-  for (int64_t i = 0; i < o.max_new_tokens && caches[0].length < C; ++i) {
+  for (int64_t i = 0; i < o.max_new_tokens && caches[0].length < capacity; ++i) {
     const float* last = logits.data<float>() + (logits.size(1) - 1) * V;
     const int64_t next = detail::sample_token(last, V, o, specials, rng);
     if (m.tokenizer->is_eos(next)) break;  // never drawn with ignore_eos
@@ -161,7 +166,7 @@ std::vector<int64_t> generate(LanguageModel& m, const std::string& prompt, const
       const size_t cut = detail::complete_utf8_prefix(text);
       if (cut > emitted) emit(replace_invalid_utf8(text.substr(emitted, cut - emitted))), emitted = cut;
     }
-    if (caches[0].length < C) logits = model.forward_cached(Tensor::from_ints({next}, {1, 1}), caches);
+    if (caches[0].length < capacity) logits = model.forward_cached(Tensor::from_ints({next}, {1, 1}), caches);
   }
   if (emit) {  // what is left, a character cut off at the end as U+FFFD: the stream adds up to the decoded text
     const std::string text = m.tokenizer->decode(out);
