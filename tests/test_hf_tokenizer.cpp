@@ -146,6 +146,8 @@ TEST(HfTokenizer, WhatIsNotReadIsOneErrorNamingTheField) {
   };
   EXPECT_EQ(error_with({{"pre_tokenizer", {{"type", "Metaspace"}, {"prepend_scheme", "sometimes"}}}}),
             ": pre_tokenizer.prepend_scheme 'sometimes' is not one of always, first, never");
+  EXPECT_EQ(error_with({{"decoder", {{"type", "Metaspace"}, {"prepend_scheme", "sometimes"}}}}),
+            ": decoder.prepend_scheme 'sometimes' is not one of always, first, never");
   EXPECT_EQ(error_with({{"decoder", {{"type", "Strip"}, {"content", "ab"}, {"start", 1}, {"stop", 0}}}}),
             ": decoder.content must be one character");
   EXPECT_EQ(error_with({{"normalizer", {{"type", "Replace"}, {"content", "x"}}}}), ": normalizer: no 'pattern'");

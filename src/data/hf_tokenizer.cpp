@@ -207,31 +207,67 @@ std::string replace_all(const std::string& s, const std::string& from, const std
   return out.append(s, at, std::string::npos);
 }
 
-// A Replace step (normalizer or decoder): {"pattern": {"String": s} or {"Regex": r}, "content": c}.
-struct Replacement {
-  std::string literal;
-  std::shared_ptr<Regex> regex;
-  std::string content;
+// A pattern as tokenizer.json writes it, {"Regex": r} (run by PCRE2) or
+// {"String": s} (found as it is), read from `owner`'s "pattern".
+struct Pattern {
+  std::shared_ptr<Regex> regex;  // or
+  std::string literal;           // neither: no pattern
 
-  Replacement(const Json& j, const std::string& where) {
-    const Json& pattern = field(j, "pattern", where);
-    if (pattern.contains("String") && pattern["String"].is_string()) {
+  Pattern() = default;
+  Pattern(const Json& owner, const std::string& where) {
+    const Json& pattern = field(owner, "pattern", where);
+    if (pattern.contains("Regex") && pattern["Regex"].is_string()) {
+      regex = std::make_shared<Regex>(pattern["Regex"].get<std::string>(), where + ".pattern");
+    } else if (pattern.contains("String") && pattern["String"].is_string()) {
       literal = pattern["String"].get<std::string>();
       QKV_CHECK(!literal.empty(), where, ".pattern.String is empty");
-    } else if (pattern.contains("Regex") && pattern["Regex"].is_string()) {
-      regex = std::make_shared<Regex>(pattern["Regex"].get<std::string>(), where + ".pattern");
     } else {
       fail(where, ".pattern must be {\"Regex\": ...} or {\"String\": ...}");
     }
+  }
+  bool empty() const { return !regex && literal.empty(); }
+  // The [begin, end) of every match, left to right, none overlapping.
+  std::vector<std::pair<size_t, size_t>> find_all(const std::string& s) const {
+    if (regex) return regex->find_all(s);
+    std::vector<std::pair<size_t, size_t>> out;
+    for (size_t at = s.find(literal); at != std::string::npos; at = s.find(literal, at + literal.size()))
+      out.push_back({at, at + literal.size()});
+    return out;
+  }
+};
+
+// A Replace step (normalizer or decoder): {"pattern": ..., "content": c}.
+struct Replacement {
+  Pattern pattern;
+  std::string content;
+
+  Replacement(const Json& j, const std::string& where) : pattern(j, where) {
     QKV_CHECK(field(j, "content", where).is_string(), where, ".content must be a string");
     content = j["content"].get<std::string>();
   }
   std::string apply(const std::string& s) const {
-    if (!regex) return replace_all(s, literal, content);
     std::string out;
     size_t at = 0;
-    for (auto [b, e] : regex->find_all(s)) out.append(s, at, b - at).append(content), at = e;
+    for (auto [b, e] : pattern.find_all(s)) out.append(s, at, b - at).append(content), at = e;
     return out.append(s, at, std::string::npos);
+  }
+};
+
+// Metaspace's options, which its pre-tokenizer and its decoder share: the
+// character that stands for a space, and when it goes in front
+// (prepend_scheme from tokenizers 0.15 on, add_prefix_space before it).
+struct Metaspace {
+  std::string replacement;
+  std::string scheme;  // always, first or never
+
+  Metaspace(const Json& j, const std::string& where)
+      : replacement(j.value("replacement", std::string("\xE2\x96\x81"))),  // U+2581
+        scheme(j.contains("prepend_scheme") ? field(j, "prepend_scheme", where).get<std::string>()
+               : flag(j, "add_prefix_space", true) ? "always"
+                                                   : "never") {
+    QKV_CHECK(!replacement.empty(), where, ".replacement is empty");
+    QKV_CHECK(scheme == "always" || scheme == "first" || scheme == "never", where, ".prepend_scheme '", scheme,
+              "' is not one of always, first, never");
   }
 };
 
@@ -310,16 +346,17 @@ public:
         std::string& p = pieces[i];
         if (step.prefix_space && (p.empty() || p[0] != ' ')) p.insert(0, " ");
         if (step.metaspace) {
-          p = replace_all(p, " ", step.literal);
+          const std::string& rep = step.pattern.literal;
+          p = replace_all(p, " ", rep);
           const bool prepend =
               step.prepend == Prepend::Always || (step.prepend == Prepend::First && at_start && i == 0);
-          if (prepend && p.compare(0, step.literal.size(), step.literal) != 0) p.insert(0, step.literal);
+          if (prepend && p.compare(0, rep.size(), rep) != 0) p.insert(0, rep);
           if (!step.metaspace_split) {
             next.push_back(std::move(p));
             continue;
           }
         }
-        if (!step.regex && step.literal.empty()) {
+        if (step.pattern.empty()) {
           next.push_back(std::move(p));
           continue;
         }
@@ -334,12 +371,11 @@ public:
 private:
   enum class Prepend { Never, First, Always };
   struct Step {
-    std::shared_ptr<Regex> regex;  // or
-    std::string literal;           // a string pattern (Metaspace: its replacement); neither: no split
+    Pattern pattern;  // where to split (Metaspace: at its replacement); empty: no split
     SplitBehavior behavior = SplitBehavior::Isolated;
     bool prefix_space = false;  // ByteLevel's add_prefix_space
-    // Metaspace: spaces become `literal`, which is prepended as `prepend`
-    // says; with metaspace_split, each piece then begins at one.
+    // Metaspace: spaces become pattern.literal, which is prepended as
+    // `prepend` says; with metaspace_split, each piece then begins at one.
     bool metaspace = false, metaspace_split = false;
     Prepend prepend = Prepend::Never;
   };
@@ -353,35 +389,21 @@ private:
       byte_level_ = true;
       Step s;
       s.prefix_space = flag(j, "add_prefix_space", true);
-      if (flag(j, "use_regex", true)) s.regex = std::make_shared<Regex>(kGpt2Pattern, where);
+      if (flag(j, "use_regex", true)) s.pattern.regex = std::make_shared<Regex>(kGpt2Pattern, where);
       steps_.push_back(std::move(s));
     } else if (type == "Metaspace") {
+      const Metaspace m(j, where);
       Step s;
       s.metaspace = true;
-      s.literal = j.value("replacement", std::string("\xE2\x96\x81"));  // U+2581
-      QKV_CHECK(!s.literal.empty(), where, ".replacement is empty");
+      s.pattern.literal = m.replacement;
       s.metaspace_split = flag(j, "split", true);
       s.behavior = SplitBehavior::MergedWithNext;
-      // prepend_scheme (tokenizers 0.15 on), or add_prefix_space before it.
-      const std::string scheme = j.contains("prepend_scheme") ? field(j, "prepend_scheme", where).get<std::string>()
-                                 : flag(j, "add_prefix_space", true) ? "always" : "never";
-      if (scheme == "always") s.prepend = Prepend::Always;
-      else if (scheme == "first") s.prepend = Prepend::First;
-      else if (scheme == "never") s.prepend = Prepend::Never;
-      else fail(where, ".prepend_scheme '", scheme, "' is not one of always, first, never");
+      s.prepend = m.scheme == "always" ? Prepend::Always : m.scheme == "first" ? Prepend::First : Prepend::Never;
       steps_.push_back(std::move(s));
     } else if (type == "Split") {
       QKV_CHECK(!flag(j, "invert", false), where, ".invert: true is not supported yet");
-      const Json& pattern = field(j, "pattern", where);
       Step s;
-      if (pattern.contains("Regex") && pattern["Regex"].is_string()) {
-        s.regex = std::make_shared<Regex>(pattern["Regex"].get<std::string>(), where + ".pattern");
-      } else if (pattern.contains("String") && pattern["String"].is_string()) {
-        s.literal = pattern["String"].get<std::string>();
-        QKV_CHECK(!s.literal.empty(), where, ".pattern.String is empty");
-      } else {
-        fail(where, ".pattern must be {\"Regex\": ...} or {\"String\": ...}");
-      }
+      s.pattern = Pattern(j, where);
       const std::string b = field(j, "behavior", where).is_string() ? j["behavior"].get<std::string>() : "";
       static const std::pair<const char*, SplitBehavior> kBehaviors[] = {
           {"Removed", SplitBehavior::Removed},
@@ -402,13 +424,7 @@ private:
 
   // `tokenizers`' split: the text as runs, each a match or not, then joined as the behavior says.
   static void split_one(const Step& step, const std::string& p, std::vector<std::string>& out) {
-    std::vector<std::pair<size_t, size_t>> matches;
-    if (step.regex) {
-      matches = step.regex->find_all(p);
-    } else {
-      for (size_t at = p.find(step.literal); at != std::string::npos; at = p.find(step.literal, at + step.literal.size()))
-        matches.push_back({at, at + step.literal.size()});
-    }
+    const std::vector<std::pair<size_t, size_t>> matches = step.pattern.find_all(p);
     struct Run {
       size_t begin, end;
       bool match;
@@ -775,11 +791,8 @@ private:
       };
       steps_.push_back({Kind::Strip, nullptr, c, count("start"), count("stop")});
     } else if (type == "Metaspace") {
-      const std::string rep = j.value("replacement", std::string("\xE2\x96\x81"));
-      QKV_CHECK(!rep.empty(), where, ".replacement is empty");
-      const std::string scheme = j.contains("prepend_scheme") ? field(j, "prepend_scheme", where).get<std::string>()
-                                 : flag(j, "add_prefix_space", true) ? "always" : "never";
-      steps_.push_back({Kind::Metaspace, nullptr, rep, scheme == "never" ? 0 : 1});
+      const Metaspace m(j, where);
+      steps_.push_back({Kind::Metaspace, nullptr, m.replacement, m.scheme == "never" ? 0 : 1});
     } else {
       fail(where, ": decoder type '", type, "' is not supported yet");
     }
