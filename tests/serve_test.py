@@ -181,27 +181,41 @@ class Completions(unittest.TestCase):
         prompts = [("the cat", 11), ("the dog", 12), ("a", 13), ("park", 14), ("mat", 15), ("ran", 16)]
         alone = {p: self.s.complete(prompt=p, max_tokens=40, temperature=0.9, seed=seed, ignore_eos=True)[1]
                  for p, seed in prompts}
-        steps_before = self.s.metric("qkv_decode_steps_total")
-        results, errors = {}, []
 
-        def client(p, seed):
-            try:
-                chunks = self.s.client.completions.create(model="small", prompt=p, max_tokens=40, temperature=0.9,
-                                                          seed=seed, stream=True, extra_body={"ignore_eos": True})
-                results[p] = "".join(c.choices[0].text for c in chunks)
-            except Exception as e:  # noqa: BLE001 (reported below)
-                errors.append(repr(e))
+        def run_together():
+            """The six requests at once; returns the decoding steps they took."""
+            steps_before = self.s.metric("qkv_decode_steps_total")
+            results, errors = {}, []
+            together = threading.Barrier(len(prompts))
 
-        threads = [threading.Thread(target=client, args=a) for a in prompts]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        self.assertEqual(errors, [])
-        for p, _ in prompts:
-            self.assertEqual(results[p], alone[p]["choices"][0]["text"], p)
-        # 6 x 39 tokens after the prefills; alone they would take 234 steps.
-        self.assertLess(self.s.metric("qkv_decode_steps_total") - steps_before, 6 * 39)
+            def client(p, seed):
+                try:
+                    together.wait()
+                    chunks = self.s.client.completions.create(model="small", prompt=p, max_tokens=40,
+                                                              temperature=0.9, seed=seed, stream=True,
+                                                              extra_body={"ignore_eos": True})
+                    results[p] = "".join(c.choices[0].text for c in chunks)
+                except Exception as e:  # noqa: BLE001 (reported below)
+                    errors.append(repr(e))
+
+            threads = [threading.Thread(target=client, args=a) for a in prompts]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            self.assertEqual(errors, [])
+            for p, _ in prompts:
+                self.assertEqual(results[p], alone[p]["choices"][0]["text"], p)
+            return self.s.metric("qkv_decode_steps_total") - steps_before
+
+        # 6 x 39 tokens after the prefills: one at a time they take 234 steps. A 40-token
+        # completion of this model takes milliseconds, so on a busy machine the clients may
+        # still arrive one after another; the tokens are checked on every try, the sharing
+        # must show in one of them.
+        steps = [run_together()]
+        while steps[-1] >= 6 * 39 and len(steps) < 5:
+            steps.append(run_together())
+        self.assertLess(min(steps), 6 * 39, steps)
 
     def test_bad_input_is_a_400_naming_the_field(self):
         cases = [

@@ -215,6 +215,10 @@ bool BatchGenerator::step() {
       for (Slot* s : rows) finish(*s, "error", e.what());
       rows.clear();
     }
+    {  // counted before any request it finishes is answered, so a client sees it
+      std::lock_guard<std::mutex> lock(mutex_);
+      ++steps_;
+    }
     const int64_t V = logits.defined() ? logits.size(-1) : 0;
     for (size_t b = 0; b < rows.size(); ++b) {
       Slot& s = *rows[b];
@@ -222,8 +226,6 @@ bool BatchGenerator::step() {
       accept(s, detail::sample_token(logits.data<float>() + (int64_t)b * V, V, s.request.options,
                                      model_.tokenizer->specials(), s.rng));
     }
-    std::lock_guard<std::mutex> lock(mutex_);
-    ++steps_;
   }
   std::lock_guard<std::mutex> lock(mutex_);
   return active_ > 0 || !waiting_.empty() || !tasks_.empty();
