@@ -556,6 +556,7 @@ def make_metrics(out_dir):
     """sacreBLEU's corpus BLEU (tokenize='char') and chrF on fixed sentences."""
     import json
     import sacrebleu
+    from sacrebleu.metrics import BLEU, CHRF
     sets = {
         "japanese": (["私は中国人です", "彼は学校で本を読みます", "この本は面白いです", "私たちはりんごが好きです",
                       "あなたは医者ですか"],
@@ -570,6 +571,30 @@ def make_metrics(out_dir):
         out[name] = {"hypotheses": hyps, "references": refs,
                      "bleu": sacrebleu.corpus_bleu(hyps, [refs], tokenize="char").score,
                      "chrf": sacrebleu.corpus_chrf(hyps, [refs]).score}
+    # Bootstrap intervals (--confidence): sacreBLEU draws with numpy's RNG and qkv
+    # with its own, so the test compares mean and half-width within a tolerance.
+    import random
+    rng = random.Random(5)
+    subjects, objects = ["私", "彼", "彼女", "田中さん", "先生"], ["本", "りんご", "お茶", "新聞", "映画", "日本語"]
+    verbs = ["読みます", "食べます", "飲みます", "見ます", "勉強します", "買いました"]
+    refs = [f"{rng.choice(subjects)}は{rng.choice(objects)}を{rng.choice(verbs)}" for _ in range(80)]
+    hyps = []
+    for r in refs:
+        k = rng.random()
+        if k < 0.5:
+            hyps.append(r)                                    # right
+        elif k < 0.75:
+            i = rng.randrange(len(r))
+            hyps.append(r[:i] + rng.choice("のがでにへ") + r[i + 1:])  # one character wrong
+        elif k < 0.9:
+            hyps.append(r[: rng.randrange(1, len(r))])        # cut short
+        else:
+            hyps.append(rng.choice(refs))                     # another sentence
+    b = BLEU(tokenize="char").corpus_score(hyps, [refs], n_bootstrap=1000)
+    c = CHRF().corpus_score(hyps, [refs], n_bootstrap=1000)
+    out["bootstrap"] = {"hypotheses": hyps, "references": refs, "resamples": 1000,
+                        "bleu": b.score, "bleu_mean": float(b._mean), "bleu_ci": float(b._ci),
+                        "chrf": c.score, "chrf_mean": float(c._mean), "chrf_ci": float(c._ci)}
     out["sacrebleu"] = sacrebleu.__version__
     with open(os.path.join(out_dir, "metrics_sacrebleu.json"), "w", encoding="utf-8") as f:
         json.dump(out, f, ensure_ascii=False, indent=1)
@@ -635,11 +660,15 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures"))
     ap.add_argument("--check-qkv-file", help="a safetensors file written by the qkv test suite")
+    ap.add_argument("--only-metrics", action="store_true", help="rewrite metrics_sacrebleu.json alone")
     args = ap.parse_args()
     if args.check_qkv_file:
         check_qkv_file(args.check_qkv_file)
         return 0
     os.makedirs(args.out, exist_ok=True)
+    if args.only_metrics:
+        make_metrics(args.out)
+        return 0
     n = make_ops(args.out)
     make_mlp(args.out)
     make_blocks(args.out)

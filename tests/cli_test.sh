@@ -55,8 +55,13 @@ check "inspect cut data" nonzero "$QKV" inspect "$tmp/cut.safetensors"
 one_line_error "inspect cut data"
 
 # The demo, small: corpus, training, evaluation, translations, a model folder.
-check "demo" 0 "$QKV" demo --out "$tmp/demo" --steps 30 --train-pairs 600 --test-pairs 40
+check "demo" 0 "$QKV" demo --out "$tmp/demo" --steps 30 --max-steps 30 --train-pairs 600 --test-pairs 40
 grep -q "我是中国人" "$tmp/out" || { echo "FAIL demo does not translate the example"; failures=$((failures + 1)); }
+# 30 steps cannot learn the checks: the demo must say so, not claim them.
+grep -qE "^ +[0-9]+/24 right with the model saved at step [0-9]+; training ran 30 steps in [0-9]+ s: the budget of 30 steps ran out first" "$tmp/out" ||
+  { echo "FAIL demo does not report its checks honestly"; failures=$((failures + 1)); }
+grep -q "✗ 我是中国人" "$tmp/out" || grep -q "✓ 我是中国人" "$tmp/out" ||
+  { echo "FAIL demo does not mark 我是中国人 right or wrong"; failures=$((failures + 1)); }
 for f in config.json model.safetensors tokenizer.json trainer_state.json; do
   [ -f "$tmp/demo/model/$f" ] || { echo "FAIL demo wrote no model/$f"; failures=$((failures + 1)); }
 done

@@ -9,6 +9,8 @@
 #include "qkv/allocator.h"
 #include "qkv/io.h"
 #include "qkv/trainer.h"
+#include "qkv/ops.h"
+#include "src/train/loop.h"
 #include "tests/test_util.h"
 
 namespace qkv {
@@ -82,6 +84,97 @@ TEST(Trainer, AModelThatFitsButCannotTrainIsRefusedBeforeTheFirstStep) {
                    " of weights, as much again for their gradients and twice that for AdamW's moments), more than "
                    "qkv may use here (" + format_bytes(memory_limit()) + ")");
   EXPECT_FALSE(std::filesystem::exists(dir + "/trainer_state.safetensors"));
+}
+
+// A task of the one loop whose validation scores are scripted, one per step:
+// what the loop makes of them (which is best, when it stops) is all there is.
+class ScriptedTask final : public TrainTask {
+public:
+  explicit ScriptedTask(std::vector<std::pair<double, double>> scores) : scores_(std::move(scores)) {}
+  std::vector<bool> best;  // per validation
+
+  Module& model() override { return model_; }
+  int64_t total_steps() const override { return (int64_t)scores_.size(); }
+  float lr_at(int64_t) override { return 0.1f; }
+  StepLoss step_loss(int64_t) override {
+    Tensor loss = sum(mul(model_.w, model_.w));
+    return {loss, loss.item(), 1};
+  }
+  void progress(int64_t, float, float, double, double, int64_t) override {}
+  bool validate_after(int64_t) const override { return true; }
+  Validation validate(int64_t step, float) override {
+    auto [score, tiebreak] = scores_[step - 1];
+    return {.score = score, .history = {{"step", step}}, .tiebreak = tiebreak};
+  }
+  nlohmann::ordered_json summary(int64_t step, double, int64_t, const nlohmann::json&) const override {
+    return {{"step", step}};
+  }
+  bool validated(const Validation&, bool b) override {
+    best.push_back(b);
+    return false;
+  }
+  void save_best(const std::string& dir, const std::string& state) override {
+    write_file_atomic(dir + "/trainer_state.json", state);
+  }
+  const char* state_format() const override { return "scripted"; }
+  const char* best_key() const override { return "best_score"; }
+  double worst_score() const override { return -1; }
+  bool better(double score, double best) const override { return score > best; }
+
+private:
+  struct One : Module {
+    Tensor w = register_parameter("w", Tensor::from_vector({1.0f}, {1}));
+  } model_;
+  std::vector<std::pair<double, double>> scores_;
+};
+
+// (score, tie-break) per step: the tie-break decides between equal scores only.
+const std::vector<std::pair<double, double>> kScores = {{1, 0}, {2, -5}, {2, -3}, {2, -3}, {1, 100}, {2, -4}};
+
+TEST(TrainingLoop, EqualScoresAreDecidedByTheTieBreak) {
+  ScriptedTask task(kScores);
+  TrainOutcome out = run_training(task, {}, testing::temp_dir("loop"));
+  EXPECT_EQ(task.best, (std::vector<bool>{true, true, true, false, false, false}));
+  EXPECT_EQ(out.last_step, 6);
+  EXPECT_TRUE(out.stopped_early.empty());
+}
+
+// Early stopping: `patience` validations in a row without a better score end
+// the run; the count is saved, so a resumed run goes on counting.
+TEST(TrainingLoop, PatienceEndsTheRunAndSurvivesAResume) {
+  ScriptedTask task(kScores);
+  TrainOutcome out = run_training(task, {.patience = 2}, testing::temp_dir("loop"));
+  EXPECT_EQ(out.last_step, 5);
+  EXPECT_EQ(out.stopped_early, "early stopping: 2 validations in a row without a better score (patience 2)");
+  EXPECT_EQ(task.best.size(), 5u);
+
+  // Four steps (one validation since the best), then resumed to six with patience 2:
+  // it stops at 5 only if the resume remembered that one.
+  const std::string dir = testing::temp_dir("loop");
+  ScriptedTask first({kScores.begin(), kScores.begin() + 4});
+  EXPECT_EQ(run_training(first, {}, dir).last_step, 4);
+  ScriptedTask rest(kScores);
+  TrainOutcome resumed = run_training(rest, {.patience = 2, .resume = true}, dir);
+  EXPECT_EQ(resumed.last_step, 5);
+  EXPECT_EQ(rest.best, (std::vector<bool>{false}));
+  EXPECT_EQ(load_safetensors(dir + "/trainer_state.safetensors").metadata.at("validations_since_best"), "2");
+}
+
+// The caller's stop callback ends a translation run after a validation.
+TEST(Trainer, AStopCallbackEndsTrainingAfterItsValidation) {
+  auto train = synth_zh_ja(80, 7), valid = synth_zh_ja(8, 8, train);
+  TrainOptions o = small_options(60);
+  o.eval_every = 2;
+  TrainCallbacks cb;
+  int64_t validations = 0;
+  cb.stop = [&](const EvalReport& r) { return ++validations, r.step == 4; };
+  TranslationModel m = new_translation_model(kConfig, "config", train, 3);
+  const std::string dir = testing::temp_dir("trainer");
+  TrainOutcome out = train_translation(m, train, valid, o, dir, cb);
+  EXPECT_EQ(out.last_step, 4);
+  EXPECT_EQ(out.stopped_early, "stopped after the validation at step 4");
+  EXPECT_EQ(validations, 2);
+  EXPECT_EQ(state_of(dir).at("step").to_ints()[0], 4);
 }
 
 TEST(Trainer, NonFiniteStepsAreSkippedWithoutTouchingTheModel) {

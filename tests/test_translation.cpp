@@ -240,6 +240,49 @@ TEST(Metrics, MatchSacreBleu) {
   EXPECT_THROW(chrf({"a"}, {}), Error);
 }
 
+// sacreBLEU draws its resamples with numpy's RNG, qkv with its own, so the
+// intervals agree within what 1,000 resamples allow, not to the digit.
+TEST(Metrics, BootstrapIntervalsMatchSacreBleusWithinResamplingNoise) {
+  auto j = nlohmann::json::parse(read_file(testing::fixture("metrics_sacrebleu.json")))["bootstrap"];
+  auto h = j["hypotheses"].get<std::vector<std::string>>(), r = j["references"].get<std::vector<std::string>>();
+  const CorpusConfidence c = bootstrap_confidence(h, r, j["resamples"].get<int64_t>());
+  EXPECT_EQ(c.resamples, 1000);
+  struct Case {
+    const char* name;
+    double score;
+    BootstrapInterval ci;
+  };
+  for (const Case& m : {Case{"bleu", bleu_char(h, r), c.bleu}, Case{"chrf", chrf(h, r), c.chrf}}) {
+    const std::string name = m.name;
+    EXPECT_NEAR(m.score, j[name].get<double>(), 1e-9) << name;
+    const double half = (m.ci.high - m.ci.low) / 2, theirs = j[name + "_ci"].get<double>();
+    EXPECT_NEAR(half, theirs, 0.2 * theirs) << name << ": half-width of the 95% interval";
+    EXPECT_NEAR(m.ci.mean, j[name + "_mean"].get<double>(), 0.25 * theirs) << name << ": mean of the draws";
+    EXPECT_LT(m.ci.low, m.score) << name;
+    EXPECT_GT(m.ci.high, m.score) << name;
+  }
+  // Seeded: the same interval again; another seed moves it a little.
+  const CorpusConfidence again = bootstrap_confidence(h, r, 1000), other = bootstrap_confidence(h, r, 1000, 7);
+  EXPECT_EQ(again.chrf.low, c.chrf.low);
+  EXPECT_EQ(again.bleu.high, c.bleu.high);
+  EXPECT_NE(other.chrf.mean, c.chrf.mean);
+  // Four times the sentences (each one four times): about half the width (1 / sqrt(4)).
+  std::vector<std::string> h4, r4;
+  for (int k = 0; k < 4; ++k) h4.insert(h4.end(), h.begin(), h.end()), r4.insert(r4.end(), r.begin(), r.end());
+  const CorpusConfidence c4 = bootstrap_confidence(h4, r4, 1000);
+  const double ratio = (c4.chrf.high - c4.chrf.low) / (c.chrf.high - c.chrf.low);
+  EXPECT_GT(ratio, 0.35);
+  EXPECT_LT(ratio, 0.65);
+  // All right: no spread at all.
+  const CorpusConfidence perfect = bootstrap_confidence(r, r, 200);
+  EXPECT_NEAR(perfect.chrf.low, 100.0, 1e-9);
+  EXPECT_NEAR(perfect.bleu.high, 100.0, 1e-9);  // exp(log 100) is 100 to rounding
+  EXPECT_EQ(perfect.bleu.low, perfect.bleu.high);
+  EXPECT_THROW(bootstrap_confidence({}, {}), Error);
+  EXPECT_THROW(bootstrap_confidence(h, r, 0), Error);
+  EXPECT_THROW(bootstrap_confidence(h, {"a"}), Error);
+}
+
 TEST(TranslationTransformer, ConfigValidation) {
   EXPECT_THROW(TransformerConfig::from_json("{\"d_model\": 10, \"nhead\": 4}", "c.json"), Error);
   EXPECT_THROW(TransformerConfig::from_json("{\"norm\": \"batchnorm\"}", "c.json"), Error);
@@ -300,6 +343,27 @@ TEST(TranslationTransformer, LearnsASmallCorpus) {
   for (int i = 0; i < 16; ++i) sources.push_back(t.data[i].src), refs.push_back(t.pairs[i].second);
   for (auto& ids : greedy_translate(*t.model, sources, 40)) hyps.push_back(t.tok.decode(ids));
   EXPECT_GT(chrf(hyps, refs), 90.0) << hyps[0] << " vs " << refs[0];
+}
+
+// The demo's ✓/✗: exact comparison with the reference, so a wrong reference
+// is reported wrong; the model's mode is left as it was.
+TEST(TranslationTransformer, ChecksCompareWithTheReferenceExactly) {
+  TinyTranslator& t = tiny_translator();
+  TranslationModel m{std::make_shared<CharTokenizer>(t.tok), t.model};
+  std::vector<SentencePair> pairs = {t.pairs[0], t.pairs[1]};
+  std::vector<TranslationCheck> first = check_translations(m, pairs, 64);
+  ASSERT_EQ(first.size(), 2u);
+  pairs[0].second = first[0].output;         // the model's own output: right
+  pairs[1].second = first[1].output + "x";   // a deliberately wrong reference
+  t.model->train();
+  std::vector<TranslationCheck> checks = check_translations(m, pairs, 64);
+  EXPECT_TRUE(t.model->is_training());
+  t.model->eval();
+  EXPECT_EQ(checks[0].source, pairs[0].first);
+  EXPECT_TRUE(checks[0].ok());
+  EXPECT_FALSE(checks[1].ok());
+  EXPECT_EQ(checks[1].reference, first[1].output + "x");
+  EXPECT_EQ(checks[1].output, first[1].output) << "translated in eval mode both times";
 }
 
 }  // namespace

@@ -31,6 +31,13 @@ private:
 // `count` distinct pairs, none of whose source sentences is in `exclude`.
 std::vector<SentencePair> synth_zh_ja(int64_t count, uint64_t seed, const std::vector<SentencePair>& exclude = {});
 
+// The demo's check list: 24 pairs of the grammar above that a model must tell
+// apart (很有意思 / 没有意思 / 有意思吗; 是 / 不是 / 吗; present, negative, past
+// and past negative; counters 个 / 本 / 辆; 喜欢 / 不喜欢). The demo never
+// trains on them; each is a new combination of parts seen in training (every
+// topic and adjective of the list is also seen together in another mood).
+const std::vector<SentencePair>& zh_ja_checks();
+
 // Tab-separated parallel text: one "source<TAB>target" per line. Errors name
 // the file and line: a missing tab, an empty side, invalid UTF-8.
 struct ReadTextOptions {

@@ -45,12 +45,24 @@ std::vector<int64_t> encode_source(const TranslationModel& m, const std::string&
 struct TranslationScores {
   double bleu = 0, chrf = 0, exact_match = 0;  // BLEU with tokenize "char"
   int64_t sentences = 0;
+  CorpusConfidence confidence;  // bootstrap intervals, when resamples were asked for
 };
 TranslationScores score_translation(TranslationModel& m, const std::vector<SentencePair>& pairs, int64_t max_len,
                                     int64_t beam = 1, const SourceLimit& limit = {});
 // The same for sources already encoded (encode_source).
 TranslationScores score_translation(TranslationModel& m, const std::vector<std::vector<int64_t>>& sources,
-                                    const std::vector<std::string>& references, int64_t max_len, int64_t beam = 1);
+                                    const std::vector<std::string>& references, int64_t max_len, int64_t beam = 1,
+                                    int64_t resamples = 0);
+
+// Each pair's source translated (greedy, in eval mode, without gradients; the
+// model's mode is restored) and compared with its reference, exactly: what the
+// demo prints as its ✓/✗ list.
+struct TranslationCheck {
+  std::string source, reference, output;
+  bool ok() const { return output == reference; }
+};
+std::vector<TranslationCheck> check_translations(TranslationModel& m, const std::vector<SentencePair>& pairs,
+                                                 int64_t max_len);
 
 // Translations (text out) of `sources`: greedy when beam is 1, else beam search.
 std::vector<std::string> translate_texts(TranslationModel& m, const std::vector<std::string>& sources,

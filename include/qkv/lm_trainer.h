@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "qkv/infer.h"
+#include "qkv/optim.h"
 #include "qkv/tokenizer.h"
 
 namespace qkv {
@@ -27,6 +28,7 @@ struct LmTrainOptions {
   uint64_t seed = 1;
   int64_t eval_every = 200;
   int64_t max_skipped_in_a_row = 20;
+  int64_t patience = 0;  // early stopping: end after this many validations without a lower loss (0: never)
   bool resume = false;
   // The "train" object of a config file; unknown keys are an error.
   static LmTrainOptions from_json(const std::string& text, const std::string& source);
@@ -59,7 +61,7 @@ LanguageModel new_language_model(const std::string& config_text, const std::stri
 // Trains on random windows of context + 1 tokens of `train`; every
 // eval_every steps the validation loss over consecutive windows of `valid`;
 // keeps the best model in out_dir.
-void train_language_model(LanguageModel& m, const std::vector<int64_t>& train, const std::vector<int64_t>& valid,
+TrainOutcome train_language_model(LanguageModel& m, const std::vector<int64_t>& train, const std::vector<int64_t>& valid,
                           const LmTrainOptions& options, const std::string& out_dir, const LmCallbacks& callbacks);
 
 

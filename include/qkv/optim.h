@@ -9,6 +9,13 @@
 
 namespace qkv {
 
+// How a training run ended: at its last step, or before it (early stopping,
+// or a caller that had what it wanted), and why.
+struct TrainOutcome {
+  int64_t last_step = 0;
+  std::string stopped_early;  // empty when every step ran
+};
+
 struct SGDOptions {
   float lr = 0.01f;
   float momentum = 0.0f;

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "qkv/infer.h"
+#include "qkv/optim.h"
 
 namespace qkv {
 
@@ -29,6 +30,7 @@ struct TrainOptions {
   int64_t eval_every = 250;       // validation loss, chrF and BLEU every this many steps
   int64_t eval_sentences = 300;   // decoded for chrF/BLEU
   int64_t max_skipped_in_a_row = 20;  // non-finite losses/gradients before giving up
+  int64_t patience = 0;  // early stopping: end after this many validations without a better chrF (0: never)
   bool resume = false;  // continue from out_dir/trainer_state.safetensors
 
   // The "train" object of a config file; unknown keys are an error.
@@ -51,6 +53,9 @@ struct EvalReport {
 struct TrainCallbacks {
   std::function<void(const TrainProgress&)> progress;  // every step
   std::function<void(const EvalReport&)> evaluated;    // after each validation
+  // After each validation (and its saves): true ends training there, for a
+  // caller that has what it wanted (the demo, once its checks pass).
+  std::function<bool(const EvalReport&)> stop;
   // For tests of the non-finite handling: called before each step; when it
   // returns true, that step's loss is taken to be NaN.
   std::function<bool(int64_t step)> inject_nonfinite;
@@ -64,8 +69,9 @@ TranslationModel new_translation_model(const std::string& config_text, const std
                                        const std::vector<SentencePair>& train, uint64_t seed);
 
 // Trains `m` on `train`, validates on `valid` every eval_every steps, and
-// saves the best checkpoint (by validation chrF) to `out_dir`.
-void train_translation(TranslationModel& m, const std::vector<SentencePair>& train,
+// saves the best checkpoint (by validation chrF, ties broken by the lower
+// validation loss) to `out_dir`.
+TrainOutcome train_translation(TranslationModel& m, const std::vector<SentencePair>& train,
                        const std::vector<SentencePair>& valid, const TrainOptions& options, const std::string& out_dir,
                        const TrainCallbacks& callbacks);
 

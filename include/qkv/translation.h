@@ -76,4 +76,20 @@ double chrf(const std::vector<std::string>& hypotheses, const std::vector<std::s
 // tokenize = "char" (every non-space character a token), suited to Japanese.
 double bleu_char(const std::vector<std::string>& hypotheses, const std::vector<std::string>& references);
 
+// How much a corpus score could move with another sample of sentences, by
+// bootstrap resampling as sacreBLEU's --confidence does it: `resamples` draws
+// of n sentences with replacement (seeded, so the same inputs give the same
+// interval), each scored as a corpus; the 95% interval runs from the
+// (resamples/40)-th smallest draw to the as many-th largest.
+struct BootstrapInterval {
+  double mean = 0, low = 0, high = 0;
+};
+struct CorpusConfidence {
+  BootstrapInterval bleu, chrf;
+  int64_t resamples = 0;
+};
+CorpusConfidence bootstrap_confidence(const std::vector<std::string>& hypotheses,
+                                      const std::vector<std::string>& references, int64_t resamples = 1000,
+                                      uint64_t seed = 12345);
+
 }  // namespace qkv

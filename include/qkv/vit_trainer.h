@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "qkv/infer.h"
+#include "qkv/optim.h"
 #include "qkv/vit.h"
 
 namespace qkv {
@@ -30,6 +31,7 @@ struct VitTrainOptions {
   bool augment_flip = false;    // random horizontal flip
   int64_t max_train_images = 0; // use only the first N training images (0: all)
   int64_t max_skipped_in_a_row = 20;
+  int64_t patience = 0;  // early stopping: end after this many epochs without a better accuracy (0: never)
   bool resume = false;
   // The "train" object of a config file; unknown keys are an error.
   static VitTrainOptions from_json(const std::string& text, const std::string& source);
@@ -55,7 +57,7 @@ struct VitCallbacks {
 
 // Trains with AdamW and warmup + cosine over epochs x (train.count / batch_size)
 // steps; after each epoch measures test accuracy and keeps the best model in out_dir.
-void train_vit(VisionTransformer& model, const ImageSet& train, const ImageSet& test, const VitTrainOptions& options,
+TrainOutcome train_vit(VisionTransformer& model, const ImageSet& train, const ImageSet& test, const VitTrainOptions& options,
                const std::string& out_dir, const VitCallbacks& callbacks);
 
 

@@ -199,6 +199,36 @@ SentencePair ZhJaGenerator::next() {
   return {zh, ja};
 }
 
+const std::vector<SentencePair>& zh_ja_checks() {
+  static const std::vector<SentencePair> checks = {
+      {"我是中国人", "私は中国人です"},
+      {"我不是中国人", "私は中国人ではありません"},
+      {"你是日本人吗", "あなたは日本人ですか"},
+      {"她的妈妈是医生吗", "彼女のお母さんは医者ですか"},
+      {"这本书很有意思", "この本は面白いです"},
+      {"那本书没有意思", "あの本は面白くないです"},
+      {"这部电影有意思吗", "この映画は面白いですか"},
+      {"这部电影很有意思", "この映画は面白いです"},
+      {"这本书不贵", "この本は高くないです"},
+      {"今天的天气很好", "今日の天気はいいです"},
+      {"今天的天气不冷", "今日の天気は寒くないです"},
+      {"这辆车不贵", "この車は高くないです"},
+      {"日语很难", "日本語は難しいです"},
+      {"我的朋友很忙", "私の友達は忙しいです"},
+      {"我喜欢猫", "私は猫が好きです"},
+      {"他不喜欢咖啡", "彼はコーヒーが好きではありません"},
+      {"她喜欢音乐吗", "彼女は音楽が好きですか"},
+      {"我不喝咖啡", "私はコーヒーを飲みません"},
+      {"他昨天吃了苹果", "彼は昨日りんごを食べました"},
+      {"他昨天没吃苹果", "彼は昨日りんごを食べませんでした"},
+      {"我们明天在图书馆学习日语", "私たちは明日図書館で日本語を勉強します"},
+      {"他有三辆车", "彼は車を三台持っています"},
+      {"我有两本书", "私は本を二冊持っています"},
+      {"她有五个苹果吗", "彼女はりんごを五つ持っていますか"},
+  };
+  return checks;
+}
+
 std::vector<SentencePair> synth_zh_ja(int64_t count, uint64_t seed, const std::vector<SentencePair>& exclude) {
   // The grammar makes a few million distinct sentences at most; the bound
   // also keeps the give-up count below (50 per pair) far from overflowing.

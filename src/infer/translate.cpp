@@ -48,7 +48,8 @@ std::vector<std::string> translate_texts(TranslationModel& m, const std::vector<
 }
 
 TranslationScores score_translation(TranslationModel& m, const std::vector<std::vector<int64_t>>& sources,
-                                    const std::vector<std::string>& references, int64_t max_len, int64_t beam) {
+                                    const std::vector<std::string>& references, int64_t max_len, int64_t beam,
+                                    int64_t resamples) {
   QKV_CHECK(sources.size() == references.size(), "score_translation: ", sources.size(), " sources but ",
             references.size(), " references");
   std::vector<std::string> hyps = translate_ids(m, sources, max_len, beam);
@@ -59,7 +60,22 @@ TranslationScores score_translation(TranslationModel& m, const std::vector<std::
   s.bleu = bleu_char(hyps, references);
   s.chrf = chrf(hyps, references);
   s.exact_match = hyps.empty() ? 0.0 : 100.0 * exact / hyps.size();
+  if (resamples > 0 && !hyps.empty()) s.confidence = bootstrap_confidence(hyps, references, resamples);
   return s;
+}
+
+std::vector<TranslationCheck> check_translations(TranslationModel& m, const std::vector<SentencePair>& pairs,
+                                                 int64_t max_len) {
+  NoGradGuard no_grad;
+  const bool training = m.model->is_training();
+  m.model->eval();
+  std::vector<std::string> sources;
+  for (auto& p : pairs) sources.push_back(p.first);
+  std::vector<std::string> out = translate_texts(m, sources, max_len);
+  if (training) m.model->train();
+  std::vector<TranslationCheck> checks;
+  for (size_t i = 0; i < pairs.size(); ++i) checks.push_back({pairs[i].first, pairs[i].second, out[i]});
+  return checks;
 }
 
 TranslationScores score_translation(TranslationModel& m, const std::vector<SentencePair>& pairs, int64_t max_len,

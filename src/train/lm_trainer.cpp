@@ -27,7 +27,8 @@ LmTrainOptions LmTrainOptions::from_json(const std::string& text, const std::str
           .add("weight_decay", &O::weight_decay).at_least(0)
           .add("clip_norm", &O::clip_norm).at_least(0)
           .add("seed", &O::seed)
-          .add("eval_every", &O::eval_every).at_least(1);
+          .add("eval_every", &O::eval_every).at_least(1)
+          .add("patience", &O::patience).at_least(0);
   return config::read_train_section(fields, text, source);
 }
 
@@ -104,9 +105,10 @@ public:
     return {{"step", step}, {"steps", o_.steps}, {"best_valid_loss", best}, {"skipped_steps", skipped},
             {"history", history}};
   }
-  void validated(const Validation&, bool best) override {
+  bool validated(const Validation&, bool best) override {
     report_.best = best;
     if (cb_.evaluated) cb_.evaluated(report_);
+    return false;
   }
   void save_best(const std::string& dir, const std::string& state) override {
     save_model_folder(dir, find_family("decoder", dir), *m_.model, m_.tokenizer.get(), state);
@@ -130,10 +132,10 @@ private:
 
 }  // namespace
 
-void train_language_model(LanguageModel& m, const std::vector<int64_t>& train, const std::vector<int64_t>& valid,
+TrainOutcome train_language_model(LanguageModel& m, const std::vector<int64_t>& train, const std::vector<int64_t>& valid,
                           const LmTrainOptions& o, const std::string& out_dir, const LmCallbacks& cb) {
   LanguageTask task(m, train, valid, o, cb);
-  run_training(task, loop_options(o), out_dir);
+  return run_training(task, loop_options(o), out_dir);
 }
 
 }  // namespace qkv

@@ -40,9 +40,22 @@ namespace {
 
 struct Resumed {
   int64_t step = 0, skipped = 0;
-  double best = 0;
+  double best = 0, tiebreak = -INFINITY;
+  int64_t since_best = 0;  // validations since the best one
   nlohmann::json history = nlohmann::json::array();
 };
+
+double metadata_number(const TrainerStateFile& state, const std::string& key, double otherwise) {
+  const std::string* text = state.metadata(key);
+  if (!text) return otherwise;
+  char* end = nullptr;
+  const double v = std::strtod(text->c_str(), &end);
+  QKV_CHECK(!text->empty() && end && *end == '\0', state.path(), ": metadata '", key, "' is '", *text,
+            "', not a number; cannot resume");
+  return v;
+}
+
+std::string tiebreak_key(const TrainTask& task) { return std::string(task.best_key()) + "_tiebreak"; }
 
 Resumed resume_from(TrainTask& task, AdamW& opt, const std::string& out_dir) {
   const std::string path = trainer_state_path(out_dir);
@@ -59,13 +72,12 @@ Resumed resume_from(TrainTask& task, AdamW& opt, const std::string& out_dir) {
   state.integer("optimizer.steps", 0, r.step);
   for (auto& [name, rng] : task.model().named_rngs()) state.ints("rng.model." + name, 2);
   restore_training_state(state.file(), path, task.model(), opt);
-  r.best = task.worst_score();
-  if (const std::string* best = state.metadata(task.best_key())) {
-    char* end = nullptr;
-    r.best = std::strtod(best->c_str(), &end);
-    QKV_CHECK(!best->empty() && end && *end == '\0', path, ": metadata '", task.best_key(), "' is '", *best,
-              "', not a number; cannot resume");
-  }
+  r.best = metadata_number(state, task.best_key(), task.worst_score());
+  r.tiebreak = metadata_number(state, tiebreak_key(task), -INFINITY);
+  const double since = metadata_number(state, "validations_since_best", 0);
+  QKV_CHECK(since >= 0 && since <= (double)r.step && since == std::floor(since), path,
+            ": metadata 'validations_since_best' is ", since, "; cannot resume");
+  r.since_best = (int64_t)since;
   if (const std::string* history = state.metadata("history")) {
     r.history = nlohmann::json::parse(*history, nullptr, /*allow_exceptions=*/false);
     QKV_CHECK(r.history.is_array(), path, ": metadata 'history' is not a JSON list; cannot resume");
@@ -86,7 +98,7 @@ void require_training_fits(const Module& model) {
 
 }  // namespace
 
-void run_training(TrainTask& task, const LoopOptions& o, const std::string& out_dir) {
+TrainOutcome run_training(TrainTask& task, const LoopOptions& o, const std::string& out_dir) {
   Module& model = task.model();
   require_training_fits(model);
   model.train();
@@ -114,8 +126,13 @@ void run_training(TrainTask& task, const LoopOptions& o, const std::string& out_
     }
     if (!task.validate_after(step)) continue;
     Validation v = task.validate(step, loss.value);
-    const bool best = task.better(v.score, s.best);
-    if (best) s.best = v.score;
+    const bool best =
+        task.better(v.score, s.best) || (!task.better(s.best, v.score) && v.tiebreak > s.tiebreak);
+    if (best) {
+      s.best = v.score, s.tiebreak = v.tiebreak, s.since_best = 0;
+    } else {
+      ++s.since_best;
+    }
     s.history.push_back(v.history);
     const std::string summary = task.summary(step, s.best, skips.total, s.history).dump(2) + "\n";
     if (best) {
@@ -126,11 +143,18 @@ void run_training(TrainTask& task, const LoopOptions& o, const std::string& out_
     std::vector<std::pair<std::string, Tensor>> extra;
     std::map<std::string, std::string> metadata = {{"format", task.state_format()},
                                                    {task.best_key(), exact_text(s.best)},
+                                                   {tiebreak_key(task), exact_text(s.tiebreak)},
+                                                   {"validations_since_best", std::to_string(s.since_best)},
                                                    {"history", s.history.dump()}};
     task.save_extra(extra, metadata);
     save_trainer_state(trainer_state_path(out_dir), model, opt, step, skips.total, std::move(extra), metadata);
-    task.validated(v, best);
+    if (task.validated(v, best) && step < total)
+      return {step, "stopped after the validation at step " + std::to_string(step)};
+    if (o.patience > 0 && s.since_best >= o.patience && step < total)
+      return {step, "early stopping: " + std::to_string(s.since_best) + " validations in a row without a better "
+                    "score (patience " + std::to_string(o.patience) + ")"};
   }
+  return {total, ""};
 }
 
 }  // namespace qkv

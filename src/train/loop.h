@@ -7,7 +7,9 @@
 //     (too many skips in a row: an error naming the last good checkpoint)
 //     progress
 //     if task.validate_after(step): validation, best model saved (model folder),
-//       trainer_state.json, and trainer_state.safetensors for an exact resume
+//       trainer_state.json, and trainer_state.safetensors for an exact resume;
+//       the run ends early when `patience` validations in a row were not better,
+//       or when the task says so (TrainTask::validated)
 //
 // A task owns what differs: the data and its order, the loss, the schedule,
 // the validation score and what "better" means, and the names its files use
@@ -36,6 +38,7 @@ struct StepLoss {
 struct Validation {
   double score = 0;             // compared with better()
   nlohmann::json history;       // this validation's entry in the history ("step" and the metrics)
+  double tiebreak = 0;          // between two equal scores, the higher is better (chrF saturates at 100)
 };
 
 // The trainer state file's contents beyond the shared ones, read back with
@@ -75,7 +78,8 @@ public:
   // The trainer_state.json of the folder after a validation.
   virtual nlohmann::ordered_json summary(int64_t step, double best, int64_t skipped,
                                          const nlohmann::json& history) const = 0;
-  virtual void validated(const Validation& v, bool best) { (void)v, (void)best; }
+  // After a validation and its saves; true ends the run there.
+  virtual bool validated(const Validation& v, bool best) { return (void)v, (void)best, false; }
   virtual void save_best(const std::string& dir, const std::string& trainer_state_json) = 0;
 
   // The trainer state file: its "format", the metadata key of the best score,
@@ -96,6 +100,7 @@ public:
 struct LoopOptions {
   float lr = 1e-3f, weight_decay = 0.01f, clip_norm = 1.0f;
   int64_t max_skipped_in_a_row = 20;
+  int64_t patience = 0;  // end after this many validations in a row without a better score (0: never)
   bool resume = false;
   // Called after every backward, before clipping: the place where gradients
   // will be averaged across processes (MPI all-reduce). Empty: one process.
@@ -106,12 +111,12 @@ struct LoopOptions {
 template <class Options>
 LoopOptions loop_options(const Options& o) {
   return {.lr = o.lr, .weight_decay = o.weight_decay, .clip_norm = o.clip_norm,
-          .max_skipped_in_a_row = o.max_skipped_in_a_row, .resume = o.resume};
+          .max_skipped_in_a_row = o.max_skipped_in_a_row, .patience = o.patience, .resume = o.resume};
 }
 
 // Trains `task` into the model folder `out_dir`; with options.resume, from
 // out_dir/trainer_state.safetensors.
-void run_training(TrainTask& task, const LoopOptions& options, const std::string& out_dir);
+TrainOutcome run_training(TrainTask& task, const LoopOptions& options, const std::string& out_dir);
 
 // The trainer state file of a folder.
 inline std::string trainer_state_path(const std::string& dir) { return dir + "/trainer_state.safetensors"; }

@@ -35,7 +35,8 @@ TrainOptions TrainOptions::from_json(const std::string& text, const std::string&
           .add("label_smoothing", &O::label_smoothing).fraction()
           .add("seed", &O::seed)
           .add("eval_every", &O::eval_every).at_least(1)
-          .add("eval_sentences", &O::eval_sentences).at_least(0);
+          .add("eval_sentences", &O::eval_sentences).at_least(0)
+          .add("patience", &O::patience).at_least(0);
   return config::read_train_section(fields, text, source);
 }
 
@@ -113,16 +114,19 @@ public:
   Validation validate(int64_t step, float last_loss) override {
     report_ = evaluate(m_, valid_ids_, valid_, o_);
     report_.step = step;
-    return {report_.chrf, {{"step", step}, {"train_loss", last_loss}, {"valid_loss", report_.valid_loss},
-                           {"chrf", report_.chrf}, {"bleu", report_.bleu}}};
+    return {.score = report_.chrf,
+            .history = {{"step", step}, {"train_loss", last_loss}, {"valid_loss", report_.valid_loss},
+                        {"chrf", report_.chrf}, {"bleu", report_.bleu}},
+            .tiebreak = -report_.valid_loss};
   }
   nlohmann::ordered_json summary(int64_t step, double best, int64_t skipped,
                                  const nlohmann::json& history) const override {
     return {{"step", step}, {"steps", o_.steps}, {"best_chrf", best}, {"skipped_steps", skipped}, {"history", history}};
   }
-  void validated(const Validation&, bool best) override {
+  bool validated(const Validation&, bool best) override {
     report_.best = best;
     if (cb_.evaluated) cb_.evaluated(report_);
+    return cb_.stop && cb_.stop(report_);
   }
   void save_best(const std::string& dir, const std::string& state) override {
     save_model_folder(dir, family_of_config(m_.model->config_json(), dir), *m_.model, m_.tokenizer.get(), state);
@@ -175,13 +179,13 @@ private:
 
 }  // namespace
 
-void train_translation(TranslationModel& m, const std::vector<SentencePair>& train,
+TrainOutcome train_translation(TranslationModel& m, const std::vector<SentencePair>& train,
                        const std::vector<SentencePair>& valid, const TrainOptions& o, const std::string& out_dir,
                        const TrainCallbacks& cb) {
   QKV_CHECK(o.steps > 0, "train: steps must be positive, got ", o.steps);
   QKV_CHECK(o.batch_tokens > 0, "train: batch_tokens must be positive");
   TranslationTask task(m, train, valid, o, cb);
-  run_training(task, loop_options(o), out_dir);
+  return run_training(task, loop_options(o), out_dir);
 }
 
 TranslationModel new_translation_model(const std::string& config_text, const std::string& source,

@@ -29,7 +29,8 @@ VitTrainOptions VitTrainOptions::from_json(const std::string& text, const std::s
           .add("seed", &O::seed)
           .add("augment_pad", &O::augment_pad).at_least(0)
           .add("augment_flip", &O::augment_flip)
-          .add("max_train_images", &O::max_train_images).at_least(0);
+          .add("max_train_images", &O::max_train_images).at_least(0)
+          .add("patience", &O::patience).at_least(0);
   return config::read_train_section(fields, text, source);
 }
 
@@ -101,9 +102,10 @@ public:
     return {{"epoch", epoch_of(step)}, {"epochs", o_.epochs}, {"step", step}, {"best_accuracy", best},
             {"skipped_steps", skipped}, {"history", history}};
   }
-  void validated(const Validation&, bool best) override {
+  bool validated(const Validation&, bool best) override {
     report_.best = best;
     if (cb_.epoch_done) cb_.epoch_done(report_);
+    return false;
   }
   void save_best(const std::string& dir, const std::string& state) override {
     save_model_folder(dir, find_family("vit", dir), model_, nullptr, state);
@@ -146,7 +148,7 @@ private:
 
 }  // namespace
 
-void train_vit(VisionTransformer& model, const ImageSet& train_all, const ImageSet& test, const VitTrainOptions& o,
+TrainOutcome train_vit(VisionTransformer& model, const ImageSet& train_all, const ImageSet& test, const VitTrainOptions& o,
                const std::string& out_dir, const VitCallbacks& cb) {
   const ViTConfig& c = model.config();
   QKV_CHECK(train_all.channels == c.channels && train_all.height == c.image_size && train_all.width == c.image_size,
@@ -163,7 +165,7 @@ void train_vit(VisionTransformer& model, const ImageSet& train_all, const ImageS
     QKV_CHECK(test.labels[i] >= 0 && test.labels[i] < c.num_classes, "train: label ", test.labels[i],
               " of test image ", i, " is not one of the ", c.num_classes, " classes");
   VisionTask task(model, train_all, test, o, cb, count);
-  run_training(task, loop_options(o), out_dir);
+  return run_training(task, loop_options(o), out_dir);
 }
 
 }  // namespace qkv

@@ -146,6 +146,7 @@ struct EvalArgs {
   int64_t beam = 1;
   SourceLimit source_limit;
   bool json = false;
+  int64_t bootstrap = 1000;  // resamples for the 95% intervals (0: none)
 };
 
 int run_eval(const EvalArgs& a) {
@@ -167,16 +168,32 @@ int run_eval(const EvalArgs& a) {
   if (cut_count > 0)
     std::fprintf(stderr, "qkv: eval: %lld sources cut to %lld tokens (--truncate-source)\n", (long long)cut_count,
                  (long long)source_token_limit(m, a.source_limit));
-  TranslationScores s = score_translation(m, sources, refs, a.max_len, a.beam);
+  TranslationScores s = score_translation(m, sources, refs, a.max_len, a.beam, a.bootstrap);
+  const CorpusConfidence& c = s.confidence;
   nlohmann::ordered_json r = {{"bleu", s.bleu},           {"chrf", s.chrf}, {"exact_match", s.exact_match},
                               {"sentences", s.sentences}, {"beam", a.beam}, {"bleu_tokenize", "char"}};
+  if (c.resamples > 0) {
+    r["bleu_ci95"] = {c.bleu.low, c.bleu.high};
+    r["chrf_ci95"] = {c.chrf.low, c.chrf.high};
+    r["bootstrap_resamples"] = c.resamples;
+  }
   if (a.json) {
     std::cout << r.dump() << "\n";
-  } else {
-    std::printf("%s on %s (%lld sentences, beam %lld)\n  BLEU (char) %.2f\n  chrF        %.2f\n  exact match %.2f%%\n",
-                a.model.c_str(), a.test.c_str(), (long long)s.sentences, (long long)a.beam, s.bleu, s.chrf,
-                s.exact_match);
+    return 0;
   }
+  std::printf("%s on %s (%lld sentences, beam %lld)\n", a.model.c_str(), a.test.c_str(), (long long)s.sentences,
+              (long long)a.beam);
+  auto line = [&](const char* name, double score, const BootstrapInterval& ci) {
+    std::printf("  %-11s %6.2f", name, score);
+    if (c.resamples > 0) std::printf("   95%% interval %.2f - %.2f", ci.low, ci.high);
+    std::printf("\n");
+  };
+  line("BLEU (char)", s.bleu, c.bleu);
+  line("chrF", s.chrf, c.chrf);
+  std::printf("  exact match %6.2f%%\n", s.exact_match);
+  if (c.resamples > 0)
+    std::printf("  (intervals: %lld bootstrap resamples of the %lld sentences, as sacreBLEU --confidence)\n",
+                (long long)c.resamples, (long long)s.sentences);
   return 0;
 }
 
@@ -278,6 +295,10 @@ Run add_eval(CLI::App& app) {
   sub->add_flag("--truncate-source", args->source_limit.truncate, "Cut a longer source to --max-source-len instead");
   sub->add_flag("--json", args->json,
                 "Print one JSON object (scores on a 0-100 scale; vit: accuracy in 0..1; decoder: loss, perplexity)");
+  sub->add_option("--bootstrap", args->bootstrap,
+                  "Translation: resamples for the 95% intervals of BLEU and chrF (0: none)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{100000}));
   return [args] { return run_eval(*args); };
 }
 
