@@ -145,6 +145,26 @@ check "data synth bad pairs" nonzero "$QKV" data synth-zh-ja --pairs 0
 one_line_error "data synth bad pairs"
 check "data synth too many pairs" nonzero "$QKV" data synth-zh-ja --pairs 9223372036854775807
 one_line_error "data synth too many pairs"
+check "data synth bad tier" nonzero "$QKV" data synth-zh-ja --pairs 5 --tier medium
+one_line_error "data synth bad tier"
+# The hard tier names each pair's category; eval scores each one, with intervals.
+check "data synth hard" 0 "$QKV" data synth-zh-ja --tier hard --pairs 200 --seed 2 --exclude "$tmp/demo/zh-ja.train.tsv" --out "$tmp/hard.tsv"
+[ "$(awk -F'\t' 'NF == 3' "$tmp/hard.tsv" | wc -l)" -eq 200 ] || { echo "FAIL hard tier: expected 3 columns"; failures=$((failures + 1)); }
+check "eval by category" 0 "$QKV" eval --json --model "$tmp/demo/model" --test "$tmp/hard.tsv"
+python3 - "$tmp/out" <<'PY' || failures=$((failures + 1))
+import json, sys
+r = json.load(open(sys.argv[1]))
+cats = r.get("categories", {})
+assert sum(c["sentences"] for c in cats.values()) == r["sentences"] == 200, r
+assert {"relative", "counter", "copy"} <= set(cats), sorted(cats)
+for name, c in cats.items():
+    lo, hi = c["chrf_ci95"]
+    assert lo <= c["chrf"] <= hi or lo == hi, (name, c)
+lo, hi = r["chrf_ci95"]
+assert lo <= r["chrf"] <= hi and r["bootstrap_resamples"] == 1000, r
+PY
+check "eval text by category" 0 "$QKV" eval --bootstrap 0 --model "$tmp/demo/model" --test "$tmp/hard.tsv"
+grep -q "^    relative " "$tmp/out" && ! grep -q "interval" "$tmp/out" || { echo "FAIL eval text by category"; cat "$tmp/out"; failures=$((failures + 1)); }
 
 # The Vision Transformer on a tiny IDX folder: 4 images of 8x8, two classes.
 mkdir -p "$tmp/idx"

@@ -46,6 +46,7 @@ struct TranslationScores {
   double bleu = 0, chrf = 0, exact_match = 0;  // BLEU with tokenize "char"
   int64_t sentences = 0;
   CorpusConfidence confidence;  // bootstrap intervals, when resamples were asked for
+  std::vector<std::string> hypotheses;  // the translations scored, in order
 };
 TranslationScores score_translation(TranslationModel& m, const std::vector<SentencePair>& pairs, int64_t max_len,
                                     int64_t beam = 1, const SourceLimit& limit = {});

@@ -12,6 +12,7 @@ std::vector<SentencePair> read_parallel_tsv(const std::string& path, ReadTextOpt
   std::string text = read_file(path);
   std::vector<SentencePair> pairs;
   if (options.line_numbers) options.line_numbers->clear();
+  if (options.categories) options.categories->clear();
   std::istringstream in(text);
   std::string line;
   int64_t number = 0;
@@ -24,14 +25,18 @@ std::vector<SentencePair> read_parallel_tsv(const std::string& path, ReadTextOpt
                 " of the line (use --replace-invalid-utf8 to replace it with U+FFFD)");
       line = replace_invalid_utf8(line);
     }
-    size_t tab = line.find('\t');
+    const size_t tab = line.find('\t');
     QKV_CHECK(tab != std::string::npos, path, ":", number, ": expected source<TAB>target, found no tab");
-    QKV_CHECK(line.find('\t', tab + 1) == std::string::npos, path, ":", number,
-              ": expected source<TAB>target, found more than one tab");
-    SentencePair p{line.substr(0, tab), line.substr(tab + 1)};
+    const size_t second = line.find('\t', tab + 1);
+    QKV_CHECK(second == std::string::npos || line.find('\t', second + 1) == std::string::npos, path, ":", number,
+              ": expected source<TAB>target or source<TAB>target<TAB>category, found more than two tabs");
+    SentencePair p{line.substr(0, tab), line.substr(tab + 1, second == std::string::npos ? second : second - tab - 1)};
     QKV_CHECK(!p.first.empty() && !p.second.empty(), path, ":", number, ": empty ",
               p.first.empty() ? "source" : "target");
+    const std::string category = second == std::string::npos ? "" : line.substr(second + 1);
+    QKV_CHECK(second == std::string::npos || !category.empty(), path, ":", number, ": empty category");
     pairs.push_back(std::move(p));
+    if (options.categories) options.categories->push_back(category);
     if (options.line_numbers) options.line_numbers->push_back(number);
   }
   QKV_CHECK(!pairs.empty(), path, ": no sentence pairs");
@@ -41,6 +46,14 @@ std::vector<SentencePair> read_parallel_tsv(const std::string& path, ReadTextOpt
 std::string format_parallel_tsv(const std::vector<SentencePair>& pairs) {
   std::string out;
   for (auto& [src, tgt] : pairs) out += src + "\t" + tgt + "\n";
+  return out;
+}
+
+std::string format_parallel_tsv(const std::vector<SentencePair>& pairs, const std::vector<std::string>& categories) {
+  QKV_CHECK(categories.size() == pairs.size(), "format_parallel_tsv: ", categories.size(), " categories for ",
+            pairs.size(), " pairs");
+  std::string out;
+  for (size_t i = 0; i < pairs.size(); ++i) out += pairs[i].first + "\t" + pairs[i].second + "\t" + categories[i] + "\n";
   return out;
 }
 

@@ -61,6 +61,7 @@ TranslationScores score_translation(TranslationModel& m, const std::vector<std::
   s.chrf = chrf(hyps, references);
   s.exact_match = hyps.empty() ? 0.0 : 100.0 * exact / hyps.size();
   if (resamples > 0 && !hyps.empty()) s.confidence = bootstrap_confidence(hyps, references, resamples);
+  s.hypotheses = std::move(hyps);
   return s;
 }
 

@@ -20,6 +20,7 @@ namespace {
 struct DataArgs {
   int64_t pairs = 0;
   uint64_t seed = 1;
+  ZhJaTier tier = ZhJaTier::Easy;
   std::string out;
   std::string exclude;  // a TSV whose sentences must not appear (a held-out split)
 };
@@ -28,7 +29,11 @@ int run_synth(const DataArgs& a) {
   QKV_CHECK(a.pairs > 0, "data synth-zh-ja: --pairs must be positive, got ", a.pairs);
   std::vector<SentencePair> exclude;
   if (!a.exclude.empty()) exclude = read_parallel_tsv(a.exclude);
-  std::string text = format_parallel_tsv(synth_zh_ja(a.pairs, a.seed, exclude));
+  std::vector<std::string> categories;
+  const std::vector<SentencePair> pairs = synth_zh_ja(a.pairs, a.seed, exclude, a.tier, &categories);
+  // The hard tier says what each pair tests, for qkv eval's scores per category.
+  const std::string text =
+      a.tier == ZhJaTier::Hard ? format_parallel_tsv(pairs, categories) : format_parallel_tsv(pairs);
   if (a.out.empty()) {
     std::fwrite(text.data(), 1, text.size(), stdout);
   } else {
@@ -149,13 +154,47 @@ struct EvalArgs {
   int64_t bootstrap = 1000;  // resamples for the 95% intervals (0: none)
 };
 
+// Scores per category (the test file's third column), in the order the
+// categories first appear; empty when no line has one.
+nlohmann::ordered_json category_scores(const std::vector<std::string>& hyps, const std::vector<std::string>& refs,
+                                       const std::vector<std::string>& categories, int64_t resamples) {
+  std::vector<std::string> order;
+  std::map<std::string, std::pair<std::vector<std::string>, std::vector<std::string>>> groups;
+  for (size_t i = 0; i < categories.size(); ++i) {
+    const std::string name = categories[i].empty() ? "(none)" : categories[i];
+    auto [it, added] = groups.try_emplace(name);
+    if (added) order.push_back(name);
+    it->second.first.push_back(hyps[i]);
+    it->second.second.push_back(refs[i]);
+  }
+  nlohmann::ordered_json out = nlohmann::ordered_json::object();
+  if (order.size() == 1 && order[0] == "(none)") return out;
+  for (const std::string& name : order) {
+    auto& [h, r] = groups[name];
+    int64_t exact = 0;
+    for (size_t i = 0; i < h.size(); ++i) exact += h[i] == r[i];
+    nlohmann::ordered_json k = {{"chrf", chrf(h, r)},
+                                {"bleu", bleu_char(h, r)},
+                                {"exact_match", 100.0 * (double)exact / (double)h.size()},
+                                {"sentences", (int64_t)h.size()}};
+    if (resamples > 0) {
+      const CorpusConfidence ci = bootstrap_confidence(h, r, resamples);
+      k["chrf_ci95"] = {ci.chrf.low, ci.chrf.high};
+    }
+    out[name] = k;
+  }
+  return out;
+}
+
 int run_eval(const EvalArgs& a) {
   const Family& family = family_for_task(a.model, Task::Eval, "eval");
   if (family.domain == Domain::Vision) return run_vit_eval(a.model, a.test, a.json);
   if (family.domain == Domain::Language) return run_lm_eval(a.model, a.test, a.json);
   TranslationModel m = load_translation_model(a.model, "eval");
   std::vector<int64_t> lines;
-  const std::vector<SentencePair> pairs = read_parallel_tsv(a.test, {.line_numbers = &lines});
+  std::vector<std::string> categories;
+  const std::vector<SentencePair> pairs =
+      read_parallel_tsv(a.test, {.line_numbers = &lines, .categories = &categories});
   std::vector<std::vector<int64_t>> sources;
   std::vector<std::string> refs;
   int64_t cut_count = 0;
@@ -177,6 +216,8 @@ int run_eval(const EvalArgs& a) {
     r["chrf_ci95"] = {c.chrf.low, c.chrf.high};
     r["bootstrap_resamples"] = c.resamples;
   }
+  const nlohmann::ordered_json by_category = category_scores(s.hypotheses, refs, categories, a.bootstrap);
+  if (!by_category.empty()) r["categories"] = by_category;
   if (a.json) {
     std::cout << r.dump() << "\n";
     return 0;
@@ -191,9 +232,18 @@ int run_eval(const EvalArgs& a) {
   line("BLEU (char)", s.bleu, c.bleu);
   line("chrF", s.chrf, c.chrf);
   std::printf("  exact match %6.2f%%\n", s.exact_match);
+  if (!by_category.empty()) {
+    std::printf("  by category        chrF%s   exact match  sentences\n", c.resamples > 0 ? "   95% interval" : "");
+    for (auto& [name, k] : by_category.items()) {
+      std::printf("    %-14s %6.2f", name.c_str(), k["chrf"].get<double>());
+      if (c.resamples > 0)
+        std::printf("   %6.2f - %6.2f", k["chrf_ci95"][0].get<double>(), k["chrf_ci95"][1].get<double>());
+      std::printf("   %8.2f%%  %9lld\n", k["exact_match"].get<double>(), (long long)k["sentences"].get<int64_t>());
+    }
+  }
   if (c.resamples > 0)
-    std::printf("  (intervals: %lld bootstrap resamples of the %lld sentences, as sacreBLEU --confidence)\n",
-                (long long)c.resamples, (long long)s.sentences);
+    std::printf("  (intervals: %lld bootstrap resamples of the sentences scored, as sacreBLEU --confidence)\n",
+                (long long)c.resamples);
   return 0;
 }
 
@@ -218,6 +268,13 @@ Run add_data(CLI::App& app) {
   sub->add_option("--seed", args->seed, "Seed")->capture_default_str();
   sub->add_option("--out", args->out, "Output file (default: stdout)");
   sub->add_option("--exclude", args->exclude, "A TSV file whose sentences must not appear (for a held-out split)");
+  sub->add_option("--tier", args->tier,
+                  "easy: the demo's grammar; hard: relative clauses, time and place in both orders, counters to 99, "
+                  "comparatives, aspect, minimal pairs, names and figures to copy (a third column names each "
+                  "pair's category)")
+      ->transform(CLI::CheckedTransformer(std::map<std::string, ZhJaTier>{{"easy", ZhJaTier::Easy},
+                                                                          {"hard", ZhJaTier::Hard}}))
+      ->capture_default_str();
   return [args] { return run_synth(*args); };
 }
 
