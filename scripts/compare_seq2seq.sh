@@ -45,7 +45,7 @@ STEP_ARGS=()
 for recipe in conv rnn-attention transformer; do
   dir=$OUT/$recipe
   rm -rf "$dir"
-  echo "training $recipe (${STEPS:-the recipe's} steps) ..." >&2
+  echo "training $recipe (${STEPS:-400} steps) ..." >&2
   start=$(date +%s)
   $QKV train --config configs/$recipe-zh-ja.json --train "$TRAIN" --valid "$TEST" --out "$dir" "${STEP_ARGS[@]}" \
     >"$OUT/$recipe.log"

@@ -139,6 +139,20 @@ check "train --resume" 0 "$QKV" train --config "$tmp/tiny.json" --train "$tmp/de
 grep -q '"step": 9' "$tmp/tiny/trainer_state.json" || { echo "FAIL resume did not reach step 9"; cat "$tmp/tiny/trainer_state.json"; failures=$((failures + 1)); }
 check "train --resume nothing to do" nonzero "$QKV" train --config "$tmp/tiny.json" --train "$tmp/demo/zh-ja.train.tsv" --out "$tmp/tiny" --steps 9 --resume
 one_line_error "train --resume nothing to do"
+# Checkpoint averaging: two saves of one model, then refusals.
+cp -r "$tmp/demo/model" "$tmp/demo-copy"
+check "average" 0 "$QKV" average --out "$tmp/averaged" "$tmp/demo/model" "$tmp/demo-copy"
+check "average translates" 0 sh -c "\"$QKV\" translate --model \"$tmp/averaged\" < \"$tmp/in.txt\""
+check "average one folder" nonzero "$QKV" average --out "$tmp/averaged2" "$tmp/demo/model"
+one_line_error "average one folder"
+check "average two different models" nonzero "$QKV" average --out "$tmp/averaged3" "$tmp/demo/model" "$tmp/tiny"
+one_line_error "average two different models"
+# The workflow: train keeps its last saves, average takes them.
+printf '{"d_model": 32, "nhead": 4, "num_encoder_layers": 1, "num_decoder_layers": 1, "dim_feedforward": 64,\n "train": {"steps": 6, "batch_tokens": 256, "eval_every": 2, "eval_sentences": 4, "keep_checkpoints": 2}}\n' >"$tmp/keep.json"
+check "train keep_checkpoints" 0 "$QKV" train --config "$tmp/keep.json" --train "$tmp/demo/zh-ja.train.tsv" --out "$tmp/keep"
+[ "$(ls "$tmp/keep/checkpoints" | tr '\n' ' ')" = "step-4 step-6 " ] || { echo "FAIL keep_checkpoints: $(ls "$tmp/keep/checkpoints")"; failures=$((failures + 1)); }
+check "average the kept saves" 0 "$QKV" average --out "$tmp/keep-avg" "$tmp/keep/checkpoints/step-4" "$tmp/keep/checkpoints/step-6"
+check "eval the average" 0 "$QKV" eval --json --model "$tmp/keep-avg" --test "$tmp/demo/zh-ja.test.tsv"
 check "data synth" 0 "$QKV" data synth-zh-ja --pairs 5 --seed 3
 [ "$(wc -l <"$tmp/out")" -eq 5 ] || { echo "FAIL synth: expected 5 lines"; failures=$((failures + 1)); }
 check "data synth bad pairs" nonzero "$QKV" data synth-zh-ja --pairs 0

@@ -4,9 +4,12 @@
 #include <omp.h>
 
 #include <filesystem>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "qkv/allocator.h"
+#include "qkv/checkpoint.h"
+#include "qkv/registry.h"
 #include "qkv/io.h"
 #include "qkv/trainer.h"
 #include "qkv/ops.h"
@@ -92,6 +95,7 @@ class ScriptedTask final : public TrainTask {
 public:
   explicit ScriptedTask(std::vector<std::pair<double, double>> scores) : scores_(std::move(scores)) {}
   std::vector<bool> best;  // per validation
+  std::vector<float> lrs;   // per step
 
   Module& model() override { return model_; }
   int64_t total_steps() const override { return (int64_t)scores_.size(); }
@@ -100,7 +104,7 @@ public:
     Tensor loss = sum(mul(model_.w, model_.w));
     return {loss, loss.item(), 1};
   }
-  void progress(int64_t, float, float, double, double, int64_t) override {}
+  void progress(int64_t, float, float lr, double, double, int64_t) override { lrs.push_back(lr); }
   bool validate_after(int64_t) const override { return true; }
   Validation validate(int64_t step, float) override {
     auto [score, tiebreak] = scores_[step - 1];
@@ -114,6 +118,7 @@ public:
     return false;
   }
   void save_best(const std::string& dir, const std::string& state) override {
+    std::filesystem::create_directories(dir);
     write_file_atomic(dir + "/trainer_state.json", state);
   }
   const char* state_format() const override { return "scripted"; }
@@ -158,6 +163,65 @@ TEST(TrainingLoop, PatienceEndsTheRunAndSurvivesAResume) {
   EXPECT_EQ(resumed.last_step, 5);
   EXPECT_EQ(rest.best, (std::vector<bool>{false}));
   EXPECT_EQ(load_safetensors(dir + "/trainer_state.safetensors").metadata.at("validations_since_best"), "2");
+}
+
+// Reduce on plateau: every plateau_patience validations without a better
+// score multiply the learning rate by plateau_factor, from the next step on.
+TEST(TrainingLoop, APlateauLowersTheLearningRate) {
+  ScriptedTask task(kScores);  // best at 1-3, then 4 and 5 not: the second of them halves the rate
+  const std::string dir = testing::temp_dir("loop");
+  run_training(task, {.plateau_factor = 0.5f, .plateau_patience = 2}, dir);
+  EXPECT_EQ(task.lrs, (std::vector<float>{0.1f, 0.1f, 0.1f, 0.1f, 0.1f, 0.05f}));
+  EXPECT_EQ(std::stod(load_safetensors(dir + "/trainer_state.safetensors").metadata.at("lr_scale")), 0.5);
+}
+
+// keep_checkpoints: the model folders of the newest N validations, by step.
+TEST(TrainingLoop, KeepsTheNewestCheckpoints) {
+  ScriptedTask task(kScores);
+  const std::string dir = testing::temp_dir("loop");
+  std::filesystem::create_directories(dir + "/checkpoints/notes");  // not a save: left alone
+  run_training(task, {.keep_checkpoints = 2}, dir);
+  std::set<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(dir + "/checkpoints")) names.insert(e.path().filename());
+  EXPECT_EQ(names, (std::set<std::string>{"notes", "step-5", "step-6"}));
+  EXPECT_TRUE(std::filesystem::exists(dir + "/checkpoints/step-6/trainer_state.json"));
+}
+
+// Checkpoint averaging: the element-wise mean, written as a model folder that
+// loads; folders of different models are refused.
+TEST(Checkpoints, AveragingTakesTheMeanOfOneModelsSaves) {
+  auto train = synth_zh_ja(40, 5);
+  TranslationModel a = new_translation_model(kConfig, "config", train, 1), b = new_translation_model(kConfig, "config", train, 2);
+  const std::string da = testing::temp_dir("avg"), db = testing::temp_dir("avg"), out = testing::temp_dir("avg");
+  const Family& family = find_family("transformer", "test");
+  save_model_folder(da, family, *a.model, a.tokenizer.get(), "");
+  save_model_folder(db, family, *b.model, b.tokenizer.get(), "");
+  average_model_folders({da, db}, out);
+  TranslationModel avg = load_translation_model(out);
+  const StateDict sa = a.model->state_dict(), sb = b.model->state_dict(), sm = avg.model->state_dict();
+  ASSERT_EQ(sm.size(), sa.size());
+  for (auto& [name, t] : sm) {
+    std::vector<float> x = sa.at(name).to_vector(), y = sb.at(name).to_vector(), m = t.to_vector();
+    for (size_t k = 0; k < m.size(); ++k) ASSERT_NEAR(m[k], 0.5f * (x[k] + y[k]), 1e-6f) << name;
+  }
+  EXPECT_EQ(translate_texts(avg, {"我是中国人"}, 8).size(), 1u);
+
+  EXPECT_NE(testing::error_of([&] { average_model_folders({da}, out); }).find("expected two or more"), std::string::npos);
+  EXPECT_NE(testing::error_of([&] { average_model_folders({da, db}, da); }).find("is one of the folders"),
+            std::string::npos);
+  const char* wider = R"({"d_model": 64, "nhead": 4, "num_encoder_layers": 1, "num_decoder_layers": 1,
+                          "dim_feedforward": 64})";
+  TranslationModel c = new_translation_model(wider, "config", train, 1);
+  const std::string dc = testing::temp_dir("avg");
+  save_model_folder(dc, family, *c.model, c.tokenizer.get(), "");
+  EXPECT_NE(testing::error_of([&] { average_model_folders({da, dc}, out); }).find("is not the same model"),
+            std::string::npos);
+  TranslationModel d = new_translation_model(kConfig, "config", synth_zh_ja(40, 9), 1);
+  const std::string dd = testing::temp_dir("avg");
+  save_model_folder(dd, family, *d.model, d.tokenizer.get(), "");
+  const std::string other = testing::error_of([&] { average_model_folders({da, dd}, out); });
+  EXPECT_TRUE(other.find("another tokenizer") != std::string::npos || other.find("not the same model") != std::string::npos)
+      << other;
 }
 
 // The caller's stop callback ends a translation run after a validation.

@@ -48,4 +48,12 @@ ModelFolder load_model_folder(const std::string& dir, Task task, const std::stri
 void save_model_folder(const std::string& dir, const Family& family, const Module& model, const Tokenizer* tokenizer,
                        const std::string& trainer_state_json);
 
+// Checkpoint averaging (as fairseq's average_checkpoints and Marian's
+// averaged models): the element-wise mean of the weights of `dirs`, folders
+// of one model (the same family, config and tokenizer, which is checked),
+// written to `out` as a model folder with the first folder's config and
+// tokenizer. Averaging the last few saves of a run often scores a little
+// higher than any one of them.
+void average_model_folders(const std::vector<std::string>& dirs, const std::string& out);
+
 }  // namespace qkv

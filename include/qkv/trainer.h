@@ -31,6 +31,9 @@ struct TrainOptions {
   int64_t eval_sentences = 300;   // decoded for chrF/BLEU
   int64_t max_skipped_in_a_row = 20;  // non-finite losses/gradients before giving up
   int64_t patience = 0;  // early stopping: end after this many validations without a better chrF (0: never)
+  float plateau_factor = 0;      // lr x this after plateau_patience validations without a better one (0: off)
+  int64_t plateau_patience = 2;
+  int64_t keep_checkpoints = 0;  // keep the model folders of the last N validations in checkpoints/step-N
   bool resume = false;  // continue from out_dir/trainer_state.safetensors
 
   // The "train" object of a config file; unknown keys are an error.

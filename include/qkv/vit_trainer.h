@@ -32,6 +32,9 @@ struct VitTrainOptions {
   int64_t max_train_images = 0; // use only the first N training images (0: all)
   int64_t max_skipped_in_a_row = 20;
   int64_t patience = 0;  // early stopping: end after this many epochs without a better accuracy (0: never)
+  float plateau_factor = 0;      // lr x this after plateau_patience validations without a better one (0: off)
+  int64_t plateau_patience = 2;
+  int64_t keep_checkpoints = 0;  // keep the model folders of the last N validations in checkpoints/step-N
   bool resume = false;
   // The "train" object of a config file; unknown keys are an error.
   static VitTrainOptions from_json(const std::string& text, const std::string& source);

@@ -172,6 +172,46 @@ ModelFolder load_model_folder(const std::string& dir, Task task, const std::stri
   return load(dir, &task, command);
 }
 
+void average_model_folders(const std::vector<std::string>& dirs, const std::string& out) {
+  QKV_CHECK(dirs.size() >= 2, "average: ", dirs.size(), " model folder", dirs.size() == 1 ? "" : "s",
+            ", expected two or more");
+  for (const std::string& dir : dirs)
+    QKV_CHECK(std::filesystem::weakly_canonical(dir) != std::filesystem::weakly_canonical(out), "average: --out ", out,
+              " is one of the folders to average");
+  NoGradGuard no_grad;
+  ModelFolder first = load_model_folder(dirs[0]);
+  const std::string config = first.family->config_json(*first.model);
+  const std::string vocabulary = first.tokenizer ? first.tokenizer->serialize() : "";
+  StateDict sum = first.model->state_dict();
+  for (auto& [name, t] : sum) {
+    QKV_CHECK(t.dtype() == DType::F32, "average: ", dirs[0], ": weight '", name, "' is ", dtype_name(t.dtype()),
+              ", not float32");
+    t = t.clone();
+  }
+  for (size_t i = 1; i < dirs.size(); ++i) {
+    ModelFolder f = load_model_folder(dirs[i]);
+    QKV_CHECK(f.family == first.family && f.family->config_json(*f.model) == config, "average: ", dirs[i],
+              " is not the same model as ", dirs[0], " (its config.json differs)");
+    QKV_CHECK((f.tokenizer ? f.tokenizer->serialize() : "") == vocabulary, "average: ", dirs[i],
+              " has another tokenizer than ", dirs[0]);
+    for (auto& [name, t] : f.model->state_dict()) {
+      Tensor& acc = sum.at(name);  // the same config: the same names and shapes
+      const Tensor w = t.contiguous();
+      float* a = acc.data<float>();
+      const float* b = w.data<float>();
+      for (int64_t k = 0; k < acc.numel(); ++k) a[k] += b[k];
+    }
+  }
+  const float scale = 1.0f / (float)dirs.size();
+  for (auto& [name, t] : sum) {
+    float* a = t.data<float>();
+    for (int64_t k = 0; k < t.numel(); ++k) a[k] *= scale;
+  }
+  first.model->load_state_dict(sum);
+  nlohmann::ordered_json note = {{"averaged", dirs}};
+  save_model_folder(out, *first.family, *first.model, first.tokenizer.get(), note.dump(2) + "\n");
+}
+
 void save_model_folder(const std::string& dir, const Family& family, const Module& model, const Tokenizer* tokenizer,
                        const std::string& trainer_state_json) {
   std::error_code ec;

@@ -28,7 +28,10 @@ LmTrainOptions LmTrainOptions::from_json(const std::string& text, const std::str
           .add("clip_norm", &O::clip_norm).at_least(0)
           .add("seed", &O::seed)
           .add("eval_every", &O::eval_every).at_least(1)
-          .add("patience", &O::patience).at_least(0);
+          .add("patience", &O::patience).at_least(0)
+          .add("plateau_factor", &O::plateau_factor).fraction()
+          .add("plateau_patience", &O::plateau_patience).at_least(1)
+          .add("keep_checkpoints", &O::keep_checkpoints).at_least(0);
   return config::read_train_section(fields, text, source);
 }
 

@@ -4,7 +4,9 @@
 
 #include <chrono>
 #include <cmath>
+#include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 
 #include "qkv/allocator.h"
@@ -42,6 +44,7 @@ struct Resumed {
   int64_t step = 0, skipped = 0;
   double best = 0, tiebreak = -INFINITY;
   int64_t since_best = 0;  // validations since the best one
+  double lr_scale = 1;     // what plateaus have made of the schedule's learning rate
   nlohmann::json history = nlohmann::json::array();
 };
 
@@ -78,12 +81,30 @@ Resumed resume_from(TrainTask& task, AdamW& opt, const std::string& out_dir) {
   QKV_CHECK(since >= 0 && since <= (double)r.step && since == std::floor(since), path,
             ": metadata 'validations_since_best' is ", since, "; cannot resume");
   r.since_best = (int64_t)since;
+  r.lr_scale = metadata_number(state, "lr_scale", 1);
+  QKV_CHECK(r.lr_scale > 0 && r.lr_scale <= 1, path, ": metadata 'lr_scale' is ", r.lr_scale, "; cannot resume");
   if (const std::string* history = state.metadata("history")) {
     r.history = nlohmann::json::parse(*history, nullptr, /*allow_exceptions=*/false);
     QKV_CHECK(r.history.is_array(), path, ": metadata 'history' is not a JSON list; cannot resume");
   }
   task.restore_extra(state, r.step);
   return r;
+}
+
+// The model folders of validations, out_dir/checkpoints/step-N: the newest
+// `keep` stay (sorted by N, whatever else the folder holds).
+void keep_newest_checkpoints(const std::string& out_dir, int64_t keep) {
+  namespace fs = std::filesystem;
+  std::vector<std::pair<int64_t, fs::path>> saved;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(out_dir + "/checkpoints", ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("step-", 0) != 0 || name.size() == 5 || name.size() > 20) continue;
+    if (name.find_first_not_of("0123456789", 5) != std::string::npos) continue;
+    saved.emplace_back(std::stoll(name.substr(5)), e.path());
+  }
+  std::sort(saved.begin(), saved.end());
+  for (size_t i = 0; i + keep < saved.size(); ++i) fs::remove_all(saved[i].second, ec);
 }
 
 // Weights, their gradients and AdamW's two moments are four copies of the
@@ -112,7 +133,7 @@ TrainOutcome run_training(TrainTask& task, const LoopOptions& o, const std::stri
   int64_t units = 0;
   auto start = std::chrono::steady_clock::now();
   for (int64_t step = first_step; step <= total; ++step) {
-    const float lr = task.lr_at(step);
+    const float lr = task.lr_at(step) * (float)s.lr_scale;
     opt.set_lr(lr);
     opt.zero_grad();
     StepLoss loss = task.step_loss(step);
@@ -132,6 +153,7 @@ TrainOutcome run_training(TrainTask& task, const LoopOptions& o, const std::stri
       s.best = v.score, s.tiebreak = v.tiebreak, s.since_best = 0;
     } else {
       ++s.since_best;
+      if (o.plateau_factor > 0 && o.plateau_patience > 0 && s.since_best % o.plateau_patience == 0) s.lr_scale *= o.plateau_factor;
     }
     s.history.push_back(v.history);
     const std::string summary = task.summary(step, s.best, skips.total, s.history).dump(2) + "\n";
@@ -140,11 +162,16 @@ TrainOutcome run_training(TrainTask& task, const LoopOptions& o, const std::stri
     } else {
       write_file_atomic(out_dir + "/trainer_state.json", summary);
     }
+    if (o.keep_checkpoints > 0) {
+      task.save_best(out_dir + "/checkpoints/step-" + std::to_string(step), summary);
+      keep_newest_checkpoints(out_dir, o.keep_checkpoints);
+    }
     std::vector<std::pair<std::string, Tensor>> extra;
     std::map<std::string, std::string> metadata = {{"format", task.state_format()},
                                                    {task.best_key(), exact_text(s.best)},
                                                    {tiebreak_key(task), exact_text(s.tiebreak)},
                                                    {"validations_since_best", std::to_string(s.since_best)},
+                                                   {"lr_scale", exact_text(s.lr_scale)},
                                                    {"history", s.history.dump()}};
     task.save_extra(extra, metadata);
     save_trainer_state(trainer_state_path(out_dir), model, opt, step, skips.total, std::move(extra), metadata);

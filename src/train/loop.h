@@ -9,7 +9,10 @@
 //     if task.validate_after(step): validation, best model saved (model folder),
 //       trainer_state.json, and trainer_state.safetensors for an exact resume;
 //       the run ends early when `patience` validations in a row were not better,
-//       or when the task says so (TrainTask::validated)
+//       or when the task says so (TrainTask::validated); every
+//       `plateau_patience` validations without a better one multiply the
+//       learning rate by `plateau_factor`; the last `keep_checkpoints`
+//       validated models stay in out_dir/checkpoints/step-N (for qkv average)
 //
 // A task owns what differs: the data and its order, the loss, the schedule,
 // the validation score and what "better" means, and the names its files use
@@ -101,6 +104,9 @@ struct LoopOptions {
   float lr = 1e-3f, weight_decay = 0.01f, clip_norm = 1.0f;
   int64_t max_skipped_in_a_row = 20;
   int64_t patience = 0;  // end after this many validations in a row without a better score (0: never)
+  float plateau_factor = 0;      // multiply the lr by this after plateau_patience validations without a better one
+  int64_t plateau_patience = 2;  //   (0: never; as torch.optim.lr_scheduler.ReduceLROnPlateau)
+  int64_t keep_checkpoints = 0;  // model folders of the last this many validations, checkpoints/step-N
   bool resume = false;
   // Called after every backward, before clipping: the place where gradients
   // will be averaged across processes (MPI all-reduce). Empty: one process.
@@ -111,7 +117,9 @@ struct LoopOptions {
 template <class Options>
 LoopOptions loop_options(const Options& o) {
   return {.lr = o.lr, .weight_decay = o.weight_decay, .clip_norm = o.clip_norm,
-          .max_skipped_in_a_row = o.max_skipped_in_a_row, .patience = o.patience, .resume = o.resume};
+          .max_skipped_in_a_row = o.max_skipped_in_a_row, .patience = o.patience,
+          .plateau_factor = o.plateau_factor, .plateau_patience = o.plateau_patience,
+          .keep_checkpoints = o.keep_checkpoints, .resume = o.resume};
 }
 
 // Trains `task` into the model folder `out_dir`; with options.resume, from

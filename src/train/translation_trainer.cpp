@@ -36,7 +36,10 @@ TrainOptions TrainOptions::from_json(const std::string& text, const std::string&
           .add("seed", &O::seed)
           .add("eval_every", &O::eval_every).at_least(1)
           .add("eval_sentences", &O::eval_sentences).at_least(0)
-          .add("patience", &O::patience).at_least(0);
+          .add("patience", &O::patience).at_least(0)
+          .add("plateau_factor", &O::plateau_factor).fraction()
+          .add("plateau_patience", &O::plateau_patience).at_least(1)
+          .add("keep_checkpoints", &O::keep_checkpoints).at_least(0);
   return config::read_train_section(fields, text, source);
 }
 

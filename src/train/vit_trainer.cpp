@@ -30,7 +30,10 @@ VitTrainOptions VitTrainOptions::from_json(const std::string& text, const std::s
           .add("augment_pad", &O::augment_pad).at_least(0)
           .add("augment_flip", &O::augment_flip)
           .add("max_train_images", &O::max_train_images).at_least(0)
-          .add("patience", &O::patience).at_least(0);
+          .add("patience", &O::patience).at_least(0)
+          .add("plateau_factor", &O::plateau_factor).fraction()
+          .add("plateau_patience", &O::plateau_patience).at_least(1)
+          .add("keep_checkpoints", &O::keep_checkpoints).at_least(0);
   return config::read_train_section(fields, text, source);
 }
 

@@ -65,8 +65,7 @@ int run_lm_train(const TrainArgs& a, const std::string& config_text) {
                 (long long)r.step, r.valid_loss, r.perplexity, r.best ? "  (best, saved)" : "");
     std::fflush(stdout);
   };
-  train_language_model(m, train, valid, o, a.out, cb);
-  std::printf("model: %s\n", a.out.c_str());
+  print_train_end(train_language_model(m, train, valid, o, a.out, cb), a.out);
   return 0;
 }
 

@@ -96,8 +96,7 @@ int run_train(const TrainArgs& a) {
                  (long long)r.step, r.valid_loss, r.chrf, r.bleu, r.best ? "  (best, saved)" : "");
     std::fflush(stdout);
   };
-  train_translation(m, train, valid, o, a.out, cb);
-  std::printf("model: %s\n", a.out.c_str());
+  print_train_end(train_translation(m, train, valid, o, a.out, cb), a.out);
   return 0;
 }
 

@@ -55,8 +55,7 @@ int run_vit_train(const TrainArgs& a, const std::string& config_text) {
                 (long long)r.epoch, r.train_loss, r.test_accuracy, r.seconds, r.best ? "  (best, saved)" : "");
     std::fflush(stdout);
   };
-  train_vit(*model, train, test, o, a.out, cb);
-  std::printf("model: %s\n", a.out.c_str());
+  print_train_end(train_vit(*model, train, test, o, a.out, cb), a.out);
   return 0;
 }
 

@@ -23,6 +23,7 @@ Run add_classify(CLI::App& app);
 Run add_generate(CLI::App& app);
 Run add_serve(CLI::App& app);
 Run add_info(CLI::App& app);
+Run add_average(CLI::App& app);
 
 // What runs the figures (cmd_info.cpp): the CPU, its features, the kernel
 // level, the GEMM library and its kernel, the threads. `qkv info --json` and
@@ -70,6 +71,14 @@ void apply_train_overrides(const TrainArgs& a, Options& o) {
   if (a.lr > 0) o.lr = (float)a.lr;
   if (a.seed >= 0) o.seed = (uint64_t)a.seed;
   o.resume = a.resume;
+}
+
+// The last lines of qkv train: why the run ended early, if it did, and the folder.
+template <class Outcome>
+void print_train_end(const Outcome& outcome, const std::string& out_dir) {
+  if (!outcome.stopped_early.empty())
+    std::printf("stopped at step %lld: %s\n", (long long)outcome.last_step, outcome.stopped_early.c_str());
+  std::printf("model: %s\n", out_dir.c_str());
 }
 
 // The Vision Transformer behind qkv train and qkv eval (cmd_vit.cpp), for

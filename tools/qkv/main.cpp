@@ -72,6 +72,7 @@ int main(int argc, char** argv) {
   add(qkv::cli::add_classify);
   add(qkv::cli::add_generate);
   add(qkv::cli::add_serve);
+  add(qkv::cli::add_average);
   add(qkv::cli::add_inspect);
   add(qkv::cli::add_bench);
   add(qkv::cli::add_info);
