@@ -139,6 +139,12 @@ check "train --resume" 0 "$QKV" train --config "$tmp/tiny.json" --train "$tmp/de
 grep -q '"step": 9' "$tmp/tiny/trainer_state.json" || { echo "FAIL resume did not reach step 9"; cat "$tmp/tiny/trainer_state.json"; failures=$((failures + 1)); }
 check "train --resume nothing to do" nonzero "$QKV" train --config "$tmp/tiny.json" --train "$tmp/demo/zh-ja.train.tsv" --out "$tmp/tiny" --steps 9 --resume
 one_line_error "train --resume nothing to do"
+# --config auto: a recipe from the data, said and saved.
+check "train --config auto" 0 "$QKV" train --config auto --train "$tmp/demo/zh-ja.train.tsv" --out "$tmp/auto" --steps 3
+grep -q "tokenizer: characters" "$tmp/out" && [ -f "$tmp/auto/recipe.json" ] && [ -f "$tmp/auto/model.safetensors" ] ||
+  { echo "FAIL train --config auto"; cat "$tmp/out"; failures=$((failures + 1)); }
+check "train --config auto --resume" nonzero "$QKV" train --config auto --train "$tmp/demo/zh-ja.train.tsv" --out "$tmp/auto" --resume
+one_line_error "train --config auto --resume"
 # Checkpoint averaging: two saves of one model, then refusals.
 cp -r "$tmp/demo/model" "$tmp/demo-copy"
 check "average" 0 "$QKV" average --out "$tmp/averaged" "$tmp/demo/model" "$tmp/demo-copy"

@@ -224,6 +224,59 @@ TEST(Checkpoints, AveragingTakesTheMeanOfOneModelsSaves) {
       << other;
 }
 
+// --config auto: the rules of docs/training.md, and configs that load.
+TEST(Recipe, ChoosesTokenizerSizeAndLengthFromTheData) {
+  auto config_of = [](const std::vector<SentencePair>& pairs) {
+    TranslationRecipe r = translation_recipe(pairs);
+    EXPECT_EQ(r.reasons.size(), 3u);
+    return nlohmann::json::parse(r.config_json);
+  };
+  auto latin = [](int64_t n) {
+    std::vector<SentencePair> p;
+    for (int64_t i = 0; i < n; ++i) p.push_back({"the cat " + std::to_string(i), "le chat " + std::to_string(i)});
+    return p;
+  };
+  // Small: characters and the demo's size, and the config trains.
+  const auto small = synth_zh_ja(1000, 1);
+  nlohmann::json c = config_of(small);
+  EXPECT_EQ(c["tokenizer"], "char");
+  EXPECT_EQ(c["d_model"], 128);
+  EXPECT_EQ(c["train"]["steps"], 1000) << "at least 1,000 steps";
+  EXPECT_EQ(c["train"]["patience"], 5);
+  EXPECT_EQ(c["train"]["keep_checkpoints"], 5);
+  EXPECT_NO_THROW(TrainOptions::from_json(c.dump(), "auto"));
+  EXPECT_NO_THROW(new_translation_model(c.dump(), "auto", small, 1));
+  // More pairs of an alphabetic text: subwords; more still: a wider, deeper model.
+  c = config_of(latin(30000));
+  EXPECT_EQ(c["tokenizer"]["type"], "sentencepiece");
+  EXPECT_EQ(c["tokenizer"]["vocab_size"], 8000);
+  EXPECT_EQ(c["d_model"], 128);
+  c = config_of(latin(60000));
+  EXPECT_EQ(c["d_model"], 256);
+  EXPECT_EQ(c["num_encoder_layers"], 4);
+  EXPECT_NO_THROW(TrainOptions::from_json(c.dump(), "auto"));
+  c = config_of(latin(500000));
+  EXPECT_EQ(c["d_model"], 512);
+  EXPECT_EQ(c["nhead"], 8);
+  EXPECT_GT(c["train"]["steps"].get<int64_t>(), 1000);
+  // Many distinct characters (Chinese-like) under 200,000 pairs: characters.
+  std::vector<SentencePair> hanzi;
+  for (int64_t i = 0; i < 30000; ++i) {
+    std::string s;
+    for (int k = 0; k < 4; ++k) {  // U+4E00 + j, three bytes of UTF-8
+      const uint32_t cp = 0x4E00 + (uint32_t)((i * 7 + k * 131) % 3000);
+      s += {(char)(0xE0 | (cp >> 12)), (char)(0x80 | ((cp >> 6) & 0x3F)), (char)(0x80 | (cp & 0x3F))};
+    }
+    hanzi.push_back({s, s});
+  }
+  EXPECT_EQ(config_of(hanzi)["tokenizer"], "char");
+  // The longest sentence always fits a batch.
+  std::vector<SentencePair> long_one = small;
+  long_one.push_back({std::string(5000, 'a'), "b"});
+  EXPECT_GE(config_of(long_one)["train"]["batch_tokens"].get<int64_t>(), 5001);
+  EXPECT_THROW(translation_recipe({}), Error);
+}
+
 // The caller's stop callback ends a translation run after a validation.
 TEST(Trainer, AStopCallbackEndsTrainingAfterItsValidation) {
   auto train = synth_zh_ja(80, 7), valid = synth_zh_ja(8, 8, train);

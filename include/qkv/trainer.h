@@ -65,6 +65,17 @@ struct TrainCallbacks {
 };
 
 
+// A config for someone's own parallel text (qkv train --config auto): the
+// tokenizer (characters or SentencePiece), the Transformer's size and the
+// length of training chosen from the number of pairs, the distinct characters
+// and the longest sentence, with early stopping and saves for averaging on.
+// `reasons` says each choice in a line; docs/training.md gives the rules.
+struct TranslationRecipe {
+  std::string config_json;
+  std::vector<std::string> reasons;
+};
+TranslationRecipe translation_recipe(const std::vector<SentencePair>& train);
+
 // A fresh model from a config file's text (its "train" object is read by
 // TrainOptions::from_json), with its tokenizer (the config's "tokenizer",
 // characters by default) learnt from both sides of `train`.

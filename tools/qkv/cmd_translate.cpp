@@ -2,6 +2,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <filesystem>
 #include <cstdio>
 #include <limits>
 #include <iostream>
@@ -50,9 +51,24 @@ void show_translation_progress(const TrainProgress& p) {
                  p.eta_seconds, p.skipped_steps);
 }
 
+// --config auto: the recipe for the training data, said and saved beside the model.
+std::string auto_config(const TrainArgs& a) {
+  QKV_CHECK(!a.resume, "train: --config auto cannot --resume; pass the recipe it saved, --config ", a.out,
+            "/recipe.json");
+  TranslationRecipe r = translation_recipe(read_parallel_tsv(a.train, {.replace_invalid_utf8 = a.replace_invalid}));
+  std::error_code ec;
+  std::filesystem::create_directories(a.out, ec);
+  write_file_atomic(a.out + "/recipe.json", r.config_json);
+  std::printf("qkv train --config auto: a recipe for %s\n", a.train.c_str());
+  for (const std::string& why : r.reasons) std::printf("  %s\n", why.c_str());
+  std::printf("  (saved as %s/recipe.json: edit it and pass it as --config to change anything)\n", a.out.c_str());
+  return r.config_json;
+}
+
 int run_train(const TrainArgs& a) {
   set_threads(a.threads);
-  std::string config_text = read_file(a.config);
+  const bool automatic = a.config == "auto";
+  std::string config_text = automatic ? auto_config(a) : read_file(a.config);
   const Family& family = family_of_config(config_text, a.config);
   if (a.resume) {  // the folder must hold what the config describes
     const Family& held = family_of_folder(a.out);
@@ -283,7 +299,8 @@ Run add_train(CLI::App& app) {
       "train", "Train a model from a config: translation on tab-separated parallel text, a vit on IDX images, "
                "a decoder language model on plain text");
   sub->add_option("--config", args->config,
-                  "Model and training config (JSON), e.g. configs/transformer-zh-ja.json, configs/vit-fashion-mnist.json")
+                  "Model and training config (JSON), e.g. configs/transformer-zh-ja.json, configs/vit-fashion-mnist.json; "
+                  "'auto' chooses a translation recipe from the training data (docs/training.md)")
       ->required();
   sub->add_option("--train", args->train,
                   "Training pairs, source<TAB>target per line; for vit a folder of IDX files (train-images-idx3-ubyte[.gz], "
