@@ -100,13 +100,16 @@ TEST(SynthZhJa, TheHardTierPairsEachConstructionWithItsJapanese) {
     } else if (c == "counter") {
       if (contains(zh, "个")) EXPECT_EQ(contains(zh, "十"), contains(ja, "個")) << "つ below ten, 個 from ten";
       if (contains(zh, "两")) EXPECT_TRUE(contains(ja, "二"));
+    } else if (c == "long") {
+      EXPECT_TRUE(contains(zh, "在") && contains(zh, "的") && contains(ja, "で") && contains(ja, "が"));
+      EXPECT_LT(ja.find("が"), ja.find("を")) << "the relative clause comes before the object";
     } else if (c == "copy") {
       EXPECT_EQ(digits_of(zh), digits_of(ja)) << "figures are copied";
       EXPECT_TRUE(contains(ja, "さん"));
       EXPECT_EQ(ja.substr(0, 3), zh.substr(0, 3)) << "the surname (one character) starts both";
     }
   }
-  for (const char* c : {"relative", "time_place", "counter", "comparative", "aspect", "contrast", "copy", "copula",
+  for (const char* c : {"relative", "time_place", "counter", "comparative", "aspect", "contrast", "copy", "long", "copula",
                         "verb", "like", "adjective", "counting"})
     EXPECT_GT(count[c], 20) << c;
   // Spot checks written out by hand.

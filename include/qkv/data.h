@@ -21,8 +21,8 @@ using SentencePair = std::pair<std::string, std::string>;  // source, target
 // The easy tier is the grammar above, unchanged since the first release so
 // its corpora stay reproducible; the hard tier (see src/data/synth_zh_ja.cpp)
 // adds relative clauses, time and place in both orders, counters to 99,
-// comparatives, aspect (过, 在), every topic-adjective pair in every mood, and
-// names and figures to copy through.
+// comparatives, aspect (过, 在), every topic-adjective pair in every mood,
+// names and figures to copy through, and long sentences nesting a relative clause.
 enum class ZhJaTier { Easy, Hard };
 
 class ZhJaGenerator {
@@ -30,7 +30,7 @@ public:
   explicit ZhJaGenerator(uint64_t seed, ZhJaTier tier = ZhJaTier::Easy);
   // The next pair; `category`, when given, gets its construction's name
   // (copula, verb, like, adjective, counting; relative, time_place, counter,
-  // comparative, aspect, contrast, copy).
+  // comparative, aspect, contrast, copy, long).
   SentencePair next(std::string* category = nullptr);
 
 private:

@@ -18,7 +18,10 @@
 //   aspect       我吃过饺子 -> 私は餃子を食べたことがあります; 他在看书 -> 彼は本を読んでいます
 //   contrast     every topic with every adjective, 很 / 没有 / 吗
 //   copy         names and figures carried over: 王小明有37本书 -> 王小明さんは本を37冊持っています
+//   long         time, place and an object with its own relative clause:
+//                昨天我在图书馆看了王明写的小说 -> 昨日、私は図書館で王明さんが書いた小説を読みました
 #include <set>
+#include <tuple>
 
 #include "qkv/data.h"
 #include "qkv/error.h"
@@ -149,6 +152,12 @@ const std::vector<HardVerb>& hard_verbs() {
       {"听", "聞き", "聞いた", "聞いて", {{"音乐", "音楽"}, {"广播", "ラジオ"}}},
   };
   return v;
+}
+
+const HardVerb* verb_with_stem(const std::string& ja_stem) {
+  for (const HardVerb& h : hard_verbs())
+    if (ja_stem == h.ja_stem) return &h;
+  return nullptr;
 }
 
 const Adjective kDelicious{"好吃", "おいしい", "おいしく", "不好吃"}, kLong{"长", "長い", "長く", "不长"},
@@ -355,38 +364,36 @@ SentencePair ZhJaGenerator::hard(std::string& category) {
   if (kind < 20) return easy(category);
   const uint64_t mood = draw(3);  // 0 affirmative, 1 negative, 2 question
   std::string zh, ja;
-  if (kind < 35) {  // a relative clause: [S V-ed] O is A
+  // [time] S [time] 在 place V O: the time before the subject (T、S は) or
+  // after it; the negation before 在 (我昨天没在图书馆看书); past times take 了.
+  auto time_place_sentence = [&](const HardVerb& v, const std::string& object_zh, const std::string& object_ja) {
+    auto [szh, sja] = subject();
+    const Time& t = pick(kHardTimes, draw(100));
+    const Word& p = pick(kHardPlaces, draw(100));
+    const bool fronted = draw(2) == 0;
+    static const char* kPast[] = {"ました", "ませんでした", "ましたか"};
+    static const char* kPresent[] = {"ます", "ません", "ますか"};
+    zh = (fronted ? t.word.zh + szh : szh + t.word.zh) + (mood == 1 ? (t.past ? "没" : "不") : "") + "在" + p.zh +
+         v.zh + (t.past && mood != 1 ? "了" : "") + object_zh + (mood == 2 ? "吗" : "");
+    ja = (fronted ? std::string(t.word.ja) + "、" + sja + "は" : sja + "は" + t.word.ja) + p.ja + "で" + object_ja +
+         "を" + v.ja_stem + (t.past ? kPast : kPresent)[mood];
+  };
+  if (kind < 32) {  // a relative clause: [S V-ed] O is A
     category = "relative";
     const RelativeNoun& n = relative_nouns()[draw(relative_nouns().size())];
-    const std::string stem = n.ja_stems[draw(n.ja_stems.size())];
-    const HardVerb* v = nullptr;
-    for (const HardVerb& h : hard_verbs())
-      if (stem == h.ja_stem) v = &h;
+    const HardVerb* v = verb_with_stem(n.ja_stems[draw(n.ja_stems.size())]);
     auto [szh, sja] = subject();
     std::string tzh, tja;
     if (const uint64_t t = draw(4); t == 1) tzh = "昨天", tja = "昨日";
     else if (t == 2) tzh = "上个星期", tja = "先週";
     const Adjective& a = n.adjectives[draw(n.adjectives.size())];
     adjective_predicate(szh + tzh + v->zh + "的" + n.word.zh, sja + "が" + tja + v->ja_ta + n.word.ja, a, mood, zh, ja);
-  } else if (kind < 50) {  // time and place, the time before or after the subject
+  } else if (kind < 44) {  // time and place, the time before or after the subject
     category = "time_place";
-    auto [szh, sja] = subject();
     const HardVerb& v = hard_verbs()[draw(hard_verbs().size())];
     const Word& o = v.objects[draw(v.objects.size())];
-    const Time& t = pick(kHardTimes, draw(100));
-    const Word& p = pick(kHardPlaces, draw(100));
-    const bool fronted = draw(2) == 0;
-    // The negation comes before 在: 我昨天没在图书馆看书.
-    const std::string head_zh = (fronted ? t.word.zh + szh : szh + t.word.zh) +
-                                (mood == 1 ? (t.past ? "没" : "不") : "") + "在" + p.zh;
-    const std::string head_ja = (fronted ? std::string(t.word.ja) + "、" + sja + "は" : sja + "は" + t.word.ja) +
-                                p.ja + "で" + o.ja + "を" + v.ja_stem;
-    static const char* kPast[] = {"ました", "ませんでした", "ましたか"};
-    static const char* kPresent[] = {"ます", "ません", "ますか"};
-    zh = head_zh + v.zh + (t.past && mood != 1 ? "了" : "") + o.zh;
-    if (mood == 2) zh += "吗";
-    ja = head_ja + (t.past ? kPast : kPresent)[mood];
-  } else if (kind < 62) {  // counted things, 1 to 99: 个 is つ below ten and 個 from ten
+    time_place_sentence(v, o.zh, o.ja);
+  } else if (kind < 54) {  // counted things, 1 to 99: 个 is つ below ten and 個 from ten
     category = "counter";
     auto [szh, sja] = subject();
     const Counter& c = pick(kHardCountables, draw(100));
@@ -397,7 +404,7 @@ SentencePair ZhJaGenerator::hard(std::string& category) {
     zh = szh + (bought ? "买了" : "有") + nzh + c.zh_classifier + c.word.zh;
     ja = sja + "は" + counted_ja + (bought ? "買いました" : "持っています");
     if (mood == 2) zh += "吗", ja += "か";
-  } else if (kind < 72) {  // comparison: X 比 Y A / X 没有 Y A
+  } else if (kind < 62) {  // comparison: X 比 Y A / X 没有 Y A
     category = "comparative";
     std::string xzh, xja, yzh, yja;
     Adjective a;
@@ -414,7 +421,7 @@ SentencePair ZhJaGenerator::hard(std::string& category) {
     if (mood == 0) zh = xzh + "比" + yzh + a.zh, ja = xja + "は" + yja + "より" + a.ja + "です";
     if (mood == 1) zh = xzh + "没有" + yzh + a.zh, ja = xja + "は" + yja + "ほど" + a.ja_negative + "ないです";
     if (mood == 2) zh = xzh + "比" + yzh + a.zh + "吗", ja = xja + "は" + yja + "より" + a.ja + "ですか";
-  } else if (kind < 84) {  // aspect: 过 (have done) and 在 (doing now)
+  } else if (kind < 72) {  // aspect: 过 (have done) and 在 (doing now)
     category = "aspect";
     auto [szh, sja] = subject();
     const HardVerb& v = hard_verbs()[draw(hard_verbs().size())];
@@ -429,11 +436,11 @@ SentencePair ZhJaGenerator::hard(std::string& category) {
       ja = sja + "は" + o.ja + "を" + v.ja_te + kEndings[mood];
     }
     if (mood == 2) zh += "吗";
-  } else if (kind < 90) {  // every topic with every adjective it takes, in the three moods
+  } else if (kind < 78) {  // every topic with every adjective it takes, in the three moods
     category = "contrast";
     const Topic& t = hard_topics()[draw(hard_topics().size())];
     adjective_predicate(t.word.zh, t.word.ja, t.adjectives[draw(t.adjectives.size())], mood, zh, ja);
-  } else {  // names and figures the model must carry over
+  } else if (kind < 88) {  // names and figures the model must carry over
     category = "copy";
     const std::string name = std::string(pick(kSurnames, draw(100))) + pick(kGivenNames, draw(100));
     const std::string name_ja = name + "さん";
@@ -455,9 +462,26 @@ SentencePair ZhJaGenerator::hard(std::string& category) {
            "持っています";
       if (mood == 2) zh += "吗", ja += "か";
     }
+  } else {  // long: time, place, and an object with a relative clause of its own
+    category = "long";
+    const RelativeNoun& n = relative_nouns()[draw(relative_nouns().size())];
+    const HardVerb* rel = verb_with_stem(n.ja_stems[draw(n.ja_stems.size())]);
+    std::vector<const HardVerb*> takers;  // main verbs that take the noun
+    for (const HardVerb& h : hard_verbs())
+      for (const Word& o : h.objects)
+        if (std::string(o.zh) == n.word.zh) takers.push_back(&h);
+    const HardVerb& v = *takers[draw(takers.size())];
+    std::string rzh, rja;  // whose it is: a person, or a name to copy
+    if (draw(2) == 0) {
+      rzh = std::string(pick(kSurnames, draw(100))) + pick(kGivenNames, draw(100)), rja = rzh + "さん";
+    } else {
+      std::tie(rzh, rja) = subject();
+    }
+    time_place_sentence(v, rzh + rel->zh + "的" + n.word.zh, rja + "が" + rel->ja_ta + n.word.ja);
   }
   return {zh, ja};
 }
+
 
 const std::vector<SentencePair>& zh_ja_checks() {
   static const std::vector<SentencePair> checks = {

@@ -17,8 +17,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (bool replace : {false, true})
     qkv::fuzz::expect_clean([&] {
       std::vector<int64_t> lines;
-      auto pairs = qkv::read_parallel_tsv(path, {.replace_invalid_utf8 = replace, .line_numbers = &lines});
-      if (lines.size() != pairs.size()) std::abort();
+      std::vector<std::string> categories;
+      auto pairs = qkv::read_parallel_tsv(
+          path, {.replace_invalid_utf8 = replace, .line_numbers = &lines, .categories = &categories});
+      if (lines.size() != pairs.size() || categories.size() != pairs.size()) std::abort();
+      for (const std::string& c : categories)
+        if (c.find('\t') != std::string::npos) std::abort();
       for (auto& [src, tgt] : pairs)
         if (src.empty() || tgt.empty() || qkv::invalid_utf8_offset(src) != std::string::npos) std::abort();
     });
