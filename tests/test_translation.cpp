@@ -98,8 +98,12 @@ TEST(SynthZhJa, TheHardTierPairsEachConstructionWithItsJapanese) {
       const bool fronted = contains(ja, "、");
       EXPECT_EQ(fronted, ja.find("、") < ja.find("は"));
     } else if (c == "counter") {
-      if (contains(zh, "个")) EXPECT_EQ(contains(zh, "十"), contains(ja, "個")) << "つ below ten, 個 from ten";
-      if (contains(zh, "两")) EXPECT_TRUE(contains(ja, "二"));
+      if (contains(zh, "个")) {
+        EXPECT_EQ(contains(zh, "十"), contains(ja, "個")) << "つ below ten, 個 from ten";
+      }
+      if (contains(zh, "两")) {
+        EXPECT_TRUE(contains(ja, "二"));
+      }
     } else if (c == "long") {
       EXPECT_TRUE(contains(zh, "在") && contains(zh, "的") && contains(ja, "で") && contains(ja, "が"));
       EXPECT_LT(ja.find("が"), ja.find("を")) << "the relative clause comes before the object";
