@@ -376,6 +376,27 @@ TEST(Metrics, BootstrapIntervalsMatchSacreBleusWithinResamplingNoise) {
   EXPECT_THROW(bootstrap_confidence(h, {"a"}), Error);
 }
 
+// qkv eval's scores per category: each the corpus score of its own pairs, in
+// the order categories first appear; nothing when no pair has a category.
+TEST(Metrics, ScoresByCategory) {
+  const std::vector<std::string> hyps = {"私は学生です", "彼は本を読みます", "二冊", "あの本は高い"},
+                                  refs = {"私は学生です", "彼は本を読みました", "二冊", "この本は高いです"},
+                                  cats = {"copula", "verb", "", "copula"};
+  const std::vector<CategoryScores> s = scores_by_category(hyps, refs, cats, 100);
+  ASSERT_EQ(s.size(), 3u);
+  EXPECT_EQ(s[0].name, "copula");
+  EXPECT_EQ(s[1].name, "verb");
+  EXPECT_EQ(s[2].name, "(none)");
+  EXPECT_EQ(s[0].sentences, 2);
+  EXPECT_DOUBLE_EQ(s[0].chrf, chrf({hyps[0], hyps[3]}, {refs[0], refs[3]}));
+  EXPECT_DOUBLE_EQ(s[0].exact_match, 50.0);
+  EXPECT_DOUBLE_EQ(s[1].bleu, bleu_char({hyps[1]}, {refs[1]}));
+  EXPECT_DOUBLE_EQ(s[2].chrf, 100.0);
+  EXPECT_LE(s[0].chrf_interval.low, s[0].chrf_interval.high);
+  EXPECT_TRUE(scores_by_category(hyps, refs, {"", "", "", ""}, 100).empty());
+  EXPECT_THROW(scores_by_category(hyps, refs, {"a"}, 0), Error);
+}
+
 TEST(TranslationTransformer, ConfigValidation) {
   EXPECT_THROW(TransformerConfig::from_json("{\"d_model\": 10, \"nhead\": 4}", "c.json"), Error);
   EXPECT_THROW(TransformerConfig::from_json("{\"norm\": \"batchnorm\"}", "c.json"), Error);

@@ -55,6 +55,19 @@ TranslationScores score_translation(TranslationModel& m, const std::vector<std::
                                     const std::vector<std::string>& references, int64_t max_len, int64_t beam = 1,
                                     int64_t resamples = 0);
 
+// The scores of each category of a test set (the third column of its TSV,
+// ReadTextOptions::categories), in the order the categories first appear; a
+// pair without one counts as "(none)". Empty when no pair has a category.
+struct CategoryScores {
+  std::string name;
+  double chrf = 0, bleu = 0, exact_match = 0;
+  int64_t sentences = 0;
+  BootstrapInterval chrf_interval;  // when resamples > 0
+};
+std::vector<CategoryScores> scores_by_category(const std::vector<std::string>& hypotheses,
+                                               const std::vector<std::string>& references,
+                                               const std::vector<std::string>& categories, int64_t resamples);
+
 // Each pair's source translated (greedy, in eval mode, without gradients; the
 // model's mode is restored) and compared with its reference, exactly: what the
 // demo prints as its ✓/✗ list.

@@ -3,6 +3,8 @@
 #include "qkv/checkpoint.h"
 #include "qkv/infer.h"
 
+#include <map>
+
 namespace qkv {
 
 int64_t source_token_limit(const TranslationModel& m, const SourceLimit& limit) {
@@ -77,6 +79,33 @@ std::vector<TranslationCheck> check_translations(TranslationModel& m, const std:
   std::vector<TranslationCheck> checks;
   for (size_t i = 0; i < pairs.size(); ++i) checks.push_back({pairs[i].first, pairs[i].second, out[i]});
   return checks;
+}
+
+std::vector<CategoryScores> scores_by_category(const std::vector<std::string>& hyps,
+                                               const std::vector<std::string>& refs,
+                                               const std::vector<std::string>& categories, int64_t resamples) {
+  QKV_CHECK(hyps.size() == refs.size() && refs.size() == categories.size(), "scores_by_category: ", hyps.size(),
+            " hypotheses, ", refs.size(), " references, ", categories.size(), " categories");
+  std::vector<std::string> order;
+  std::map<std::string, std::pair<std::vector<std::string>, std::vector<std::string>>> groups;
+  for (size_t i = 0; i < categories.size(); ++i) {
+    const std::string name = categories[i].empty() ? "(none)" : categories[i];
+    auto [it, added] = groups.try_emplace(name);
+    if (added) order.push_back(name);
+    it->second.first.push_back(hyps[i]);
+    it->second.second.push_back(refs[i]);
+  }
+  std::vector<CategoryScores> out;
+  if (order.size() == 1 && order[0] == "(none)") return out;
+  for (const std::string& name : order) {
+    const auto& [h, r] = groups[name];
+    int64_t exact = 0;
+    for (size_t i = 0; i < h.size(); ++i) exact += h[i] == r[i];
+    CategoryScores c{name, chrf(h, r), bleu_char(h, r), 100.0 * (double)exact / (double)h.size(), (int64_t)h.size(), {}};
+    if (resamples > 0) c.chrf_interval = bootstrap_confidence(h, r, resamples).chrf;
+    out.push_back(std::move(c));
+  }
+  return out;
 }
 
 TranslationScores score_translation(TranslationModel& m, const std::vector<SentencePair>& pairs, int64_t max_len,

@@ -169,38 +169,6 @@ struct EvalArgs {
   int64_t bootstrap = 1000;  // resamples for the 95% intervals (0: none)
 };
 
-// Scores per category (the test file's third column), in the order the
-// categories first appear; empty when no line has one.
-nlohmann::ordered_json category_scores(const std::vector<std::string>& hyps, const std::vector<std::string>& refs,
-                                       const std::vector<std::string>& categories, int64_t resamples) {
-  std::vector<std::string> order;
-  std::map<std::string, std::pair<std::vector<std::string>, std::vector<std::string>>> groups;
-  for (size_t i = 0; i < categories.size(); ++i) {
-    const std::string name = categories[i].empty() ? "(none)" : categories[i];
-    auto [it, added] = groups.try_emplace(name);
-    if (added) order.push_back(name);
-    it->second.first.push_back(hyps[i]);
-    it->second.second.push_back(refs[i]);
-  }
-  nlohmann::ordered_json out = nlohmann::ordered_json::object();
-  if (order.size() == 1 && order[0] == "(none)") return out;
-  for (const std::string& name : order) {
-    auto& [h, r] = groups[name];
-    int64_t exact = 0;
-    for (size_t i = 0; i < h.size(); ++i) exact += h[i] == r[i];
-    nlohmann::ordered_json k = {{"chrf", chrf(h, r)},
-                                {"bleu", bleu_char(h, r)},
-                                {"exact_match", 100.0 * (double)exact / (double)h.size()},
-                                {"sentences", (int64_t)h.size()}};
-    if (resamples > 0) {
-      const CorpusConfidence ci = bootstrap_confidence(h, r, resamples);
-      k["chrf_ci95"] = {ci.chrf.low, ci.chrf.high};
-    }
-    out[name] = k;
-  }
-  return out;
-}
-
 int run_eval(const EvalArgs& a) {
   const Family& family = family_for_task(a.model, Task::Eval, "eval");
   if (family.domain == Domain::Vision) return run_vit_eval(a.model, a.test, a.json);
@@ -231,8 +199,12 @@ int run_eval(const EvalArgs& a) {
     r["chrf_ci95"] = {c.chrf.low, c.chrf.high};
     r["bootstrap_resamples"] = c.resamples;
   }
-  const nlohmann::ordered_json by_category = category_scores(s.hypotheses, refs, categories, a.bootstrap);
-  if (!by_category.empty()) r["categories"] = by_category;
+  const std::vector<CategoryScores> by_category = scores_by_category(s.hypotheses, refs, categories, a.bootstrap);
+  for (const CategoryScores& k : by_category) {
+    r["categories"][k.name] = {{"chrf", k.chrf}, {"bleu", k.bleu}, {"exact_match", k.exact_match},
+                               {"sentences", k.sentences}};
+    if (c.resamples > 0) r["categories"][k.name]["chrf_ci95"] = {k.chrf_interval.low, k.chrf_interval.high};
+  }
   if (a.json) {
     std::cout << r.dump() << "\n";
     return 0;
@@ -249,11 +221,10 @@ int run_eval(const EvalArgs& a) {
   std::printf("  exact match %6.2f%%\n", s.exact_match);
   if (!by_category.empty()) {
     std::printf("  by category        chrF%s   exact match  sentences\n", c.resamples > 0 ? "   95% interval" : "");
-    for (auto& [name, k] : by_category.items()) {
-      std::printf("    %-14s %6.2f", name.c_str(), k["chrf"].get<double>());
-      if (c.resamples > 0)
-        std::printf("   %6.2f - %6.2f", k["chrf_ci95"][0].get<double>(), k["chrf_ci95"][1].get<double>());
-      std::printf("   %8.2f%%  %9lld\n", k["exact_match"].get<double>(), (long long)k["sentences"].get<int64_t>());
+    for (const CategoryScores& k : by_category) {
+      std::printf("    %-14s %6.2f", k.name.c_str(), k.chrf);
+      if (c.resamples > 0) std::printf("   %6.2f - %6.2f", k.chrf_interval.low, k.chrf_interval.high);
+      std::printf("   %8.2f%%  %9lld\n", k.exact_match, (long long)k.sentences);
     }
   }
   if (c.resamples > 0)
