@@ -102,10 +102,15 @@ int run_demo(const DemoArgs& a) {
   cb.stop = [&](const EvalReport& r) {
     if (r.best) saved_step = r.step;
     int64_t right = 0;
-    for (const TranslationCheck& c : check_translations(m, checks, 128)) right += c.ok();
-    std::printf("%s     step %4lld: valid loss %.4f  chrF %.2f  BLEU %.2f  checks %lld/%zu right%s\n",
+    std::string wrong;  // named while few are left
+    for (const TranslationCheck& c : check_translations(m, checks, 128)) {
+      right += c.ok();
+      if (!c.ok()) wrong += (wrong.empty() ? "" : ", ") + c.source;
+    }
+    if ((int64_t)checks.size() - right > 3) wrong.clear();
+    std::printf("%s     step %4lld: valid loss %.4f  chrF %.2f  BLEU %.2f  checks %lld/%zu right%s%s\n",
                 tty ? "\n" : "", (long long)r.step, r.valid_loss, r.chrf, r.bleu, (long long)right, checks.size(),
-                r.best ? "  (best so far, saved)" : "");
+                wrong.empty() ? "" : (" (wrong: " + wrong + ")").c_str(), r.best ? "  (best so far, saved)" : "");
     std::fflush(stdout);
     return r.best && right == (int64_t)checks.size() && r.step >= recipe_steps;
   };
