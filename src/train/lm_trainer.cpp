@@ -19,7 +19,7 @@ namespace qkv {
 LmTrainOptions LmTrainOptions::from_json(const std::string& text, const std::string& source) {
   using O = LmTrainOptions;
   static const config::Fields<O> fields =
-      config::Fields<O>("train.")
+      add_stopping_fields(config::Fields<O>("train.")
           .add("steps", &O::steps).at_least(1)
           .add("batch_size", &O::batch_size).at_least(1).at_most(config::limits::kBatch)
           .add("lr", &O::lr).positive()
@@ -27,11 +27,7 @@ LmTrainOptions LmTrainOptions::from_json(const std::string& text, const std::str
           .add("weight_decay", &O::weight_decay).at_least(0)
           .add("clip_norm", &O::clip_norm).at_least(0)
           .add("seed", &O::seed)
-          .add("eval_every", &O::eval_every).at_least(1)
-          .add("patience", &O::patience).at_least(0)
-          .add("plateau_factor", &O::plateau_factor).fraction()
-          .add("plateau_patience", &O::plateau_patience).at_least(1)
-          .add("keep_checkpoints", &O::keep_checkpoints).at_least(0);
+          .add("eval_every", &O::eval_every).at_least(1));
   return config::read_train_section(fields, text, source);
 }
 

@@ -153,7 +153,8 @@ TrainOutcome run_training(TrainTask& task, const LoopOptions& o, const std::stri
       s.best = v.score, s.tiebreak = v.tiebreak, s.since_best = 0;
     } else {
       ++s.since_best;
-      if (o.plateau_factor > 0 && o.plateau_patience > 0 && s.since_best % o.plateau_patience == 0) s.lr_scale *= o.plateau_factor;
+      if (o.plateau_factor > 0 && o.plateau_patience > 0 && s.since_best % o.plateau_patience == 0)
+        s.lr_scale *= o.plateau_factor;
     }
     s.history.push_back(v.history);
     const std::string summary = task.summary(step, s.best, skips.total, s.history).dump(2) + "\n";

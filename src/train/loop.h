@@ -29,6 +29,7 @@
 #include "qkv/io.h"
 #include "qkv/nn.h"
 #include "qkv/optim.h"
+#include "src/config/fields.h"
 
 namespace qkv {
 
@@ -120,6 +121,18 @@ LoopOptions loop_options(const Options& o) {
           .max_skipped_in_a_row = o.max_skipped_in_a_row, .patience = o.patience,
           .plateau_factor = o.plateau_factor, .plateau_patience = o.plateau_patience,
           .keep_checkpoints = o.keep_checkpoints, .resume = o.resume};
+}
+
+// The "train" keys of the loop's stopping and saving options, shared by every
+// trainer's section (TrainOptions, LmTrainOptions, VitTrainOptions), so their
+// names and ranges are written once.
+template <class Options>
+config::Fields<Options>& add_stopping_fields(config::Fields<Options>& f) {
+  using O = Options;
+  return f.add("patience", &O::patience).at_least(0)
+      .add("plateau_factor", &O::plateau_factor).fraction()
+      .add("plateau_patience", &O::plateau_patience).at_least(1)
+      .add("keep_checkpoints", &O::keep_checkpoints).at_least(0);
 }
 
 // Trains `task` into the model folder `out_dir`; with options.resume, from

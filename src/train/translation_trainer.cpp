@@ -24,7 +24,7 @@ namespace qkv {
 TrainOptions TrainOptions::from_json(const std::string& text, const std::string& source) {
   using O = TrainOptions;
   static const config::Fields<O> fields =
-      config::Fields<O>("train.")
+      add_stopping_fields(config::Fields<O>("train.")
           .add("steps", &O::steps).at_least(1)
           .add("batch_tokens", &O::batch_tokens).at_least(1).at_most(config::limits::kBatch)
           .add("lr", &O::lr).positive()
@@ -35,11 +35,7 @@ TrainOptions TrainOptions::from_json(const std::string& text, const std::string&
           .add("label_smoothing", &O::label_smoothing).fraction()
           .add("seed", &O::seed)
           .add("eval_every", &O::eval_every).at_least(1)
-          .add("eval_sentences", &O::eval_sentences).at_least(0)
-          .add("patience", &O::patience).at_least(0)
-          .add("plateau_factor", &O::plateau_factor).fraction()
-          .add("plateau_patience", &O::plateau_patience).at_least(1)
-          .add("keep_checkpoints", &O::keep_checkpoints).at_least(0);
+          .add("eval_sentences", &O::eval_sentences).at_least(0));
   return config::read_train_section(fields, text, source);
 }
 

@@ -17,7 +17,7 @@ namespace qkv {
 VitTrainOptions VitTrainOptions::from_json(const std::string& text, const std::string& source) {
   using O = VitTrainOptions;
   static const config::Fields<O> fields =
-      config::Fields<O>("train.")
+      add_stopping_fields(config::Fields<O>("train.")
           .add("epochs", &O::epochs).at_least(1)
           .add("batch_size", &O::batch_size).at_least(1).at_most(config::limits::kBatch)
           .add("lr", &O::lr).positive()
@@ -29,11 +29,7 @@ VitTrainOptions VitTrainOptions::from_json(const std::string& text, const std::s
           .add("seed", &O::seed)
           .add("augment_pad", &O::augment_pad).at_least(0)
           .add("augment_flip", &O::augment_flip)
-          .add("max_train_images", &O::max_train_images).at_least(0)
-          .add("patience", &O::patience).at_least(0)
-          .add("plateau_factor", &O::plateau_factor).fraction()
-          .add("plateau_patience", &O::plateau_patience).at_least(1)
-          .add("keep_checkpoints", &O::keep_checkpoints).at_least(0);
+          .add("max_train_images", &O::max_train_images).at_least(0));
   return config::read_train_section(fields, text, source);
 }
 

@@ -97,7 +97,10 @@ int run_demo(const DemoArgs& a) {
   // After each validation: the checks on the model as it is now. Training
   // stops once they all pass on a model that was just saved (the best so far),
   // so the folder on disk is the model that passed, and it has had at least
-  // the recipe's steps.
+  // the recipe's steps. The validation has decoded the checks already, but in
+  // a batch with 300 other sentences; they are decoded again here as the
+  // final list decodes them (24 alone), so a near-tie that padding tips one
+  // way cannot make the two disagree.
   int64_t saved_step = 0;
   cb.stop = [&](const EvalReport& r) {
     if (r.best) saved_step = r.step;
