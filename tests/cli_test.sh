@@ -177,11 +177,15 @@ r = json.load(open(sys.argv[1]))
 cats = r.get("categories", {})
 assert sum(c["sentences"] for c in cats.values()) == r["sentences"] == 200, r
 assert {"relative", "counter", "copy"} <= set(cats), sorted(cats)
+# The model's translations depend on the CPU's rounding after 30 steps, and a
+# percentile interval need not contain the corpus score, so only what holds
+# for any output is asserted here (tests/test_translation.cpp checks the
+# intervals themselves on fixed sentences).
 for name, c in cats.items():
     lo, hi = c["chrf_ci95"]
-    assert lo <= c["chrf"] <= hi or lo == hi, (name, c)
+    assert 0 <= lo <= hi <= 100 and 0 <= c["chrf"] <= 100, (name, c)
 lo, hi = r["chrf_ci95"]
-assert lo <= r["chrf"] <= hi and r["bootstrap_resamples"] == 1000, r
+assert 0 <= lo <= hi <= 100 and r["bootstrap_resamples"] == 1000, r
 PY
 check "eval text by category" 0 "$QKV" eval --bootstrap 0 --model "$tmp/demo/model" --test "$tmp/hard.tsv"
 grep -q "^    relative " "$tmp/out" && ! grep -q "interval" "$tmp/out" || { echo "FAIL eval text by category"; cat "$tmp/out"; failures=$((failures + 1)); }
