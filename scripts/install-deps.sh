@@ -15,7 +15,7 @@ packages=(
   libgtest-dev                    # unit tests
   libbenchmark-dev                # micro benchmarks
   dataset-fashion-mnist           # real images for the ViT recipes (not needed by make test)
-  python3 python3-pip             # the server's client tests (openai, below)
+  python3 python3-pip python3-dev # the server's client tests, the Python module (PyPI packages below)
   chromium                        # the attention explorer page, tested in a headless browser
 )
 
@@ -44,10 +44,16 @@ else
   $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-# PyPI: the openai client, for the python3 first on PATH (the one the tests run).
-# A Debian python3 refuses pip installs into it unless told (PEP 668).
-if ! python3 -c "import openai" 2>/dev/null; then
-  echo "install-deps: pip install openai"
-  python3 -m pip install --quiet --disable-pip-version-check openai 2>/dev/null ||
-    python3 -m pip install --quiet --disable-pip-version-check --break-system-packages openai
+# PyPI, for the python3 first on PATH (the one the build and the tests use):
+# the openai client (the server's tests), nanobind and scikit-build-core (the
+# Python module, python/), NumPy and pytest (its tests). A Debian python3
+# refuses pip installs into it unless told (PEP 668).
+pip_missing=()
+for pair in openai:openai nanobind:nanobind scikit_build_core:scikit-build-core numpy:numpy pytest:pytest; do
+  python3 -c "import ${pair%%:*}" 2>/dev/null || pip_missing+=("${pair#*:}")
+done
+if [ ${#pip_missing[@]} -gt 0 ]; then
+  echo "install-deps: pip install ${pip_missing[*]}"
+  python3 -m pip install --quiet --disable-pip-version-check "${pip_missing[@]}" 2>/dev/null ||
+    python3 -m pip install --quiet --disable-pip-version-check --break-system-packages "${pip_missing[@]}"
 fi

@@ -33,6 +33,29 @@ TEST(Tensor, ShapesWhoseSizesOverflowAreErrors) {
   EXPECT_EQ(contiguous_strides({2, 0, 3}), (Shape{0, 3, 1}));
 }
 
+TEST(Tensor, BorrowedMemoryIsSharedAndReleasedOnce) {
+  std::vector<float> block = {0, 1, 2, 3, 4, 5, 6, 7};
+  int released = 0;
+  {
+    // Every other column of a 2x4 block: strides {4, 2}, as a NumPy a[:, ::2].
+    Tensor t = Tensor::borrow(block.data(), block.size() * sizeof(float), DType::F32, {2, 2}, {4, 2},
+                              [&] { ++released; });
+    EXPECT_FALSE(t.is_contiguous());
+    EXPECT_EQ(t.to_vector(), (std::vector<float>{0, 2, 4, 6}));
+    Tensor view = t.slice(0, 1, 2);
+    t = Tensor();
+    EXPECT_EQ(released, 0);  // the view still holds the block
+    view.fill_(9);
+    EXPECT_EQ(block[4], 9);
+    EXPECT_EQ(block[6], 9);
+    EXPECT_EQ(block[5], 5);  // between the strided elements: untouched
+  }
+  EXPECT_EQ(released, 1);
+  // A view past the block's end, or with a negative stride, is refused before it is made.
+  EXPECT_THROW(Tensor::borrow(block.data(), 4 * sizeof(float), DType::F32, {2, 4}, {4, 1}, {}), Error);
+  EXPECT_THROW(Tensor::borrow(block.data(), 32, DType::F32, {2}, {-1}, {}), Error);
+}
+
 TEST(Tensor, ViewsShareStorage) {
   Tensor t = Tensor::from_vector({0, 1, 2, 3, 4, 5}, {2, 3});
   Tensor tr = t.transpose(0, 1);

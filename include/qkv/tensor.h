@@ -41,15 +41,19 @@ int64_t shape_numel(const Shape& s);
 Shape contiguous_strides(const Shape& s);
 
 // A block of memory on a device: from the caching allocator (qkv/allocator.h)
-// on the CPU; none at all on the meta device, where data stays null.
+// on the CPU; none at all on the meta device, where data stays null. A
+// borrowed block is memory someone else owns (a NumPy array in the Python
+// bindings): `release` runs, once, when the last tensor on it is gone.
 struct Storage {
   Storage(size_t nbytes, Device device);
+  Storage(void* borrowed, size_t nbytes, std::function<void()> release);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
   void* data = nullptr;
   size_t nbytes = 0;
   Device device = Device::Cpu;
+  std::function<void()> release;  // set for borrowed memory
 };
 
 struct TensorImpl;
@@ -100,6 +104,11 @@ public:
   static Tensor randn(const Shape& shape, Rng& rng, float stddev = 1.0f);
   static Tensor uniform(const Shape& shape, Rng& rng, float low, float high);
   static Tensor scalar(float value) { return from_vector({value}, {}); }
+  // A view of memory qkv does not own: `strides` in elements (non-negative),
+  // every element addressed within `nbytes` from `data`; `release` runs when
+  // the last tensor on it is gone (Storage). Nothing is copied.
+  static Tensor borrow(void* data, size_t nbytes, DType dtype, const Shape& shape, const Shape& strides,
+                       std::function<void()> release);
 
   // --- layout ---
   bool defined() const { return impl_ != nullptr; }

@@ -58,6 +58,11 @@ struct VitCallbacks {
   std::function<void(const VitEpochReport&)> epoch_done;
 };
 
+// A fresh model from a vit config's text (its "train" object ignored),
+// initialised from `seed`.
+std::shared_ptr<VisionTransformer> new_vit_model(const std::string& config_text, const std::string& source,
+                                                 uint64_t seed);
+
 // Trains with AdamW and warmup + cosine over epochs x (train.count / batch_size)
 // steps; after each epoch measures test accuracy and keeps the best model in out_dir.
 TrainOutcome train_vit(VisionTransformer& model, const ImageSet& train, const ImageSet& test, const VitTrainOptions& options,

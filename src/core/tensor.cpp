@@ -63,8 +63,13 @@ DefaultDeviceGuard::DefaultDeviceGuard(Device d) : previous_(t_default_device) {
 DefaultDeviceGuard::~DefaultDeviceGuard() { t_default_device = previous_; }
 
 Storage::Storage(size_t n, Device d) : data(d == Device::Cpu ? allocate_bytes(n) : nullptr), nbytes(n), device(d) {}
+Storage::Storage(void* borrowed, size_t n, std::function<void()> release_fn)
+    : data(borrowed), nbytes(n), device(Device::Cpu), release(std::move(release_fn)) {}
 Storage::~Storage() {
-  if (device == Device::Cpu) free_bytes(data, nbytes);
+  if (release)
+    release();
+  else if (device == Device::Cpu)
+    free_bytes(data, nbytes);
 }
 
 void detail::fail_no_values(const Shape& shape) {
@@ -115,6 +120,28 @@ Tensor Tensor::full(const Shape& shape, float value) {
   Tensor t = empty(shape);
   if (!is_meta(t)) std::fill_n(t.data<float>(), t.numel(), value);
   return t;
+}
+
+Tensor Tensor::borrow(void* data, size_t nbytes, DType dtype, const Shape& shape, const Shape& strides,
+                      std::function<void()> release) {
+  QKV_CHECK(strides.size() == shape.size(), "borrow: ", strides.size(), " strides for shape ", shape_str(shape));
+  size_t last = 0;  // the byte just past the farthest element
+  if (shape_numel(shape) > 0) {
+    int64_t far = 0;
+    for (size_t d = 0; d < shape.size(); ++d) {
+      QKV_CHECK(strides[d] >= 0, "borrow: stride ", strides[d], " of dim ", d, " is negative");
+      far += (shape[d] - 1) * strides[d];
+    }
+    last = (size_t)(far + 1) * dtype_size(dtype);
+  }
+  QKV_CHECK(last <= nbytes, "borrow: a ", shape_str(shape), " view with strides ", shape_str(strides), " reaches byte ",
+            last, " of a ", nbytes, "-byte block");
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::make_shared<Storage>(data, nbytes, std::move(release));
+  impl->shape = shape;
+  impl->strides = strides;
+  impl->dtype = dtype;
+  return Tensor(std::move(impl));
 }
 
 Tensor Tensor::from_vector(const std::vector<float>& v, const Shape& shape) {

@@ -10,6 +10,7 @@
 #include "qkv/checkpoint.h"
 #include "qkv/optim.h"
 #include "src/config/fields.h"
+#include "src/core/json.h"
 #include "src/train/loop.h"
 
 namespace qkv {
@@ -146,6 +147,15 @@ private:
 };
 
 }  // namespace
+
+std::shared_ptr<VisionTransformer> new_vit_model(const std::string& config_text, const std::string& source,
+                                                 uint64_t seed) {
+  nlohmann::json j = parse_json(config_text, source);
+  QKV_CHECK(j.is_object(), source, ": expected a JSON object");
+  j.erase("train");
+  Rng rng(seed);
+  return std::dynamic_pointer_cast<VisionTransformer>(find_family("vit", source).build(j.dump(), source, rng));
+}
 
 TrainOutcome train_vit(VisionTransformer& model, const ImageSet& train_all, const ImageSet& test, const VitTrainOptions& o,
                const std::string& out_dir, const VitCallbacks& cb) {

@@ -44,11 +44,8 @@ int run_lm_train(const TrainArgs& a, const std::string& config_text) {
     } catch (const Error& e) {
       fail(a.valid, ":", e.what());
     }
-  } else {  // hold out the last 5% of the tokens
-    const size_t n = std::max<size_t>(2, train.size() / 20);
-    QKV_CHECK(train.size() > 2 * n, a.train, ": too little text to hold some out for validation; pass --valid");
-    valid.assign(train.end() - (ptrdiff_t)n, train.end());
-    train.resize(train.size() - n);
+  } else {
+    valid = hold_out_tokens(train, a.train, "--valid");
   }
   std::printf("qkv train: %s\n  %zu training tokens, %zu validation tokens; %lld steps of %lld x %lld tokens, %d threads\n",
               m.model->summary().c_str(), train.size(), valid.size(), (long long)o.steps, (long long)o.batch_size,

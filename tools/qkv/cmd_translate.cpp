@@ -92,11 +92,8 @@ int run_train(const TrainArgs& a) {
   std::vector<SentencePair> valid;
   if (!a.valid.empty()) {
     valid = read_parallel_tsv(a.valid, {.replace_invalid_utf8 = a.replace_invalid});
-  } else {  // hold out the last 5% of the training pairs
-    size_t n = std::max<size_t>(1, train.size() / 20);
-    valid.assign(train.end() - n, train.end());
-    train.resize(train.size() - n);
-    QKV_CHECK(!train.empty(), a.train, ": too few pairs to hold some out for validation; pass --valid");
+  } else {
+    valid = hold_out_pairs(train, a.train, "--valid");
   }
   // A resumed run takes the model's config and vocabulary from its folder; the
   // latest weights and the training state come from trainer_state.safetensors.

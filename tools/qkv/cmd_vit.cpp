@@ -38,10 +38,7 @@ int run_vit_train(const TrainArgs& a, const std::string& config_text) {
     model = load_vit_model(a.out, "train --resume");
     model->train();
   } else {
-    nlohmann::json j = nlohmann::json::parse(config_text);
-    j.erase("train");
-    Rng rng(o.seed);
-    model = std::dynamic_pointer_cast<VisionTransformer>(find_family("vit", a.config).build(j.dump(), a.config, rng));
+    model = new_vit_model(config_text, a.config, o.seed);
   }
   const int64_t used = o.max_train_images > 0 ? std::min(o.max_train_images, train.count) : train.count;
   std::printf("qkv train: %s\n  %lld training images (of %lld), %lld test images; %lld epochs of batches of %lld, "

@@ -1,0 +1,815 @@
+// qkv._qkv — the Python bindings: a thin, typed layer over qkv/infer.h,
+// qkv/checkpoint.h, the trainers and the Tensor. python/qkv/__init__.py wraps
+// it; docs/python.md is the API for people.
+//
+// Three rules hold for every function here:
+//  - a qkv::Error becomes qkv.Error with the same one-line message;
+//  - compute runs with the GIL released, on a worker thread, while the calling
+//    thread waits and looks for Ctrl-C every 50 ms; Ctrl-C cancels the work at
+//    its next token, batch or step and raises KeyboardInterrupt (Job below);
+//  - a tensor crossing into or out of Python is shared, not copied, when its
+//    layout allows (Tensor.from_dlpack, Tensor.numpy, __dlpack__).
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/function.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/unique_ptr.h>
+#include <nanobind/stl/vector.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "qkv/checkpoint.h"
+#include "qkv/cpu.h"
+#include "qkv/infer.h"
+#include "qkv/io.h"
+#include "qkv/lm_trainer.h"
+#include "qkv/ops.h"
+#include "qkv/registry.h"
+#include "qkv/trainer.h"
+#include "qkv/utf8.h"
+#include "qkv/vit_trainer.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace qkv::python {
+namespace {
+
+constexpr int kMaxThreads = 1024;  // as qkv --threads
+
+// Thrown inside a callback of the library to end the work after Ctrl-C.
+struct Cancelled {};
+
+// Runs `work` on a worker thread with `threads` OpenMP threads (0: the
+// default) while the calling Python thread waits with the GIL released. Every
+// 50 ms the caller checks for a signal; on Ctrl-C it sets `cancel`, which the
+// work's callbacks read (throwing Cancelled), waits for the worker to end, and
+// raises KeyboardInterrupt. An exception of the work is raised here.
+void run_job(const std::function<void()>& work, std::atomic<bool>& cancel, int threads) {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  std::exception_ptr error;
+  std::thread worker;
+  {
+    nb::gil_scoped_release nogil;
+    worker = std::thread([&] {
+      if (threads > 0) omp_set_num_threads(threads);
+      try {
+        work();
+      } catch (const Cancelled&) {
+      } catch (...) {
+        error = std::current_exception();
+      }
+      std::lock_guard<std::mutex> lock(mu);
+      done = true;
+      cv.notify_all();
+    });
+  }
+  bool interrupted = false;
+  for (;;) {
+    {
+      nb::gil_scoped_release nogil;
+      std::unique_lock<std::mutex> lock(mu);
+      if (cv.wait_for(lock, std::chrono::milliseconds(50), [&] { return done; })) break;
+    }
+    if (!interrupted && PyErr_CheckSignals() != 0) {  // the KeyboardInterrupt stays set until raised below
+      interrupted = true;
+      cancel = true;
+    }
+  }
+  {
+    nb::gil_scoped_release nogil;
+    worker.join();
+  }
+  cancel = false;
+  if (interrupted) {
+    error = nullptr;  // (with the GIL: it may hold a Python error) the interrupt is what the user asked for
+    throw nb::python_error();
+  }
+  if (error) std::rethrow_exception(error);
+}
+
+void check_threads(int threads) {
+  QKV_CHECK(threads >= 0 && threads <= kMaxThreads, "threads=", threads, ": expected 0 (all cores) or 1 to ",
+            kMaxThreads);
+}
+
+void apply_dtype(Module& model, const std::string& dtype) {
+  QKV_CHECK(dtype == "f32" || dtype == "bf16", "dtype '", dtype, "': expected 'f32' or 'bf16'");
+  if (dtype == "bf16") model.convert_linear_weights(DType::BF16);
+}
+
+// --- tensors ---------------------------------------------------------------
+
+nb::dlpack::dtype to_dlpack(DType t) {
+  switch (t) {
+    case DType::F32: return nb::dtype<float>();
+    case DType::F16: return {(uint8_t)nb::dlpack::dtype_code::Float, 16, 1};
+    case DType::BF16: return {(uint8_t)nb::dlpack::dtype_code::Bfloat, 16, 1};
+    case DType::I64: return nb::dtype<int64_t>();
+    case DType::I32: return nb::dtype<int32_t>();
+    case DType::I8: return nb::dtype<int8_t>();
+    case DType::U8: return nb::dtype<uint8_t>();
+  }
+  fail("a tensor of an unknown dtype");
+}
+
+DType from_dlpack(nb::dlpack::dtype d) {
+  for (DType t : {DType::F32, DType::F16, DType::BF16, DType::I64, DType::I32, DType::I8, DType::U8})
+    if (to_dlpack(t) == d) return t;
+  const char* kinds[] = {"int", "uint", "float", "opaque", "bfloat", "complex", "bool"};
+  fail("an array of ", d.code < 7 ? kinds[d.code] : "unknown", d.bits,
+       " has no qkv dtype (qkv holds float32, float16, bfloat16, int64, int32, int8, uint8)");
+}
+
+using AnyArray = nb::ndarray<nb::device::cpu>;
+
+// A qkv tensor over the memory of `a` (a NumPy array, a torch tensor, anything
+// with the buffer protocol or __dlpack__), holding `a` until the last qkv
+// tensor on it is gone. Nothing is copied; a negative stride is refused.
+Tensor borrow_array(const AnyArray& a) {
+  Shape shape, strides;
+  for (size_t d = 0; d < a.ndim(); ++d) {
+    shape.push_back((int64_t)a.shape(d));
+    QKV_CHECK(a.stride(d) >= 0 || a.shape(d) <= 1, "Tensor.from_dlpack: dim ", d, " has the negative stride ",
+              a.stride(d), " (qkv views step forward; pass a copy, numpy.ascontiguousarray)");
+    strides.push_back(a.shape(d) <= 1 ? 0 : (int64_t)a.stride(d));
+  }
+  const DType dtype = from_dlpack(a.dtype());
+  int64_t far = 0;
+  for (size_t d = 0; d < shape.size(); ++d) far += shape[d] > 0 ? (shape[d] - 1) * strides[d] : 0;
+  const size_t nbytes = shape_numel(shape) == 0 ? 0 : (size_t)(far + 1) * dtype_size(dtype);
+  auto* keep = new AnyArray(a);  // released with the GIL held, from whichever thread drops the last tensor
+  return Tensor::borrow(const_cast<void*>(a.data()), nbytes, dtype, shape, strides, [keep] {
+    nb::gil_scoped_acquire gil;
+    delete keep;
+  });
+}
+
+// The array view of `t` (no copy), keeping t's storage alive while it lives.
+nb::ndarray<> array_of(const Tensor& t) {
+  QKV_CHECK(t.device() == Device::Cpu, "a tensor on the meta device has no values to share");
+  auto* keep = new Tensor(t.detach());
+  nb::capsule owner(keep, [](void* p) noexcept { delete static_cast<Tensor*>(p); });
+  std::vector<size_t> shape(t.shape().begin(), t.shape().end());
+  std::vector<int64_t> strides(t.strides().begin(), t.strides().end());
+  return nb::ndarray<>(t.raw_data(), shape.size(), shape.data(), owner, strides.data(), to_dlpack(t.dtype()),
+                       nb::device::cpu::value);
+}
+
+nb::object to_numpy(const Tensor& t) {
+  QKV_CHECK(t.dtype() != DType::BF16, "Tensor.numpy: NumPy has no bfloat16; use t.to('F32').numpy(), or "
+            "torch.from_dlpack(t), which keeps it");
+  return nb::cast(nb::ndarray<nb::numpy>(array_of(t)));
+}
+
+DType parse_dtype_name(const std::string& name) {
+  std::string upper = name;
+  for (char& c : upper) c = (char)std::toupper((unsigned char)c);
+  if (upper == "FLOAT32") upper = "F32";
+  if (upper == "BFLOAT16") upper = "BF16";
+  if (upper == "FLOAT16") upper = "F16";
+  DType t;
+  QKV_CHECK(parse_dtype(upper, &t), "dtype '", name, "': expected one of F32, F16, BF16, I64, I32, I8, U8");
+  return t;
+}
+
+// --- models ----------------------------------------------------------------
+
+// What every model object holds: the folder it came from, its family, the
+// thread count and a lock (one call at a time per model: the decoders keep
+// their caches in the model).
+struct ModelBase {
+  std::string path;
+  const Family* family = nullptr;
+  int threads = 0;
+  std::mutex busy;
+  std::atomic<bool> cancel{false};
+
+  void run(const std::function<void()>& work) {
+    run_job(
+        [&] {
+          std::lock_guard<std::mutex> lock(busy);
+          NoGradGuard no_grad;
+          work();
+        },
+        cancel, threads);
+  }
+  void check_cancel() const {
+    if (cancel) throw Cancelled{};
+  }
+  std::string arch() const { return family->arch; }
+  std::string description() const { return family->description; }
+};
+
+// Text from Python: a str, or bytes that must be UTF-8. `where` names it in
+// the error ("translate: source 2").
+std::string text_arg(nb::handle h, const std::string& where) {
+  if (nb::isinstance<nb::bytes>(h)) {
+    nb::bytes b = nb::borrow<nb::bytes>(h);
+    std::string s(b.c_str(), b.size());
+    const size_t bad = invalid_utf8_offset(s);
+    QKV_CHECK(bad == std::string::npos, where, ": invalid UTF-8 at byte ", bad + 1);
+    return s;
+  }
+  if (!nb::isinstance<nb::str>(h))
+    throw nb::type_error((where + ": expected str or bytes, got " + nb::type_name(h.type()).c_str()).c_str());
+  Py_ssize_t n = 0;
+  const char* s = PyUnicode_AsUTF8AndSize(h.ptr(), &n);
+  if (!s) {  // a lone surrogate ("\udc80", from surrogateescape): no UTF-8 for it
+    PyErr_Clear();
+    fail(where, ": the text holds a lone surrogate (U+D800-U+DFFF), which is not a character UTF-8 can encode");
+  }
+  return std::string(s, (size_t)n);
+}
+
+// A list (or tuple) of texts; a bare str is refused, being a common slip.
+std::vector<std::string> texts_arg(nb::handle h, const std::string& what) {
+  if (nb::isinstance<nb::str>(h) || nb::isinstance<nb::bytes>(h) ||
+      !(nb::isinstance<nb::list>(h) || nb::isinstance<nb::tuple>(h)))
+    throw nb::type_error((what + "s: expected a list of str, got " + nb::type_name(h.type()).c_str() +
+                          " (one text goes in a list: [text])").c_str());
+  std::vector<std::string> out;
+  size_t i = 0;
+  for (nb::handle item : h) out.push_back(text_arg(item, what + " " + std::to_string(++i)));
+  return out;
+}
+
+struct Translator : ModelBase {
+  TranslationModel m;
+
+  std::vector<std::string> translate(nb::handle sources_arg, int64_t beam, int64_t max_len, int64_t max_source_tokens,
+                                     bool truncate) {
+    QKV_CHECK(beam >= 1, "translate: beam must be at least 1, got ", beam);
+    QKV_CHECK(max_len >= 1, "translate: max_len must be at least 1, got ", max_len);
+    QKV_CHECK(max_source_tokens >= 0, "translate: max_source_tokens must be at least 0, got ", max_source_tokens);
+    const std::vector<std::string> sources = texts_arg(sources_arg, "translate: source");
+    std::vector<std::string> out;
+    run([&] {
+      const SourceLimit limit{.max_tokens = max_source_tokens, .truncate = truncate};
+      std::vector<std::vector<int64_t>> ids;
+      for (size_t i = 0; i < sources.size(); ++i)
+        ids.push_back(encode_source(m, sources[i], limit, "translate: source " + std::to_string(i + 1)));
+      constexpr size_t kBatch = 64;  // as qkv translate; Ctrl-C is looked for between batches
+      for (size_t start = 0; start < ids.size(); start += kBatch) {
+        check_cancel();
+        std::vector<std::vector<int64_t>> batch(ids.begin() + start, ids.begin() + std::min(ids.size(), start + kBatch));
+        for (std::string& t : translate_ids(m, batch, max_len, beam)) out.push_back(std::move(t));
+      }
+    });
+    return out;
+  }
+
+  // Greedy translation of `source` with the cross-attention of every layer and head.
+  nb::dict attention(nb::handle source_arg, int64_t max_len) {
+    QKV_CHECK(max_len >= 1, "attention: max_len must be at least 1, got ", max_len);
+    const std::string source = text_arg(source_arg, "attention: source");
+    AlignedTranslation a;
+    std::vector<int64_t> src;
+    run([&] {
+      src = encode_source(m, source, {}, "attention: source");
+      a = translate_with_attention(*m.model, src, max_len);
+    });
+    const int64_t T = (int64_t)a.tokens.size(), S = a.source_length;
+    Tensor w;
+    if (!a.heads.empty()) {
+      w = Tensor::from_vector(a.heads, {a.layers, a.nheads, T, S});
+    } else {  // one attention (the RNN's, the convolutional model's last layer): one layer, one head
+      w = Tensor::from_vector(a.weights, {1, 1, T, S});
+    }
+    nb::dict d;
+    d["translation"] = m.tokenizer->decode(a.tokens);
+    d["source_tokens"] = m.tokenizer->pieces(src);
+    d["output_tokens"] = m.tokenizer->pieces(a.tokens);
+    d["weights"] = to_numpy(w);
+    d["averaged"] = a.heads.empty();
+    return d;
+  }
+};
+
+struct Generator : ModelBase {
+  LanguageModel m;
+
+  GenerateOptions options(int64_t max_new_tokens, float temperature, int64_t top_k, float top_p, uint64_t seed,
+                          bool ignore_eos, bool truncate_prompt) const {
+    QKV_CHECK(max_new_tokens >= 0, "generate: max_new_tokens must be at least 0, got ", max_new_tokens);
+    QKV_CHECK(temperature >= 0, "generate: temperature must be at least 0, got ", temperature);
+    QKV_CHECK(top_k >= 0, "generate: top_k must be at least 0, got ", top_k);
+    QKV_CHECK(top_p > 0 && top_p <= 1, "generate: top_p must be in (0, 1], got ", top_p);
+    return {.max_new_tokens = max_new_tokens, .temperature = temperature, .top_k = top_k, .top_p = top_p,
+            .seed = seed, .truncate_prompt = truncate_prompt, .ignore_eos = ignore_eos};
+  }
+
+  std::string generate(const std::string& prompt, const GenerateOptions& o) {
+    std::string text;
+    run([&] {
+      generate_text(m, prompt, o, [&](const std::string& piece) {
+        check_cancel();
+        text += piece;
+      });
+    });
+    return text;
+  }
+
+  std::vector<int64_t> tokenize(nb::handle text) {
+    QKV_CHECK(m.tokenizer, "tokenize: ", path, " has no tokenizer (the model runs on token ids)");
+    return m.tokenizer->encode(text_arg(text, "tokenize: text"));
+  }
+
+  static void generate_text(LanguageModel& m, const std::string& prompt, const GenerateOptions& o,
+                            const std::function<void(const std::string&)>& emit) {
+    qkv::generate(m, prompt, o, emit);
+  }
+};
+
+// The pieces of a streaming generate, produced by a worker thread and read by
+// Python's iterator protocol. Leaving the loop early (or Ctrl-C while it
+// waits) cancels the generation at its next token.
+class Stream {
+public:
+  Stream(std::shared_ptr<Generator> g, std::string prompt, GenerateOptions o) : g_(std::move(g)) {
+    const int threads = g_->threads;
+    worker_ = std::thread([this, prompt = std::move(prompt), o, threads] {
+      if (threads > 0) omp_set_num_threads(threads);
+      std::exception_ptr error;
+      try {
+        std::lock_guard<std::mutex> busy(g_->busy);
+        NoGradGuard no_grad;
+        Generator::generate_text(g_->m, prompt, o, [this](const std::string& piece) {
+          if (stop_) throw Cancelled{};
+          std::lock_guard<std::mutex> lock(mu_);
+          pieces_.push_back(piece);
+          cv_.notify_all();
+        });
+      } catch (const Cancelled&) {
+      } catch (...) {
+        error = std::current_exception();
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      error_ = error;
+      done_ = true;
+      cv_.notify_all();
+    });
+  }
+  ~Stream() { close(); }
+
+  std::string next() {
+    for (;;) {
+      {
+        nb::gil_scoped_release nogil;
+        std::unique_lock<std::mutex> lock(mu_);
+        if (cv_.wait_for(lock, std::chrono::milliseconds(50), [&] { return !pieces_.empty() || done_; })) {
+          if (!pieces_.empty()) {
+            std::string piece = std::move(pieces_.front());
+            pieces_.pop_front();
+            return piece;
+          }
+          if (error_) {
+            std::exception_ptr e = error_;
+            error_ = nullptr;
+            lock.unlock();
+            join();
+            std::rethrow_exception(e);
+          }
+          lock.unlock();
+          join();
+          throw nb::stop_iteration();
+        }
+      }
+      if (PyErr_CheckSignals() != 0) {
+        close();
+        throw nb::python_error();
+      }
+    }
+  }
+
+  void close() {
+    stop_ = true;
+    join();
+  }
+
+private:
+  void join() {
+    if (!worker_.joinable()) return;
+    if (PyGILState_Check()) {
+      nb::gil_scoped_release nogil;
+      worker_.join();
+    } else {
+      worker_.join();
+    }
+  }
+
+  std::shared_ptr<Generator> g_;
+  std::thread worker_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::string> pieces_;
+  std::exception_ptr error_;
+  bool done_ = false;
+  std::atomic<bool> stop_{false};
+};
+
+struct Classifier : ModelBase {
+  std::shared_ptr<VisionTransformer> m;
+
+  // Images as the model's pixels: uint8 arrays [B, H, W] (one channel) or
+  // [B, C, H, W] (one image without B is one too), or a list of PNG/JPEG paths.
+  ImageSet images(const nb::handle& in) const {
+    const ViTConfig& c = m->config();
+    const int64_t size = c.image_size, pixels = c.channels * size * size;
+    ImageSet set;
+    set.channels = c.channels, set.height = size, set.width = size;
+    if (nb::isinstance<nb::list>(in) || nb::isinstance<nb::tuple>(in)) {
+      for (nb::handle item : in) {
+        QKV_CHECK(nb::isinstance<nb::str>(item), "classify: a list of images holds file paths (str), got ",
+                  nb::type_name(item.type()).c_str());
+        const std::vector<uint8_t> im = read_image(nb::cast<std::string>(item), c.channels, size);
+        set.pixels.insert(set.pixels.end(), im.begin(), im.end());
+        ++set.count;
+      }
+    } else {
+      // uint8 only: a float array is not cast silently (nanobind would truncate it).
+      AnyArray any;
+      const bool is_array = nb::try_cast(in, any, /*convert=*/false);
+      QKV_CHECK(is_array && any.dtype() == nb::dtype<uint8_t>(), "classify: images are a uint8 array (pixels "
+                "0-255) or a list of file paths, got ", is_array ? "an array of another dtype" : nb::type_name(in.type()).c_str());
+      nb::ndarray<const uint8_t, nb::c_contig, nb::device::cpu> a;
+      QKV_CHECK(nb::try_cast(in, a), "classify: the images could not be read as one contiguous uint8 array");
+      Shape s;
+      for (size_t d = 0; d < a.ndim(); ++d) s.push_back((int64_t)a.shape(d));
+      const bool gray = c.channels == 1;
+      const bool ok = (s.size() == 4 && s[1] == c.channels && s[2] == size && s[3] == size) ||
+                      (s.size() == 3 && ((gray && s[1] == size && s[2] == size) ||
+                                         (s[0] == c.channels && s[1] == size && s[2] == size))) ||
+                      (s.size() == 2 && gray && s[0] == size && s[1] == size);
+      QKV_CHECK(ok, "classify: images of shape ", shape_str(s), "; the model takes ", c.channels, "x", size, "x", size,
+                " pixels: [B, ", c.channels, ", ", size, ", ", size, "]", gray ? " or [B, H, W] or [H, W]" : "");
+      set.pixels.assign(a.data(), a.data() + a.size());
+      set.count = (int64_t)a.size() / pixels;
+    }
+    QKV_CHECK(set.count > 0, "classify: no images");
+    return set;
+  }
+
+  Tensor probabilities(const ImageSet& set) {
+    Tensor probs;
+    run([&] {
+      std::vector<int64_t> all(set.count);
+      for (int64_t i = 0; i < set.count; ++i) all[i] = i;
+      probs = classify_images(*m, image_batch(set, all));
+    });
+    return probs;
+  }
+
+  std::vector<std::vector<std::pair<std::string, float>>> classify(const nb::handle& in, int64_t top_k) {
+    QKV_CHECK(top_k >= 1, "classify: top_k must be at least 1, got ", top_k);
+    const ImageSet set = images(in);
+    Tensor probs = probabilities(set);
+    const ViTConfig& c = m->config();
+    const int64_t C = c.num_classes, k = std::min(top_k, C);
+    std::vector<std::vector<std::pair<std::string, float>>> out;
+    for (int64_t i = 0; i < set.count; ++i) {
+      const float* p = probs.data<float>() + i * C;
+      std::vector<std::pair<std::string, float>> top;
+      for (int64_t j : top_classes(p, C, k)) top.emplace_back(c.class_names[j], p[j]);
+      out.push_back(std::move(top));
+    }
+    return out;
+  }
+};
+
+template <class T>
+void fill_base(T& model, const std::string& path, const Family& family, int threads) {
+  model.path = path;
+  model.family = &family;
+  model.threads = threads;
+}
+
+nb::object load(const std::string& path, const std::string& dtype, int threads) {
+  check_threads(threads);
+  QKV_CHECK(dtype == "f32" || dtype == "bf16", "load: dtype '", dtype, "': expected 'f32' or 'bf16'");
+  const Family& family = family_of_folder(path);
+  std::atomic<bool> cancel{false};
+  switch (family.domain) {
+    case Domain::Translation: {
+      auto t = std::make_shared<Translator>();
+      fill_base(*t, path, family, threads);
+      run_job([&] {
+        t->m = load_translation_model(path, "load");
+        apply_dtype(*t->m.model, dtype);
+      }, cancel, threads);
+      return nb::cast(t);
+    }
+    case Domain::Language: {
+      auto g = std::make_shared<Generator>();
+      fill_base(*g, path, family, threads);
+      run_job([&] {
+        g->m = load_language_model(path, "load");
+        apply_dtype(*g->m.model, dtype);
+      }, cancel, threads);
+      return nb::cast(g);
+    }
+    case Domain::Vision: {
+      auto c = std::make_shared<Classifier>();
+      fill_base(*c, path, family, threads);
+      run_job([&] {
+        c->m = load_vit_model(path, "load");
+        apply_dtype(*c->m, dtype);
+      }, cancel, threads);
+      return nb::cast(c);
+    }
+  }
+  fail("load: ", path, ": a family of an unknown domain");
+}
+
+// --- training ----------------------------------------------------------------
+
+nb::dict progress_dict(int64_t step, int64_t total, float loss, float lr, double eta, int64_t skipped) {
+  nb::dict d;
+  d["step"] = step, d["total_steps"] = total, d["loss"] = loss, d["lr"] = lr, d["eta_seconds"] = eta;
+  d["skipped_steps"] = skipped;
+  return d;
+}
+
+struct TrainArgs {
+  std::string config, train, valid, out;
+  std::optional<int64_t> steps, epochs, seed;
+  std::optional<double> lr;
+  bool resume = false;
+  int threads = 0;
+};
+
+template <class Options>
+void apply_overrides(const TrainArgs& a, Options& o) {
+  if constexpr (requires { o.steps; }) {
+    if (a.steps) o.steps = *a.steps;
+  }
+  if constexpr (requires { o.epochs; }) {
+    if (a.epochs) o.epochs = *a.epochs;
+  }
+  if (a.lr) o.lr = (float)*a.lr;
+  if (a.seed) o.seed = (uint64_t)*a.seed;
+  o.resume = a.resume;
+}
+
+// qkv.train: what `qkv train` does, with Python callbacks in place of its
+// printing. on_step(dict) after every step; on_eval(dict) after each
+// validation, a true return ending the run there (translation and language
+// models; a vit reports each epoch).
+nb::dict train(const TrainArgs& a, nb::object on_step, nb::object on_eval) {
+  check_threads(a.threads);
+  QKV_CHECK(!a.steps || *a.steps >= 1, "train: steps must be at least 1, got ", *a.steps);
+  QKV_CHECK(!a.epochs || *a.epochs >= 1, "train: epochs must be at least 1, got ", *a.epochs);
+  QKV_CHECK(!a.lr || (*a.lr > 0 && std::isfinite(*a.lr)), "train: lr must be a positive number, got ", *a.lr);
+  QKV_CHECK(!a.seed || *a.seed >= 0, "train: seed must be at least 0, got ", *a.seed);
+  const std::string config_text = read_file(a.config);
+  const Family& family = family_of_config(config_text, a.config);
+  if (a.resume) {
+    const Family& held = family_of_folder(a.out);
+    QKV_CHECK(held.arch == family.arch, "train: resume: ", a.out, " holds ", held.description, " (arch '", held.arch,
+              "'), the config ", a.config, " is for arch '", family.arch, "'");
+  }
+  std::atomic<bool> cancel{false};
+  // The callbacks run on the worker thread: each takes the GIL for its call.
+  auto step = [&](nb::dict (*make)(const void*), const void* p) {
+    if (cancel) throw Cancelled{};
+    if (on_step.is_none()) return;
+    nb::gil_scoped_acquire gil;
+    on_step(make(p));
+  };
+  auto evaluated = [&](nb::dict d) -> bool {
+    if (on_eval.is_none()) return false;
+    nb::gil_scoped_acquire gil;
+    nb::object r = on_eval(d);
+    const int truth = PyObject_IsTrue(r.ptr());
+    if (truth < 0) throw nb::python_error();
+    return truth == 1;
+  };
+  TrainOutcome outcome;
+  if (family.domain == Domain::Translation) {
+    QKV_CHECK(!a.epochs, "train: epochs is for vit configs; translation models train for steps");
+    TrainOptions o = TrainOptions::from_json(config_text, a.config);
+    apply_overrides(a, o);
+    std::vector<SentencePair> train = read_parallel_tsv(a.train), valid;
+    if (!a.valid.empty()) {
+      valid = read_parallel_tsv(a.valid);
+    } else {
+      valid = hold_out_pairs(train, a.train, "valid=");
+    }
+    TranslationModel m = a.resume ? load_translation_model(a.out, "train: resume")
+                                  : new_translation_model(config_text, a.config, train, o.seed);
+    if (a.resume) m.model->train();
+    TrainCallbacks cb;
+    cb.progress = [&](const TrainProgress& p) {
+      step([](const void* q) {
+        auto& p = *static_cast<const TrainProgress*>(q);
+        nb::dict d = progress_dict(p.step, p.total_steps, p.loss, p.lr, p.eta_seconds, p.skipped_steps);
+        d["tokens_per_second"] = p.tokens_per_second;
+        return d;
+      }, &p);
+    };
+    std::optional<bool> stop_now;
+    cb.evaluated = [&](const EvalReport& r) {
+      if (on_eval.is_none()) return;
+      nb::gil_scoped_acquire gil;
+      nb::dict d;
+      d["step"] = r.step, d["valid_loss"] = r.valid_loss, d["chrf"] = r.chrf, d["bleu"] = r.bleu, d["best"] = r.best;
+      stop_now = evaluated(d);
+    };
+    cb.stop = [&](const EvalReport&) { return stop_now.value_or(false); };
+    run_job([&] { outcome = train_translation(m, train, valid, o, a.out, cb); }, cancel, a.threads);
+  } else if (family.domain == Domain::Language) {
+    QKV_CHECK(!a.epochs, "train: epochs is for vit configs; decoder models train for steps");
+    LmTrainOptions o = LmTrainOptions::from_json(config_text, a.config);
+    apply_overrides(a, o);
+    const std::string text = read_file(a.train);
+    LanguageModel m = a.resume ? load_language_model(a.out, "train: resume")
+                               : new_language_model(config_text, a.config, text, o.seed);
+    if (a.resume) m.model->train();
+    std::vector<int64_t> train = pack_documents(*m.tokenizer, text), valid;
+    if (!a.valid.empty()) {
+      valid = pack_documents(*m.tokenizer, read_file(a.valid));
+    } else {
+      valid = hold_out_tokens(train, a.train, "valid=");
+    }
+    LmCallbacks cb;
+    cb.progress = [&](const LmProgress& p) {
+      step([](const void* q) {
+        auto& p = *static_cast<const LmProgress*>(q);
+        nb::dict d = progress_dict(p.step, p.total_steps, p.loss, p.lr, p.eta_seconds, p.skipped_steps);
+        d["tokens_per_second"] = p.tokens_per_second;
+        return d;
+      }, &p);
+    };
+    cb.evaluated = [&](const LmEvalReport& r) {
+      if (on_eval.is_none()) return;
+      nb::gil_scoped_acquire gil;
+      nb::dict d;
+      d["step"] = r.step, d["valid_loss"] = r.valid_loss, d["perplexity"] = r.perplexity, d["best"] = r.best;
+      on_eval(d);
+    };
+    run_job([&] { outcome = train_language_model(m, train, valid, o, a.out, cb); }, cancel, a.threads);
+  } else {
+    QKV_CHECK(!a.steps, "train: steps is for translation and decoder configs; a vit config trains for epochs");
+    VitTrainOptions o = VitTrainOptions::from_json(config_text, a.config);
+    apply_overrides(a, o);
+    ImageSet train = load_idx_folder(a.train, "train");
+    ImageSet test = load_idx_folder(a.valid.empty() ? a.train : a.valid, "t10k");
+    std::shared_ptr<VisionTransformer> model;
+    if (a.resume) {
+      model = load_vit_model(a.out, "train: resume");
+      model->train();
+    } else {
+      model = new_vit_model(config_text, a.config, o.seed);
+    }
+    VitCallbacks cb;
+    cb.progress = [&](const VitProgress& p) {
+      step([](const void* q) {
+        auto& p = *static_cast<const VitProgress*>(q);
+        nb::dict d = progress_dict(p.step, p.total_steps, p.loss, p.lr, p.eta_seconds, p.skipped_steps);
+        d["epoch"] = p.epoch, d["images_per_second"] = p.images_per_second;
+        return d;
+      }, &p);
+    };
+    cb.epoch_done = [&](const VitEpochReport& r) {
+      if (on_eval.is_none()) return;
+      nb::gil_scoped_acquire gil;
+      nb::dict d;
+      d["epoch"] = r.epoch, d["train_loss"] = r.train_loss, d["test_accuracy"] = r.test_accuracy;
+      d["seconds"] = r.seconds, d["best"] = r.best;
+      on_eval(d);
+    };
+    run_job([&] { outcome = train_vit(*model, train, test, o, a.out, cb); }, cancel, a.threads);
+  }
+  nb::dict result;
+  result["out"] = a.out;
+  result["last_step"] = outcome.last_step;
+  result["stopped_early"] = outcome.stopped_early;
+  return result;
+}
+
+}  // namespace
+}  // namespace qkv::python
+
+NB_MODULE(_qkv, m) {
+  using namespace qkv;
+  using namespace qkv::python;
+  m.doc() = "qkv: attention and Transformers in C++ (the compiled part; import qkv)";
+
+  nb::exception<Error>(m, "Error", PyExc_ValueError);
+
+  m.def("runtime", [] { return runtime_summary(); },
+        "What runs the compute: the CPU, its features, the kernel level, the GEMM library, the threads.");
+
+  nb::class_<Tensor>(m, "Tensor", "A qkv tensor: shape, strides (in elements), dtype; shares memory with NumPy "
+                                   "and DLPack consumers.")
+      .def_static("from_dlpack", [](AnyArray a) { return borrow_array(a); }, "array"_a,
+                  "A tensor over the memory of `array` (NumPy, torch, anything with __dlpack__ or the buffer "
+                  "protocol), without a copy; the array is kept alive while the tensor is.")
+      .def("numpy", &to_numpy, "The values as a NumPy array sharing this tensor's memory (no copy).")
+      .def("__dlpack__", [](const Tensor& t, nb::kwargs kwargs) {
+             return nb::cast(nb::ndarray<nb::array_api>(array_of(t))).attr("__dlpack__")(**kwargs);
+           }, "kwargs"_a)
+      .def("__dlpack_device__", [](const Tensor&) { return nb::make_tuple(1, 0); })  // kDLCPU, device 0
+      .def("__array__", [](const Tensor& t, nb::args, nb::kwargs) { return to_numpy(t); })
+      .def_prop_ro("shape", [](const Tensor& t) { return nb::tuple(nb::cast(t.shape())); })
+      .def_prop_ro("strides", [](const Tensor& t) { return nb::tuple(nb::cast(t.strides())); },
+                   "Strides in elements (NumPy's are in bytes).")
+      .def_prop_ro("dtype", [](const Tensor& t) { return std::string(dtype_name(t.dtype())); })
+      .def_prop_ro("ndim", &Tensor::dim)
+      .def("is_contiguous", &Tensor::is_contiguous)
+      .def("contiguous", &Tensor::contiguous, "This tensor, or a contiguous copy when it is a strided view.")
+      .def("to", [](const Tensor& t, const std::string& dtype) { return t.to(parse_dtype_name(dtype)); }, "dtype"_a,
+           "A copy converted to `dtype` (F32, F16, BF16, I64, I32, I8, U8).")
+      .def("shares_memory", [](const Tensor& a, const Tensor& b) { return a.same_storage(b); }, "other"_a)
+      .def("__len__", [](const Tensor& t) {
+        QKV_CHECK(t.dim() > 0, "len() of a 0-d tensor");
+        return t.size(0);
+      })
+      .def("__repr__", [](const Tensor& t) {
+        return "qkv.Tensor(shape=" + shape_str(t.shape()) + ", dtype=" + dtype_name(t.dtype()) + ")";
+      });
+
+  nb::class_<ModelBase>(m, "Model")
+      .def_ro("path", &ModelBase::path, "The folder the model was loaded from.")
+      .def_prop_ro("arch", &ModelBase::arch, "The family's config.json \"arch\".")
+      .def_prop_ro("description", &ModelBase::description)
+      .def_ro("threads", &ModelBase::threads);
+
+  nb::class_<Translator, ModelBase>(m, "Translator", "A translation model (arch transformer, rnn_attention, conv).")
+      .def("translate", &Translator::translate,
+           nb::sig("def translate(self, sources: list[str | bytes], *, beam: int = 1, max_len: int = 128, "
+                   "max_source_tokens: int = 0, truncate: bool = False) -> list[str]"),
+           "sources"_a, nb::kw_only(), "beam"_a = 1, "max_len"_a = 128,
+           "max_source_tokens"_a = 0, "truncate"_a = false,
+           "Each source sentence translated: greedy when beam is 1, else beam search.")
+      .def("attention", &Translator::attention,
+           nb::sig("def attention(self, source: str | bytes, *, max_len: int = 128) -> dict[str, object]"),
+           "source"_a, nb::kw_only(), "max_len"_a = 128,
+           "The greedy translation of `source` with its cross-attention weights, [layers, heads, output tokens, "
+           "source tokens].")
+      .def("__repr__", [](const Translator& t) { return "<qkv.Translator " + t.m.model->summary() + " from " + t.path + ">"; });
+
+  nb::class_<Generator, ModelBase>(m, "LanguageModel", "A decoder-only language model (arch decoder; GPT-2, Llama, "
+                                                       "Mistral, Mixtral, Qwen2, Qwen3 folders).")
+      .def("generate", [](std::shared_ptr<Generator> g, nb::handle prompt_arg, int64_t max_new_tokens,
+                          float temperature, int64_t top_k, float top_p, uint64_t seed, bool stream, bool ignore_eos,
+                          bool truncate_prompt) -> nb::object {
+             const std::string prompt = text_arg(prompt_arg, "generate: prompt");
+             GenerateOptions o = g->options(max_new_tokens, temperature, top_k, top_p, seed, ignore_eos,
+                                            truncate_prompt);
+             if (stream) return nb::cast(std::make_unique<Stream>(g, prompt, o));
+             return nb::cast(g->generate(prompt, o));
+           },
+           nb::sig("def generate(self, prompt: str | bytes, *, max_new_tokens: int = 100, temperature: float = 1.0, "
+                   "top_k: int = 0, top_p: float = 1.0, seed: int = 1, stream: bool = False, ignore_eos: bool = False, "
+                   "truncate_prompt: bool = False) -> str | GenerateStream"),
+           "prompt"_a, nb::kw_only(), "max_new_tokens"_a = 100, "temperature"_a = 1.0f, "top_k"_a = 0,
+           "top_p"_a = 1.0f, "seed"_a = 1, "stream"_a = false, "ignore_eos"_a = false, "truncate_prompt"_a = false,
+           "The text that continues `prompt`: sampled at `temperature` (0: greedy) from the top_k / top_p tokens, "
+           "until <eos> or max_new_tokens. With stream=True, an iterator of the text's pieces as they are made.")
+      .def("tokenize", &Generator::tokenize, nb::sig("def tokenize(self, text: str | bytes) -> list[int]"), "text"_a,
+           "The token ids of `text`.")
+      .def("__repr__", [](const Generator& g) { return "<qkv.LanguageModel " + g.m.model->summary() + " from " + g.path + ">"; });
+
+  nb::class_<Stream>(m, "GenerateStream", "The text of a generate(..., stream=True), piece by piece.")
+      .def("__iter__", [](nb::handle self) { return self; })
+      .def("__next__", &Stream::next)
+      .def("close", &Stream::close, "Stops the generation (also when the stream is dropped).");
+
+  nb::class_<Classifier, ModelBase>(m, "ImageClassifier", "A Vision Transformer (arch vit).")
+      .def("classify", &Classifier::classify, "images"_a, nb::kw_only(), "top_k"_a = 3,
+           "The top_k (label, probability) pairs of each image, most likely first.")
+      .def("probabilities", [](Classifier& c, nb::handle images) { return to_numpy(c.probabilities(c.images(images))); },
+           "images"_a, "The softmax probabilities, [images, classes].")
+      .def_prop_ro("class_names", [](const Classifier& c) { return c.m->config().class_names; })
+      .def("__repr__", [](const Classifier& c) { return "<qkv.ImageClassifier " + c.m->summary() + " from " + c.path + ">"; });
+
+  m.def("load", &load, "path"_a, nb::kw_only(), "dtype"_a = "f32", "threads"_a = 0,
+        "The model in folder `path` (a qkv model folder or a Hugging Face one): a Translator, LanguageModel or "
+        "ImageClassifier, by its family.");
+
+  m.def("train", [](const std::string& config, const std::string& train_data, const std::string& out,
+                    const std::string& valid, std::optional<int64_t> steps, std::optional<int64_t> epochs,
+                    std::optional<double> lr, std::optional<int64_t> seed, bool resume, int threads,
+                    nb::object on_step, nb::object on_eval) {
+          return qkv::python::train({config, train_data, valid, out, steps, epochs, seed, lr, resume, threads},
+                                    on_step, on_eval);
+        },
+        "config"_a, nb::kw_only(), "train"_a, "out"_a, "valid"_a = "", "steps"_a = nb::none(),
+        "epochs"_a = nb::none(), "lr"_a = nb::none(), "seed"_a = nb::none(), "resume"_a = false, "threads"_a = 0,
+        "on_step"_a = nb::none(), "on_eval"_a = nb::none(), "Trains as `qkv train` does (see docs/python.md).");
+}

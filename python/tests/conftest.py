@@ -1,0 +1,32 @@
+"""What the Python tests share: the qkv program and the fixtures they compare with.
+
+make test runs them (tests/CMakeLists.txt) with PYTHONPATH at the build tree's
+python/ folder, QKV_CLI at the qkv program and QKV_FIXTURES at tests/fixtures.
+"""
+import os
+import pathlib
+import subprocess
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+FIXTURES = pathlib.Path(os.environ.get("QKV_FIXTURES", ROOT / "tests" / "fixtures"))
+FOLDERS = FIXTURES / "folders"
+HF = FIXTURES / "hf"
+CLI = os.environ.get("QKV_CLI", str(ROOT / "build" / "release" / "qkv"))
+
+
+def run_cli(*args, stdin=None):
+    """Runs the qkv program; returns its stdout (bytes); a non-zero exit fails the test."""
+    r = subprocess.run([CLI, *map(str, args)], input=stdin, capture_output=True, timeout=300)
+    assert r.returncode == 0, f"qkv {' '.join(map(str, args))}: exit {r.returncode}: {r.stderr.decode()}"
+    return r.stdout
+
+
+@pytest.fixture(scope="session")
+def zh_ja(tmp_path_factory):
+    """A small synthetic zh-ja corpus (qkv data synth-zh-ja), train and test TSVs."""
+    d = tmp_path_factory.mktemp("zh_ja")
+    run_cli("data", "synth-zh-ja", "--pairs", 300, "--seed", 1, "--out", d / "train.tsv")
+    run_cli("data", "synth-zh-ja", "--pairs", 20, "--seed", 2, "--exclude", d / "train.tsv", "--out", d / "test.tsv")
+    return d

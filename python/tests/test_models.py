@@ -1,0 +1,124 @@
+"""The same outputs from Python as from the qkv program, on the model folders of tests/fixtures."""
+import json
+import struct
+import zlib
+
+import numpy as np
+import pytest
+
+import qkv
+from conftest import FOLDERS, HF, run_cli
+
+SOURCES = ["我是中国人", "你好", "这本书很有意思", "我们喜欢猫吗"]
+
+
+@pytest.mark.parametrize("family", ["transformer", "rnn_attention", "conv"])
+@pytest.mark.parametrize("beam", [1, 3])
+def test_translate_matches_the_cli(family, beam):
+    model = qkv.load(FOLDERS / family)
+    assert isinstance(model, qkv.Translator) and model.arch == family
+    got = model.translate(SOURCES, beam=beam, max_len=12)
+    cli = run_cli("translate", "--model", FOLDERS / family, "--beam", beam, "--max-len", 12,
+                  stdin="\n".join(SOURCES).encode() + b"\n")
+    assert got == cli.decode().splitlines()
+    assert model.translate([s.encode() for s in SOURCES], beam=beam, max_len=12) == got  # UTF-8 bytes alike
+    assert model.translate([]) == []
+
+
+def test_bf16_loads_and_translates():
+    f32 = qkv.load(FOLDERS / "transformer")
+    bf16 = qkv.load(FOLDERS / "transformer", dtype="bf16")
+    cli = run_cli("translate", "--model", FOLDERS / "transformer", "--dtype", "bf16", "--max-len", 12,
+                  stdin="\n".join(SOURCES).encode() + b"\n")
+    assert bf16.translate(SOURCES, max_len=12) == cli.decode().splitlines()
+    assert len(f32.translate(SOURCES, max_len=12)) == len(SOURCES)
+
+
+def test_attention_weights_per_layer_and_head():
+    model = qkv.load(FOLDERS / "transformer")
+    a = model.attention("我是中国人", max_len=10)
+    w = a["weights"]
+    assert w.dtype == np.float32 and w.ndim == 4
+    layers, heads, out_len, src_len = w.shape
+    assert (layers, heads) == (1, 2)  # the fixture's 1 decoder layer of 2 heads
+    assert src_len == len(a["source_tokens"]) and out_len == len(a["output_tokens"])
+    np.testing.assert_allclose(w.sum(axis=-1), 1.0, rtol=1e-5)  # each query's weights are a distribution
+    assert a["translation"] == model.translate(["我是中国人"], max_len=10)[0]
+    rnn = qkv.load(FOLDERS / "rnn_attention").attention("你好", max_len=6)
+    assert rnn["weights"].shape[:2] == (1, 1) and rnn["averaged"]  # one attention: one layer, one head
+
+
+GENERATORS = [FOLDERS / "decoder", HF / "gpt2", HF / "llama", HF / "qwen3"]
+
+
+@pytest.mark.parametrize("folder", GENERATORS, ids=lambda p: p.name)
+def test_greedy_generate_matches_the_cli(folder):
+    model = qkv.load(folder)
+    assert isinstance(model, qkv.LanguageModel)
+    prompt = "hello world"
+    got = model.generate(prompt, max_new_tokens=8, temperature=0)
+    cli = run_cli("generate", "--model", folder, "--prompt", prompt, "--max-new-tokens", 8, "--temperature", 0)
+    assert cli.decode() == prompt + got + "\n"
+    assert "".join(model.generate(prompt, max_new_tokens=8, temperature=0, stream=True)) == got
+
+
+def test_sampling_is_seeded_as_in_the_cli():
+    folder = HF / "llama"
+    model = qkv.load(folder)
+    opts = dict(max_new_tokens=10, temperature=0.9, top_k=20, top_p=0.9, seed=7, ignore_eos=True)
+    got = model.generate("the", **opts)
+    assert got == model.generate("the", **opts)
+    cli = run_cli("generate", "--model", folder, "--prompt", "the", "--max-new-tokens", 10, "--temperature", 0.9,
+                  "--top-k", 20, "--top-p", 0.9, "--seed", 7, "--ignore-eos")
+    assert cli.decode() == "the" + got + "\n"
+
+
+def test_a_stream_left_early_stops_and_the_model_goes_on():
+    model = qkv.load(FOLDERS / "decoder")
+    stream = model.generate("hello", max_new_tokens=12, temperature=0, ignore_eos=True, stream=True)
+    first = next(stream)
+    stream.close()  # ends the generation; the model is free again
+    whole = model.generate("hello", max_new_tokens=12, temperature=0, ignore_eos=True)
+    assert whole.startswith(first)
+    assert model.tokenize("hello") == model.tokenize(b"hello") and len(model.tokenize("hello")) > 0
+
+
+def write_png(path, pixels):
+    """An 8-bit grayscale PNG of a 2-D uint8 array (no library needed)."""
+    h, w = pixels.shape
+    raw = b"".join(b"\x00" + pixels[y].tobytes() for y in range(h))
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 0, 0, 0, 0)) +
+                     chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+
+
+def test_classify_matches_the_cli(tmp_path):
+    model = qkv.load(FOLDERS / "vit")
+    assert isinstance(model, qkv.ImageClassifier) and model.class_names == ["dark", "light"]
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, size=(3, 8, 8), dtype=np.uint8)
+    paths = []
+    for i, im in enumerate(images):
+        write_png(tmp_path / f"{i}.png", im)
+        paths.append(str(tmp_path / f"{i}.png"))
+    cli = json.loads(run_cli("classify", "--model", FOLDERS / "vit", "--json", "--top-k", 2, *paths))
+    from_array = model.classify(images, top_k=2)
+    from_paths = model.classify(paths, top_k=2)
+    assert from_array == from_paths
+    for mine, theirs in zip(from_array, cli):
+        assert [label for label, _ in mine] == [t["label"] for t in theirs["top"]]
+        np.testing.assert_allclose([p for _, p in mine], [t["probability"] for t in theirs["top"]], rtol=1e-6)
+    probs = model.probabilities(images[:, None])  # [B, C, H, W] alike
+    assert probs.shape == (3, 2)
+    np.testing.assert_allclose(probs.sum(axis=1), 1.0, rtol=1e-6)
+    np.testing.assert_allclose(model.probabilities(images[0]), probs[:1], rtol=1e-6)  # one image [H, W]
+
+
+def test_threads_and_runtime():
+    model = qkv.load(FOLDERS / "transformer", threads=2)
+    assert model.threads == 2
+    assert model.translate(["你好"], max_len=8) == qkv.load(FOLDERS / "transformer").translate(["你好"], max_len=8)
+    assert "gemm:" in qkv.runtime() and "cpu:" in qkv.runtime()
