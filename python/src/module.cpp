@@ -107,8 +107,8 @@ void check_threads(int threads) {
             kMaxThreads);
 }
 
+// `dtype` as load checked it: "f32" (nothing to do) or "bf16".
 void apply_dtype(Module& model, const std::string& dtype) {
-  QKV_CHECK(dtype == "f32" || dtype == "bf16", "dtype '", dtype, "': expected 'f32' or 'bf16'");
   if (dtype == "bf16") model.convert_linear_weights(DType::BF16);
 }
 
@@ -316,7 +316,7 @@ struct Generator : ModelBase {
   std::string generate(const std::string& prompt, const GenerateOptions& o) {
     std::string text;
     run([&] {
-      generate_text(m, prompt, o, [&](const std::string& piece) {
+      qkv::generate(m, prompt, o, [&](const std::string& piece) {
         check_cancel();
         text += piece;
       });
@@ -327,11 +327,6 @@ struct Generator : ModelBase {
   std::vector<int64_t> tokenize(nb::handle text) {
     QKV_CHECK(m.tokenizer, "tokenize: ", path, " has no tokenizer (the model runs on token ids)");
     return m.tokenizer->encode(text_arg(text, "tokenize: text"));
-  }
-
-  static void generate_text(LanguageModel& m, const std::string& prompt, const GenerateOptions& o,
-                            const std::function<void(const std::string&)>& emit) {
-    qkv::generate(m, prompt, o, emit);
   }
 };
 
@@ -348,7 +343,7 @@ public:
       try {
         std::lock_guard<std::mutex> busy(g_->busy);
         NoGradGuard no_grad;
-        Generator::generate_text(g_->m, prompt, o, [this](const std::string& piece) {
+        qkv::generate(g_->m, prompt, o, [this](const std::string& piece) {
           if (stop_) throw Cancelled{};
           std::lock_guard<std::mutex> lock(mu_);
           pieces_.push_back(piece);
@@ -584,11 +579,12 @@ nb::dict train(const TrainArgs& a, nb::object on_step, nb::object on_eval) {
   }
   std::atomic<bool> cancel{false};
   // The callbacks run on the worker thread: each takes the GIL for its call.
-  auto step = [&](nb::dict (*make)(const void*), const void* p) {
+  // `report` makes the step's dict, with the GIL held.
+  auto step = [&](const auto& report) {
     if (cancel) throw Cancelled{};
     if (on_step.is_none()) return;
     nb::gil_scoped_acquire gil;
-    on_step(make(p));
+    on_step(report());
   };
   auto evaluated = [&](nb::dict d) -> bool {
     if (on_eval.is_none()) return false;
@@ -614,12 +610,11 @@ nb::dict train(const TrainArgs& a, nb::object on_step, nb::object on_eval) {
     if (a.resume) m.model->train();
     TrainCallbacks cb;
     cb.progress = [&](const TrainProgress& p) {
-      step([](const void* q) {
-        auto& p = *static_cast<const TrainProgress*>(q);
+      step([&] {
         nb::dict d = progress_dict(p.step, p.total_steps, p.loss, p.lr, p.eta_seconds, p.skipped_steps);
         d["tokens_per_second"] = p.tokens_per_second;
         return d;
-      }, &p);
+      });
     };
     std::optional<bool> stop_now;
     cb.evaluated = [&](const EvalReport& r) {
@@ -647,12 +642,11 @@ nb::dict train(const TrainArgs& a, nb::object on_step, nb::object on_eval) {
     }
     LmCallbacks cb;
     cb.progress = [&](const LmProgress& p) {
-      step([](const void* q) {
-        auto& p = *static_cast<const LmProgress*>(q);
+      step([&] {
         nb::dict d = progress_dict(p.step, p.total_steps, p.loss, p.lr, p.eta_seconds, p.skipped_steps);
         d["tokens_per_second"] = p.tokens_per_second;
         return d;
-      }, &p);
+      });
     };
     cb.evaluated = [&](const LmEvalReport& r) {
       if (on_eval.is_none()) return;
@@ -677,12 +671,11 @@ nb::dict train(const TrainArgs& a, nb::object on_step, nb::object on_eval) {
     }
     VitCallbacks cb;
     cb.progress = [&](const VitProgress& p) {
-      step([](const void* q) {
-        auto& p = *static_cast<const VitProgress*>(q);
+      step([&] {
         nb::dict d = progress_dict(p.step, p.total_steps, p.loss, p.lr, p.eta_seconds, p.skipped_steps);
         d["epoch"] = p.epoch, d["images_per_second"] = p.images_per_second;
         return d;
-      }, &p);
+      });
     };
     cb.epoch_done = [&](const VitEpochReport& r) {
       if (on_eval.is_none()) return;
