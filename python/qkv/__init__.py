@@ -55,7 +55,7 @@ def train(config, *, train, out, valid=None, steps=None, epochs=None, lr=None, s
     file (decoder) or an IDX folder (vit); without valid, the last 5% of train is held out
     (a vit tests on train's t10k files). steps/epochs/lr/seed override the config's.
     on_step(dict) runs after every step; on_eval(dict) after each validation (each epoch for a
-    vit), and a true return from it ends training there. verbose prints a line per validation.
+    vit), and a true return from it ends a translation run there. verbose prints a line per validation.
     """
     if verbose:
         user_eval = on_eval

@@ -34,12 +34,10 @@
 #include "qkv/cpu.h"
 #include "qkv/infer.h"
 #include "qkv/io.h"
-#include "qkv/lm_trainer.h"
 #include "qkv/ops.h"
 #include "qkv/registry.h"
-#include "qkv/trainer.h"
+#include "qkv/train_run.h"
 #include "qkv/utf8.h"
-#include "qkv/vit_trainer.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -539,46 +537,16 @@ nb::dict progress_dict(int64_t step, int64_t total, float loss, float lr, double
   return d;
 }
 
-struct TrainArgs {
-  std::string config, train, valid, out;
-  std::optional<int64_t> steps, epochs, seed;
-  std::optional<double> lr;
-  bool resume = false;
-  int threads = 0;
-};
-
-template <class Options>
-void apply_overrides(const TrainArgs& a, Options& o) {
-  if constexpr (requires { o.steps; }) {
-    if (a.steps) o.steps = *a.steps;
-  }
-  if constexpr (requires { o.epochs; }) {
-    if (a.epochs) o.epochs = *a.epochs;
-  }
-  if (a.lr) o.lr = (float)*a.lr;
-  if (a.seed) o.seed = (uint64_t)*a.seed;
-  o.resume = a.resume;
-}
-
-// qkv.train: what `qkv train` does, with Python callbacks in place of its
-// printing. on_step(dict) after every step; on_eval(dict) after each
-// validation, a true return ending the run there (translation and language
-// models; a vit reports each epoch).
-nb::dict train(const TrainArgs& a, nb::object on_step, nb::object on_eval) {
-  check_threads(a.threads);
-  QKV_CHECK(!a.steps || *a.steps >= 1, "train: steps must be at least 1, got ", *a.steps);
-  QKV_CHECK(!a.epochs || *a.epochs >= 1, "train: epochs must be at least 1, got ", *a.epochs);
-  QKV_CHECK(!a.lr || (*a.lr > 0 && std::isfinite(*a.lr)), "train: lr must be a positive number, got ", *a.lr);
-  QKV_CHECK(!a.seed || *a.seed >= 0, "train: seed must be at least 0, got ", *a.seed);
-  const std::string config_text = read_file(a.config);
-  const Family& family = family_of_config(config_text, a.config);
-  if (a.resume) {
-    const Family& held = family_of_folder(a.out);
-    QKV_CHECK(held.arch == family.arch, "train: resume: ", a.out, " holds ", held.description, " (arch '", held.arch,
-              "'), the config ", a.config, " is for arch '", family.arch, "'");
-  }
+// qkv.train: train_from_config (qkv/train_run.h), as `qkv train` runs it, with
+// Python callbacks in place of its printing. on_step(dict) after every step;
+// on_eval(dict) after each validation (each epoch for a vit), a true return
+// ending a translation run there. The callbacks run on the worker thread,
+// each taking the GIL for its call.
+nb::dict train(TrainRun run, int threads, nb::object on_step, nb::object on_eval) {
+  check_threads(threads);
+  run.flag_names = false;
+  run.config_text = read_file(run.config_source);
   std::atomic<bool> cancel{false};
-  // The callbacks run on the worker thread: each takes the GIL for its call.
   // `report` makes the step's dict, with the GIL held.
   auto step = [&](const auto& report) {
     if (cancel) throw Cancelled{};
@@ -586,109 +554,65 @@ nb::dict train(const TrainArgs& a, nb::object on_step, nb::object on_eval) {
     nb::gil_scoped_acquire gil;
     on_step(report());
   };
-  auto evaluated = [&](nb::dict d) -> bool {
+  // on_eval's answer: whether to stop.
+  auto evaluated = [&](const auto& report) {
     if (on_eval.is_none()) return false;
     nb::gil_scoped_acquire gil;
-    nb::object r = on_eval(d);
+    nb::object r = on_eval(report());
     const int truth = PyObject_IsTrue(r.ptr());
     if (truth < 0) throw nb::python_error();
     return truth == 1;
   };
-  TrainOutcome outcome;
-  if (family.domain == Domain::Translation) {
-    QKV_CHECK(!a.epochs, "train: epochs is for vit configs; translation models train for steps");
-    TrainOptions o = TrainOptions::from_json(config_text, a.config);
-    apply_overrides(a, o);
-    std::vector<SentencePair> train = read_parallel_tsv(a.train), valid;
-    if (!a.valid.empty()) {
-      valid = read_parallel_tsv(a.valid);
-    } else {
-      valid = hold_out_pairs(train, a.train, "valid=");
-    }
-    TranslationModel m = a.resume ? load_translation_model(a.out, "train: resume")
-                                  : new_translation_model(config_text, a.config, train, o.seed);
-    if (a.resume) m.model->train();
-    TrainCallbacks cb;
-    cb.progress = [&](const TrainProgress& p) {
-      step([&] {
-        nb::dict d = progress_dict(p.step, p.total_steps, p.loss, p.lr, p.eta_seconds, p.skipped_steps);
-        d["tokens_per_second"] = p.tokens_per_second;
-        return d;
-      });
-    };
-    std::optional<bool> stop_now;
-    cb.evaluated = [&](const EvalReport& r) {
-      if (on_eval.is_none()) return;
-      nb::gil_scoped_acquire gil;
+  TrainHooks hooks;
+  hooks.translation.progress = [&](const TrainProgress& p) {
+    step([&] {
+      nb::dict d = progress_dict(p.step, p.total_steps, p.loss, p.lr, p.eta_seconds, p.skipped_steps);
+      d["tokens_per_second"] = p.tokens_per_second;
+      return d;
+    });
+  };
+  bool stop_now = false;
+  hooks.translation.evaluated = [&](const EvalReport& r) {
+    stop_now = evaluated([&] {
       nb::dict d;
       d["step"] = r.step, d["valid_loss"] = r.valid_loss, d["chrf"] = r.chrf, d["bleu"] = r.bleu, d["best"] = r.best;
-      stop_now = evaluated(d);
-    };
-    cb.stop = [&](const EvalReport&) { return stop_now.value_or(false); };
-    run_job([&] { outcome = train_translation(m, train, valid, o, a.out, cb); }, cancel, a.threads);
-  } else if (family.domain == Domain::Language) {
-    QKV_CHECK(!a.epochs, "train: epochs is for vit configs; decoder models train for steps");
-    LmTrainOptions o = LmTrainOptions::from_json(config_text, a.config);
-    apply_overrides(a, o);
-    const std::string text = read_file(a.train);
-    LanguageModel m = a.resume ? load_language_model(a.out, "train: resume")
-                               : new_language_model(config_text, a.config, text, o.seed);
-    if (a.resume) m.model->train();
-    std::vector<int64_t> train = pack_documents(*m.tokenizer, text), valid;
-    if (!a.valid.empty()) {
-      valid = pack_documents(*m.tokenizer, read_file(a.valid));
-    } else {
-      valid = hold_out_tokens(train, a.train, "valid=");
-    }
-    LmCallbacks cb;
-    cb.progress = [&](const LmProgress& p) {
-      step([&] {
-        nb::dict d = progress_dict(p.step, p.total_steps, p.loss, p.lr, p.eta_seconds, p.skipped_steps);
-        d["tokens_per_second"] = p.tokens_per_second;
-        return d;
-      });
-    };
-    cb.evaluated = [&](const LmEvalReport& r) {
-      if (on_eval.is_none()) return;
-      nb::gil_scoped_acquire gil;
+      return d;
+    });
+  };
+  hooks.translation.stop = [&](const EvalReport&) { return stop_now; };
+  hooks.language.progress = [&](const LmProgress& p) {
+    step([&] {
+      nb::dict d = progress_dict(p.step, p.total_steps, p.loss, p.lr, p.eta_seconds, p.skipped_steps);
+      d["tokens_per_second"] = p.tokens_per_second;
+      return d;
+    });
+  };
+  hooks.language.evaluated = [&](const LmEvalReport& r) {
+    evaluated([&] {
       nb::dict d;
       d["step"] = r.step, d["valid_loss"] = r.valid_loss, d["perplexity"] = r.perplexity, d["best"] = r.best;
-      on_eval(d);
-    };
-    run_job([&] { outcome = train_language_model(m, train, valid, o, a.out, cb); }, cancel, a.threads);
-  } else {
-    QKV_CHECK(!a.steps, "train: steps is for translation and decoder configs; a vit config trains for epochs");
-    VitTrainOptions o = VitTrainOptions::from_json(config_text, a.config);
-    apply_overrides(a, o);
-    ImageSet train = load_idx_folder(a.train, "train");
-    ImageSet test = load_idx_folder(a.valid.empty() ? a.train : a.valid, "t10k");
-    std::shared_ptr<VisionTransformer> model;
-    if (a.resume) {
-      model = load_vit_model(a.out, "train: resume");
-      model->train();
-    } else {
-      model = new_vit_model(config_text, a.config, o.seed);
-    }
-    VitCallbacks cb;
-    cb.progress = [&](const VitProgress& p) {
-      step([&] {
-        nb::dict d = progress_dict(p.step, p.total_steps, p.loss, p.lr, p.eta_seconds, p.skipped_steps);
-        d["epoch"] = p.epoch, d["images_per_second"] = p.images_per_second;
-        return d;
-      });
-    };
-    cb.epoch_done = [&](const VitEpochReport& r) {
-      if (on_eval.is_none()) return;
-      nb::gil_scoped_acquire gil;
+      return d;
+    });
+  };
+  hooks.vision.progress = [&](const VitProgress& p) {
+    step([&] {
+      nb::dict d = progress_dict(p.step, p.total_steps, p.loss, p.lr, p.eta_seconds, p.skipped_steps);
+      d["epoch"] = p.epoch, d["images_per_second"] = p.images_per_second;
+      return d;
+    });
+  };
+  hooks.vision.epoch_done = [&](const VitEpochReport& r) {
+    evaluated([&] {
       nb::dict d;
       d["epoch"] = r.epoch, d["train_loss"] = r.train_loss, d["test_accuracy"] = r.test_accuracy;
       d["seconds"] = r.seconds, d["best"] = r.best;
-      on_eval(d);
-    };
-    run_job([&] { outcome = train_vit(*model, train, test, o, a.out, cb); }, cancel, a.threads);
-  }
+      return d;
+    });
+  };
+  TrainOutcome outcome;
+  run_job([&] { outcome = train_from_config(run, hooks); }, cancel, threads);
   nb::dict result;
-  result["out"] = a.out;
+  result["out"] = run.out;
   result["last_step"] = outcome.last_step;
   result["stopped_early"] = outcome.stopped_early;
   return result;
@@ -799,8 +723,9 @@ NB_MODULE(_qkv, m) {
                     const std::string& valid, std::optional<int64_t> steps, std::optional<int64_t> epochs,
                     std::optional<double> lr, std::optional<int64_t> seed, bool resume, int threads,
                     nb::object on_step, nb::object on_eval) {
-          return qkv::python::train({config, train_data, valid, out, steps, epochs, seed, lr, resume, threads},
-                                    on_step, on_eval);
+          return qkv::python::train({.config_source = config, .train = train_data, .valid = valid, .out = out,
+                                     .resume = resume, .steps = steps, .epochs = epochs, .seed = seed, .lr = lr},
+                                    threads, on_step, on_eval);
         },
         "config"_a, nb::kw_only(), "train"_a, "out"_a, "valid"_a = "", "steps"_a = nb::none(),
         "epochs"_a = nb::none(), "lr"_a = nb::none(), "seed"_a = nb::none(), "resume"_a = false, "threads"_a = 0,

@@ -25,31 +25,7 @@ void require_tokenizer(const LanguageModel& m, const std::string& dir, const cha
 
 }  // namespace
 
-int run_lm_train(const TrainArgs& a, const std::string& config_text) {
-  LmTrainOptions o = LmTrainOptions::from_json(config_text, a.config);
-  apply_train_overrides(a, o);
-  const std::string train_text = read_file(a.train);
-  LanguageModel m = a.resume ? load_language_model(a.out, "train --resume")
-                             : new_language_model(config_text, a.config, train_text, o.seed);
-  if (a.resume) m.model->train();
-  std::vector<int64_t> train, valid;
-  try {
-    train = pack_documents(*m.tokenizer, train_text);
-  } catch (const Error& e) {
-    fail(a.train, ":", e.what());
-  }
-  if (!a.valid.empty()) {
-    try {
-      valid = pack_documents(*m.tokenizer, read_file(a.valid));
-    } catch (const Error& e) {
-      fail(a.valid, ":", e.what());
-    }
-  } else {
-    valid = hold_out_tokens(train, a.train, "--valid");
-  }
-  std::printf("qkv train: %s\n  %zu training tokens, %zu validation tokens; %lld steps of %lld x %lld tokens, %d threads\n",
-              m.model->summary().c_str(), train.size(), valid.size(), (long long)o.steps, (long long)o.batch_size,
-              (long long)m.model->config().context, thread_count());
+LmCallbacks lm_train_printers() {
   LmCallbacks cb;
   cb.progress = [](const LmProgress& p) {
     char stats[128];
@@ -62,8 +38,7 @@ int run_lm_train(const TrainArgs& a, const std::string& config_text) {
                 (long long)r.step, r.valid_loss, r.perplexity, r.best ? "  (best, saved)" : "");
     std::fflush(stdout);
   };
-  print_train_end(train_language_model(m, train, valid, o, a.out, cb), a.out);
-  return 0;
+  return cb;
 }
 
 int run_lm_eval(const std::string& model_dir, const std::string& test, bool json) {

@@ -10,6 +10,7 @@
 
 #include "qkv/io.h"
 #include "qkv/registry.h"
+#include "qkv/train_run.h"
 #include "qkv/trainer.h"
 #include "qkv/utf8.h"
 #include "src/config/fields.h"
@@ -67,49 +68,26 @@ std::string auto_config(const TrainArgs& a) {
 
 int run_train(const TrainArgs& a) {
   set_threads(a.threads);
-  const bool automatic = a.config == "auto";
-  std::string config_text = automatic ? auto_config(a) : read_file(a.config);
-  const Family& family = family_of_config(config_text, a.config);
-  if (a.resume) {  // the folder must hold what the config describes
-    const Family& held = family_of_folder(a.out);
-    QKV_CHECK(held.arch == family.arch, "train --resume: ", a.out, " holds ", held.description, " (arch '", held.arch,
-              "'), the config ", a.config, " is for arch '", family.arch, "'");
-  }
-  if (family.domain == Domain::Vision) {
-    QKV_CHECK(a.steps == 0 && a.batch_tokens == 0, "train: --steps and --batch-tokens are for translation; a vit "
-              "config trains for --epochs");
-    return run_vit_train(a, config_text);
-  }
-  QKV_CHECK(a.epochs == 0, "train: --epochs is for vit configs; translation and decoder models train for --steps");
-  if (family.domain == Domain::Language) {
-    QKV_CHECK(a.batch_tokens == 0, "train: --batch-tokens is for translation; a decoder config sets train.batch_size");
-    return run_lm_train(a, config_text);
-  }
-  TrainOptions o = TrainOptions::from_json(config_text, a.config);
-  apply_train_overrides(a, o);
-  if (a.batch_tokens > 0) o.batch_tokens = a.batch_tokens;
-  std::vector<SentencePair> train = read_parallel_tsv(a.train, {.replace_invalid_utf8 = a.replace_invalid});
-  std::vector<SentencePair> valid;
-  if (!a.valid.empty()) {
-    valid = read_parallel_tsv(a.valid, {.replace_invalid_utf8 = a.replace_invalid});
-  } else {
-    valid = hold_out_pairs(train, a.train, "--valid");
-  }
-  // A resumed run takes the model's config and vocabulary from its folder; the
-  // latest weights and the training state come from trainer_state.safetensors.
-  TranslationModel m = a.resume ? load_translation_model(a.out, "train --resume") : new_translation_model(config_text, a.config, train, o.seed);
-  if (a.resume) m.model->train();
-  std::printf("qkv train: %s\n  %zu training pairs, %zu validation pairs; %lld steps of up to %lld tokens, %d threads\n",
-              m.model->summary().c_str(), train.size(), valid.size(), (long long)o.steps, (long long)o.batch_tokens,
-              thread_count());
-  TrainCallbacks cb;
-  cb.progress = show_translation_progress;
-  cb.evaluated = [&](const EvalReport& r) {
+  TrainRun run{.config_text = a.config == "auto" ? auto_config(a) : read_file(a.config),
+               .config_source = a.config, .train = a.train, .valid = a.valid, .out = a.out, .resume = a.resume,
+               .replace_invalid_utf8 = a.replace_invalid};
+  // A flag not given is 0 (-1 for the seed): the config's value stays.
+  if (a.steps > 0) run.steps = a.steps;
+  if (a.epochs > 0) run.epochs = a.epochs;
+  if (a.batch_tokens > 0) run.batch_tokens = a.batch_tokens;
+  if (a.lr > 0) run.lr = a.lr;
+  if (a.seed >= 0) run.seed = a.seed;
+  TrainHooks hooks;
+  hooks.starting = [](const std::string& what) { std::printf("qkv train: %s\n", what.c_str()); };
+  hooks.translation.progress = show_translation_progress;
+  hooks.translation.evaluated = [](const EvalReport& r) {
     std::printf("%sstep %lld: valid loss %.4f  chrF %.2f  BLEU %.2f%s\n", isatty(STDOUT_FILENO) ? "\n" : "",
-                 (long long)r.step, r.valid_loss, r.chrf, r.bleu, r.best ? "  (best, saved)" : "");
+                (long long)r.step, r.valid_loss, r.chrf, r.bleu, r.best ? "  (best, saved)" : "");
     std::fflush(stdout);
   };
-  print_train_end(train_translation(m, train, valid, o, a.out, cb), a.out);
+  hooks.language = lm_train_printers();
+  hooks.vision = vit_train_printers();
+  print_train_end(train_from_config(run, hooks), a.out);
   return 0;
 }
 

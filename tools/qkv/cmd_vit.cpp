@@ -28,23 +28,7 @@ void show_vit_progress(const VitProgress& p) {
 
 }  // namespace
 
-int run_vit_train(const TrainArgs& a, const std::string& config_text) {
-  VitTrainOptions o = VitTrainOptions::from_json(config_text, a.config);
-  apply_train_overrides(a, o);
-  ImageSet train = load_idx_folder(a.train, "train");
-  ImageSet test = load_idx_folder(a.valid.empty() ? a.train : a.valid, "t10k");
-  std::shared_ptr<VisionTransformer> model;
-  if (a.resume) {  // the config comes from the model folder, the latest weights from the trainer state
-    model = load_vit_model(a.out, "train --resume");
-    model->train();
-  } else {
-    model = new_vit_model(config_text, a.config, o.seed);
-  }
-  const int64_t used = o.max_train_images > 0 ? std::min(o.max_train_images, train.count) : train.count;
-  std::printf("qkv train: %s\n  %lld training images (of %lld), %lld test images; %lld epochs of batches of %lld, "
-              "%d threads\n",
-              model->summary().c_str(), (long long)used, (long long)train.count, (long long)test.count,
-              (long long)o.epochs, (long long)o.batch_size, thread_count());
+VitCallbacks vit_train_printers() {
   VitCallbacks cb;
   cb.progress = show_vit_progress;
   cb.epoch_done = [](const VitEpochReport& r) {
@@ -52,8 +36,7 @@ int run_vit_train(const TrainArgs& a, const std::string& config_text) {
                 (long long)r.epoch, r.train_loss, r.test_accuracy, r.seconds, r.best ? "  (best, saved)" : "");
     std::fflush(stdout);
   };
-  print_train_end(train_vit(*model, train, test, o, a.out, cb), a.out);
-  return 0;
+  return cb;
 }
 
 int run_vit_eval(const std::string& model_dir, const std::string& test_dir, bool json) {

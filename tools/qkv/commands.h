@@ -34,6 +34,8 @@ nlohmann::ordered_json runtime_json();
 
 namespace qkv {
 struct TranslationModel;
+struct LmCallbacks;
+struct VitCallbacks;
 class Module;
 }
 
@@ -57,22 +59,6 @@ struct TrainArgs {
   bool resume = false;
 };
 
-// The values given on the command line that override a config's "train"
-// section (0, or -1 for the seed, keeps the config's): the length of the run
-// (steps, or epochs for options that count epochs), lr, seed and resume.
-template <class Options>
-void apply_train_overrides(const TrainArgs& a, Options& o) {
-  if constexpr (requires { o.steps; }) {
-    if (a.steps > 0) o.steps = a.steps;
-  }
-  if constexpr (requires { o.epochs; }) {
-    if (a.epochs > 0) o.epochs = a.epochs;
-  }
-  if (a.lr > 0) o.lr = (float)a.lr;
-  if (a.seed >= 0) o.seed = (uint64_t)a.seed;
-  o.resume = a.resume;
-}
-
 // The last lines of qkv train: why the run ended early, if it did, and the folder.
 template <class Outcome>
 void print_train_end(const Outcome& outcome, const std::string& out_dir) {
@@ -82,13 +68,14 @@ void print_train_end(const Outcome& outcome, const std::string& out_dir) {
 }
 
 // The Vision Transformer behind qkv train and qkv eval (cmd_vit.cpp), for
-// configs and folders of the Vision domain (qkv/registry.h).
-int run_vit_train(const TrainArgs& a, const std::string& config_text);
+// configs and folders of the Vision domain (qkv/registry.h): what qkv train
+// prints of a vit's training, and its evaluation.
+VitCallbacks vit_train_printers();
 int run_vit_eval(const std::string& model_dir, const std::string& test_dir, bool json);
 
 // Decoder-only language models behind qkv train and qkv eval (cmd_lm.cpp),
-// for the Language domain: perplexity on a text file.
-int run_lm_train(const TrainArgs& a, const std::string& config_text);
+// for the Language domain: what qkv train prints, and perplexity on a text file.
+LmCallbacks lm_train_printers();
 int run_lm_eval(const std::string& model_dir, const std::string& test, bool json);
 
 // A one-line progress bar: "[####....] <position>  <stats>  ETA 1m05s", redrawn

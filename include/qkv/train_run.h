@@ -1,0 +1,45 @@
+// qkv/train_run.h — training from a config file, for every domain: what
+// `qkv train` and Python's qkv.train both run. The family of the config picks
+// the trainer (qkv/trainer.h, qkv/lm_trainer.h, qkv/vit_trainer.h), the data
+// it reads, and how long it trains (steps, or epochs for a vit).
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+
+#include "qkv/lm_trainer.h"
+#include "qkv/trainer.h"
+#include "qkv/vit_trainer.h"
+
+namespace qkv {
+
+struct TrainRun {
+  std::string config_text, config_source;  // the config and its name in errors
+  // The data: a TSV of pairs (translation), a text file (decoder) or an IDX
+  // folder (vit). Without `valid`, the last 5% of `train` is held out (a vit
+  // tests on train's t10k files).
+  std::string train, valid;
+  std::string out;      // the model folder
+  bool resume = false;  // continue the run in `out` (its config must be of the same arch)
+  bool replace_invalid_utf8 = false;  // in the TSV of pairs
+  // Values that replace the config's "train" section; each is checked to
+  // belong to the family (steps and batch_tokens not for a vit, epochs only).
+  std::optional<int64_t> steps, epochs, batch_tokens, seed;
+  std::optional<double> lr;
+  // How the caller spells its options in errors: "--batch-tokens" for the
+  // program (true), "batch_tokens" for Python's keywords (false).
+  bool flag_names = true;
+};
+
+struct TrainHooks {
+  // Before the first step: the model's summary and the data, in two lines.
+  std::function<void(const std::string& what)> starting;
+  TrainCallbacks translation;  // the hooks of the family's trainer
+  LmCallbacks language;
+  VitCallbacks vision;
+};
+
+TrainOutcome train_from_config(const TrainRun& run, const TrainHooks& hooks);
+
+}  // namespace qkv

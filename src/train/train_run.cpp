@@ -1,0 +1,148 @@
+// Training from a config file, for every domain (qkv/train_run.h).
+#include "qkv/train_run.h"
+
+#include <omp.h>
+
+#include <cmath>
+
+#include "qkv/io.h"
+#include "qkv/registry.h"
+
+namespace qkv {
+namespace {
+
+// `name` as the caller spells an option: "--batch-tokens" or "batch_tokens".
+std::string option(const TrainRun& r, std::string name) {
+  if (!r.flag_names) return name;
+  for (char& c : name)
+    if (c == '_') c = '-';
+  return "--" + name;
+}
+
+// What to pass for a validation set, in the caller's words.
+std::string pass_valid(const TrainRun& r) { return r.flag_names ? "--valid" : "valid="; }
+
+template <class Options>
+void apply_overrides(const TrainRun& r, Options& o) {
+  if constexpr (requires { o.steps; }) {
+    if (r.steps) o.steps = *r.steps;
+  }
+  if constexpr (requires { o.epochs; }) {
+    if (r.epochs) o.epochs = *r.epochs;
+  }
+  if (r.lr) o.lr = (float)*r.lr;
+  if (r.seed) o.seed = (uint64_t)*r.seed;
+  o.resume = r.resume;
+}
+
+std::string starting_line(const std::string& summary, const std::string& data) {
+  return summary + "\n  " + data + ", " + std::to_string(omp_get_max_threads()) + " threads";
+}
+
+TrainOutcome train_translation_run(const TrainRun& r, const TrainHooks& hooks) {
+  TrainOptions o = TrainOptions::from_json(r.config_text, r.config_source);
+  apply_overrides(r, o);
+  if (r.batch_tokens) o.batch_tokens = *r.batch_tokens;
+  std::vector<SentencePair> train = read_parallel_tsv(r.train, {.replace_invalid_utf8 = r.replace_invalid_utf8});
+  std::vector<SentencePair> valid = r.valid.empty()
+                                        ? hold_out_pairs(train, r.train, pass_valid(r))
+                                        : read_parallel_tsv(r.valid, {.replace_invalid_utf8 = r.replace_invalid_utf8});
+  // A resumed run takes the model's config and vocabulary from its folder; the
+  // latest weights and the training state come from trainer_state.safetensors.
+  TranslationModel m = r.resume ? load_translation_model(r.out, "train --resume")
+                                : new_translation_model(r.config_text, r.config_source, train, o.seed);
+  if (r.resume) m.model->train();
+  if (hooks.starting)
+    hooks.starting(starting_line(m.model->summary(), std::to_string(train.size()) + " training pairs, " +
+                                                         std::to_string(valid.size()) + " validation pairs; " +
+                                                         std::to_string(o.steps) + " steps of up to " +
+                                                         std::to_string(o.batch_tokens) + " tokens"));
+  return train_translation(m, train, valid, o, r.out, hooks.translation);
+}
+
+// The documents of `text`, read from `path`, as one token stream; an error names the file.
+std::vector<int64_t> documents(const Tokenizer& tok, const std::string& text, const std::string& path) {
+  try {
+    return pack_documents(tok, text);
+  } catch (const Error& e) {
+    fail(path, ":", e.what());
+  }
+}
+
+TrainOutcome train_language_run(const TrainRun& r, const TrainHooks& hooks) {
+  LmTrainOptions o = LmTrainOptions::from_json(r.config_text, r.config_source);
+  apply_overrides(r, o);
+  const std::string text = read_file(r.train);
+  LanguageModel m = r.resume ? load_language_model(r.out, "train --resume")
+                             : new_language_model(r.config_text, r.config_source, text, o.seed);
+  if (r.resume) m.model->train();
+  std::vector<int64_t> train = documents(*m.tokenizer, text, r.train);
+  std::vector<int64_t> valid = r.valid.empty() ? hold_out_tokens(train, r.train, pass_valid(r))
+                                               : documents(*m.tokenizer, read_file(r.valid), r.valid);
+  if (hooks.starting)
+    hooks.starting(starting_line(m.model->summary(), std::to_string(train.size()) + " training tokens, " +
+                                                         std::to_string(valid.size()) + " validation tokens; " +
+                                                         std::to_string(o.steps) + " steps of " +
+                                                         std::to_string(o.batch_size) + " x " +
+                                                         std::to_string(m.model->config().context) + " tokens"));
+  return train_language_model(m, train, valid, o, r.out, hooks.language);
+}
+
+TrainOutcome train_vision_run(const TrainRun& r, const TrainHooks& hooks) {
+  VitTrainOptions o = VitTrainOptions::from_json(r.config_text, r.config_source);
+  apply_overrides(r, o);
+  ImageSet train = load_idx_folder(r.train, "train");
+  ImageSet test = load_idx_folder(r.valid.empty() ? r.train : r.valid, "t10k");
+  std::shared_ptr<VisionTransformer> model;
+  if (r.resume) {  // the config comes from the model folder, the latest weights from the trainer state
+    model = load_vit_model(r.out, "train --resume");
+    model->train();
+  } else {
+    model = new_vit_model(r.config_text, r.config_source, o.seed);
+  }
+  const int64_t used = o.max_train_images > 0 ? std::min(o.max_train_images, train.count) : train.count;
+  if (hooks.starting)
+    hooks.starting(starting_line(model->summary(), std::to_string(used) + " training images (of " +
+                                                       std::to_string(train.count) + "), " +
+                                                       std::to_string(test.count) + " test images; " +
+                                                       std::to_string(o.epochs) + " epochs of batches of " +
+                                                       std::to_string(o.batch_size)));
+  return train_vit(*model, train, test, o, r.out, hooks.vision);
+}
+
+}  // namespace
+
+TrainOutcome train_from_config(const TrainRun& r, const TrainHooks& hooks) {
+  QKV_CHECK(!r.steps || *r.steps >= 1, "train: ", option(r, "steps"), " must be at least 1, got ", *r.steps);
+  QKV_CHECK(!r.epochs || *r.epochs >= 1, "train: ", option(r, "epochs"), " must be at least 1, got ", *r.epochs);
+  QKV_CHECK(!r.batch_tokens || *r.batch_tokens >= 1, "train: ", option(r, "batch_tokens"), " must be at least 1, got ",
+            *r.batch_tokens);
+  QKV_CHECK(!r.lr || (*r.lr > 0 && std::isfinite(*r.lr)), "train: ", option(r, "lr"), " must be a positive number, got ",
+            *r.lr);
+  QKV_CHECK(!r.seed || *r.seed >= 0, "train: ", option(r, "seed"), " must be at least 0, got ", *r.seed);
+  const Family& family = family_of_config(r.config_text, r.config_source);
+  if (r.resume) {  // the folder must hold what the config describes
+    const Family& held = family_of_folder(r.out);
+    QKV_CHECK(held.arch == family.arch, "train --resume: ", r.out, " holds ", held.description, " (arch '", held.arch,
+              "'), the config ", r.config_source, " is for arch '", family.arch, "'");
+  }
+  switch (family.domain) {
+    case Domain::Vision:
+      QKV_CHECK(!r.steps && !r.batch_tokens, "train: ", option(r, "steps"), " and ", option(r, "batch_tokens"),
+                " are for translation; a vit config trains for ", option(r, "epochs"));
+      return train_vision_run(r, hooks);
+    case Domain::Language:
+      QKV_CHECK(!r.epochs, "train: ", option(r, "epochs"), " is for vit configs; decoder models train for ",
+                option(r, "steps"));
+      QKV_CHECK(!r.batch_tokens, "train: ", option(r, "batch_tokens"),
+                " is for translation; a decoder config sets train.batch_size");
+      return train_language_run(r, hooks);
+    case Domain::Translation:
+      QKV_CHECK(!r.epochs, "train: ", option(r, "epochs"), " is for vit configs; translation models train for ",
+                option(r, "steps"));
+      return train_translation_run(r, hooks);
+  }
+  fail("train: ", r.config_source, ": a family of an unknown domain");
+}
+
+}  // namespace qkv
