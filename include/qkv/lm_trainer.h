@@ -61,12 +61,6 @@ struct LmCallbacks {
 LanguageModel new_language_model(const std::string& config_text, const std::string& source,
                                  const std::string& train_text, uint64_t seed);
 
-// The validation tokens of a run given none: the last 5% of `train` (at least
-// two), removed from it. Too little text to spare them is an error naming
-// `source` and `valid_option`, as hold_out_pairs.
-std::vector<int64_t> hold_out_tokens(std::vector<int64_t>& train, const std::string& source,
-                                     const std::string& valid_option);
-
 // Trains on random windows of context + 1 tokens of `train`; every
 // eval_every steps the validation loss over consecutive windows of `valid`;
 // keeps the best model in out_dir.

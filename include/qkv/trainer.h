@@ -82,12 +82,6 @@ TranslationRecipe translation_recipe(const std::vector<SentencePair>& train);
 TranslationModel new_translation_model(const std::string& config_text, const std::string& source,
                                        const std::vector<SentencePair>& train, uint64_t seed);
 
-// The validation set of a run given none: the last 5% of `train` (at least
-// one pair), removed from it. Too few pairs to spare any is an error naming
-// `source` and saying how to pass a validation set (`valid_option`: "--valid").
-std::vector<SentencePair> hold_out_pairs(std::vector<SentencePair>& train, const std::string& source,
-                                         const std::string& valid_option);
-
 // Trains `m` on `train`, validates on `valid` every eval_every steps, and
 // saves the best checkpoint (by validation chrF, ties broken by the lower
 // validation loss) to `out_dir`.

@@ -32,15 +32,6 @@ LmTrainOptions LmTrainOptions::from_json(const std::string& text, const std::str
 }
 
 
-std::vector<int64_t> hold_out_tokens(std::vector<int64_t>& train, const std::string& source,
-                                     const std::string& valid_option) {
-  const size_t n = std::max<size_t>(2, train.size() / 20);
-  QKV_CHECK(train.size() > 2 * n, source, ": too little text to hold some out for validation; pass ", valid_option);
-  std::vector<int64_t> valid(train.end() - (ptrdiff_t)n, train.end());
-  train.resize(train.size() - n);
-  return valid;
-}
-
 LanguageModel new_language_model(const std::string& config_text, const std::string& source,
                                  const std::string& train_text, uint64_t seed) {
   nlohmann::json j = parse_json(config_text, source);

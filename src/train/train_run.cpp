@@ -22,6 +22,26 @@ std::string option(const TrainRun& r, std::string name) {
 // What to pass for a validation set, in the caller's words.
 std::string pass_valid(const TrainRun& r) { return r.flag_names ? "--valid" : "valid="; }
 
+// The validation set of a run given none: the last 5% of `train` (at least
+// one pair), removed from it. Too few pairs to spare any is an error naming
+// the file and saying how to pass a validation set.
+std::vector<SentencePair> hold_out_pairs(std::vector<SentencePair>& train, const TrainRun& r) {
+  const size_t n = std::max<size_t>(1, train.size() / 20);
+  QKV_CHECK(train.size() > n, r.train, ": too few pairs to hold some out for validation; pass ", pass_valid(r));
+  std::vector<SentencePair> valid(train.end() - (ptrdiff_t)n, train.end());
+  train.resize(train.size() - n);
+  return valid;
+}
+
+// The same for a decoder's tokens: the last 5%, at least two.
+std::vector<int64_t> hold_out_tokens(std::vector<int64_t>& train, const TrainRun& r) {
+  const size_t n = std::max<size_t>(2, train.size() / 20);
+  QKV_CHECK(train.size() > 2 * n, r.train, ": too little text to hold some out for validation; pass ", pass_valid(r));
+  std::vector<int64_t> valid(train.end() - (ptrdiff_t)n, train.end());
+  train.resize(train.size() - n);
+  return valid;
+}
+
 template <class Options>
 void apply_overrides(const TrainRun& r, Options& o) {
   if constexpr (requires { o.steps; }) {
@@ -45,7 +65,7 @@ TrainOutcome train_translation_run(const TrainRun& r, const TrainHooks& hooks) {
   if (r.batch_tokens) o.batch_tokens = *r.batch_tokens;
   std::vector<SentencePair> train = read_parallel_tsv(r.train, {.replace_invalid_utf8 = r.replace_invalid_utf8});
   std::vector<SentencePair> valid = r.valid.empty()
-                                        ? hold_out_pairs(train, r.train, pass_valid(r))
+                                        ? hold_out_pairs(train, r)
                                         : read_parallel_tsv(r.valid, {.replace_invalid_utf8 = r.replace_invalid_utf8});
   // A resumed run takes the model's config and vocabulary from its folder; the
   // latest weights and the training state come from trainer_state.safetensors.
@@ -77,7 +97,7 @@ TrainOutcome train_language_run(const TrainRun& r, const TrainHooks& hooks) {
                              : new_language_model(r.config_text, r.config_source, text, o.seed);
   if (r.resume) m.model->train();
   std::vector<int64_t> train = documents(*m.tokenizer, text, r.train);
-  std::vector<int64_t> valid = r.valid.empty() ? hold_out_tokens(train, r.train, pass_valid(r))
+  std::vector<int64_t> valid = r.valid.empty() ? hold_out_tokens(train, r)
                                                : documents(*m.tokenizer, read_file(r.valid), r.valid);
   if (hooks.starting)
     hooks.starting(starting_line(m.model->summary(), std::to_string(train.size()) + " training tokens, " +

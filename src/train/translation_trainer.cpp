@@ -187,15 +187,6 @@ TrainOutcome train_translation(TranslationModel& m, const std::vector<SentencePa
   return run_training(task, loop_options(o), out_dir);
 }
 
-std::vector<SentencePair> hold_out_pairs(std::vector<SentencePair>& train, const std::string& source,
-                                         const std::string& valid_option) {
-  const size_t n = std::max<size_t>(1, train.size() / 20);
-  QKV_CHECK(train.size() > n, source, ": too few pairs to hold some out for validation; pass ", valid_option);
-  std::vector<SentencePair> valid(train.end() - (ptrdiff_t)n, train.end());
-  train.resize(train.size() - n);
-  return valid;
-}
-
 TranslationModel new_translation_model(const std::string& config_text, const std::string& source,
                                        const std::vector<SentencePair>& train, uint64_t seed) {
   nlohmann::json j = parse_json(config_text, source);
