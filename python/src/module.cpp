@@ -484,46 +484,39 @@ struct Classifier : ModelBase {
   }
 };
 
-template <class T>
-void fill_base(T& model, const std::string& path, const Family& family, int threads) {
-  model.path = path;
-  model.family = &family;
-  model.threads = threads;
+// A model object of type T for the folder `path`, its weights read by
+// `read(T&)` on the worker thread, then converted to `dtype`.
+template <class T, class Read>
+nb::object load_as(const std::string& path, const Family& family, const std::string& dtype, int threads, Read read) {
+  auto model = std::make_shared<T>();
+  model->path = path;
+  model->family = &family;
+  model->threads = threads;
+  std::atomic<bool> cancel{false};
+  run_job([&] { apply_dtype(read(*model), dtype); }, cancel, threads);
+  return nb::cast(model);
 }
 
 nb::object load(const std::string& path, const std::string& dtype, int threads) {
   check_threads(threads);
   QKV_CHECK(dtype == "f32" || dtype == "bf16", "load: dtype '", dtype, "': expected 'f32' or 'bf16'");
   const Family& family = family_of_folder(path);
-  std::atomic<bool> cancel{false};
   switch (family.domain) {
-    case Domain::Translation: {
-      auto t = std::make_shared<Translator>();
-      fill_base(*t, path, family, threads);
-      run_job([&] {
-        t->m = load_translation_model(path, "load");
-        apply_dtype(*t->m.model, dtype);
-      }, cancel, threads);
-      return nb::cast(t);
-    }
-    case Domain::Language: {
-      auto g = std::make_shared<Generator>();
-      fill_base(*g, path, family, threads);
-      run_job([&] {
-        g->m = load_language_model(path, "load");
-        apply_dtype(*g->m.model, dtype);
-      }, cancel, threads);
-      return nb::cast(g);
-    }
-    case Domain::Vision: {
-      auto c = std::make_shared<Classifier>();
-      fill_base(*c, path, family, threads);
-      run_job([&] {
-        c->m = load_vit_model(path, "load");
-        apply_dtype(*c->m, dtype);
-      }, cancel, threads);
-      return nb::cast(c);
-    }
+    case Domain::Translation:
+      return load_as<Translator>(path, family, dtype, threads, [&](Translator& t) -> Module& {
+        t.m = load_translation_model(path, "load");
+        return *t.m.model;
+      });
+    case Domain::Language:
+      return load_as<Generator>(path, family, dtype, threads, [&](Generator& g) -> Module& {
+        g.m = load_language_model(path, "load");
+        return *g.m.model;
+      });
+    case Domain::Vision:
+      return load_as<Classifier>(path, family, dtype, threads, [&](Classifier& c) -> Module& {
+        c.m = load_vit_model(path, "load");
+        return *c.m;
+      });
   }
   fail("load: ", path, ": a family of an unknown domain");
 }
