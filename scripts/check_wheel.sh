@@ -9,9 +9,11 @@ out=build/wheel
 rm -rf "$out"
 mkdir -p "$out"
 start=$(date +%s)
+# CI runs as root; these quiet pip's warnings for every pip command (pip wheel has no --root-user-action flag).
+export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
 # --no-build-isolation: the build requirements are those install-deps.sh installed.
-python3 -m pip wheel . --no-deps --no-build-isolation --quiet --disable-pip-version-check --root-user-action=ignore -w "$out/dist"
-python3 -m pip install --no-deps --quiet --disable-pip-version-check --root-user-action=ignore --target "$out/site" "$out"/dist/qkv-*.whl
+python3 -m pip wheel . --no-deps --no-build-isolation --quiet -w "$out/dist"
+python3 -m pip install --no-deps --quiet --target "$out/site" "$out"/dist/qkv-*.whl
 echo "check-wheel: built and installed $(basename "$out"/dist/qkv-*.whl) in $(( $(date +%s) - start )) s"
 cd "$out"  # away from the source tree, so that only the installed package can be imported
 PYTHONPATH="$PWD/site" python3 - <<'PY'
