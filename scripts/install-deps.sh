@@ -12,6 +12,7 @@ packages=(
   libpng-dev libjpeg62-turbo-dev zlib1g-dev  # PNG and JPEG images, gzipped IDX files
   libsentencepiece-dev            # subword tokenizer
   libpcre2-dev libutf8proc-dev    # Hugging Face tokenizers: Unicode regex classes, normalization
+  libopenmpi-dev openmpi-bin      # qkv train across processes (mpirun; docs/distributed.md)
   libgtest-dev                    # unit tests
   libbenchmark-dev                # micro benchmarks
   dataset-fashion-mnist           # real images for the ViT recipes (not needed by make test)

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "qkv/dtype.h"
+#include "qkv/ops.h"
 #include "qkv/rng.h"
 #include "src/kernels/kernels.h"
 #include "tests/test_util.h"

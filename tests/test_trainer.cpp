@@ -100,7 +100,7 @@ public:
   Module& model() override { return model_; }
   int64_t total_steps() const override { return (int64_t)scores_.size(); }
   float lr_at(int64_t) override { return 0.1f; }
-  StepLoss step_loss(int64_t) override {
+  StepLoss step_loss(int64_t, Shard) override {
     Tensor loss = sum(mul(model_.w, model_.w));
     return {loss, loss.item(), 1};
   }

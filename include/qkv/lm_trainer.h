@@ -13,6 +13,7 @@
 
 #include "qkv/infer.h"
 #include "qkv/optim.h"
+#include "qkv/process_group.h"
 #include "qkv/tokenizer.h"
 
 namespace qkv {
@@ -65,7 +66,8 @@ LanguageModel new_language_model(const std::string& config_text, const std::stri
 // eval_every steps the validation loss over consecutive windows of `valid`;
 // keeps the best model in out_dir.
 TrainOutcome train_language_model(LanguageModel& m, const std::vector<int64_t>& train, const std::vector<int64_t>& valid,
-                          const LmTrainOptions& options, const std::string& out_dir, const LmCallbacks& callbacks);
+                          const LmTrainOptions& options, const std::string& out_dir, const LmCallbacks& callbacks,
+                          ProcessGroup* group = nullptr);
 
 
 

@@ -169,6 +169,10 @@ public:
   Tensor detach() const;  // same storage, no history
   // Runs the tape backwards from this scalar (grad 1) or with `grad_out`.
   void backward(const Tensor& grad_out = Tensor()) const;
+  // The same, calling `leaf_ready(leaf)` as soon as a leaf's gradient is
+  // final (no node left to run adds to it): data-parallel training starts
+  // summing a parameter's gradient across processes while backward goes on.
+  void backward(const Tensor& grad_out, const std::function<void(const Tensor& leaf)>& leaf_ready) const;
 
   TensorImpl& impl() const;
   const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }

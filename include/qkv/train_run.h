@@ -9,6 +9,7 @@
 #include <string>
 
 #include "qkv/lm_trainer.h"
+#include "qkv/process_group.h"
 #include "qkv/trainer.h"
 #include "qkv/vit_trainer.h"
 
@@ -30,6 +31,10 @@ struct TrainRun {
   // How the caller spells its options in errors: "--batch-tokens" for the
   // program (true), "batch_tokens" for Python's keywords (false).
   bool flag_names = true;
+  // The processes training this model together (qkv/process_group.h), each
+  // running this same call: the config's batch is the global one, rank 0
+  // alone prints (the hooks) and writes. None: this process alone.
+  ProcessGroup* group = nullptr;
 };
 
 struct TrainHooks {

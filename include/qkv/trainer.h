@@ -12,6 +12,7 @@
 
 #include "qkv/infer.h"
 #include "qkv/optim.h"
+#include "qkv/process_group.h"
 
 namespace qkv {
 
@@ -87,7 +88,7 @@ TranslationModel new_translation_model(const std::string& config_text, const std
 // validation loss) to `out_dir`.
 TrainOutcome train_translation(TranslationModel& m, const std::vector<SentencePair>& train,
                        const std::vector<SentencePair>& valid, const TrainOptions& options, const std::string& out_dir,
-                       const TrainCallbacks& callbacks);
+                       const TrainCallbacks& callbacks, ProcessGroup* group = nullptr);
 
 
 

@@ -24,6 +24,7 @@ struct ViTConfig {
   double mlp_ratio = 2.0;  // dim_feedforward = mlp_ratio * d_model
   int64_t num_classes = 10;
   float dropout = 0.0f;
+  bool qkv_bias = true;  // biases of the q, k and v projections (as Hugging Face's ViTConfig.qkv_bias)
   PositionKind positions = PositionKind::Learned;  // Learned | Sinusoidal2d
   Pool pool = Pool::Mean;
   std::vector<std::string> class_names;  // shown by qkv classify; default "0", "1", ...

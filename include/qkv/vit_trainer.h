@@ -13,6 +13,7 @@
 
 #include "qkv/infer.h"
 #include "qkv/optim.h"
+#include "qkv/process_group.h"
 #include "qkv/vit.h"
 
 namespace qkv {
@@ -66,7 +67,7 @@ std::shared_ptr<VisionTransformer> new_vit_model(const std::string& config_text,
 // Trains with AdamW and warmup + cosine over epochs x (train.count / batch_size)
 // steps; after each epoch measures test accuracy and keeps the best model in out_dir.
 TrainOutcome train_vit(VisionTransformer& model, const ImageSet& train, const ImageSet& test, const VitTrainOptions& options,
-               const std::string& out_dir, const VitCallbacks& callbacks);
+               const std::string& out_dir, const VitCallbacks& callbacks, ProcessGroup* group = nullptr);
 
 
 

@@ -1,6 +1,7 @@
 // The tape: recording ops and running it backwards.
 #include <algorithm>
 #include <atomic>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "qkv/tensor.h"
@@ -90,7 +91,9 @@ static void accumulate(TensorImpl& t, Tensor g) {
   kernels_for(Device::Cpu).accumulate(acc.data<float>(), gc.data<float>(), acc.numel());
 }
 
-void Tensor::backward(const Tensor& grad_out) const {
+void Tensor::backward(const Tensor& grad_out) const { backward(grad_out, {}); }
+
+void Tensor::backward(const Tensor& grad_out, const std::function<void(const Tensor& leaf)>& leaf_ready) const {
   QKV_CHECK(requires_grad(), "backward: tensor does not require grad (no input had requires_grad set)");
   Tensor seed = grad_out;
   if (!seed.defined()) {
@@ -115,11 +118,25 @@ void Tensor::backward(const Tensor& grad_out) const {
   std::sort(order.begin(), order.end(), [](const auto& a, const auto& b) {
     return a->grad_fn->sequence > b->grad_fn->sequence;
   });
+  // For leaf_ready: how many nodes still to run take each leaf as an input.
+  std::unordered_map<TensorImpl*, int> pending;
+  if (leaf_ready)
+    for (const auto& t : order)
+      for (const auto& in : t->grad_fn->inputs)
+        if (in && in->requires_grad && !in->grad_fn) ++pending[in.get()];
+  auto ran = [&](const Node& node) {
+    if (!leaf_ready) return;
+    for (const auto& in : node.inputs)
+      if (auto it = pending.find(in.get()); it != pending.end() && --it->second == 0) leaf_ready(Tensor(in));
+  };
   accumulate(impl(), seed);
   for (std::shared_ptr<TensorImpl>& t : order) {
     std::shared_ptr<Node> node = std::move(t->grad_fn);  // frees the graph as we go
     std::shared_ptr<TensorImpl> g = std::move(t->grad);
-    if (!g) continue;
+    if (!g) {
+      ran(*node);
+      continue;
+    }
     std::vector<bool> needs(node->inputs.size());
     for (size_t i = 0; i < needs.size(); ++i) needs[i] = node->inputs[i] && node->inputs[i]->requires_grad;
     std::vector<Tensor> grads = node->backward(BackwardArgs{Tensor(t), Tensor(g), needs});
@@ -128,6 +145,7 @@ void Tensor::backward(const Tensor& grad_out) const {
     g.reset();  // a gradient passed straight through (as by add) can then be taken without a copy
     for (size_t i = 0; i < needs.size(); ++i)
       if (needs[i] && grads[i].defined()) accumulate(*node->inputs[i], std::move(grads[i]));
+    ran(*node);
     t.reset();
   }
 }

@@ -74,12 +74,16 @@ public:
   Module& model() override { return *m_.model; }
   int64_t total_steps() const override { return o_.steps; }
   float lr_at(int64_t step) override { return schedule_.lr_at(step); }
-  StepLoss step_loss(int64_t step) override {
-    const int64_t B = o_.batch_size, C = context_, N = (int64_t)train_.size();
+  StepLoss step_loss(int64_t step, Shard shard) override {
+    const int64_t C = context_, N = (int64_t)train_.size();
+    const auto [first, last] = shard.range(o_.batch_size);  // this process's windows of the batch
+    const int64_t B = last - first;
+    if (B == 0) return {};
     Rng windows(o_.seed * 0x9e3779b97f4a7c15ull + (uint64_t)step);
     std::vector<int64_t> in, target;
-    for (int64_t b = 0; b < B; ++b) {
+    for (int64_t b = 0; b < last; ++b) {
       const int64_t s = (int64_t)windows.next_below((uint64_t)(N - C));
+      if (b < first) continue;  // another process's window: drawn all the same
       in.insert(in.end(), train_.begin() + s, train_.begin() + s + C);
       target.insert(target.end(), train_.begin() + s + 1, train_.begin() + s + C + 1);
     }
@@ -132,9 +136,10 @@ private:
 }  // namespace
 
 TrainOutcome train_language_model(LanguageModel& m, const std::vector<int64_t>& train, const std::vector<int64_t>& valid,
-                          const LmTrainOptions& o, const std::string& out_dir, const LmCallbacks& cb) {
+                          const LmTrainOptions& o, const std::string& out_dir, const LmCallbacks& cb,
+                          ProcessGroup* group) {
   LanguageTask task(m, train, valid, o, cb);
-  return run_training(task, loop_options(o), out_dir);
+  return run_training(task, loop_options(o, group), out_dir);
 }
 
 }  // namespace qkv

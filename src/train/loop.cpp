@@ -8,8 +8,10 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <memory>
 
 #include "qkv/allocator.h"
+#include "src/train/gradient_reducer.h"
 #include "src/train/train_state.h"
 
 namespace qkv {
@@ -117,7 +119,69 @@ void require_training_fits(const Module& model) {
             "moments), more than qkv may use here (", format_bytes(memory_limit()), ")");
 }
 
+// Rank 0's part of a validation: its entry in the history, then
+// trainer_state.json, the best model, the kept checkpoints and the trainer
+// state file; returns the task's verdict (true ends the run here).
+bool save_validation(TrainTask& task, const LoopOptions& o, Resumed& s, const Validation& v, bool best, int64_t step,
+                     int64_t skipped, Module& model, const AdamW& opt, const std::string& out_dir) {
+  s.history.push_back(v.history);
+  const std::string summary = task.summary(step, s.best, skipped, s.history).dump(2) + "\n";
+  if (best) {
+    task.save_best(out_dir, summary);
+  } else {
+    write_file_atomic(out_dir + "/trainer_state.json", summary);
+  }
+  if (o.keep_checkpoints > 0) {
+    task.save_best(out_dir + "/checkpoints/step-" + std::to_string(step), summary);
+    keep_newest_checkpoints(out_dir, o.keep_checkpoints);
+  }
+  std::vector<std::pair<std::string, Tensor>> extra;
+  std::map<std::string, std::string> metadata = {{"format", task.state_format()},
+                                                 {task.best_key(), exact_text(s.best)},
+                                                 {tiebreak_key(task), exact_text(s.tiebreak)},
+                                                 {"validations_since_best", std::to_string(s.since_best)},
+                                                 {"lr_scale", exact_text(s.lr_scale)},
+                                                 {"history", s.history.dump()}};
+  task.save_extra(extra, metadata);
+  save_trainer_state(trainer_state_path(out_dir), model, opt, step, skipped, std::move(extra), metadata);
+  return task.validated(v, best);
+}
+
+// FNV-1a over the weights' bytes: the same model on every process, or not.
+uint64_t weights_hash(Module& model) {
+  uint64_t h = kFnvStart;
+  for (auto& [name, p] : model.named_parameters()) {
+    const Tensor c = p.contiguous();
+    h = fnv1a(c.data<float>(), (size_t)c.numel() * sizeof(float), h);
+  }
+  return h;
+}
+
+// This process's shard of the step's loss made part of the global one: the
+// units summed, the loss value averaged over all of them, and the
+// differentiable loss weighted by this shard's share, so that the gradients
+// summed across processes are those of the whole batch's mean.
+void combine_shards(ProcessGroup& group, StepLoss& loss) {
+  double totals[2] = {(double)loss.units, loss.units ? (double)loss.value * (double)loss.units : 0.0};
+  group.sum(totals, 2);
+  if (loss.loss.defined()) loss.loss = scale(loss.loss, totals[0] > 0 ? (float)(loss.units / totals[0]) : 0.f);
+  loss.value = totals[0] > 0 ? (float)(totals[1] / totals[0]) : 0.f;
+  loss.units = (int64_t)totals[0];
+}
+
 }  // namespace
+
+void require_same_everywhere(ProcessGroup* group, uint64_t hash, const std::string& what) {
+  if (!group || group->size() == 1) return;
+  uint64_t first = hash;
+  group->broadcast(&first, sizeof first, 0);
+  double differ = first != hash ? 1 : 0;
+  group->sum(&differ, 1);
+  QKV_CHECK(differ == 0, "train: ", (int64_t)differ, " of the ", group->size(), " processes ",
+            differ == 1 ? "has" : "have", " ", what, " other than process 0's", first != hash ? " (this one, rank " +
+            std::to_string(group->rank()) + ")" : std::string(), "; every process must run the same command on the "
+            "same files");
+}
 
 TrainOutcome run_training(TrainTask& task, const LoopOptions& o, const std::string& out_dir) {
   Module& model = task.model();
@@ -128,6 +192,14 @@ TrainOutcome run_training(TrainTask& task, const LoopOptions& o, const std::stri
   Resumed s;
   s.best = task.worst_score();
   if (o.resume) s = resume_from(task, opt, out_dir);
+  ProcessGroup* group = o.group && o.group->size() > 1 ? o.group : nullptr;
+  const bool writer = !group || group->rank() == 0;  // validates, saves and reports
+  std::unique_ptr<GradientReducer> reducer;
+  if (group) {
+    require_same_everywhere(group, weights_hash(model), o.resume ? "resumed weights" : "initial weights");
+    reducer = std::make_unique<GradientReducer>(model.parameters(), *group);
+  }
+  const Shard shard = shard_of(group);
   SkipCounter skips{.total = s.skipped, .max_in_a_row = o.max_skipped_in_a_row};
   const int64_t first_step = s.step + 1;
   int64_t units = 0;
@@ -136,17 +208,29 @@ TrainOutcome run_training(TrainTask& task, const LoopOptions& o, const std::stri
     const float lr = task.lr_at(step) * (float)s.lr_scale;
     opt.set_lr(lr);
     opt.zero_grad();
-    StepLoss loss = task.step_loss(step);
-    if (step_if_finite(loss.loss, loss.value, model, opt, o.clip_norm, skips, step, out_dir, o.gradient_hook)) {
+    StepLoss loss = task.step_loss(step, shard);
+    if (group) combine_shards(*group, loss);
+    if (step_if_finite(loss.loss, loss.value, model, opt, o.clip_norm, skips, step, out_dir, reducer.get())) {
       task.stepped(step, loss);
       units += loss.units;
       const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       const double done = (double)(step - first_step + 1);
-      task.progress(step, loss.value, lr, units / std::max(secs, 1e-9), secs / done * (double)(total - step),
-                    skips.total);
+      if (writer)
+        task.progress(step, loss.value, lr, units / std::max(secs, 1e-9), secs / done * (double)(total - step),
+                      skips.total);
     }
     if (!task.validate_after(step)) continue;
-    Validation v = task.validate(step, loss.value);
+    // With a group, rank 0 validates and saves, and the others learn its
+    // score, so that every process keeps the same best, patience and lr.
+    if (group) require_same_everywhere(group, weights_hash(model), "weights after step " + std::to_string(step));
+    Validation v;
+    int stopped = 0;
+    if (writer) v = task.validate(step, loss.value);
+    if (group) {
+      double score[2] = {v.score, v.tiebreak};
+      group->broadcast(score, sizeof score, 0);
+      v.score = score[0], v.tiebreak = score[1];
+    }
     const bool best =
         task.better(v.score, s.best) || (!task.better(s.best, v.score) && v.tiebreak > s.tiebreak);
     if (best) {
@@ -156,28 +240,9 @@ TrainOutcome run_training(TrainTask& task, const LoopOptions& o, const std::stri
       if (o.plateau_factor > 0 && o.plateau_patience > 0 && s.since_best % o.plateau_patience == 0)
         s.lr_scale *= o.plateau_factor;
     }
-    s.history.push_back(v.history);
-    const std::string summary = task.summary(step, s.best, skips.total, s.history).dump(2) + "\n";
-    if (best) {
-      task.save_best(out_dir, summary);
-    } else {
-      write_file_atomic(out_dir + "/trainer_state.json", summary);
-    }
-    if (o.keep_checkpoints > 0) {
-      task.save_best(out_dir + "/checkpoints/step-" + std::to_string(step), summary);
-      keep_newest_checkpoints(out_dir, o.keep_checkpoints);
-    }
-    std::vector<std::pair<std::string, Tensor>> extra;
-    std::map<std::string, std::string> metadata = {{"format", task.state_format()},
-                                                   {task.best_key(), exact_text(s.best)},
-                                                   {tiebreak_key(task), exact_text(s.tiebreak)},
-                                                   {"validations_since_best", std::to_string(s.since_best)},
-                                                   {"lr_scale", exact_text(s.lr_scale)},
-                                                   {"history", s.history.dump()}};
-    task.save_extra(extra, metadata);
-    save_trainer_state(trainer_state_path(out_dir), model, opt, step, skips.total, std::move(extra), metadata);
-    if (task.validated(v, best) && step < total)
-      return {step, "stopped after the validation at step " + std::to_string(step)};
+    if (writer && save_validation(task, o, s, v, best, step, skips.total, model, opt, out_dir)) stopped = 1;
+    if (group) group->broadcast(&stopped, sizeof stopped, 0);
+    if (stopped && step < total) return {step, "stopped after the validation at step " + std::to_string(step)};
     if (o.patience > 0 && s.since_best >= o.patience && step < total)
       return {step, "early stopping: " + std::to_string(s.since_best) + " validations in a row without a better "
                     "score (patience " + std::to_string(o.patience) + ")"};

@@ -2,7 +2,8 @@
 //
 //   for step = first .. total:
 //     lr = task.lr_at(step); loss = task.step_loss(step)       (the family's batch and loss)
-//     backward; gradient hook (where an all-reduce across processes goes); clip;
+//     backward; with a process group, the gradients summed across processes
+//       as backward finishes them (src/train/gradient_reducer.h); clip;
 //     AdamW step only when the loss and the gradient norm are finite
 //     (too many skips in a row: an error naming the last good checkpoint)
 //     progress
@@ -13,6 +14,12 @@
 //       `plateau_patience` validations without a better one multiply the
 //       learning rate by `plateau_factor`; the last `keep_checkpoints`
 //       validated models stay in out_dir/checkpoints/step-N (for qkv average)
+//
+// With a process group (qkv/process_group.h) every process runs this loop:
+// each takes its shard of the step's global batch, its loss weighted by its
+// share of the batch's tokens or images so that the summed gradients are
+// those of the whole batch; rank 0 alone validates, writes files and reports
+// progress, and tells the others what the validation decided.
 //
 // A task owns what differs: the data and its order, the loss, the schedule,
 // the validation score and what "better" means, and the names its files use
@@ -29,6 +36,7 @@
 #include "qkv/io.h"
 #include "qkv/nn.h"
 #include "qkv/optim.h"
+#include "qkv/process_group.h"
 #include "src/config/fields.h"
 
 namespace qkv {
@@ -72,7 +80,9 @@ public:
   virtual Module& model() = 0;
   virtual int64_t total_steps() const = 0;
   virtual float lr_at(int64_t step) = 0;
-  virtual StepLoss step_loss(int64_t step) = 0;
+  // The loss of this process's shard of the step's batch, averaged over the
+  // shard's units; an empty shard gives an undefined loss and 0 units.
+  virtual StepLoss step_loss(int64_t step, Shard shard) = 0;
   // Called after a step that was taken (its loss and gradient were finite).
   virtual void stepped(int64_t step, const StepLoss& loss) { (void)step, (void)loss; }
   virtual void progress(int64_t step, float loss, float lr, double units_per_second, double eta_seconds,
@@ -109,19 +119,29 @@ struct LoopOptions {
   int64_t plateau_patience = 2;  //   (0: never; as torch.optim.lr_scheduler.ReduceLROnPlateau)
   int64_t keep_checkpoints = 0;  // model folders of the last this many validations, checkpoints/step-N
   bool resume = false;
-  // Called after every backward, before clipping: the place where gradients
-  // will be averaged across processes (MPI all-reduce). Empty: one process.
-  std::function<void(Module&)> gradient_hook;
+  ProcessGroup* group = nullptr;  // the processes training this model together; none: this one alone
 };
 
 // The loop's part of a trainer's options (TrainOptions, LmTrainOptions, VitTrainOptions).
 template <class Options>
-LoopOptions loop_options(const Options& o) {
+LoopOptions loop_options(const Options& o, ProcessGroup* group) {
   return {.lr = o.lr, .weight_decay = o.weight_decay, .clip_norm = o.clip_norm,
           .max_skipped_in_a_row = o.max_skipped_in_a_row, .patience = o.patience,
           .plateau_factor = o.plateau_factor, .plateau_patience = o.plateau_patience,
-          .keep_checkpoints = o.keep_checkpoints, .resume = o.resume};
+          .keep_checkpoints = o.keep_checkpoints, .resume = o.resume, .group = group};
 }
+
+// FNV-1a, 64 bits: continues `h` over `n` bytes at `data`.
+constexpr uint64_t kFnvStart = 1469598103934665603ull;
+inline uint64_t fnv1a(const void* data, size_t n, uint64_t h = kFnvStart) {
+  const auto* bytes = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < n; ++i) h = (h ^ bytes[i]) * 1099511628211ull;
+  return h;
+}
+
+// Fails on every process of `group` when `hash` (of what each process read
+// or holds) is not the same on all: `what` says what differs.
+void require_same_everywhere(ProcessGroup* group, uint64_t hash, const std::string& what);
 
 // The "train" keys of the loop's stopping and saving options, shared by every
 // trainer's section (TrainOptions, LmTrainOptions, VitTrainOptions), so their

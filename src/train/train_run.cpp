@@ -7,6 +7,7 @@
 
 #include "qkv/io.h"
 #include "qkv/registry.h"
+#include "src/train/loop.h"
 
 namespace qkv {
 namespace {
@@ -55,8 +56,39 @@ void apply_overrides(const TrainRun& r, Options& o) {
   o.resume = r.resume;
 }
 
-std::string starting_line(const std::string& summary, const std::string& data) {
-  return summary + "\n  " + data + ", " + std::to_string(omp_get_max_threads()) + " threads";
+std::string starting_line(const TrainRun& r, const std::string& summary, const std::string& data) {
+  const int processes = r.group ? r.group->size() : 1;
+  return summary + "\n  " + data + ", " +
+         (processes > 1 ? std::to_string(processes) + " processes x " : std::string()) +
+         std::to_string(omp_get_max_threads()) + " threads";
+}
+
+// Rank 0 alone says what is starting.
+void say_starting(const TrainRun& r, const TrainHooks& hooks, const std::string& summary, const std::string& data) {
+  if (hooks.starting && (!r.group || r.group->rank() == 0)) hooks.starting(starting_line(r, summary, data));
+}
+
+// What every process of a group must have read alike: the config, the
+// overrides and the data (hashed; the processes compare hashes).
+uint64_t run_hash(const TrainRun& r) {
+  uint64_t h = fnv1a(r.config_text.data(), r.config_text.size());
+  for (const auto& v : {r.steps, r.epochs, r.batch_tokens, r.seed}) {
+    const int64_t x = v.value_or(-1);
+    h = fnv1a(&x, sizeof x, h);
+  }
+  const double lr = r.lr.value_or(-1);
+  return fnv1a(&lr, sizeof lr, fnv1a(&r.resume, sizeof r.resume, h));
+}
+
+uint64_t hash_texts(uint64_t h, const std::vector<SentencePair>& pairs) {
+  for (const auto& [s, t] : pairs) h = fnv1a(t.data(), t.size() + 1, fnv1a(s.data(), s.size() + 1, h));
+  return h;
+}
+
+uint64_t hash_ints(uint64_t h, const std::vector<int64_t>& v) { return fnv1a(v.data(), v.size() * sizeof(int64_t), h); }
+
+void require_same_data(const TrainRun& r, uint64_t data_hash) {
+  require_same_everywhere(r.group, data_hash, "a config, options or data (--config, --train, --valid)");
 }
 
 TrainOutcome train_translation_run(const TrainRun& r, const TrainHooks& hooks) {
@@ -72,12 +104,12 @@ TrainOutcome train_translation_run(const TrainRun& r, const TrainHooks& hooks) {
   TranslationModel m = r.resume ? load_translation_model(r.out, "train --resume")
                                 : new_translation_model(r.config_text, r.config_source, train, o.seed);
   if (r.resume) m.model->train();
-  if (hooks.starting)
-    hooks.starting(starting_line(m.model->summary(), std::to_string(train.size()) + " training pairs, " +
-                                                         std::to_string(valid.size()) + " validation pairs; " +
-                                                         std::to_string(o.steps) + " steps of up to " +
-                                                         std::to_string(o.batch_tokens) + " tokens"));
-  return train_translation(m, train, valid, o, r.out, hooks.translation);
+  require_same_data(r, hash_texts(hash_texts(run_hash(r), train), valid));
+  say_starting(r, hooks, m.model->summary(),
+               std::to_string(train.size()) + " training pairs, " + std::to_string(valid.size()) +
+                   " validation pairs; " + std::to_string(o.steps) + " steps of up to " +
+                   std::to_string(o.batch_tokens) + " tokens");
+  return train_translation(m, train, valid, o, r.out, hooks.translation, r.group);
 }
 
 // The documents of `text`, read from `path`, as one token stream; an error names the file.
@@ -99,13 +131,12 @@ TrainOutcome train_language_run(const TrainRun& r, const TrainHooks& hooks) {
   std::vector<int64_t> train = documents(*m.tokenizer, text, r.train);
   std::vector<int64_t> valid = r.valid.empty() ? hold_out_tokens(train, r)
                                                : documents(*m.tokenizer, read_file(r.valid), r.valid);
-  if (hooks.starting)
-    hooks.starting(starting_line(m.model->summary(), std::to_string(train.size()) + " training tokens, " +
-                                                         std::to_string(valid.size()) + " validation tokens; " +
-                                                         std::to_string(o.steps) + " steps of " +
-                                                         std::to_string(o.batch_size) + " x " +
-                                                         std::to_string(m.model->config().context) + " tokens"));
-  return train_language_model(m, train, valid, o, r.out, hooks.language);
+  require_same_data(r, hash_ints(hash_ints(run_hash(r), train), valid));
+  say_starting(r, hooks, m.model->summary(),
+               std::to_string(train.size()) + " training tokens, " + std::to_string(valid.size()) +
+                   " validation tokens; " + std::to_string(o.steps) + " steps of " + std::to_string(o.batch_size) +
+                   " x " + std::to_string(m.model->config().context) + " tokens");
+  return train_language_model(m, train, valid, o, r.out, hooks.language, r.group);
 }
 
 TrainOutcome train_vision_run(const TrainRun& r, const TrainHooks& hooks) {
@@ -121,13 +152,15 @@ TrainOutcome train_vision_run(const TrainRun& r, const TrainHooks& hooks) {
     model = new_vit_model(r.config_text, r.config_source, o.seed);
   }
   const int64_t used = o.max_train_images > 0 ? std::min(o.max_train_images, train.count) : train.count;
-  if (hooks.starting)
-    hooks.starting(starting_line(model->summary(), std::to_string(used) + " training images (of " +
-                                                       std::to_string(train.count) + "), " +
-                                                       std::to_string(test.count) + " test images; " +
-                                                       std::to_string(o.epochs) + " epochs of batches of " +
-                                                       std::to_string(o.batch_size)));
-  return train_vit(*model, train, test, o, r.out, hooks.vision);
+  uint64_t h = run_hash(r);
+  for (const ImageSet* set : {&train, &test})
+    h = hash_ints(fnv1a(set->pixels.data(), set->pixels.size(), h), set->labels);
+  require_same_data(r, h);
+  say_starting(r, hooks, model->summary(),
+               std::to_string(used) + " training images (of " + std::to_string(train.count) + "), " +
+                   std::to_string(test.count) + " test images; " + std::to_string(o.epochs) +
+                   " epochs of batches of " + std::to_string(o.batch_size));
+  return train_vit(*model, train, test, o, r.out, hooks.vision, r.group);
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include "qkv/io.h"
 #include "qkv/nn.h"
 #include "qkv/optim.h"
+#include "src/train/gradient_reducer.h"
 
 namespace qkv {
 
@@ -70,13 +71,22 @@ struct SkipCounter {
   int64_t total = 0, in_a_row = 0, max_in_a_row = 20;
 };
 
+//
+// With a reducer (data parallelism), backward hands it each gradient as it
+// is final and the gradients are then the sums over every process; the loss
+// value is already the global one, so every process decides alike. An
+// undefined loss (an empty shard) adds nothing but still joins the sums.
 inline bool step_if_finite(const Tensor& loss, float loss_value, Module& model, AdamW& opt, float clip_norm,
                            SkipCounter& skips, int64_t step, const std::string& out_dir,
-                           const std::function<void(Module&)>& gradient_hook = {}) {
+                           GradientReducer* reducer = nullptr) {
   bool finite = std::isfinite(loss_value);
   if (finite) {
-    loss.backward();
-    if (gradient_hook) gradient_hook(model);
+    if (!reducer) {
+      loss.backward();
+    } else {
+      if (loss.defined()) loss.backward(Tensor(), [reducer](const Tensor& leaf) { reducer->ready(leaf); });
+      reducer->finish();
+    }
     finite = std::isfinite(clip_grad_norm(model.parameters(), clip_norm));
   }
   if (!finite) {

@@ -95,12 +95,15 @@ public:
   float lr_at(int64_t step) override {
     return o_.schedule == LrSchedule::Cosine ? cosine_.lr_at(step) : inv_.lr_at(step);
   }
-  StepLoss step_loss(int64_t step) override {
+  StepLoss step_loss(int64_t step, Shard shard) override {
     if (next_batch_ == (int64_t)batches_.size()) {
       batches_ = make_batches(train_ids_, o_.batch_tokens, data_rng_);
       next_batch_ = 0;
     }
-    Batch b = collate(train_ids_, batches_[next_batch_++]);
+    const std::vector<int64_t>& batch = batches_[next_batch_++];
+    const auto [first, last] = shard.range((int64_t)batch.size());  // this process's sentences of it
+    if (first == last) return {};
+    Batch b = collate(train_ids_, {batch.begin() + first, batch.begin() + last});
     StepLoss l{translation_loss(*m_.model, b, o_.label_smoothing), 0, b.target_tokens};
     l.value = l.loss.item();
     if (cb_.inject_nonfinite && cb_.inject_nonfinite(step)) l.value = NAN;
@@ -180,11 +183,11 @@ private:
 
 TrainOutcome train_translation(TranslationModel& m, const std::vector<SentencePair>& train,
                        const std::vector<SentencePair>& valid, const TrainOptions& o, const std::string& out_dir,
-                       const TrainCallbacks& cb) {
+                       const TrainCallbacks& cb, ProcessGroup* group) {
   QKV_CHECK(o.steps > 0, "train: steps must be positive, got ", o.steps);
   QKV_CHECK(o.batch_tokens > 0, "train: batch_tokens must be positive");
   TranslationTask task(m, train, valid, o, cb);
-  return run_training(task, loop_options(o), out_dir);
+  return run_training(task, loop_options(o, group), out_dir);
 }
 
 TranslationModel new_translation_model(const std::string& config_text, const std::string& source,

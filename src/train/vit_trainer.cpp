@@ -69,19 +69,24 @@ public:
   Module& model() override { return model_; }
   int64_t total_steps() const override { return total_; }
   float lr_at(int64_t step) override { return schedule_.lr_at(step); }
-  StepLoss step_loss(int64_t step) override {
+  StepLoss step_loss(int64_t step, Shard shard) override {
     const int64_t epoch = epoch_of(step), b = (step - 1) % per_epoch_;
     if (epoch != order_epoch_) order_ = epoch_order(count_, o_.seed, epoch), order_epoch_ = epoch;
     if (b == 0) loss_sum_ = 0, loss_count_ = 0;
     std::vector<int64_t> idx(order_.begin() + b * o_.batch_size,
                              order_.begin() + std::min((b + 1) * o_.batch_size, count_));
+    const auto [first, last] = shard.range((int64_t)idx.size());  // this process's images of the batch
+    if (first == last) return {};
+    // The whole batch is augmented, so that each image gets the same draws
+    // however many processes share it, and this process's rows are kept.
     Rng augment_rng(o_.seed ^ (0xa46e0000ull + (uint64_t)step * 0x9e3779b97f4a7c15ull));
     Tensor images = image_batch(train_, idx, {o_.augment_pad, o_.augment_flip}, &augment_rng);
+    if (last - first < (int64_t)idx.size()) images = images.slice(0, first, last).contiguous();
     std::vector<int64_t> labels;
-    for (int64_t i : idx) labels.push_back(train_.labels[i]);
+    for (int64_t i = first; i < last; ++i) labels.push_back(train_.labels[idx[i]]);
     StepLoss l{cross_entropy(model_.forward(images), Tensor::from_ints(labels, {(int64_t)labels.size()}),
                              {.label_smoothing = o_.label_smoothing}),
-               0, (int64_t)idx.size()};
+               0, (int64_t)labels.size()};
     l.value = l.loss.item();
     return l;
   }
@@ -158,7 +163,7 @@ std::shared_ptr<VisionTransformer> new_vit_model(const std::string& config_text,
 }
 
 TrainOutcome train_vit(VisionTransformer& model, const ImageSet& train_all, const ImageSet& test, const VitTrainOptions& o,
-               const std::string& out_dir, const VitCallbacks& cb) {
+               const std::string& out_dir, const VitCallbacks& cb, ProcessGroup* group) {
   const ViTConfig& c = model.config();
   QKV_CHECK(train_all.channels == c.channels && train_all.height == c.image_size && train_all.width == c.image_size,
             "train: images are ", train_all.channels, "x", train_all.height, "x", train_all.width,
@@ -174,7 +179,7 @@ TrainOutcome train_vit(VisionTransformer& model, const ImageSet& train_all, cons
     QKV_CHECK(test.labels[i] >= 0 && test.labels[i] < c.num_classes, "train: label ", test.labels[i],
               " of test image ", i, " is not one of the ", c.num_classes, " classes");
   VisionTask task(model, train_all, test, o, cb, count);
-  return run_training(task, loop_options(o), out_dir);
+  return run_training(task, loop_options(o, group), out_dir);
 }
 
 }  // namespace qkv

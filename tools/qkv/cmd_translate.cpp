@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "qkv/io.h"
+#include "qkv/process_group.h"
 #include "qkv/registry.h"
 #include "qkv/train_run.h"
 #include "qkv/trainer.h"
@@ -59,6 +60,7 @@ std::string auto_config(const TrainArgs& a) {
   TranslationRecipe r = translation_recipe(read_parallel_tsv(a.train, {.replace_invalid_utf8 = a.replace_invalid}));
   std::error_code ec;
   std::filesystem::create_directories(a.out, ec);
+  if (process_group() && process_group()->rank() != 0) return r.config_json;  // rank 0 saves and says it
   write_file_atomic(a.out + "/recipe.json", r.config_json);
   std::printf("qkv train --config auto: a recipe for %s\n", a.train.c_str());
   for (const std::string& why : r.reasons) std::printf("  %s\n", why.c_str());
@@ -70,7 +72,7 @@ int run_train(const TrainArgs& a) {
   set_threads(a.threads);
   TrainRun run{.config_text = a.config == "auto" ? auto_config(a) : read_file(a.config),
                .config_source = a.config, .train = a.train, .valid = a.valid, .out = a.out, .resume = a.resume,
-               .replace_invalid_utf8 = a.replace_invalid};
+               .replace_invalid_utf8 = a.replace_invalid, .group = process_group()};
   // A flag not given is 0 (-1 for the seed): the config's value stays.
   if (a.steps > 0) run.steps = a.steps;
   if (a.epochs > 0) run.epochs = a.epochs;
@@ -87,7 +89,8 @@ int run_train(const TrainArgs& a) {
   };
   hooks.language = lm_train_printers();
   hooks.vision = vit_train_printers();
-  print_train_end(train_from_config(run, hooks), a.out);
+  const TrainOutcome outcome = train_from_config(run, hooks);
+  if (!run.group || run.group->rank() == 0) print_train_end(outcome, a.out);
   return 0;
 }
 
@@ -271,7 +274,8 @@ Run add_train(CLI::App& app) {
       ->check(CLI::Range(int64_t{1}, config::limits::kBatch));
   sub->add_option("--lr", args->lr, "Peak learning rate (overrides the config)")->check(positive_finite);
   sub->add_option("--seed", args->seed, "Seed (overrides the config)")->check(CLI::Range(int64_t{0}, most));
-  sub->add_option("--threads", args->threads, "Threads (0: all cores)");
+  sub->add_option("--threads", args->threads,
+                  "Threads (0: all cores; under mpirun, each process takes its share of this machine's)");
   sub->add_flag("--replace-invalid-utf8", args->replace_invalid, "Replace invalid UTF-8 by U+FFFD instead of failing");
   sub->add_flag("--resume", args->resume,
                 "Continue the run saved in --out exactly (weights, optimizer, step, RNG streams, data order)");

@@ -33,6 +33,7 @@ nlohmann::ordered_json runtime_json();
 }  // namespace qkv::cli
 
 namespace qkv {
+class ProcessGroup;
 struct TranslationModel;
 struct LmCallbacks;
 struct VitCallbacks;
@@ -40,6 +41,11 @@ class Module;
 }
 
 namespace qkv::cli {
+
+// The processes of an MPI launch (mpirun -np N qkv train; main.cpp), or
+// null for a process alone; and how many of them share this machine.
+ProcessGroup* process_group();
+int local_processes();
 
 // The cross-attention of `source` (its ids `src`; last decoder layer, mean of
 // its heads) as an SVG picture at `path`.

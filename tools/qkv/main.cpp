@@ -6,12 +6,19 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
 
 #include <iostream>
 #include <map>
 
 #include "qkv/cpu.h"
 #include "qkv/error.h"
+#ifdef QKV_WITH_MPI
+#include "qkv/mpi.h"
+#endif
+#include "qkv/process_group.h"
 #include "qkv/nn.h"
 #include "tools/qkv/commands.h"
 
@@ -21,10 +28,36 @@ namespace qkv::cli {
 // --threads 100000. A thousand is far past any useful count on one machine.
 constexpr int kMaxThreads = 1024;
 
+namespace {
+std::unique_ptr<ProcessGroup> g_world;  // an MPI launch's processes
+int g_local_processes = 1;
+}  // namespace
+
+ProcessGroup* process_group() { return g_world.get(); }
+int local_processes() { return g_local_processes; }
+
+// 0: all cores, shared among the processes of an MPI launch on this machine.
 void set_threads(int threads) {
   QKV_CHECK(threads >= 0 && threads <= kMaxThreads, "--threads ", threads, ": expected 0 (all cores) or 1 to ",
             kMaxThreads);
+  if (threads == 0 && g_local_processes > 1) threads = std::max(1, omp_get_max_threads() / g_local_processes);
   if (threads > 0) omp_set_num_threads(threads);
+}
+
+// Started by mpirun: join the launch's processes (only qkv train runs across
+// them; a build without MPI refuses a launch of more than one).
+void join_mpi_launch(int& argc, char**& argv) {
+#ifdef QKV_WITH_MPI
+  if (!launched_by_mpi()) return;
+  g_world = mpi_world(argc, argv);
+  g_local_processes = mpi_local_size();
+#else
+  (void)argc, (void)argv;
+  const char* size = std::getenv("OMPI_COMM_WORLD_SIZE");
+  if (!size) size = std::getenv("PMI_SIZE");
+  QKV_CHECK(!size || std::string(size) == "1", "this qkv was built without MPI, so it cannot train with ", size,
+            " processes: install libopenmpi-dev (scripts/install-deps.sh) and rebuild");
+#endif
 }
 int thread_count() { return omp_get_max_threads(); }
 
@@ -91,18 +124,40 @@ int main(int argc, char** argv) {
     std::cerr << "qkv: " << msg << " (see qkv --help)\n";
     return 2;
   }
+  // An error in one process of an MPI launch ends them all at once: the others
+  // may be waiting for it in a collective. Rank 0's errors are the program's;
+  // another rank names itself.
+  auto failed = [](const std::string& what) {
+    qkv::ProcessGroup* group = qkv::cli::process_group();
+    if (!group || group->size() == 1) {
+      std::cerr << "qkv: " << what << "\n";
+      return 1;
+    }
+    // One write, so that the lines of two processes do not interleave.
+    const std::string line =
+        "qkv" + (group->rank() ? " (process " + std::to_string(group->rank()) + ")" : std::string()) + ": " + what + "\n";
+    std::fwrite(line.data(), 1, line.size(), stderr);
+#ifdef QKV_WITH_MPI
+    qkv::mpi_abort(1);
+#endif
+    return 1;
+  };
   try {
-    for (auto& [sub, run] : runs)
-      if (sub->parsed()) return run();
+    qkv::cli::join_mpi_launch(argc, argv);
+    qkv::ProcessGroup* group = qkv::cli::process_group();
+    for (auto& [sub, run] : runs) {
+      if (!sub->parsed()) continue;
+      QKV_CHECK(!group || group->size() == 1 || sub->get_name() == "train", "qkv ", sub->get_name(),
+                " runs in one process; of the commands only qkv train runs across the processes of mpirun -np ",
+                group ? group->size() : 1);
+      return run();
+    }
   } catch (const qkv::Error& e) {
-    std::cerr << "qkv: " << e.what() << "\n";
-    return 1;
+    return failed(e.what());
   } catch (const std::bad_alloc&) {
-    std::cerr << "qkv: out of memory (a smaller model, batch or input needs less)\n";
-    return 1;
+    return failed("out of memory (a smaller model, batch or input needs less)");
   } catch (const std::exception& e) {
-    std::cerr << "qkv: internal error: " << e.what() << "\n";
-    return 1;
+    return failed(std::string("internal error: ") + e.what());
   }
   return 1;
 }

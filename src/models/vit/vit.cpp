@@ -25,6 +25,7 @@ static const config::Fields<ViTConfig>& vit_fields() {
           .add("mlp_ratio", &C::mlp_ratio).positive()
           .add("num_classes", &C::num_classes).at_least(2).at_most(config::limits::kClasses)
           .add("dropout", &C::dropout).fraction()
+          .add("qkv_bias", &C::qkv_bias)
           .add("positions", &C::positions).only({PositionKind::Learned, PositionKind::Sinusoidal2d})
           .add("pool", &C::pool)
           .add("class_names", &C::class_names)
@@ -67,6 +68,7 @@ VisionTransformer::VisionTransformer(const ViTConfig& c, Rng& rng) : config_(c) 
   TransformerLayerOptions o;
   o.d_model = D, o.dim_feedforward = c.dim_feedforward(), o.dropout = c.dropout;
   o.attention.nhead = c.nhead;
+  o.attention.bias.q = o.attention.bias.k = o.attention.bias.v = c.qkv_bias;
   o.activation = Activation::Gelu, o.norm_first = true;
   for (int64_t i = 0; i < c.num_layers; ++i)
     layers.push_back(register_module("layers." + std::to_string(i), std::make_shared<TransformerEncoderLayer>(o, rng)));
