@@ -13,6 +13,7 @@ packages=(
   libsentencepiece-dev            # subword tokenizer
   libpcre2-dev libutf8proc-dev    # Hugging Face tokenizers: Unicode regex classes, normalization
   libopenmpi-dev openmpi-bin      # qkv train across processes (mpirun; docs/distributed.md)
+  iproute2 procps                 # its test: two network namespaces as two hosts; pgrep
   libgtest-dev                    # unit tests
   libbenchmark-dev                # micro benchmarks
   dataset-fashion-mnist           # real images for the ViT recipes (not needed by make test)

@@ -81,6 +81,31 @@ run "resume: first 10 steps" "${MPIRUN[@]}" -np 2 "$QKV" train --config "$tmp/mt
 run "resume: steps 11-20" "${MPIRUN[@]}" -np 2 "$QKV" train --config "$tmp/mt.json" --train "$tmp/pairs.tsv" --out "$tmp/half" --resume
 same "resume: 10 + 10 steps = 20 steps" "$tmp/mt-2" "$tmp/half" 0 0
 
+# Two "machines": network namespaces joined by a veth pair, one process in
+# each, Open MPI's TCP transport on their addresses only. mpirun starts in the
+# first; its "ssh" to the second is `ip netns exec` (the file system is shared,
+# as a cluster's is). Needs root (CAP_NET_ADMIN): CI has it; elsewhere this
+# part says it is skipped.
+a="qkv$$a" b="qkv$$b"
+cleanup_netns() { ip netns del "$a" 2>/dev/null; ip netns del "$b" 2>/dev/null; }
+trap 'cleanup_netns; rm -rf "$tmp"' EXIT
+if ip netns add "$a" 2>/dev/null && ip netns add "$b" && ip link add "${a}v" type veth peer name "${b}v" &&
+    ip link set "${a}v" netns "$a" && ip link set "${b}v" netns "$b" &&
+    ip -n "$a" addr add 10.77.0.1/24 dev "${a}v" && ip -n "$b" addr add 10.77.0.2/24 dev "${b}v" &&
+    ip -n "$a" link set "${a}v" up && ip -n "$b" link set "${b}v" up && ip -n "$a" link set lo up && ip -n "$b" link set lo up; then
+  printf '#!/bin/sh\n# the ssh of mpirun: HOST COMMAND, run in the namespace of the second host\nshift\nexec ip netns exec %s /bin/sh -c "$*"\n' "$b" >"$tmp/agent.sh"
+  chmod +x "$tmp/agent.sh"
+  printf '10.77.0.1 slots=1\n10.77.0.2 slots=1\n' >"$tmp/hosts"
+  run "two hosts: 2 processes over TCP between network namespaces" timeout 120 ip netns exec "$a" "${MPIRUN[@]}" \
+    --hostfile "$tmp/hosts" -np 2 --mca plm_rsh_agent "$tmp/agent.sh" --mca btl self,tcp \
+    --mca btl_tcp_if_include 10.77.0.0/24 --mca oob_tcp_if_include 10.77.0.0/24 \
+    "$QKV" train --config "$tmp/mt.json" --train "$tmp/pairs.tsv" --out "$tmp/hosts-2"
+  same "two hosts: 2 processes x half the batch = 1 x the whole" "$tmp/mt-1" "$tmp/hosts-2" 1e-6 1e-7
+else
+  echo "skipped two hosts: cannot create network namespaces here (needs root with CAP_NET_ADMIN and iproute2)"
+fi
+cleanup_netns
+
 # Processes started on different data refuse, all of them, before any step.
 head -n 500 "$tmp/pairs.tsv" >"$tmp/fewer.tsv"
 if "${MPIRUN[@]}" -np 1 "$QKV" train --config "$tmp/mt.json" --train "$tmp/pairs.tsv" --out "$tmp/mixed" : \

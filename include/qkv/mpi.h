@@ -5,6 +5,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "qkv/process_group.h"
 
@@ -21,6 +22,9 @@ std::unique_ptr<ProcessGroup> mpi_world(int& argc, char**& argv);
 // The number of this launch's processes on this machine (1 outside MPI):
 // each takes its share of the cores.
 int mpi_local_size();
+
+// The MPI library's name and version, as it says them (first line).
+std::string mpi_library();
 
 // Ends every process of the launch at once with `code` (after an error on
 // one of them, so that none waits for it in a collective).

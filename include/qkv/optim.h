@@ -14,6 +14,10 @@ namespace qkv {
 struct TrainOutcome {
   int64_t last_step = 0;
   std::string stopped_early;  // empty when every step ran
+  // Across processes (qkv/process_group.h): the seconds of the steps, and of
+  // those the seconds this process waited for the sums of the others (the
+  // gradients after backward, and each step's loss and token count).
+  double step_seconds = 0, wait_seconds = 0;
 };
 
 struct SGDOptions {

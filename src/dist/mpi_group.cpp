@@ -95,6 +95,14 @@ int mpi_local_size() {
   return n;
 }
 
+std::string mpi_library() {
+  char text[MPI_MAX_LIBRARY_VERSION_STRING];
+  int length = 0;
+  MPI_Get_library_version(text, &length);
+  std::string v(text, (size_t)length);
+  return v.substr(0, v.find_first_of("\n,"));
+}
+
 void mpi_abort(int code) {
   MPI_Abort(MPI_COMM_WORLD, code);
   std::_Exit(code);

@@ -161,9 +161,11 @@ uint64_t weights_hash(Module& model) {
 // units summed, the loss value averaged over all of them, and the
 // differentiable loss weighted by this shard's share, so that the gradients
 // summed across processes are those of the whole batch's mean.
-void combine_shards(ProcessGroup& group, StepLoss& loss) {
+void combine_shards(ProcessGroup& group, StepLoss& loss, double& wait_seconds) {
   double totals[2] = {(double)loss.units, loss.units ? (double)loss.value * (double)loss.units : 0.0};
+  const auto t0 = std::chrono::steady_clock::now();
   group.sum(totals, 2);
+  wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (loss.loss.defined()) loss.loss = scale(loss.loss, totals[0] > 0 ? (float)(loss.units / totals[0]) : 0.f);
   loss.value = totals[0] > 0 ? (float)(totals[1] / totals[0]) : 0.f;
   loss.units = (int64_t)totals[0];
@@ -200,6 +202,7 @@ TrainOutcome run_training(TrainTask& task, const LoopOptions& o, const std::stri
     reducer = std::make_unique<GradientReducer>(model.parameters(), *group);
   }
   const Shard shard = shard_of(group);
+  TrainOutcome timing;  // its seconds, for every return
   SkipCounter skips{.total = s.skipped, .max_in_a_row = o.max_skipped_in_a_row};
   const int64_t first_step = s.step + 1;
   int64_t units = 0;
@@ -208,9 +211,12 @@ TrainOutcome run_training(TrainTask& task, const LoopOptions& o, const std::stri
     const float lr = task.lr_at(step) * (float)s.lr_scale;
     opt.set_lr(lr);
     opt.zero_grad();
+    const auto step_start = std::chrono::steady_clock::now();
     StepLoss loss = task.step_loss(step, shard);
-    if (group) combine_shards(*group, loss);
-    if (step_if_finite(loss.loss, loss.value, model, opt, o.clip_norm, skips, step, out_dir, reducer.get())) {
+    if (group) combine_shards(*group, loss, timing.wait_seconds);
+    const bool taken = step_if_finite(loss.loss, loss.value, model, opt, o.clip_norm, skips, step, out_dir, reducer.get());
+    timing.step_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();
+    if (taken) {
       task.stepped(step, loss);
       units += loss.units;
       const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -242,12 +248,17 @@ TrainOutcome run_training(TrainTask& task, const LoopOptions& o, const std::stri
     }
     if (writer && save_validation(task, o, s, v, best, step, skips.total, model, opt, out_dir)) stopped = 1;
     if (group) group->broadcast(&stopped, sizeof stopped, 0);
-    if (stopped && step < total) return {step, "stopped after the validation at step " + std::to_string(step)};
+    auto ended = [&](std::string why) {
+      if (reducer) timing.wait_seconds += reducer->waited_seconds();
+      return TrainOutcome{step, std::move(why), timing.step_seconds, timing.wait_seconds};
+    };
+    if (stopped && step < total) return ended("stopped after the validation at step " + std::to_string(step));
     if (o.patience > 0 && s.since_best >= o.patience && step < total)
-      return {step, "early stopping: " + std::to_string(s.since_best) + " validations in a row without a better "
-                    "score (patience " + std::to_string(o.patience) + ")"};
+      return ended("early stopping: " + std::to_string(s.since_best) + " validations in a row without a better "
+                   "score (patience " + std::to_string(o.patience) + ")");
   }
-  return {total, ""};
+  if (reducer) timing.wait_seconds += reducer->waited_seconds();
+  return {total, "", timing.step_seconds, timing.wait_seconds};
 }
 
 }  // namespace qkv

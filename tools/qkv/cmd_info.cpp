@@ -4,9 +4,21 @@
 #include <iostream>
 
 #include "qkv/cpu.h"
+#ifdef QKV_WITH_MPI
+#include "qkv/mpi.h"
+#endif
 #include "tools/qkv/commands.h"
 
 namespace qkv::cli {
+
+// What `mpirun -np N qkv train` runs on, or that this build cannot.
+std::string mpi_text() {
+#ifdef QKV_WITH_MPI
+  return mpi_library();
+#else
+  return "not built (install libopenmpi-dev and rebuild)";
+#endif
+}
 
 nlohmann::ordered_json runtime_json() {
   const CpuInfo& cpu = cpu_info();
@@ -22,7 +34,8 @@ nlohmann::ordered_json runtime_json() {
           {"gemm_kernel", blas.core},
           {"gemm_kernel_chosen_by", blas.chosen_by},
           {"gemm_bf16", gemm_bf16_path()},
-          {"threads", thread_count()}};
+          {"threads", thread_count()},
+          {"mpi", mpi_text()}};
 }
 
 namespace {
@@ -40,7 +53,7 @@ Run add_info(CLI::App& app) {
   return [args] {
     set_threads(args->threads);
     if (args->json) std::cout << runtime_json().dump(2) << "\n";
-    else std::printf("%s", runtime_summary().c_str());
+    else std::printf("%smpi:      %s\n", runtime_summary().c_str(), mpi_text().c_str());
     return 0;
   };
 }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <functional>
 #include <string>
 #include <vector>
@@ -70,6 +71,10 @@ template <class Outcome>
 void print_train_end(const Outcome& outcome, const std::string& out_dir) {
   if (!outcome.stopped_early.empty())
     std::printf("stopped at step %lld: %s\n", (long long)outcome.last_step, outcome.stopped_early.c_str());
+  if (outcome.wait_seconds > 0)
+    std::printf("all-reduce: %.1f%% of the step time waiting for the other processes (%.2f s of %.2f s)\n",
+                100 * outcome.wait_seconds / std::max(outcome.step_seconds, 1e-9), outcome.wait_seconds,
+                outcome.step_seconds);
   std::printf("model: %s\n", out_dir.c_str());
 }
 
