@@ -35,9 +35,16 @@ new tokens at most, stopping at the folder's eos_token_id).
   gpt2     GPT2LMHeadModel: learned positions, LayerNorm, gelu_new, Conv1D
            weights ([in, out]), one fused c_attn, tied head, float32, the
            gpt2 tokenizer (<|endoftext|> = 0 as eos)
+  bert     BertModel as a sentence-transformers folder: Post-Norm, exact
+           GELU, token type embeddings, layer_norm_eps 1e-12, the bert
+           (WordPiece) tokenizer, mean pooling (1_Pooling), a Normalize
+           module, max_seq_length 24 (sentence_bert_config.json); expected:
+           the last hidden states of fixed ids, and what
+           SentenceTransformer.encode() gives for BERT_SENTENCES (the last
+           one longer than 24 tokens, which it cuts)
 
 Usage: python3 scripts/make_hf_fixtures.py [--out tests/fixtures/hf]
-Needs: torch, transformers, safetensors (pip install torch transformers safetensors).
+Needs: torch, transformers, safetensors, sentence-transformers (pip install ...).
 """
 import argparse
 import json
@@ -48,7 +55,7 @@ import sys
 
 import torch
 from safetensors.torch import save_file
-from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
+from transformers import (BertConfig, BertModel, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
                           MixtralConfig, MixtralForCausalLM, PreTrainedTokenizerFast,
                           Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
@@ -57,6 +64,8 @@ COMMON = dict(vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_l
               num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5, initializer_range=0.2)
 TOKENIZERS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures", "tokenizers")
 PROMPT = "我是中国人 -> 私は"
+BERT_SENTENCES = ["我是中国人", "The quick brown fox jumps over the lazy dog.", "私は中国人です", "",
+                  "attention heads look back at every token they have seen before, " * 3]
 
 
 def build(name):
@@ -134,13 +143,63 @@ def make(name, out_dir):
     print(f"{name}: {sum(p.numel() for p in model.parameters())} parameters, {dtype} on disk")
 
 
+def make_bert(out_dir):
+    from sentence_transformers import SentenceTransformer
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=512, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=64, max_position_embeddings=64, type_vocab_size=2, hidden_act="gelu",
+                        layer_norm_eps=1e-12, initializer_range=0.2, pad_token_id=0)
+    model = BertModel(config)
+    with torch.no_grad():  # random gains and biases, so that every one counts
+        for pname, p in model.named_parameters():
+            if pname.endswith("LayerNorm.weight"):
+                p.copy_(1.0 + 0.3 * torch.randn_like(p))
+            elif pname.endswith(".bias"):
+                p.copy_(0.3 * torch.randn_like(p))
+    folder = os.path.join(out_dir, "bert")
+    shutil.rmtree(folder, ignore_errors=True)
+    model.save_pretrained(folder)
+    shutil.copyfile(os.path.join(TOKENIZERS, "bert.json"), os.path.join(folder, "tokenizer.json"))
+    with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
+        json.dump({"tokenizer_class": "BertTokenizerFast", "cls_token": "[CLS]", "sep_token": "[SEP]",
+                   "pad_token": "[PAD]", "unk_token": "[UNK]", "mask_token": "[MASK]", "do_lower_case": True}, f)
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+               {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]
+    with open(os.path.join(folder, "modules.json"), "w") as f:
+        json.dump(modules, f, indent=1)
+    os.makedirs(os.path.join(folder, "1_Pooling"))
+    os.makedirs(os.path.join(folder, "2_Normalize"))
+    with open(os.path.join(folder, "1_Pooling", "config.json"), "w") as f:
+        json.dump({"word_embedding_dimension": 32, "pooling_mode_cls_token": False, "pooling_mode_mean_tokens": True,
+                   "pooling_mode_max_tokens": False, "pooling_mode_mean_sqrt_len_tokens": False}, f, indent=1)
+    with open(os.path.join(folder, "sentence_bert_config.json"), "w") as f:
+        json.dump({"max_seq_length": 24, "do_lower_case": False}, f)
+    model = BertModel.from_pretrained(folder, dtype=torch.float32).eval()
+    ids = torch.tensor([[2, 17, 5, 63, 40, 8, 95, 22, 3]])
+    with torch.no_grad():
+        hidden = model(ids).last_hidden_state
+    st = SentenceTransformer(folder, device="cpu")
+    embeddings = torch.tensor(st.encode(BERT_SENTENCES, batch_size=2))
+    save_file({"ids": ids, "hidden": hidden.contiguous(), "embeddings": embeddings.contiguous()},
+              os.path.join(out_dir, "bert.expected.safetensors"))
+    with open(os.path.join(out_dir, "bert.expected.json"), "w") as f:
+        json.dump({"sentences": BERT_SENTENCES}, f, ensure_ascii=False, indent=1)
+        f.write("\n")
+    print(f"bert: {sum(p.numel() for p in model.parameters())} parameters; embeddings {tuple(embeddings.shape)}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures", "hf"))
+    ap.add_argument("--only", nargs="+", metavar="NAME", help="write only these fixtures")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    for name in ("llama", "qwen2", "qwen3", "mistral", "mixtral", "gpt2"):
-        make(name, args.out)
+    for name in args.only or ("llama", "qwen2", "qwen3", "mistral", "mixtral", "gpt2", "bert"):
+        if name == "bert":
+            make_bert(args.out)
+        else:
+            make(name, args.out)
     return 0
 
 

@@ -18,6 +18,11 @@ library, a test text, and what the library makes of each of its lines.
           <s> first, the decoder Replace, ByteFallback, Fuse, Strip
   spm     the same model behind a Metaspace pre-tokenizer (prepend_scheme
           "first", split), decoded by ByteFallback, then Metaspace
+
+  bert    WordPiece as BERT's tokenizer.json has it: BertNormalizer (clean
+          the text, spaces around CJK ideographs, strip accents, lowercase),
+          BertPreTokenizer, the WordPiece model with "##" continuations and
+          [UNK], a template [CLS] $A [SEP], the WordPiece decoder (cleanup on)
 text.txt has 5,000 lines of English, Chinese, Japanese, emoji, digits, runs
 of white space (tabs, U+00A0, U+3000, U+0085, carriage returns), combining
 accents, added tokens written out, and invalid UTF-8. Lines are split at
@@ -29,7 +34,7 @@ U+FFFD). For each tokenizer, NAME.expected has one line per text line:
 (ids as 4 little-endian bytes each; the decoded text is decode(ids,
 skip_special_tokens=True), as UTF-8). The C++ test recomputes all three.
 
-Usage: python3 scripts/make_tokenizer_fixtures.py [--out DIR]
+Usage: python3 scripts/make_tokenizer_fixtures.py [--out DIR] [--only NAME ...]   (--only: just those, text.txt kept)
        python3 scripts/make_tokenizer_fixtures.py --show NAME LINE   (the ids of one line, for a failing test)
 Needs: tokenizers (pip install tokenizers).
 """
@@ -131,7 +136,24 @@ def build_sentencepiece(name, corpus):
     return tok
 
 
+def build_wordpiece(corpus):
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, strip_accents=None,
+                                                lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    trainer = trainers.WordPieceTrainer(vocab_size=VOCAB, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"],
+                                        show_progress=False)
+    tok.train_from_iterator(corpus, trainer)
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+                                                       special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+    tok.decoder = decoders.WordPiece(prefix="##", cleanup=True)
+    return tok
+
+
 def build(name, corpus):
+    if name == "bert":
+        return build_wordpiece(corpus)
     if name in ("llama2", "spm"):
         return build_sentencepiece(name, corpus)
     if name == "gpt2":
@@ -180,6 +202,7 @@ def fnv(data):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=OUT)
+    ap.add_argument("--only", nargs="+", metavar="NAME", help="write only these tokenizers (and keep text.txt)")
     ap.add_argument("--show", nargs=2, metavar=("NAME", "LINE"), help="print the ids of one line (1-based)")
     args = ap.parse_args()
     if args.show:
@@ -192,9 +215,10 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     corpus = [l.decode("utf-8", errors="replace") for l in make_text(1, 3000)]
     text = make_text(2, 5000)
-    with open(os.path.join(args.out, "text.txt"), "wb") as f:
-        f.write(b"\n".join(text))
-    for name in ("gpt2", "llama3", "qwen2", "llama2", "spm"):
+    if not args.only:
+        with open(os.path.join(args.out, "text.txt"), "wb") as f:
+            f.write(b"\n".join(text))
+    for name in args.only or ("gpt2", "llama3", "qwen2", "llama2", "spm", "bert"):
         tok = build(name, corpus)
         tok.save(os.path.join(args.out, name + ".json"))
         rows = []

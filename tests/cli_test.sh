@@ -125,6 +125,18 @@ printf '{"tokenizer": {"type": "sentencepiece", "vocab_size": 20}}' >"$tmp/small
 check "train too small a vocabulary" nonzero "$QKV" train --config "$tmp/smalltok.json" --train "$tmp/demo/zh-ja.train.tsv" --out "$tmp/m"
 one_line_error "train too small a vocabulary"
 [ ! -e "$tmp/m" ] || { echo "FAIL a failed train left a model folder"; failures=$((failures + 1)); }
+# Sentence embeddings of a Hugging Face BertModel (sentence-transformers folder).
+printf '我是中国人\nThe quick brown fox.\n' >"$tmp/sentences.txt"
+check "embed" 0 sh -c "\"$QKV\" embed --model \"$FIXTURES/hf/bert\" < \"$tmp/sentences.txt\""
+[ "$(wc -l <"$tmp/out")" -eq 2 ] && [ "$(head -1 "$tmp/out" | tr ',' '\n' | wc -l)" -eq 32 ] && grep -q '^\[-\?[0-9]' "$tmp/out" ||
+  { echo "FAIL embed: expected two lists of 32 numbers"; head -c 300 "$tmp/out"; failures=$((failures + 1)); }
+{ echo a; yes the | head -40 | tr '\n' ' '; echo; } >"$tmp/long-sentence.txt"
+check "embed a line past max_seq_length" nonzero sh -c "\"$QKV\" embed --model \"$FIXTURES/hf/bert\" < \"$tmp/long-sentence.txt\""
+one_line_error "embed a line past max_seq_length"
+grep -q "stdin line 2: 40 tokens" "$tmp/err" || { echo "FAIL embed long line message"; cat "$tmp/err"; failures=$((failures + 1)); }
+check "embed --truncate" 0 sh -c "\"$QKV\" embed --truncate --model \"$FIXTURES/hf/bert\" < \"$tmp/long-sentence.txt\""
+check "embed with a decoder" nonzero sh -c "echo x | \"$QKV\" embed --model \"$FIXTURES/hf/gpt2\""
+one_line_error "embed with a decoder"
 # Train a tiny model in two halves with --resume.
 printf '{"d_model": 32, "nhead": 4, "num_encoder_layers": 1, "num_decoder_layers": 1, "dim_feedforward": 64,\n "train": {"steps": 6, "batch_tokens": 256, "eval_every": 3, "eval_sentences": 4}}\n' >"$tmp/tiny.json"
 check "train" 0 "$QKV" train --config "$tmp/tiny.json" --train "$tmp/demo/zh-ja.train.tsv" --out "$tmp/tiny"

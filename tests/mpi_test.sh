@@ -72,7 +72,7 @@ for family in mt lm vit; do
   [ $family = vit ] && data="$tmp/idx"
   run "$family: one process" "$QKV" train --config "$tmp/$family.json" --train "$data" --out "$tmp/$family-1" --threads 1
   run "$family: 2 processes" "${MPIRUN[@]}" -np 2 "$QKV" train --config "$tmp/$family.json" --train "$data" --out "$tmp/$family-2"
-  grep -q "2 processes x 1 threads" "$tmp/out" || fail "$family: the 2-process run does not say so"; 
+  grep -q "2 processes x 1 thread$" "$tmp/out" || fail "$family: the 2-process run does not say so"
   same "$family: 2 processes x half the batch = 1 x the whole" "$tmp/$family-1" "$tmp/$family-2" 1e-6 1e-7
 done
 

@@ -1,6 +1,8 @@
 // PNG and JPEG decoding (src/data/image_codecs.cpp): pixels right, and every
 // broken or oversized file an error before it can cost memory or time. Each
 // bad file is made here from a good one.
+#include <cstddef>  // jpeglib.h uses size_t and FILE without including them
+#include <cstdio>
 #include <jpeglib.h>
 #include <zlib.h>
 

@@ -26,6 +26,7 @@ enum class Task {
   Generate,   // continue a prompt (qkv generate)
   Classify,   // images to classes (qkv classify)
   Eval,       // scores on a test set (qkv eval)
+  Embed,      // texts to vectors (qkv embed)
 };
 const char* task_name(Task task);
 
@@ -34,6 +35,7 @@ enum class Domain {
   Translation,  // tab-separated parallel text; the model is a Seq2Seq (qkv/models.h)
   Language,     // plain text; the model is a DecoderLM (qkv/lm.h)
   Vision,       // IDX images; the model is a VisionTransformer (qkv/vit.h)
+  Embedding,    // sentences to vectors; the model is a TextEncoder (qkv/encoder.h), not trained by qkv train yet
 };
 
 // A Hugging Face config.json as a family reads it: the qkv config of the same

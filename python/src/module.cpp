@@ -517,6 +517,8 @@ nb::object load(const std::string& path, const std::string& dtype, int threads) 
         c.m = load_vit_model(path, "load");
         return *c.m;
       });
+    case Domain::Embedding:
+      fail("load: ", path, " holds ", family.description, ", which the Python module does not load yet (qkv embed runs it)");
   }
   fail("load: ", path, ": a family of an unknown domain");
 }

@@ -3,15 +3,17 @@
 //   text -> added tokens split out -> normalizer -> pre-tokenizer -> model (BPE)
 //        -> post-processor (the ids around the text); ids -> decoder -> text
 //
-// Read here: normalizers NFC/NFD/NFKC/NFKD (utf8proc), Prepend, Replace and
-// Sequence; pre-tokenizers ByteLevel (GPT-2's byte-to-character table and,
-// with use_regex, its split pattern), Split (a regex run by PCRE2, or a
-// string), Metaspace and Sequence; the BPE model (merges by rank,
-// ignore_merges, unk_token, byte_fallback); post-processors ByteLevel,
-// TemplateProcessing, BertProcessing, RobertaProcessing and Sequence; the
-// decoders ByteLevel, ByteFallback, Replace, Fuse, Strip, Metaspace and
-// Sequence (byte-level BPE as GPT-2, Llama 3 and Qwen2 use it; SentencePiece
-// BPE with byte fallback as Llama 2 and Mistral do).
+// Read here: normalizers NFC/NFD/NFKC/NFKD (utf8proc), Prepend, Replace,
+// BertNormalizer, Lowercase, StripAccents and Sequence; pre-tokenizers
+// ByteLevel (GPT-2's byte-to-character table and, with use_regex, its split
+// pattern), Split (a regex run by PCRE2, or a string), Metaspace,
+// BertPreTokenizer and Sequence; the models BPE (merges by rank,
+// ignore_merges, unk_token, byte_fallback) and WordPiece (longest match
+// first, "##" continuations); post-processors ByteLevel, TemplateProcessing,
+// BertProcessing, RobertaProcessing and Sequence; the decoders ByteLevel,
+// ByteFallback, Replace, Fuse, Strip, Metaspace, WordPiece and Sequence
+// (byte-level BPE as GPT-2, Llama 3 and Qwen2 use it; SentencePiece BPE with
+// byte fallback as Llama 2 and Mistral do; WordPiece as BERT does).
 // Anything else is one error naming the field, never a different tokenizer.
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
@@ -57,6 +59,14 @@ bool is_white_space(uint32_t cp) {
   return (cp >= 0x09 && cp <= 0x0D) || cp == 0x20 || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
          (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F ||
          cp == 0x3000;
+}
+
+// Unicode punctuation (P*), what Rust's is_punctuation tests, or ASCII punctuation.
+bool is_punctuation(uint32_t cp) {
+  if (cp < 0x80) return (cp >= 0x21 && cp <= 0x2F) || (cp >= 0x3A && cp <= 0x40) || (cp >= 0x5B && cp <= 0x60) ||
+                        (cp >= 0x7B && cp <= 0x7E);
+  const utf8proc_category_t c = utf8proc_category((utf8proc_int32_t)cp);
+  return c >= UTF8PROC_CATEGORY_PC && c <= UTF8PROC_CATEGORY_PO;
 }
 
 bool is_alphanumeric(uint32_t cp) {
@@ -271,6 +281,76 @@ struct Metaspace {
   }
 };
 
+// BertNormalizer's steps, in the order `tokenizers` runs them: clean the
+// text (drop NUL, U+FFFD and other control and format characters; every white
+// space becomes ' '), put spaces around CJK ideographs, strip accents (NFD,
+// then no nonspacing marks), lowercase (per character, full mapping).
+// Lowercase and StripAccents are the last two alone (StripAccents without
+// the NFD).
+struct BertSteps {
+  bool clean_text = false, chinese = false, nfd = false, strip_accents = false, lowercase = false;
+
+  std::string apply(const std::string& in) const {
+    std::string s = in;
+    if (clean_text || chinese) s = map_chars(s, [&](uint32_t cp, std::string& out) {
+      if (clean_text) {
+        if (cp == 0 || cp == 0xFFFD || is_control(cp)) return;
+        if (cp == '\t' || cp == '\n' || cp == '\r' || is_white_space(cp)) cp = ' ';
+      }
+      const bool ideograph = chinese && is_chinese_char(cp);
+      if (ideograph) out += ' ';
+      append_utf8(out, cp);
+      if (ideograph) out += ' ';
+    });
+    if (nfd) s = decompose(s);
+    if (strip_accents) s = map_chars(s, [](uint32_t cp, std::string& out) {
+      if (utf8proc_category((utf8proc_int32_t)cp) != UTF8PROC_CATEGORY_MN) append_utf8(out, cp);
+    });
+    if (lowercase) s = map_chars(s, [](uint32_t cp, std::string& out) {
+      if (cp == 0x130) out += "i\xCC\x87";  // İ: the one character whose lowercase is two (i + U+0307)
+      else append_utf8(out, (uint32_t)utf8proc_tolower((utf8proc_int32_t)cp));
+    });
+    return s;
+  }
+
+private:
+  template <typename F>
+  static std::string map_chars(const std::string& s, const F& f) {
+    std::string out;
+    out.reserve(s.size());
+    for (size_t i = 0; i < s.size();) {
+      int len = 1;
+      const uint32_t cp = code_point(s, i, &len);
+      f(cp, out);
+      i += (size_t)len;
+    }
+    return out;
+  }
+  static std::string decompose(const std::string& s) {
+    utf8proc_uint8_t* out = nullptr;
+    const utf8proc_ssize_t n = utf8proc_map((const utf8proc_uint8_t*)s.data(), (utf8proc_ssize_t)s.size(), &out,
+                                            (utf8proc_option_t)(UTF8PROC_STABLE | UTF8PROC_DECOMPOSE));
+    QKV_CHECK(n >= 0, "tokenizer: cannot normalize the text (", utf8proc_errmsg(n), ")");
+    std::string r((const char*)out, (size_t)n);
+    std::free(out);
+    return r;
+  }
+  // Other (C*): control, format, surrogate, private use, unassigned; but not
+  // tab, newline and carriage return, which count as white space.
+  static bool is_control(uint32_t cp) {
+    if (cp == '\t' || cp == '\n' || cp == '\r') return false;
+    const utf8proc_category_t c = utf8proc_category((utf8proc_int32_t)cp);
+    return c == UTF8PROC_CATEGORY_CN || c == UTF8PROC_CATEGORY_CC || c == UTF8PROC_CATEGORY_CF ||
+           c == UTF8PROC_CATEGORY_CS || c == UTF8PROC_CATEGORY_CO;
+  }
+  // The CJK Unified Ideographs blocks and their extensions, as BERT's code lists them.
+  static bool is_chinese_char(uint32_t cp) {
+    return (cp >= 0x4E00 && cp <= 0x9FFF) || (cp >= 0x3400 && cp <= 0x4DBF) || (cp >= 0x20000 && cp <= 0x2A6DF) ||
+           (cp >= 0x2A700 && cp <= 0x2B73F) || (cp >= 0x2B740 && cp <= 0x2B81F) || (cp >= 0x2B920 && cp <= 0x2CEAF) ||
+           (cp >= 0xF900 && cp <= 0xFAFF) || (cp >= 0x2F800 && cp <= 0x2FA1F);
+  }
+};
+
 class Normalizer {
 public:
   Normalizer(const Json& j, const std::string& where) { add(j, where); }
@@ -279,6 +359,8 @@ public:
     for (const Step& step : steps_) {
       if (step.replace) {
         s = step.replace->apply(s);
+      } else if (step.bert) {
+        s = step.bert->apply(s);
       } else if (step.utf8proc == 0) {  // Prepend, to a text that is not empty
         if (!s.empty()) s.insert(0, step.prepend);
       } else {
@@ -297,7 +379,8 @@ private:
   struct Step {
     int utf8proc = 0;                      // NFC, NFD, NFKC, NFKD: utf8proc options; or
     std::string prepend;                   // Prepend; or
-    std::shared_ptr<Replacement> replace;  // Replace
+    std::shared_ptr<Replacement> replace;  // Replace; or
+    std::shared_ptr<BertSteps> bert;       // BertNormalizer, Lowercase, StripAccents
   };
 
   void add(const Json& j, const std::string& where) {
@@ -318,6 +401,19 @@ private:
       steps_.push_back({0, j["prepend"].get<std::string>()});
     } else if (type == "Replace") {
       steps_.push_back({0, "", std::make_shared<Replacement>(j, where)});
+    } else if (type == "BertNormalizer") {
+      auto b = std::make_shared<BertSteps>();
+      b->clean_text = flag(j, "clean_text", true);
+      b->chinese = flag(j, "handle_chinese_chars", true);
+      b->lowercase = flag(j, "lowercase", true);
+      const Json strip = j.value("strip_accents", Json());
+      QKV_CHECK(strip.is_null() || strip.is_boolean(), where, ".strip_accents must be true, false or null");
+      b->nfd = b->strip_accents = strip.is_null() ? b->lowercase : strip.get<bool>();  // null: as lowercase
+      steps_.push_back({0, "", nullptr, b});
+    } else if (type == "Lowercase") {
+      steps_.push_back({0, "", nullptr, std::make_shared<BertSteps>(BertSteps{.lowercase = true})});
+    } else if (type == "StripAccents") {
+      steps_.push_back({0, "", nullptr, std::make_shared<BertSteps>(BertSteps{.strip_accents = true})});
     } else {
       fail(where, ": normalizer type '", type, "' is not supported yet");
     }
@@ -356,6 +452,10 @@ public:
             continue;
           }
         }
+        if (step.bert) {
+          bert_split(p, next);
+          continue;
+        }
         if (step.pattern.empty()) {
           next.push_back(std::move(p));
           continue;
@@ -378,7 +478,30 @@ private:
     // `prepend` says; with metaspace_split, each piece then begins at one.
     bool metaspace = false, metaspace_split = false;
     Prepend prepend = Prepend::Never;
+    bool bert = false;  // BertPreTokenizer: split at white space (dropped) and around each punctuation character
   };
+
+  static void bert_split(const std::string& p, std::vector<std::string>& out) {
+    std::string word;
+    auto flush = [&] {
+      if (!word.empty()) out.push_back(std::move(word));
+      word.clear();
+    };
+    for (size_t i = 0; i < p.size();) {
+      int len = 1;
+      const uint32_t cp = code_point(p, i, &len);
+      if (is_white_space(cp)) {
+        flush();
+      } else if (is_punctuation(cp)) {
+        flush();
+        out.push_back(p.substr(i, (size_t)len));
+      } else {
+        word.append(p, i, (size_t)len);
+      }
+      i += (size_t)len;
+    }
+    flush();
+  }
 
   void add(const Json& j, const std::string& where) {
     if (j.is_null()) return;
@@ -399,6 +522,10 @@ private:
       s.metaspace_split = flag(j, "split", true);
       s.behavior = SplitBehavior::MergedWithNext;
       s.prepend = m.scheme == "always" ? Prepend::Always : m.scheme == "first" ? Prepend::First : Prepend::Never;
+      steps_.push_back(std::move(s));
+    } else if (type == "BertPreTokenizer") {
+      Step s;
+      s.bert = true;
       steps_.push_back(std::move(s));
     } else if (type == "Split") {
       QKV_CHECK(!flag(j, "invert", false), where, ".invert: true is not supported yet");
@@ -480,24 +607,17 @@ private:
   bool byte_level_ = false;
 };
 
-// BPE: a word starts as its characters (or, byte-level, the characters that
-// stand for its bytes); the adjacent pair with the lowest merge rank is
-// merged, leftmost first among equal ranks, until no pair has a merge.
-class Bpe {
+// The model: one pre-tokenized piece to its ids, and the vocabulary.
+class Model {
 public:
-  Bpe(const Json& j, const std::string& where) {
-    const std::string type = type_of(j, where);
-    QKV_CHECK(type == "BPE", where, ": model type '", type, "' is not supported yet (BPE is)");
-    QKV_CHECK(j.value("dropout", Json()).is_null() || j["dropout"].get<double>() == 0.0, where,
-              ".dropout: a tokenizer that samples its merges is not supported");
-    for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
-      const Json v = j.value(key, Json());
-      QKV_CHECK(v.is_null() || (v.is_string() && v.get<std::string>().empty()), where, ".", key,
-                " is not supported yet");
-    }
-    ignore_merges_ = flag(j, "ignore_merges", false);
-    byte_fallback_ = flag(j, "byte_fallback", false);
-    fuse_unk_ = flag(j, "fuse_unk", false);
+  virtual ~Model() = default;
+  virtual void encode(const std::string& word, std::vector<int64_t>& out) const = 0;
+  int64_t size() const { return size_; }
+  const std::unordered_map<std::string, int64_t>& vocab() const { return vocab_; }
+
+protected:
+  // "vocab" {token: id} and "unk_token" (a token of it, or absent).
+  void read_vocab(const Json& j, const std::string& where) {
     const Json& vocab = field(j, "vocab", where);
     QKV_CHECK(vocab.is_object(), where, ".vocab must be an object of token: id");
     for (auto& [token, id] : vocab.items()) {
@@ -512,6 +632,74 @@ public:
       QKV_CHECK(it != vocab_.end(), where, ".unk_token '", unk.get<std::string>(), "' is not in the vocabulary");
       unk_ = it->second;
     }
+  }
+
+  std::unordered_map<std::string, int64_t> vocab_;
+  int64_t size_ = 0, unk_ = -1;
+};
+
+// WordPiece (BERT): the longest vocabulary entry that starts the word, then
+// the longest "##" entry that continues it, and so on; a word with a part no
+// entry matches, or longer than max_input_chars_per_word characters, is one
+// unk_token.
+class WordPiece final : public Model {
+public:
+  WordPiece(const Json& j, const std::string& where) {
+    read_vocab(j, where);
+    QKV_CHECK(unk_ >= 0, where, ".unk_token must name a token of the vocabulary");
+    prefix_ = j.value("continuing_subword_prefix", std::string("##"));
+    const Json most = j.value("max_input_chars_per_word", Json(100));
+    QKV_CHECK(most.is_number_unsigned(), where, ".max_input_chars_per_word must be a count");
+    max_chars_ = most.get<size_t>();
+  }
+
+  void encode(const std::string& word, std::vector<int64_t>& out) const override {
+    if (utf8_chars(word).size() > max_chars_) return out.push_back(unk_);
+    std::vector<int64_t> pieces;
+    for (size_t start = 0; start < word.size();) {
+      size_t end = word.size();
+      int64_t found = -1;
+      for (; end > start; end = char_start_before(word, end)) {
+        auto it = vocab_.find(start > 0 ? prefix_ + word.substr(start, end - start) : word.substr(start, end - start));
+        if (it != vocab_.end()) {
+          found = it->second;
+          break;
+        }
+      }
+      if (found < 0) return out.push_back(unk_);
+      pieces.push_back(found);
+      start = end;
+    }
+    out.insert(out.end(), pieces.begin(), pieces.end());
+  }
+
+private:
+  static size_t char_start_before(const std::string& s, size_t i) {
+    do --i;
+    while (i > 0 && ((uint8_t)s[i] & 0xC0) == 0x80);
+    return i;
+  }
+  std::string prefix_;
+  size_t max_chars_ = 100;
+};
+
+// BPE: a word starts as its characters (or, byte-level, the characters that
+// stand for its bytes); the adjacent pair with the lowest merge rank is
+// merged, leftmost first among equal ranks, until no pair has a merge.
+class Bpe final : public Model {
+public:
+  Bpe(const Json& j, const std::string& where) {
+    QKV_CHECK(j.value("dropout", Json()).is_null() || j["dropout"].get<double>() == 0.0, where,
+              ".dropout: a tokenizer that samples its merges is not supported");
+    for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
+      const Json v = j.value(key, Json());
+      QKV_CHECK(v.is_null() || (v.is_string() && v.get<std::string>().empty()), where, ".", key,
+                " is not supported yet");
+    }
+    ignore_merges_ = flag(j, "ignore_merges", false);
+    byte_fallback_ = flag(j, "byte_fallback", false);
+    fuse_unk_ = flag(j, "fuse_unk", false);
+    read_vocab(j, where);
     const Json& merges = field(j, "merges", where);
     QKV_CHECK(merges.is_array(), where, ".merges must be an array");
     for (size_t r = 0; r < merges.size(); ++r) {
@@ -534,10 +722,7 @@ public:
     }
   }
 
-  int64_t size() const { return size_; }
-  const std::unordered_map<std::string, int64_t>& vocab() const { return vocab_; }
-
-  void encode(const std::string& word, std::vector<int64_t>& out) const {
+  void encode(const std::string& word, std::vector<int64_t>& out) const override {
     if (ignore_merges_) {
       if (auto it = vocab_.find(word); it != vocab_.end()) return out.push_back(it->second);
     }
@@ -614,11 +799,16 @@ private:
     return true;
   }
 
-  std::unordered_map<std::string, int64_t> vocab_;
   std::unordered_map<uint64_t, Merge> merges_;
-  int64_t size_ = 0, unk_ = -1;
   bool ignore_merges_ = false, byte_fallback_ = false, fuse_unk_ = false;
 };
+
+std::unique_ptr<Model> make_model(const Json& j, const std::string& where) {
+  const std::string type = type_of(j, where);
+  if (type == "BPE") return std::make_unique<Bpe>(j, where);
+  if (type == "WordPiece") return std::make_unique<WordPiece>(j, where);
+  fail(where, ": model type '", type, "' is not supported yet (BPE and WordPiece are)");
+}
 
 struct AddedToken {
   int64_t id;
@@ -746,6 +936,13 @@ public:
         case Kind::Strip:
           for (std::string& t : tokens) t = strip(t, step);
           break;
+        case Kind::WordPiece:  // "##" continuations joined to the token before, others after a space
+          for (size_t i = 0; i < tokens.size(); ++i) {
+            std::string& t = tokens[i];
+            if (i > 0) t = t.compare(0, step.text.size(), step.text) == 0 ? t.substr(step.text.size()) : " " + t;
+            if (step.count) t = wordpiece_cleanup(t);
+          }
+          break;
         case Kind::Metaspace:  // in the first token every replacement goes (unless the scheme is never)
           for (size_t i = 0; i < tokens.size(); ++i)
             tokens[i] = replace_all(tokens[i], step.text, i == 0 && step.count > 0 ? "" : " ");
@@ -758,12 +955,13 @@ public:
   }
 
 private:
-  enum class Kind { ByteLevel, ByteFallback, Replace, Fuse, Strip, Metaspace };
+  enum class Kind { ByteLevel, ByteFallback, Replace, Fuse, Strip, Metaspace, WordPiece };
   struct Step {
     Kind kind;
     std::shared_ptr<Replacement> replace;  // Replace
-    std::string text;                      // Strip: its character; Metaspace: the replacement
-    int64_t count = 0, stop = 0;           // Strip: start, stop; Metaspace: 1 to drop them in the first token
+    std::string text;                      // Strip: its character; Metaspace: the replacement; WordPiece: prefix
+    int64_t count = 0, stop = 0;           // Strip: start, stop; Metaspace: 1 to drop them in the first token;
+                                           // WordPiece: 1 to clean up spaces before punctuation
   };
 
   void add(const Json& j, const std::string& where) {
@@ -793,9 +991,20 @@ private:
     } else if (type == "Metaspace") {
       const Metaspace m(j, where);
       steps_.push_back({Kind::Metaspace, nullptr, m.replacement, m.scheme == "never" ? 0 : 1});
+    } else if (type == "WordPiece") {
+      steps_.push_back({Kind::WordPiece, nullptr, j.value("prefix", std::string("##")), flag(j, "cleanup", true)});
     } else {
       fail(where, ": decoder type '", type, "' is not supported yet");
     }
+  }
+
+  // The WordPiece decoder's cleanup: no space before . ? ! , and English clitics.
+  static std::string wordpiece_cleanup(std::string t) {
+    static const std::pair<const char*, const char*> kFixes[] = {
+        {" .", "."}, {" ?", "?"}, {" !", "!"}, {" ,", ","}, {" ' ", "'"}, {" n't", "n't"}, {" 'm", "'m"},
+        {" do not", " don't"}, {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"}};
+    for (auto [from, to] : kFixes) t = replace_all(t, from, to);
+    return t;
   }
 
   static std::string byte_level(const std::string& t) {
@@ -887,16 +1096,16 @@ public:
         root_(parse_root(text, path)),
         normalizer_(root_.value("normalizer", Json()), path + ": normalizer"),
         pre_(root_.value("pre_tokenizer", Json()), path + ": pre_tokenizer"),
-        model_(field(root_, "model", path), path + ": model"),
+        model_(make_model(field(root_, "model", path), path + ": model")),
         decoder_(root_.value("decoder", Json()), path + ": decoder") {
-    size_ = model_.size();
+    size_ = model_->size();
     read_added_tokens(path);
     specials_.prefix.clear(), specials_.suffix.clear();
     read_post_processor(root_.value("post_processor", Json()), path + ": post_processor");
     specials_.eos = std::move(eos);
     specials_.never_sampled.clear();
     id_to_token_.assign((size_t)size_, nullptr);
-    for (auto& [token, id] : model_.vocab()) id_to_token_[(size_t)id] = &token;
+    for (auto& [token, id] : model_->vocab()) id_to_token_[(size_t)id] = &token;
     for (const AddedToken& t : added_) id_to_token_[(size_t)t.id] = &t.content;
   }
 
@@ -1032,12 +1241,12 @@ private:
     const ByteTable& table = byte_table();
     for (const std::string& piece : pre_.split(part, at_start)) {
       if (!pre_.byte_level()) {
-        model_.encode(piece, ids);
+        model_->encode(piece, ids);
         continue;
       }
       std::string mapped;
       for (unsigned char c : piece) mapped += table.to_char[c];
-      model_.encode(mapped, ids);
+      model_->encode(mapped, ids);
     }
   }
 
@@ -1057,7 +1266,7 @@ private:
   Json root_;
   Normalizer normalizer_;
   PreTokenizer pre_;
-  Bpe model_;
+  std::unique_ptr<Model> model_;
   Decoder decoder_;
   std::vector<AddedToken> added_;
   AddedTokenMatcher raw_tokens_, normalized_tokens_;

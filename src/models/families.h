@@ -50,6 +50,12 @@ Family family_of(std::string arch, std::string description, Domain domain, std::
           .config_json = [](const Module& m) { return dynamic_cast<const Model&>(m).config().to_json(); }};
 }
 
+// A Hugging Face option qkv does not implement: one error naming it (`what`)
+// and the file, never a model that computes something else.
+[[noreturn]] inline void unsupported(const std::string& source, const std::string& what) {
+  fail(source, ": ", what, " is not supported yet (a different model would run)");
+}
+
 // The decoder family's reading of Hugging Face causal LM configs (src/models/decoder/hf_import.cpp).
 HfImport import_hf_causal_lm(const std::string& config_text, const std::string& source);
 
@@ -58,5 +64,6 @@ Family rnn_attention();
 Family conv();
 Family decoder();
 Family vit();
+Family encoder();
 
 }  // namespace qkv::builtin

@@ -17,6 +17,7 @@ std::deque<Family>& registry() {
   // Adding a family: its folder under src/models/ and one line here.
   static std::deque<Family> all = {  // a deque: references stay valid as families are added
       builtin::transformer(), builtin::rnn_attention(), builtin::conv(), builtin::decoder(), builtin::vit(),
+      builtin::encoder(),
   };
   return all;
 }
@@ -42,6 +43,7 @@ const char* task_name(Task task) {
     case Task::Generate: return "generate";
     case Task::Classify: return "classify";
     case Task::Eval: return "eval";
+    case Task::Embed: return "embed";
   }
   return "?";
 }

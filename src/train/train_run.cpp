@@ -57,10 +57,10 @@ void apply_overrides(const TrainRun& r, Options& o) {
 }
 
 std::string starting_line(const TrainRun& r, const std::string& summary, const std::string& data) {
-  const int processes = r.group ? r.group->size() : 1;
+  const int processes = r.group ? r.group->size() : 1, threads = omp_get_max_threads();
   return summary + "\n  " + data + ", " +
-         (processes > 1 ? std::to_string(processes) + " processes x " : std::string()) +
-         std::to_string(omp_get_max_threads()) + " threads";
+         (processes > 1 ? std::to_string(processes) + " processes x " : std::string()) + std::to_string(threads) +
+         (threads == 1 ? " thread" : " threads");
 }
 
 // Rank 0 alone says what is starting.
@@ -190,6 +190,9 @@ TrainOutcome train_from_config(const TrainRun& r, const TrainHooks& hooks) {
       QKV_CHECK(!r.batch_tokens, "train: ", option(r, "batch_tokens"),
                 " is for translation; a decoder config sets train.batch_size");
       return train_language_run(r, hooks);
+    case Domain::Embedding:
+      fail("train: ", r.config_source, " describes ", family.description,
+           ", which qkv train does not train yet (it runs pretrained ones: qkv embed)");
     case Domain::Translation:
       QKV_CHECK(!r.epochs, "train: ", option(r, "epochs"), " is for vit configs; translation models train for ",
                 option(r, "steps"));

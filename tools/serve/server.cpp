@@ -245,6 +245,8 @@ public:
     QKV_CHECK(domain == Domain::Vision || folder_.tokenizer, "serve: ", dir,
               " is a Hugging Face folder without a tokenizer.json (qkv does not read other tokenizer files yet), so it "
               "cannot serve text from it");
+    QKV_CHECK(domain != Domain::Embedding, "serve: ", dir, " holds ", folder_.family->description,
+              ", which qkv serve does not serve yet (qkv embed runs it)");
     if (domain == Domain::Vision) {
       vit_ = std::dynamic_pointer_cast<VisionTransformer>(folder_.model);
     } else if (domain == Domain::Language) {

@@ -72,9 +72,6 @@ nlohmann::json required(const nlohmann::json& j, const char* key, const std::str
   return j[key];
 }
 
-[[noreturn]] void unsupported(const std::string& source, const std::string& what) {
-  fail(source, ": ", what, " is not supported yet (a different model would run)");
-}
 
 // GPT-2: HF -> qkv names of h.N.*; the Conv1D weights among them are transposed.
 const std::vector<std::pair<std::string, std::string>> kGpt2LayerWeights = {
