@@ -11,6 +11,7 @@ import os as _os
 
 from . import _qkv
 from ._qkv import (
+    Embedder,
     Error,
     GenerateStream,
     ImageClassifier,
@@ -22,14 +23,14 @@ from ._qkv import (
 )
 
 __all__ = [
-    "Error", "GenerateStream", "ImageClassifier", "LanguageModel", "Model", "Tensor", "Translator",
+    "Embedder", "Error", "GenerateStream", "ImageClassifier", "LanguageModel", "Model", "Tensor", "Translator",
     "from_dlpack", "load", "runtime", "train",
 ]
 __version__ = "0.1.0"
 
 
 def load(path, *, dtype="f32", threads=0):
-    """The model in the folder `path`: a Translator, LanguageModel or ImageClassifier, by its family.
+    """The model in the folder `path`: a Translator, LanguageModel, ImageClassifier or Embedder, by its family.
 
     dtype "bf16" converts every Linear weight to bfloat16 after loading; threads 0 uses every core.
     """

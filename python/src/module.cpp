@@ -32,6 +32,7 @@
 
 #include "qkv/checkpoint.h"
 #include "qkv/cpu.h"
+#include "qkv/encoder.h"
 #include "qkv/infer.h"
 #include "qkv/io.h"
 #include "qkv/ops.h"
@@ -415,6 +416,24 @@ private:
   std::atomic<bool> stop_{false};
 };
 
+struct Embedder : ModelBase {
+  EmbeddingModel m;
+
+  // [N, D] float32: one row per text, as qkv embed writes them.
+  Tensor embed(nb::handle texts_in, std::optional<bool> normalize, bool truncate) {
+    const std::vector<std::string> texts = texts_arg(texts_in, "embed: text");
+    std::vector<std::vector<float>> rows;
+    run([&] {
+      rows = embed_texts(m, texts, normalize.value_or(false), {.truncate = truncate},
+                         [](size_t i) { return "embed: text " + std::to_string(i + 1); });
+    });
+    const int64_t D = m.model->config().d_model;
+    Tensor out = Tensor::empty({(int64_t)rows.size(), D});
+    for (size_t i = 0; i < rows.size(); ++i) std::copy(rows[i].begin(), rows[i].end(), out.data<float>() + i * D);
+    return out;
+  }
+};
+
 struct Classifier : ModelBase {
   std::shared_ptr<VisionTransformer> m;
 
@@ -518,7 +537,10 @@ nb::object load(const std::string& path, const std::string& dtype, int threads) 
         return *c.m;
       });
     case Domain::Embedding:
-      fail("load: ", path, " holds ", family.description, ", which the Python module does not load yet (qkv embed runs it)");
+      return load_as<Embedder>(path, family, dtype, threads, [&](Embedder& e) -> Module& {
+        e.m = load_embedding_model(path, "load");
+        return *e.m.model;
+      });
   }
   fail("load: ", path, ": a family of an unknown domain");
 }
@@ -701,6 +723,21 @@ NB_MODULE(_qkv, m) {
       .def("__iter__", [](nb::handle self) { return self; })
       .def("__next__", &Stream::next)
       .def("close", &Stream::close, "Stops the generation (also when the stream is dropped).");
+
+  nb::class_<Embedder, ModelBase>(m, "Embedder", "A text encoder for sentence embeddings (arch encoder; a Hugging "
+                                  "Face BertModel or sentence-transformers folder).")
+      .def("embed", [](Embedder& e, nb::handle texts, std::optional<bool> normalize, bool truncate) {
+             return to_numpy(e.embed(texts, normalize, truncate));
+           },
+           nb::sig("def embed(self, texts: list[str | bytes], *, normalize: bool | None = None, truncate: bool = False) "
+                   "-> numpy.typing.NDArray[numpy.float32]"),
+           "texts"_a, nb::kw_only(), "normalize"_a = nb::none(), "truncate"_a = false,
+           "One embedding per text, as a float32 array [len(texts), d_model]: the folder's pooling (mean or [CLS]), "
+           "unit length when normalize is True or the folder has a Normalize module. A text longer than the model "
+           "reads is an error naming it, unless truncate=True cuts it (as sentence-transformers does).")
+      .def_prop_ro("dimension", [](const Embedder& e) { return e.m.model->config().d_model; },
+                   "The length of each embedding.")
+      .def("__repr__", [](const Embedder& e) { return "<qkv.Embedder " + e.m.model->summary() + " from " + e.path + ">"; });
 
   nb::class_<Classifier, ModelBase>(m, "ImageClassifier", "A Vision Transformer (arch vit).")
       .def("classify", &Classifier::classify, "images"_a, nb::kw_only(), "top_k"_a = 3,

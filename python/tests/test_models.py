@@ -117,6 +117,34 @@ def test_classify_matches_the_cli(tmp_path):
     np.testing.assert_allclose(model.probabilities(images[0]), probs[:1], rtol=1e-6)  # one image [H, W]
 
 
+def test_embed_matches_the_cli_and_sentence_transformers():
+    """A BertModel folder with sentence-transformers' pooling and Normalize: the same vectors as
+    qkv embed prints, and as SentenceTransformer.encode() recorded (tests/fixtures/hf/bert.expected.*)."""
+    model = qkv.load(HF / "bert")
+    assert isinstance(model, qkv.Embedder) and model.dimension == 32
+    sentences = json.loads((HF / "bert.expected.json").read_text())["sentences"]
+    got = model.embed(sentences, truncate=True)
+    assert got.dtype == np.float32 and got.shape == (len(sentences), 32)
+    cli = run_cli("embed", "--truncate", "--model", HF / "bert", stdin="\n".join(sentences).encode() + b"\n")
+    assert np.array_equal(got, np.array([json.loads(line) for line in cli.decode().splitlines()], dtype=np.float32))
+    want = _expected_tensor(HF / "bert.expected.safetensors", "embeddings")
+    assert np.abs(got - want).max() < 1e-4
+    assert np.allclose(np.linalg.norm(got, axis=1), 1, atol=1e-5)
+    with pytest.raises(qkv.Error, match="embed: text 5: .* tokens, more than the 22"):
+        model.embed(sentences)
+    with pytest.raises(TypeError, match="one text goes in a list"):
+        model.embed("just one")
+
+
+def _expected_tensor(path, name):
+    """One F32 tensor of a safetensors file, read with NumPy alone."""
+    data = path.read_bytes()
+    n = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8:8 + n])
+    begin, end = header[name]["data_offsets"]
+    return np.frombuffer(data[8 + n + begin:8 + n + end], dtype=np.float32).reshape(header[name]["shape"])
+
+
 def test_threads_and_runtime():
     model = qkv.load(FOLDERS / "transformer", threads=2)
     assert model.threads == 2
