@@ -533,6 +533,41 @@ class HuggingFace(unittest.TestCase):
             self.assertEqual(s.stop(), 0)
 
 
+class Embeddings(unittest.TestCase):
+    def test_embeddings_are_what_the_cli_gives(self):
+        """The bert fixture (a sentence-transformers folder): the OpenAI client's embeddings (it asks for
+        base64) and encoding_format "float" both give qkv embed's vectors; a text past max_seq_length is a 400."""
+        model = os.path.join(FIXTURES, "hf", "bert")
+        texts = ["我是中国人", "The quick brown fox jumps over the lazy dog."]
+        cli = [json.loads(line) for line in subprocess.run(
+            [QKV, "embed", "--model", model], input="\n".join(texts) + "\n", capture_output=True, text=True,
+            check=True).stdout.splitlines()]
+        s = Server(model)
+        try:
+            r = s.client.embeddings.create(model="bert", input=texts)
+            self.assertEqual([d.index for d in r.data], [0, 1])
+            for d, want in zip(r.data, cli):
+                self.assertEqual(len(d.embedding), 32)
+                self.assertLess(max(abs(a - b) for a, b in zip(d.embedding, want)), 1e-6)
+            self.assertGreater(r.usage.prompt_tokens, 4)
+            status, body = s.request("POST", "/v1/embeddings", {"input": texts[0], "encoding_format": "float"})
+            self.assertEqual(status, 200, body)
+            self.assertLess(max(abs(a - b) for a, b in zip(body["data"][0]["embedding"], cli[0])), 1e-6)
+            for payload, param in [({"input": "the " * 40}, "input"), ({"input": []}, "input"),
+                                   ({"input": [[1, 2, 3]]}, "input"), ({}, "input"),
+                                   ({"input": "a", "encoding_format": "int8"}, "encoding_format"),
+                                   ({"input": "a", "dimensions": 8}, "dimensions"),
+                                   ({"input": "a", "model": "other"}, "model")]:
+                status, body = s.request("POST", "/v1/embeddings", payload)
+                self.assertIn(status, (400, 404), (payload, body))
+                self.assertEqual(body["error"]["param"], param, (payload, body))
+            status, body = s.request("POST", "/v1/completions", {"prompt": "a"})
+            self.assertEqual(status, 400, body)
+            self.assertIn("an encoder (sentence embeddings)", body["error"]["message"])
+        finally:
+            self.assertEqual(s.stop(), 0)
+
+
 class Translation(unittest.TestCase):
     def test_translate_is_what_the_cli_gives(self):
         model = os.path.join(FIXTURES, "folders", "transformer")

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "qkv/batching.h"
+#include "qkv/encoder.h"
 #include "qkv/infer.h"
 #include "qkv/ops.h"
 #include "qkv/registry.h"
@@ -113,6 +114,20 @@ std::vector<std::string> strings_field(const json& body, const char* name, size_
   for (const json& s : v) {
     if (!s.is_string()) bad(name, std::string(name) + " must be a string or a list of strings");
     out.push_back(s.get<std::string>());
+  }
+  return out;
+}
+
+// Bytes as standard base64 (RFC 4648, with padding).
+std::string to_base64(const std::string& bytes) {
+  static const char* kDigits = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  out.reserve((bytes.size() + 2) / 3 * 4);
+  for (size_t i = 0; i < bytes.size(); i += 3) {
+    const size_t n = std::min<size_t>(3, bytes.size() - i);
+    uint32_t v = 0;
+    for (size_t k = 0; k < 3; ++k) v = (v << 8) | (k < n ? (uint8_t)bytes[i + k] : 0u);
+    for (size_t k = 0; k < 4; ++k) out += k <= n ? kDigits[(v >> (18 - 6 * k)) & 63] : '=';
   }
   return out;
 }
@@ -245,9 +260,9 @@ public:
     QKV_CHECK(domain == Domain::Vision || folder_.tokenizer, "serve: ", dir,
               " is a Hugging Face folder without a tokenizer.json (qkv does not read other tokenizer files yet), so it "
               "cannot serve text from it");
-    QKV_CHECK(domain != Domain::Embedding, "serve: ", dir, " holds ", folder_.family->description,
-              ", which qkv serve does not serve yet (qkv embed runs it)");
-    if (domain == Domain::Vision) {
+    if (domain == Domain::Embedding) {
+      embedder_ = {folder_.tokenizer, std::dynamic_pointer_cast<TextEncoder>(folder_.model)};
+    } else if (domain == Domain::Vision) {
       vit_ = std::dynamic_pointer_cast<VisionTransformer>(folder_.model);
     } else if (domain == Domain::Language) {
       LanguageModel lm{folder_.tokenizer, std::dynamic_pointer_cast<DecoderLM>(folder_.model)};
@@ -308,7 +323,7 @@ private:
       return generator_->model().model->summary() + "; " + std::to_string(s.slots) + " slots of " +
              std::to_string(generator_->context()) + " positions, queue " + std::to_string(o_.queue);
     }
-    return vit_ ? "images" : "translation";
+    return vit_ ? "images" : embedder_.model ? embedder_.model->summary() : "translation";
   }
 
   // The endpoint's name for the metrics (a fixed set: never the raw path of a 404).
@@ -331,7 +346,8 @@ private:
   }
 
   const char* kind() const {
-    return generator_ ? "a decoder language model" : vit_ ? "a Vision Transformer" : "a translation model";
+    return generator_ ? "a decoder language model" : vit_ ? "a Vision Transformer"
+           : embedder_.model ? "an encoder (sentence embeddings)" : "a translation model";
   }
 
   void routes() {
@@ -398,9 +414,8 @@ private:
       throw HttpError{400, "model", "model '" + name_ + "' is " + kind() +
                                         " whose folder defines no chat format; use /v1/completions"};
     });
-    handle("POST", "/v1/embeddings", [this](const httplib::Request&, httplib::Response&, const InFlightToken&) {
-      throw HttpError{400, "model", "model '" + name_ + "' is " + kind() +
-                                        "; embeddings come from encoder models, which qkv does not serve yet"};
+    handle("POST", "/v1/embeddings", [this](const httplib::Request& req, httplib::Response& res, const InFlightToken&) {
+      embeddings(req, res);
     });
     handle("POST", "/v1/attention", [this](const httplib::Request& req, httplib::Response& res, const InFlightToken&) {
       attention(req, res);
@@ -712,6 +727,58 @@ private:
                          {"layers", layers}});
   }
 
+  // OpenAI's embeddings: one vector per input string, as `qkv embed` computes
+  // them; encoding_format "float" (lists of numbers) or "base64" (the
+  // float32 bytes, little-endian, which the openai client asks for).
+  void embeddings(const httplib::Request& req, httplib::Response& res) {
+    json body = parse_body(req, {"model", "input", "encoding_format", "dimensions", "user"});
+    if (!embedder_.model) bad("model", "model '" + name_ + "' is " + kind() + "; /v1/embeddings needs an encoder model");
+    check_model_field(body);
+    if (!body.contains("input")) bad("input", "input is required: a string or a list of up to 2048 strings");
+    if (body["input"].is_array() && !body["input"].empty() && !body["input"][0].is_string())
+      bad("input", "input as token ids is not supported; send the text");
+    const std::vector<std::string> inputs = strings_field(body, "input", 2048);
+    if (inputs.empty()) bad("input", "input must not be an empty list");
+    const std::string format = body.value("encoding_format", json("float")).is_string()
+                                   ? body.value("encoding_format", std::string("float")) : "";
+    if (format != "float" && format != "base64") bad("encoding_format", "encoding_format must be \"float\" or \"base64\"");
+    const int64_t D = embedder_.model->config().d_model;
+    if (body.contains("dimensions") && !body["dimensions"].is_null() && body["dimensions"] != json(D))
+      bad("dimensions", "this model's embeddings have " + std::to_string(D) + " dimensions; others are not offered");
+    for (size_t i = 0; i < inputs.size(); ++i)
+      if (size_t at = invalid_utf8_offset(inputs[i]); at != std::string::npos)
+        bad("input", "input[" + std::to_string(i) + "] is not UTF-8 at byte " + std::to_string(at + 1));
+    std::vector<std::vector<float>> vectors;
+    int64_t tokens = 0;
+    {
+      std::lock_guard<std::mutex> lock(model_mutex_);
+      if (o_.threads > 0) omp_set_num_threads(o_.threads);
+      const Tokenizer::Specials& s = embedder_.tokenizer->specials();
+      for (const std::string& in : inputs)
+        tokens += (int64_t)(embedder_.tokenizer->encode(in).size() + s.prefix.size() + s.suffix.size());
+      try {
+        vectors = embed_texts(embedder_, inputs, false, {},
+                              [](size_t i) { return "input[" + std::to_string(i) + "]"; });
+      } catch (const Error& e) {
+        bad("input", e.what());
+      }
+    }
+    json data = json::array();
+    for (size_t i = 0; i < vectors.size(); ++i) {
+      json e = {{"object", "embedding"}, {"index", i}};
+      if (format == "base64") {
+        std::string bytes(vectors[i].size() * sizeof(float), '\0');
+        std::memcpy(bytes.data(), vectors[i].data(), bytes.size());  // x86-64: little-endian already
+        e["embedding"] = to_base64(bytes);
+      } else {
+        e["embedding"] = vectors[i];
+      }
+      data.push_back(std::move(e));
+    }
+    send_json(res, 200, {{"object", "list"}, {"data", data}, {"model", name_},
+                         {"usage", {{"prompt_tokens", tokens}, {"total_tokens", tokens}}}});
+  }
+
   // Images (base64 PNG or JPEG, as the files `qkv classify` reads) to their
   // most likely classes, with the attention rollout over each image's patches.
   void classify(const httplib::Request& req, httplib::Response& res) {
@@ -770,6 +837,7 @@ private:
   std::unique_ptr<BatchGenerator> generator_;
   TranslationModel translation_;
   std::shared_ptr<VisionTransformer> vit_;
+  EmbeddingModel embedder_;
   std::mutex model_mutex_;
   std::atomic<uint64_t> ids_{0}, seeds_{0};
   std::atomic<int64_t> in_flight_{0};
