@@ -42,6 +42,11 @@ new tokens at most, stopping at the folder's eos_token_id).
            the last hidden states of fixed ids, and what
            SentenceTransformer.encode() gives for BERT_SENTENCES (the last
            one longer than 24 tokens, which it cuts)
+  vit      ViTForImageClassification: 16x16 RGB images in 4x4 patches, Pre-Norm,
+           separate q/k/v with bias, layer_norm_eps 1e-12, 5 labels
+           (id2label), a ViTImageProcessor (mean and std 0.5, size 16);
+           expected: two 16x16 PNG images (vit.image0.png, vit.image1.png),
+           the pixel values the processor makes of them and the logits
 
 Usage: python3 scripts/make_hf_fixtures.py [--out tests/fixtures/hf]
 Needs: torch, transformers, safetensors, sentence-transformers (pip install ...).
@@ -55,7 +60,7 @@ import sys
 
 import torch
 from safetensors.torch import save_file
-from transformers import (BertConfig, BertModel, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
+from transformers import (BertConfig, BertModel, GPT2Config, ViTConfig, ViTForImageClassification, ViTImageProcessor, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
                           MixtralConfig, MixtralForCausalLM, PreTrainedTokenizerFast,
                           Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
@@ -189,15 +194,51 @@ def make_bert(out_dir):
     print(f"bert: {sum(p.numel() for p in model.parameters())} parameters; embeddings {tuple(embeddings.shape)}")
 
 
+def make_vit(out_dir):
+    import numpy as np
+    from PIL import Image
+    torch.manual_seed(0)
+    labels = ["cat", "dog", "bird", "fish", "frog"]
+    config = ViTConfig(image_size=16, patch_size=4, num_channels=3, hidden_size=32, num_hidden_layers=2,
+                       num_attention_heads=4, intermediate_size=64, hidden_act="gelu", layer_norm_eps=1e-12,
+                       qkv_bias=True, initializer_range=0.2, id2label=dict(enumerate(labels)),
+                       label2id={n: i for i, n in enumerate(labels)})
+    model = ViTForImageClassification(config)
+    with torch.no_grad():  # random gains, biases, class token and positions, so that every one counts
+        for pname, p in model.named_parameters():
+            if "layernorm" in pname and pname.endswith(".weight"):
+                p.copy_(1.0 + 0.3 * torch.randn_like(p))
+            elif pname.endswith(".bias") or "cls_token" in pname or "position_embeddings" in pname:
+                p.copy_(0.3 * torch.randn_like(p))
+    folder = os.path.join(out_dir, "vit")
+    shutil.rmtree(folder, ignore_errors=True)
+    model.save_pretrained(folder)
+    processor = ViTImageProcessor(size={"height": 16, "width": 16}, image_mean=[0.5] * 3, image_std=[0.5] * 3)
+    processor.save_pretrained(folder)
+    rng = np.random.default_rng(0)
+    images = [Image.fromarray(rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)) for _ in range(2)]
+    for i, im in enumerate(images):
+        im.save(os.path.join(out_dir, f"vit.image{i}.png"))
+    model = ViTForImageClassification.from_pretrained(folder, dtype=torch.float32).eval()
+    pixels = processor(images=images, return_tensors="pt")["pixel_values"]
+    with torch.no_grad():
+        logits = model(pixel_values=pixels).logits
+    save_file({"pixels": pixels.contiguous(), "logits": logits.contiguous()},
+              os.path.join(out_dir, "vit.expected.safetensors"))
+    print(f"vit: {sum(p.numel() for p in model.parameters())} parameters; top classes {logits.argmax(-1).tolist()}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures", "hf"))
     ap.add_argument("--only", nargs="+", metavar="NAME", help="write only these fixtures")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    for name in args.only or ("llama", "qwen2", "qwen3", "mistral", "mixtral", "gpt2", "bert"):
+    for name in args.only or ("llama", "qwen2", "qwen3", "mistral", "mixtral", "gpt2", "bert", "vit"):
         if name == "bert":
             make_bert(args.out)
+        elif name == "vit":
+            make_vit(args.out)
         else:
             make(name, args.out)
     return 0

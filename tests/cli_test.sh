@@ -137,6 +137,9 @@ grep -q "stdin line 2: 40 tokens" "$tmp/err" || { echo "FAIL embed long line mes
 check "embed --truncate" 0 sh -c "\"$QKV\" embed --truncate --model \"$FIXTURES/hf/bert\" < \"$tmp/long-sentence.txt\""
 check "embed with a decoder" nonzero sh -c "echo x | \"$QKV\" embed --model \"$FIXTURES/hf/gpt2\""
 one_line_error "embed with a decoder"
+# A Hugging Face ViTForImageClassification folder: transformers' top class for the image (fish).
+check "classify a Hugging Face ViT" 0 "$QKV" classify --model "$FIXTURES/hf/vit" "$FIXTURES/hf/vit.image0.png"
+sed -n 2p "$tmp/out" | grep -q "fish" || { echo "FAIL classify HF ViT: expected fish first"; cat "$tmp/out"; failures=$((failures + 1)); }
 # Train a tiny model in two halves with --resume.
 printf '{"d_model": 32, "nhead": 4, "num_encoder_layers": 1, "num_decoder_layers": 1, "dim_feedforward": 64,\n "train": {"steps": 6, "batch_tokens": 256, "eval_every": 3, "eval_sentences": 4}}\n' >"$tmp/tiny.json"
 check "train" 0 "$QKV" train --config "$tmp/tiny.json" --train "$tmp/demo/zh-ja.train.tsv" --out "$tmp/tiny"

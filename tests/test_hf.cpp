@@ -180,7 +180,8 @@ TEST(Hf, OptionsQkvDoesNotImplementAreOneErrorNamingTheField) {
   EXPECT_EQ(error_with({{"num_key_value_heads", 3}}).rfind("config.json: ", 0), 0u);  // 4 heads over 3: the decoder's check
   EXPECT_EQ(error_with({{"architectures", {"T5Model"}}}),
             "config.json: a Hugging Face model of architecture T5Model; qkv reads LlamaForCausalLM, "
-            "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM, GPT2LMHeadModel, BertModel");
+            "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM, GPT2LMHeadModel, "
+            "ViTForImageClassification, BertModel");
   // The wrong task names what the folder holds, as for qkv's own folders.
   EXPECT_NE(error_of([] { load_translation_model(hf("llama"), "translate"); }).find("a decoder-only language model"),
             std::string::npos);

@@ -25,6 +25,8 @@ struct ViTConfig {
   int64_t num_classes = 10;
   float dropout = 0.0f;
   bool qkv_bias = true;  // biases of the q, k and v projections (as Hugging Face's ViTConfig.qkv_bias)
+  QkvLayout qkv_layout = QkvLayout::Fused;  // one q/k/v matrix, or three (as Hugging Face's checkpoints)
+  float norm_eps = 1e-5f;                   // of every LayerNorm (Hugging Face's layer_norm_eps: 1e-12)
   PositionKind positions = PositionKind::Learned;  // Learned | Sinusoidal2d
   Pool pool = Pool::Mean;
   std::vector<std::string> class_names;  // shown by qkv classify; default "0", "1", ...

@@ -1,12 +1,147 @@
-// The "vit" family: the Vision Transformer.
+// The "vit" family: the Vision Transformer; and its reading of Hugging Face
+// ViTForImageClassification folders: Pre-Norm layers with separate q/k/v,
+// the class token pooled, the patch convolution as a matrix (its [D, C, p, p]
+// weight is the [D, C*p*p] matrix of patches flattened channel by channel,
+// row by row, as patchify lays them out), id2label as the class names, and
+// preprocessor_config.json's normalization, which must be qkv's (mean and
+// std 0.5). An option that changes the math and that qkv does not implement
+// is an error naming the field.
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <regex>
+
+#include "qkv/io.h"
 #include "qkv/vit.h"
+#include "src/core/json.h"
 #include "src/models/families.h"
 
 namespace qkv::builtin {
 
+namespace {
+
+using Json = nlohmann::json;
+
+// HF -> qkv names of vit.encoder.layer.N.*.
+const std::vector<std::pair<std::string, std::string>> kVitLayerWeights = {
+    {"attention.attention.query", "self_attn.q_proj"}, {"attention.attention.key", "self_attn.k_proj"},
+    {"attention.attention.value", "self_attn.v_proj"}, {"attention.output.dense", "self_attn.out_proj"},
+    {"layernorm_before", "norm1"},                     {"layernorm_after", "norm2"},
+    {"intermediate.dense", "mlp.mlp.fc1"},             {"output.dense", "mlp.mlp.fc2"},
+};
+
+std::string vit_weight_name(const std::string& hf) {
+  static const std::map<std::string, std::string> kTop = {
+      {"vit.embeddings.cls_token", "cls_token"},
+      {"vit.embeddings.position_embeddings", "pos_embed"},
+      {"vit.embeddings.patch_embeddings.projection.weight", "patch_embed.weight"},
+      {"vit.embeddings.patch_embeddings.projection.bias", "patch_embed.bias"},
+      {"vit.layernorm.weight", "norm.weight"},
+      {"vit.layernorm.bias", "norm.bias"},
+      {"classifier.weight", "head.weight"},
+      {"classifier.bias", "head.bias"}};
+  if (auto it = kTop.find(hf); it != kTop.end()) return it->second;
+  if (hf.rfind("vit.pooler.", 0) == 0) return HfImport::kSkip;  // ViTModel's pooler: not used for classification
+  static const std::regex layer(R"(vit\.encoder\.layer\.(\d+)\.(.+)\.(weight|bias))");
+  std::smatch m;
+  if (!std::regex_match(hf, m, layer)) return "";
+  for (const auto& [from, to] : kVitLayerWeights)
+    if (m[2] == from) return "layers." + m[1].str() + "." + to + "." + m[3].str();
+  return "";
+}
+
+// The class token [1, 1, D] -> [D], the positions [1, N+1, D] -> [N+1, D],
+// the patch convolution [D, C, p, p] -> [D, C*p*p].
+Tensor vit_convert(const std::string& hf, const Tensor& t) {
+  if (hf == "vit.embeddings.cls_token") return t.reshape({t.numel()});
+  if (hf == "vit.embeddings.position_embeddings" && t.dim() == 3) return t.reshape({t.size(1), t.size(2)});
+  if (hf == "vit.embeddings.patch_embeddings.projection.weight" && t.dim() == 4)
+    return t.contiguous().reshape({t.size(0), t.size(1) * t.size(2) * t.size(3)});
+  return t;
+}
+
+// A number, or a list of one value per channel that must all be `want`.
+void require_each(const Json& v, double want, const std::string& source, const std::string& key) {
+  const Json list = v.is_array() ? v : Json::array({v});
+  for (const Json& x : list)
+    if (!x.is_number() || std::abs(x.get<double>() - want) > 1e-6)
+      unsupported(source, "\"" + key + "\": " + v.dump() + " (qkv normalizes pixels with mean and std 0.5)");
+}
+
+void read_preprocessor(const std::filesystem::path& dir, int64_t image_size) {
+  const std::filesystem::path path = dir / "preprocessor_config.json";
+  if (!std::filesystem::exists(path)) return;
+  const std::string source = path.string();
+  const Json p = parse_json(read_file(source), source);
+  QKV_CHECK(p.is_object(), source, ": expected a JSON object");
+  if (p.value("do_normalize", true)) {
+    require_each(p.value("image_mean", Json(0.5)), 0.5, source, "image_mean");
+    require_each(p.value("image_std", Json(0.5)), 0.5, source, "image_std");
+  }
+  if (!p.value("do_rescale", true)) unsupported(source, "\"do_rescale\": false");
+  const double rescale = p.value("rescale_factor", 1.0 / 255);
+  if (std::abs(rescale - 1.0 / 255) > 1e-9) unsupported(source, "\"rescale_factor\": " + std::to_string(rescale));
+  const Json size = p.value("size", Json());
+  if (size.is_object()) {
+    const int64_t h = size.value("height", image_size), w = size.value("width", image_size);
+    QKV_CHECK(h == image_size && w == image_size, source, ": \"size\" ", size.dump(),
+              " differs from the model's image_size ", image_size);
+  }
+}
+
+HfImport import_hf_vit(const std::string& text, const std::string& source) {
+  const Json hf = parse_json(text, source);
+  auto need = [&](const char* key) {
+    QKV_CHECK(hf.contains(key) && !hf[key].is_null(), source, ": '", key, "' is missing");
+    return hf[key];
+  };
+  const std::string act = hf.value("hidden_act", std::string("gelu"));
+  if (act != "gelu") unsupported(source, "\"hidden_act\": \"" + act + "\"");
+  const int64_t d = need("hidden_size").get<int64_t>(), ff = need("intermediate_size").get<int64_t>();
+  const int64_t image_size = need("image_size").get<int64_t>();
+  QKV_CHECK(d > 0 && ff > 0, source, ": hidden_size and intermediate_size must be positive");
+  Json c = {{"arch", "vit"},
+            {"image_size", image_size},
+            {"patch_size", need("patch_size")},
+            {"channels", hf.value("num_channels", 3)},
+            {"d_model", d},
+            {"nhead", need("num_attention_heads")},
+            {"num_layers", need("num_hidden_layers")},
+            {"mlp_ratio", (double)ff / (double)d},
+            {"qkv_bias", hf.value("qkv_bias", true)},
+            {"qkv_layout", "separate"},
+            {"norm_eps", hf.value("layer_norm_eps", 1e-12)},
+            {"dropout", hf.value("hidden_dropout_prob", 0.0)},
+            {"positions", "learned"},
+            {"pool", "cls"}};
+  // id2label {"0": "cat", ...}: the class names in id order; every id from 0 must be there.
+  const Json labels = need("id2label");
+  QKV_CHECK(labels.is_object() && !labels.empty(), source, ": id2label must name the classes");
+  std::vector<std::string> names(labels.size());
+  for (auto& [id, name] : labels.items()) {
+    size_t at = 0;
+    const long long i = std::stoll(id, &at);
+    QKV_CHECK(at == id.size() && i >= 0 && (size_t)i < names.size() && name.is_string(), source, ": id2label: '", id,
+              "' is not one of the ids 0 to ", names.size() - 1, " with a name");
+    names[(size_t)i] = name.get<std::string>();
+  }
+  c["num_classes"] = names.size();
+  c["class_names"] = names;
+  QKV_CHECK((int64_t)std::llround(c["mlp_ratio"].get<double>() * (double)d) == ff, source,
+            ": intermediate_size ", ff, " is not a whole multiple qkv's mlp_ratio keeps");
+  read_preprocessor(std::filesystem::path(source).parent_path(), image_size);
+  return {.config_json = c.dump(), .weight_name = vit_weight_name, .convert = vit_convert};
+}
+
+}  // namespace
+
 Family vit() {
-  return family_of<VisionTransformer, ViTConfig>("vit", "a Vision Transformer",
-                                                 Domain::Vision, {Task::Classify, Task::Eval});
+  Family f = family_of<VisionTransformer, ViTConfig>("vit", "a Vision Transformer", Domain::Vision,
+                                                     {Task::Classify, Task::Eval});
+  f.hf_architectures = {"ViTForImageClassification"};
+  f.from_hf = import_hf_vit;
+  return f;
 }
 
 }  // namespace qkv::builtin

@@ -26,6 +26,8 @@ static const config::Fields<ViTConfig>& vit_fields() {
           .add("num_classes", &C::num_classes).at_least(2).at_most(config::limits::kClasses)
           .add("dropout", &C::dropout).fraction()
           .add("qkv_bias", &C::qkv_bias)
+          .add("qkv_layout", &C::qkv_layout)
+          .add("norm_eps", &C::norm_eps).positive()
           .add("positions", &C::positions).only({PositionKind::Learned, PositionKind::Sinusoidal2d})
           .add("pool", &C::pool)
           .add("class_names", &C::class_names)
@@ -69,10 +71,12 @@ VisionTransformer::VisionTransformer(const ViTConfig& c, Rng& rng) : config_(c) 
   o.d_model = D, o.dim_feedforward = c.dim_feedforward(), o.dropout = c.dropout;
   o.attention.nhead = c.nhead;
   o.attention.bias.q = o.attention.bias.k = o.attention.bias.v = c.qkv_bias;
+  o.attention.qkv_layout = c.qkv_layout;
+  o.norm_eps = c.norm_eps;
   o.activation = Activation::Gelu, o.norm_first = true;
   for (int64_t i = 0; i < c.num_layers; ++i)
     layers.push_back(register_module("layers." + std::to_string(i), std::make_shared<TransformerEncoderLayer>(o, rng)));
-  norm = register_module("norm", std::make_shared<Norm>(NormKind::LayerNorm, D, 1e-5f));
+  norm = register_module("norm", std::make_shared<Norm>(NormKind::LayerNorm, D, c.norm_eps));
   head = register_module("head", std::make_shared<Linear>(LinearOptions{D, c.num_classes}, rng));
 }
 

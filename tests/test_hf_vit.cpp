@@ -1,0 +1,78 @@
+// A Hugging Face ViTForImageClassification folder (tests/fixtures/hf/vit,
+// from scripts/make_hf_fixtures.py) as a qkv vit: the logits of the pixels
+// ViTImageProcessor made match transformers' to 1e-4, and so do those of the
+// same two PNG files read and normalized by qkv; the top classes are the same,
+// named by id2label; a preprocessing or option qkv does not implement is one
+// error naming the field.
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "qkv/infer.h"
+#include "qkv/io.h"
+#include "qkv/vision.h"
+#include "qkv/vit.h"
+#include "tests/test_util.h"
+
+namespace qkv {
+namespace {
+
+using testing::error_of;
+
+std::string vit_fixture(const std::string& name) { return std::string(QKV_FIXTURES_DIR) + "/hf/" + name; }
+
+TEST(HfVit, LogitsMatchTransformersFromItsPixelsAndFromTheFiles) {
+  std::shared_ptr<VisionTransformer> m = load_vit_model(vit_fixture("vit"));
+  const ViTConfig& c = m->config();
+  EXPECT_EQ(c.class_names, (std::vector<std::string>{"cat", "dog", "bird", "fish", "frog"}));
+  EXPECT_EQ(c.pool, Pool::Cls);
+  EXPECT_EQ(c.qkv_layout, QkvLayout::Separate);
+  SafetensorsFile expected = load_safetensors(vit_fixture("vit.expected.safetensors"));
+  const Tensor& logits = *expected.find("logits");
+  NoGradGuard no_grad;
+  EXPECT_TRUE(testing::all_close(m->forward(*expected.find("pixels")), logits, 1e-4f, 1e-4f));
+  ImageSet set;
+  set.channels = 3, set.height = 16, set.width = 16;
+  for (const char* f : {"vit.image0.png", "vit.image1.png"}) {
+    const std::vector<uint8_t> im = read_image(vit_fixture(f), 3, 16);
+    set.pixels.insert(set.pixels.end(), im.begin(), im.end());
+    ++set.count;
+  }
+  const Tensor ours = m->forward(image_batch(set, {0, 1}));
+  EXPECT_TRUE(testing::all_close(ours, logits, 1e-4f, 1e-4f));
+  for (int64_t b = 0; b < 2; ++b) {  // the same classes in the same order
+    std::vector<int64_t> a(5), t(5);
+    for (int64_t k = 0; k < 5; ++k) a[k] = k, t[k] = k;
+    const float *x = ours.data<float>() + b * 5, *y = logits.contiguous().data<float>() + b * 5;
+    std::sort(a.begin(), a.end(), [&](int64_t i, int64_t j) { return x[i] > x[j]; });
+    std::sort(t.begin(), t.end(), [&](int64_t i, int64_t j) { return y[i] > y[j]; });
+    EXPECT_EQ(a, t) << "image " << b;
+  }
+}
+
+TEST(HfVit, WhatQkvDoesNotImplementIsOneErrorNamingTheField) {
+  const std::string dir = testing::temp_dir("hfvit");
+  for (const char* f : {"config.json", "model.safetensors", "preprocessor_config.json"})
+    std::filesystem::copy_file(vit_fixture(std::string("vit/") + f), dir + "/" + f);
+  auto with = [&](const char* file, const nlohmann::json& changes) {
+    nlohmann::json j = nlohmann::json::parse(read_file(vit_fixture(std::string("vit/") + file)));
+    j.merge_patch(changes);
+    write_file_atomic(dir + "/" + file, j.dump());
+    const std::string e = error_of([&] { load_vit_model(dir); });
+    write_file_atomic(dir + "/" + file, read_file(vit_fixture(std::string("vit/") + file)));
+    return e;
+  };
+  EXPECT_EQ(with("preprocessor_config.json", {{"image_mean", {0.485, 0.456, 0.406}}}),
+            dir + "/preprocessor_config.json: \"image_mean\": [0.485,0.456,0.406] (qkv normalizes pixels with mean "
+                  "and std 0.5) is not supported yet (a different model would run)");
+  EXPECT_EQ(with("preprocessor_config.json", {{"size", {{"height", 32}, {"width", 32}}}}),
+            dir + "/preprocessor_config.json: \"size\" {\"height\":32,\"width\":32} differs from the model's "
+                  "image_size 16");
+  EXPECT_EQ(with("config.json", {{"hidden_act", "gelu_new"}}),
+            dir + "/config.json: \"hidden_act\": \"gelu_new\" is not supported yet (a different model would run)");
+  EXPECT_EQ(with("config.json", {{"id2label", {{"7", "newt"}}}}),  // six names, one of them numbered 7
+            dir + "/config.json: id2label: '7' is not one of the ids 0 to 5 with a name");
+  EXPECT_NO_THROW(load_vit_model(dir));  // the files are back as they were
+}
+
+}  // namespace
+}  // namespace qkv
