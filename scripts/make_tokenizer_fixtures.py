@@ -23,6 +23,10 @@ library, a test text, and what the library makes of each of its lines.
           the text, spaces around CJK ideographs, strip accents, lowercase),
           BertPreTokenizer, the WordPiece model with "##" continuations and
           [UNK], a template [CLS] $A [SEP], the WordPiece decoder (cleanup on)
+  unigram T5's kind: NFKC, a Metaspace pre-tokenizer (prepend_scheme
+          "always"), the Unigram model (Viterbi over piece scores; characters
+          outside the vocabulary fused into one <unk>), a template $A </s>,
+          the Metaspace decoder
 text.txt has 5,000 lines of English, Chinese, Japanese, emoji, digits, runs
 of white space (tabs, U+00A0, U+3000, U+0085, carriage returns), combining
 accents, added tokens written out, and invalid UTF-8. Lines are split at
@@ -151,9 +155,25 @@ def build_wordpiece(corpus):
     return tok
 
 
+def build_unigram(corpus):
+    tok = Tokenizer(models.Unigram())
+    tok.normalizer = normalizers.NFKC()
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement=SPACE, prepend_scheme="always", split=True)
+    trainer = trainers.UnigramTrainer(vocab_size=VOCAB, special_tokens=["<pad>", "</s>", "<unk>"], unk_token="<unk>",
+                                      show_progress=False)
+    tok.train_from_iterator(corpus, trainer)
+    eos = tok.token_to_id("</s>")
+    tok.post_processor = processors.TemplateProcessing(single="$A </s>", pair="$A </s> $B </s>",
+                                                       special_tokens=[("</s>", eos)])
+    tok.decoder = decoders.Metaspace(replacement=SPACE, prepend_scheme="always", split=True)
+    return tok
+
+
 def build(name, corpus):
     if name == "bert":
         return build_wordpiece(corpus)
+    if name == "unigram":
+        return build_unigram(corpus)
     if name in ("llama2", "spm"):
         return build_sentencepiece(name, corpus)
     if name == "gpt2":
@@ -218,7 +238,7 @@ def main():
     if not args.only:
         with open(os.path.join(args.out, "text.txt"), "wb") as f:
             f.write(b"\n".join(text))
-    for name in args.only or ("gpt2", "llama3", "qwen2", "llama2", "spm", "bert"):
+    for name in args.only or ("gpt2", "llama3", "qwen2", "llama2", "spm", "bert", "unigram"):
         tok = build(name, corpus)
         tok.save(os.path.join(args.out, name + ".json"))
         rows = []

@@ -248,10 +248,10 @@ cmp -s "$tmp/out" "$tmp/expected" || { echo "FAIL generate from a Hugging Face f
 mkdir -p "$tmp/hf-no-tokenizer" && cp "$FIXTURES/hf/llama/config.json" "$FIXTURES/hf/llama/model.safetensors" "$tmp/hf-no-tokenizer/"
 check "generate without a tokenizer" nonzero "$QKV" generate --model "$tmp/hf-no-tokenizer" --prompt "a"
 one_line_error "generate without a tokenizer"
-printf '{"model": {"type": "Unigram"}}' >"$tmp/hf-no-tokenizer/tokenizer.json"
+printf '{"model": {"type": "WordLevel"}}' >"$tmp/hf-no-tokenizer/tokenizer.json"
 check "generate with an unread tokenizer" nonzero "$QKV" generate --model "$tmp/hf-no-tokenizer" --prompt "a"
 one_line_error "generate with an unread tokenizer"
-grep -q "tokenizer.json: model: model type 'Unigram' is not supported yet" "$tmp/err" || { echo "FAIL unread tokenizer message"; cat "$tmp/err"; failures=$((failures + 1)); }
+grep -q "tokenizer.json: model: model type 'WordLevel' is not supported yet" "$tmp/err" || { echo "FAIL unread tokenizer message"; cat "$tmp/err"; failures=$((failures + 1)); }
 rm "$tmp/hf-no-tokenizer/tokenizer.json"
 check "serve a folder without a tokenizer" nonzero timeout 20 "$QKV" serve --model "$tmp/hf-no-tokenizer" --port 0
 one_line_error "serve a folder without a tokenizer"

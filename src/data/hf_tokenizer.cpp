@@ -20,6 +20,7 @@
 #include <utf8proc.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -683,6 +684,113 @@ private:
   size_t max_chars_ = 100;
 };
 
+// Unigram (T5, ALBERT, XLM-R): the segmentation of the word into vocabulary
+// pieces whose scores (log probabilities) sum highest, by Viterbi over the
+// byte positions; among equal sums the first found stays (shorter pieces are
+// tried first at each start). A character no single piece covers may be
+// passed as unk_id, scored the lowest piece score less 10; runs of them are
+// fused into one, which is then a piece of its own if the vocabulary has it,
+// else its bytes (byte_fallback) or unk_id.
+class Unigram final : public Model {
+public:
+  Unigram(const Json& j, const std::string& where) {
+    const Json& vocab = field(j, "vocab", where);
+    QKV_CHECK(vocab.is_array() && (int64_t)vocab.size() <= config::limits::kVocab, where,
+              ".vocab must be a list of [piece, score]");
+    for (size_t i = 0; i < vocab.size(); ++i) {
+      const Json& v = vocab[i];
+      QKV_CHECK(v.is_array() && v.size() == 2 && v[0].is_string() && v[1].is_number(), where, ".vocab[", i,
+                "] is not [piece, score]");
+      const std::string piece = v[0].get<std::string>();
+      vocab_.emplace(piece, (int64_t)i);
+      scores_.push_back(v[1].get<double>());
+      min_score_ = std::min(min_score_, scores_.back());
+      longest_ = std::max(longest_, piece.size());
+    }
+    size_ = (int64_t)vocab.size();
+    const Json unk = j.value("unk_id", Json());
+    if (!unk.is_null()) {
+      QKV_CHECK(unk.is_number_integer() && unk.get<int64_t>() >= 0 && unk.get<int64_t>() < size_, where,
+                ".unk_id must be an id of the vocabulary");
+      unk_ = unk.get<int64_t>();
+    }
+    byte_fallback_ = flag(j, "byte_fallback", false);
+  }
+
+  void encode(const std::string& word, std::vector<int64_t>& out) const override {
+    const size_t n = word.size();
+    if (n == 0) return;
+    struct Best {
+      int64_t id = -1;
+      double score = 0;
+      size_t start = std::string::npos;  // npos: no path ends here yet
+    };
+    std::vector<Best> best(n + 1);
+    const double unk_score = min_score_ - 10.0;
+    for (size_t s = 0; s < n;) {
+      int len = 1;
+      code_point(word, s, &len);
+      bool single = false;
+      for (size_t k = 1; k <= longest_ && s + k <= n; ++k) {
+        auto it = vocab_.find(word.substr(s, k));
+        if (it == vocab_.end()) continue;
+        relax(best[s + k], s, it->second, scores_[(size_t)it->second] + best[s].score);
+        single = single || k == (size_t)len;
+      }
+      if (!single) {
+        QKV_CHECK(unk_ >= 0, "tokenizer: the character '", word.substr(s, (size_t)len),
+                  "' is not in the vocabulary and there is no unk_id");
+        relax(best[s + (size_t)len], s, unk_, unk_score + best[s].score);
+      }
+      s += (size_t)len;
+    }
+    // Back from the end: the pieces, with runs of unknown characters fused.
+    std::vector<std::string> pieces;
+    std::string unknown;
+    for (size_t end = n; end > 0;) {
+      const Best& b = best[end];
+      const std::string piece = word.substr(b.start, end - b.start);
+      if (b.id == unk_) {
+        unknown.insert(0, piece);
+      } else {
+        if (!unknown.empty()) pieces.push_back(std::move(unknown)), unknown.clear();
+        pieces.push_back(piece);
+      }
+      end = b.start;
+    }
+    if (!unknown.empty()) pieces.push_back(std::move(unknown));
+    for (size_t i = pieces.size(); i-- > 0;) {
+      const std::string& p = pieces[i];
+      if (auto it = vocab_.find(p); it != vocab_.end()) {
+        out.push_back(it->second);
+      } else if (byte_fallback_ && bytes_known(p)) {
+        for (unsigned char c : p) out.push_back(vocab_.at(byte_token(c)));
+      } else {
+        out.push_back(unk_);
+      }
+    }
+  }
+
+private:
+  static void relax(auto& node, size_t start, int64_t id, double score) {
+    if (node.start == std::string::npos || score > node.score) node.start = start, node.id = id, node.score = score;
+  }
+  static std::string byte_token(unsigned char c) {
+    char hex[8];
+    std::snprintf(hex, sizeof hex, "<0x%02X>", (unsigned)c);
+    return hex;
+  }
+  bool bytes_known(const std::string& s) const {
+    for (unsigned char c : s)
+      if (!vocab_.count(byte_token(c))) return false;
+    return true;
+  }
+  std::vector<double> scores_;
+  double min_score_ = INFINITY;
+  size_t longest_ = 0;
+  bool byte_fallback_ = false;
+};
+
 // BPE: a word starts as its characters (or, byte-level, the characters that
 // stand for its bytes); the adjacent pair with the lowest merge rank is
 // merged, leftmost first among equal ranks, until no pair has a merge.
@@ -807,7 +915,8 @@ std::unique_ptr<Model> make_model(const Json& j, const std::string& where) {
   const std::string type = type_of(j, where);
   if (type == "BPE") return std::make_unique<Bpe>(j, where);
   if (type == "WordPiece") return std::make_unique<WordPiece>(j, where);
-  fail(where, ": model type '", type, "' is not supported yet (BPE and WordPiece are)");
+  if (type == "Unigram") return std::make_unique<Unigram>(j, where);
+  fail(where, ": model type '", type, "' is not supported yet (BPE, WordPiece and Unigram are)");
 }
 
 struct AddedToken {
