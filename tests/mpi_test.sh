@@ -106,6 +106,21 @@ else
 fi
 cleanup_netns
 
+# With dropout each process draws its own masks from its own stream, and a
+# resume gives each its own back: 10 + 10 steps are 20, bit for bit. A
+# resume with another number of processes is refused.
+sed 's/"dropout": 0,/"dropout": 0.2,/' "$tmp/mt.json" >"$tmp/mtd.json"
+run "dropout: 20 steps" "${MPIRUN[@]}" -np 2 "$QKV" train --config "$tmp/mtd.json" --train "$tmp/pairs.tsv" --out "$tmp/drop"
+run "dropout: first 10 steps" "${MPIRUN[@]}" -np 2 "$QKV" train --config "$tmp/mtd.json" --train "$tmp/pairs.tsv" --out "$tmp/drop-half" --steps 10
+run "dropout: steps 11-20" "${MPIRUN[@]}" -np 2 "$QKV" train --config "$tmp/mtd.json" --train "$tmp/pairs.tsv" --out "$tmp/drop-half" --resume
+same "dropout: 10 + 10 steps = 20 steps, each process its own masks" "$tmp/drop" "$tmp/drop-half" 0 0
+if "$QKV" train --config "$tmp/mtd.json" --train "$tmp/pairs.tsv" --out "$tmp/drop-half" --steps 30 --resume >"$tmp/out" 2>"$tmp/err"; then
+  fail "resume a 2-process run with one: ran"
+else
+  grep -q "this run was saved by 2 processes, not 1; resume it with as many (mpirun -np 2)" "$tmp/err" &&
+    echo "ok   resume a 2-process run with one: refused" || { fail "resume with another N: no clear error"; cat "$tmp/err"; }
+fi
+
 # Processes started on different data refuse, all of them, before any step.
 head -n 500 "$tmp/pairs.tsv" >"$tmp/fewer.tsv"
 if "${MPIRUN[@]}" -np 1 "$QKV" train --config "$tmp/mt.json" --train "$tmp/pairs.tsv" --out "$tmp/mixed" : \
@@ -152,7 +167,7 @@ else
     echo "ok   kill: mpirun exited $rc after $took s"
   fi
   pgrep -f -- "--out $tmp/killed" >/dev/null && { fail "kill: a process is left"; pkill -9 -f -- "--out $tmp/killed"; }
-  run "kill: the last checkpoint resumes" "$QKV" train --config "$tmp/long.json" --train "$tmp/pairs.tsv" \
+  run "kill: the last checkpoint resumes" "${MPIRUN[@]}" -np 2 "$QKV" train --config "$tmp/long.json" --train "$tmp/pairs.tsv" \
     --out "$tmp/killed" --resume --steps "$(( $(grep -o '"step": [0-9]*' "$tmp/killed/trainer_state.json" | head -1 | grep -o '[0-9]*$') + 2 ))"
 fi
 

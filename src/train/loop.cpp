@@ -48,6 +48,9 @@ struct Resumed {
   int64_t since_best = 0;  // validations since the best one
   double lr_scale = 1;     // what plateaus have made of the schedule's learning rate
   nlohmann::json history = nlohmann::json::array();
+  int64_t processes = 1;   // that trained the run so far
+  // With processes > 1: each model RNG's counter on every process, by name.
+  std::map<std::string, std::vector<int64_t>> rank_counters;
 };
 
 double metadata_number(const TrainerStateFile& state, const std::string& key, double otherwise) {
@@ -89,8 +92,40 @@ Resumed resume_from(TrainTask& task, AdamW& opt, const std::string& out_dir) {
     r.history = nlohmann::json::parse(*history, nullptr, /*allow_exceptions=*/false);
     QKV_CHECK(r.history.is_array(), path, ": metadata 'history' is not a JSON list; cannot resume");
   }
+  r.processes = (int64_t)metadata_number(state, "processes", 1);
+  QKV_CHECK(r.processes >= 1 && r.processes <= (1 << 20), path, ": metadata 'processes' is ", r.processes,
+            "; cannot resume");
+  if (r.processes > 1)
+    for (auto& [name, rng] : task.model().named_rngs())
+      r.rank_counters[name] = state.ints("rng.ranks.model." + name, r.processes);
   task.restore_extra(state, r.step);
   return r;
+}
+
+// Each process of a group draws its own dropout masks: process r's stream of
+// each model RNG has its own seed (process 0's is the run's), and on a resume
+// each takes back its own counter, so that the run goes on exactly.
+void own_rng_streams(Module& model, const ProcessGroup& group, const Resumed& s, bool resumed) {
+  for (auto& [name, rng] : model.named_rngs()) {
+    const uint64_t seed = rng->seed_state() ^ (0x9e3779b97f4a7c15ull * (uint64_t)group.rank());
+    const uint64_t counter = resumed ? (uint64_t)s.rank_counters.at(name)[(size_t)group.rank()] : rng->counter();
+    rng->restore(seed, counter);
+  }
+}
+
+// Every process's counter of each model RNG, gathered on all (for rank 0 to save).
+std::vector<std::pair<std::string, Tensor>> rank_counters(Module& model, ProcessGroup& group) {
+  std::vector<std::pair<std::string, Rng*>> rngs = model.named_rngs();
+  const size_t n = (size_t)group.size();
+  std::vector<double> all(rngs.size() * n, 0.0);  // exact: counters stay far below 2^53
+  for (size_t i = 0; i < rngs.size(); ++i) all[i * n + (size_t)group.rank()] = (double)rngs[i].second->counter();
+  group.sum(all.data(), (int64_t)all.size());
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (size_t i = 0; i < rngs.size(); ++i) {
+    std::vector<int64_t> counters(all.begin() + (ptrdiff_t)(i * n), all.begin() + (ptrdiff_t)((i + 1) * n));
+    out.emplace_back("rng.ranks.model." + rngs[i].first, Tensor::from_ints(counters, {(int64_t)n}));
+  }
+  return out;
 }
 
 // The model folders of validations, out_dir/checkpoints/step-N: the newest
@@ -123,7 +158,8 @@ void require_training_fits(const Module& model) {
 // trainer_state.json, the best model, the kept checkpoints and the trainer
 // state file; returns the task's verdict (true ends the run here).
 bool save_validation(TrainTask& task, const LoopOptions& o, Resumed& s, const Validation& v, bool best, int64_t step,
-                     int64_t skipped, Module& model, const AdamW& opt, const std::string& out_dir) {
+                     int64_t skipped, Module& model, const AdamW& opt, const std::string& out_dir,
+                     std::vector<std::pair<std::string, Tensor>> extra) {
   s.history.push_back(v.history);
   const std::string summary = task.summary(step, s.best, skipped, s.history).dump(2) + "\n";
   if (best) {
@@ -135,13 +171,13 @@ bool save_validation(TrainTask& task, const LoopOptions& o, Resumed& s, const Va
     task.save_best(out_dir + "/checkpoints/step-" + std::to_string(step), summary);
     keep_newest_checkpoints(out_dir, o.keep_checkpoints);
   }
-  std::vector<std::pair<std::string, Tensor>> extra;
   std::map<std::string, std::string> metadata = {{"format", task.state_format()},
                                                  {task.best_key(), exact_text(s.best)},
                                                  {tiebreak_key(task), exact_text(s.tiebreak)},
                                                  {"validations_since_best", std::to_string(s.since_best)},
                                                  {"lr_scale", exact_text(s.lr_scale)},
                                                  {"history", s.history.dump()}};
+  if (!extra.empty()) metadata["processes"] = std::to_string(s.processes);  // with the per-process RNG counters
   task.save_extra(extra, metadata);
   save_trainer_state(trainer_state_path(out_dir), model, opt, step, skipped, std::move(extra), metadata);
   return task.validated(v, best);
@@ -196,9 +232,16 @@ TrainOutcome run_training(TrainTask& task, const LoopOptions& o, const std::stri
   if (o.resume) s = resume_from(task, opt, out_dir);
   ProcessGroup* group = o.group && o.group->size() > 1 ? o.group : nullptr;
   const bool writer = !group || group->rank() == 0;  // validates, saves and reports
+  const int64_t processes = group ? group->size() : 1;
+  QKV_CHECK(!o.resume || s.processes == processes, "train --resume: this run was saved by ", s.processes,
+            s.processes == 1 ? " process" : " processes", ", not ", processes, "; resume it with as many",
+            s.processes > 1 ? " (mpirun -np " + std::to_string(s.processes) + ")" : std::string(),
+            ", so that each process continues its own random stream exactly");
   std::unique_ptr<GradientReducer> reducer;
   if (group) {
     require_same_everywhere(group, weights_hash(model), o.resume ? "resumed weights" : "initial weights");
+    own_rng_streams(model, *group, s, o.resume);
+    s.processes = group->size();
     reducer = std::make_unique<GradientReducer>(model.parameters(), *group);
   }
   const Shard shard = shard_of(group);
@@ -246,7 +289,10 @@ TrainOutcome run_training(TrainTask& task, const LoopOptions& o, const std::stri
       if (o.plateau_factor > 0 && o.plateau_patience > 0 && s.since_best % o.plateau_patience == 0)
         s.lr_scale *= o.plateau_factor;
     }
-    if (writer && save_validation(task, o, s, v, best, step, skips.total, model, opt, out_dir)) stopped = 1;
+    std::vector<std::pair<std::string, Tensor>> counters;
+    if (group) counters = rank_counters(model, *group);  // a collective: every process takes part
+    if (writer && save_validation(task, o, s, v, best, step, skips.total, model, opt, out_dir, std::move(counters)))
+      stopped = 1;
     if (group) group->broadcast(&stopped, sizeof stopped, 0);
     auto ended = [&](std::string why) {
       if (reducer) timing.wait_seconds += reducer->waited_seconds();
