@@ -617,6 +617,18 @@ public:
   const std::unordered_map<std::string, int64_t>& vocab() const { return vocab_; }
 
 protected:
+  // byte_fallback's tokens: "<0xXX>" for each byte, and whether the vocabulary has all of a text's.
+  static std::string byte_token(unsigned char c) {
+    char hex[8];
+    std::snprintf(hex, sizeof hex, "<0x%02X>", (unsigned)c);
+    return hex;
+  }
+  bool bytes_known(const std::string& s) const {
+    for (unsigned char c : s)
+      if (!vocab_.count(byte_token(c))) return false;
+    return true;
+  }
+
   // "vocab" {token: id} and "unk_token" (a token of it, or absent).
   void read_vocab(const Json& j, const std::string& where) {
     const Json& vocab = field(j, "vocab", where);
@@ -702,7 +714,7 @@ public:
       QKV_CHECK(v.is_array() && v.size() == 2 && v[0].is_string() && v[1].is_number(), where, ".vocab[", i,
                 "] is not [piece, score]");
       const std::string piece = v[0].get<std::string>();
-      vocab_.emplace(piece, (int64_t)i);
+      vocab_[piece] = (int64_t)i;  // a piece listed twice: the last id, as tokenizers keeps it
       scores_.push_back(v[1].get<double>());
       min_score_ = std::min(min_score_, scores_.back());
       longest_ = std::max(longest_, piece.size());
@@ -774,16 +786,6 @@ public:
 private:
   static void relax(auto& node, size_t start, int64_t id, double score) {
     if (node.start == std::string::npos || score > node.score) node.start = start, node.id = id, node.score = score;
-  }
-  static std::string byte_token(unsigned char c) {
-    char hex[8];
-    std::snprintf(hex, sizeof hex, "<0x%02X>", (unsigned)c);
-    return hex;
-  }
-  bool bytes_known(const std::string& s) const {
-    for (unsigned char c : s)
-      if (!vocab_.count(byte_token(c))) return false;
-    return true;
   }
   std::vector<double> scores_;
   double min_score_ = INFINITY;
@@ -896,16 +898,6 @@ private:
     int64_t rank, merged;
   };
   static uint64_t key(int64_t a, int64_t b) { return ((uint64_t)a << 32) | (uint64_t)b; }
-  static std::string byte_token(unsigned char c) {
-    char hex[8];
-    std::snprintf(hex, sizeof hex, "<0x%02X>", (unsigned)c);
-    return hex;
-  }
-  bool bytes_known(const std::string& ch) const {
-    for (unsigned char c : ch)
-      if (!vocab_.count(byte_token(c))) return false;
-    return true;
-  }
 
   std::unordered_map<uint64_t, Merge> merges_;
   bool ignore_merges_ = false, byte_fallback_ = false, fuse_unk_ = false;
