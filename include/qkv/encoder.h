@@ -8,6 +8,7 @@
 //            (then divided by its length with `normalize`)   [B, D]
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
