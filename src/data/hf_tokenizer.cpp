@@ -50,6 +50,25 @@ uint32_t code_point(const std::string& s, size_t i, int* len) {
   return cp;
 }
 
+// The length in bytes of the character that ends at s[i - 1] (s is valid UTF-8, i > 0).
+size_t char_before(const std::string& s, size_t i) {
+  size_t k = 1;
+  while (k < i && ((uint8_t)s[i - k] & 0xC0) == 0x80) ++k;
+  return k;
+}
+
+// The text in a Unicode normalization form: utf8proc's `options` (NFC:
+// COMPOSE, NFD: DECOMPOSE, with COMPAT for NFKC and NFKD).
+std::string utf8proc_normalize(const std::string& s, int options) {
+  utf8proc_uint8_t* out = nullptr;
+  const utf8proc_ssize_t n = utf8proc_map((const utf8proc_uint8_t*)s.data(), (utf8proc_ssize_t)s.size(), &out,
+                                          (utf8proc_option_t)(UTF8PROC_STABLE | options));
+  QKV_CHECK(n >= 0, "tokenizer: cannot normalize the text (", utf8proc_errmsg(n), ")");
+  std::string r((const char*)out, (size_t)n);
+  std::free(out);
+  return r;
+}
+
 void append_utf8(std::string& out, uint32_t cp) {
   utf8proc_uint8_t buf[4];
   out.append((const char*)buf, (size_t)utf8proc_encode_char((utf8proc_int32_t)cp, buf));
@@ -303,7 +322,7 @@ struct BertSteps {
       append_utf8(out, cp);
       if (ideograph) out += ' ';
     });
-    if (nfd) s = decompose(s);
+    if (nfd) s = utf8proc_normalize(s, UTF8PROC_DECOMPOSE);
     if (strip_accents) s = map_chars(s, [](uint32_t cp, std::string& out) {
       if (utf8proc_category((utf8proc_int32_t)cp) != UTF8PROC_CATEGORY_MN) append_utf8(out, cp);
     });
@@ -326,15 +345,6 @@ private:
       i += (size_t)len;
     }
     return out;
-  }
-  static std::string decompose(const std::string& s) {
-    utf8proc_uint8_t* out = nullptr;
-    const utf8proc_ssize_t n = utf8proc_map((const utf8proc_uint8_t*)s.data(), (utf8proc_ssize_t)s.size(), &out,
-                                            (utf8proc_option_t)(UTF8PROC_STABLE | UTF8PROC_DECOMPOSE));
-    QKV_CHECK(n >= 0, "tokenizer: cannot normalize the text (", utf8proc_errmsg(n), ")");
-    std::string r((const char*)out, (size_t)n);
-    std::free(out);
-    return r;
   }
   // Other (C*): control, format, surrogate, private use, unassigned; but not
   // tab, newline and carriage return, which count as white space.
@@ -365,12 +375,7 @@ public:
       } else if (step.utf8proc == 0) {  // Prepend, to a text that is not empty
         if (!s.empty()) s.insert(0, step.prepend);
       } else {
-        utf8proc_uint8_t* out = nullptr;
-        const utf8proc_ssize_t n = utf8proc_map((const utf8proc_uint8_t*)s.data(), (utf8proc_ssize_t)s.size(), &out,
-                                                (utf8proc_option_t)(UTF8PROC_STABLE | step.utf8proc));
-        QKV_CHECK(n >= 0, "tokenizer: cannot normalize the text (", utf8proc_errmsg(n), ")");
-        s.assign((const char*)out, (size_t)n);
-        std::free(out);
+        s = utf8proc_normalize(s, step.utf8proc);
       }
     }
     return s;
@@ -441,7 +446,7 @@ public:
       std::vector<std::string> next;
       for (size_t i = 0; i < pieces.size(); ++i) {
         std::string& p = pieces[i];
-        if (step.prefix_space && (p.empty() || p[0] != ' ')) p.insert(0, " ");
+        if (step.prefix_space && (p.empty() || p[0] != ' ')) p.insert(p.begin(), ' ');  // a char, not " ": GCC 12 warns falsely (-Wrestrict) on the string insert
         if (step.metaspace) {
           const std::string& rep = step.pattern.literal;
           p = replace_all(p, " ", rep);
@@ -672,7 +677,7 @@ public:
     for (size_t start = 0; start < word.size();) {
       size_t end = word.size();
       int64_t found = -1;
-      for (; end > start; end = char_start_before(word, end)) {
+      for (; end > start; end -= char_before(word, end)) {
         auto it = vocab_.find(start > 0 ? prefix_ + word.substr(start, end - start) : word.substr(start, end - start));
         if (it != vocab_.end()) {
           found = it->second;
@@ -687,11 +692,6 @@ public:
   }
 
 private:
-  static size_t char_start_before(const std::string& s, size_t i) {
-    do --i;
-    while (i > 0 && ((uint8_t)s[i] & 0xC0) == 0x80);
-    return i;
-  }
   std::string prefix_;
   size_t max_chars_ = 100;
 };
@@ -971,11 +971,6 @@ private:
     int len = 1;
     code_point(s, i, &len);
     return (size_t)len;
-  }
-  static size_t char_before(const std::string& s, size_t i) {
-    size_t k = 1;
-    while (k < i && ((uint8_t)s[i - k] & 0xC0) == 0x80) ++k;
-    return k;
   }
   static bool space_at(const std::string& s, size_t i) {
     int len;

@@ -2,11 +2,15 @@
 // defined in its folder's family.cpp and listed once in src/models/registry.cpp.
 #pragma once
 
+#include <filesystem>
 #include <new>
+#include <nlohmann/json.hpp>
 
 #include "qkv/allocator.h"
+#include "qkv/io.h"
 #include "qkv/registry.h"
 #include "qkv/rng.h"
+#include "src/core/json.h"
 
 namespace qkv::builtin {
 
@@ -54,6 +58,20 @@ Family family_of(std::string arch, std::string description, Domain domain, std::
 // and the file, never a model that computes something else.
 [[noreturn]] inline void unsupported(const std::string& source, const std::string& what) {
   fail(source, ": ", what, " is not supported yet (a different model would run)");
+}
+
+// A field of a Hugging Face config the import cannot do without: an error
+// naming `key` and the file when it is absent or null.
+inline nlohmann::json required(const nlohmann::json& j, const char* key, const std::string& source) {
+  QKV_CHECK(j.contains(key) && !j[key].is_null(), source, ": '", key, "' is missing");
+  return j[key];
+}
+
+// A file beside a Hugging Face config.json (the preprocessor's, the
+// sentence-transformers modules') as JSON, or null when it is not there.
+inline nlohmann::json folder_json(const std::filesystem::path& path) {
+  if (!std::filesystem::exists(path)) return nlohmann::json();
+  return parse_json(read_file(path.string()), path.string());
 }
 
 // The decoder family's reading of Hugging Face causal LM configs (src/models/decoder/hf_import.cpp).

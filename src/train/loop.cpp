@@ -246,6 +246,10 @@ TrainOutcome run_training(TrainTask& task, const LoopOptions& o, const std::stri
   }
   const Shard shard = shard_of(group);
   TrainOutcome timing;  // its seconds, for every return
+  auto outcome = [&](int64_t last_step, std::string why) {
+    const double waited = timing.wait_seconds + (reducer ? reducer->waited_seconds() : 0.0);
+    return TrainOutcome{last_step, std::move(why), timing.step_seconds, waited};
+  };
   SkipCounter skips{.total = s.skipped, .max_in_a_row = o.max_skipped_in_a_row};
   const int64_t first_step = s.step + 1;
   int64_t units = 0;
@@ -294,17 +298,12 @@ TrainOutcome run_training(TrainTask& task, const LoopOptions& o, const std::stri
     if (writer && save_validation(task, o, s, v, best, step, skips.total, model, opt, out_dir, std::move(counters)))
       stopped = 1;
     if (group) group->broadcast(&stopped, sizeof stopped, 0);
-    auto ended = [&](std::string why) {
-      if (reducer) timing.wait_seconds += reducer->waited_seconds();
-      return TrainOutcome{step, std::move(why), timing.step_seconds, timing.wait_seconds};
-    };
-    if (stopped && step < total) return ended("stopped after the validation at step " + std::to_string(step));
+    if (stopped && step < total) return outcome(step, "stopped after the validation at step " + std::to_string(step));
     if (o.patience > 0 && s.since_best >= o.patience && step < total)
-      return ended("early stopping: " + std::to_string(s.since_best) + " validations in a row without a better "
+      return outcome(step, "early stopping: " + std::to_string(s.since_best) + " validations in a row without a better "
                    "score (patience " + std::to_string(o.patience) + ")");
   }
-  if (reducer) timing.wait_seconds += reducer->waited_seconds();
-  return {total, "", timing.step_seconds, timing.wait_seconds};
+  return outcome(total, "");
 }
 
 }  // namespace qkv

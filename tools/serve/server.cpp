@@ -753,12 +753,9 @@ private:
     {
       std::lock_guard<std::mutex> lock(model_mutex_);
       if (o_.threads > 0) omp_set_num_threads(o_.threads);
-      const Tokenizer::Specials& s = embedder_.tokenizer->specials();
-      for (const std::string& in : inputs)
-        tokens += (int64_t)(embedder_.tokenizer->encode(in).size() + s.prefix.size() + s.suffix.size());
       try {
         vectors = embed_texts(embedder_, inputs, false, {},
-                              [](size_t i) { return "input[" + std::to_string(i) + "]"; });
+                              [](size_t i) { return "input[" + std::to_string(i) + "]"; }, &tokens);
       } catch (const Error& e) {
         bad("input", e.what());
       }

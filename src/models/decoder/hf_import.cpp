@@ -66,11 +66,6 @@ nlohmann::json field(const nlohmann::json& j, const char* key, nlohmann::json fa
   return j.contains(key) && !j[key].is_null() ? j[key] : fallback;
 }
 
-// A field the import cannot do without.
-nlohmann::json required(const nlohmann::json& j, const char* key, const std::string& source) {
-  QKV_CHECK(j.contains(key) && !j[key].is_null(), source, ": '", key, "' is missing");
-  return j[key];
-}
 
 
 // GPT-2: HF -> qkv names of h.N.*; the Conv1D weights among them are transposed.

@@ -50,12 +50,6 @@ std::string bert_weight_name(std::string hf) {
   return "";
 }
 
-// A file of the folder as JSON, or null when it is not there.
-Json folder_json(const std::filesystem::path& path) {
-  if (!std::filesystem::exists(path)) return Json();
-  return parse_json(read_file(path.string()), path.string());
-}
-
 // sentence-transformers' modules after the transformer: pooling (mean or the
 // [CLS] token) and whether a Normalize module follows; anything else is an error.
 void read_sentence_transformers(const std::filesystem::path& dir, Json& c) {
@@ -90,10 +84,6 @@ void read_sentence_transformers(const std::filesystem::path& dir, Json& c) {
 
 HfImport import_hf_bert(const std::string& text, const std::string& source) {
   const Json hf = parse_json(text, source);
-  auto need = [&](const char* key) {
-    QKV_CHECK(hf.contains(key) && !hf[key].is_null(), source, ": '", key, "' is missing");
-    return hf[key];
-  };
   if (hf.value("is_decoder", false)) unsupported(source, "\"is_decoder\": true");
   if (hf.value("add_cross_attention", false)) unsupported(source, "\"add_cross_attention\": true");
   const std::string positions = hf.value("position_embedding_type", std::string("absolute"));
@@ -103,12 +93,12 @@ HfImport import_hf_bert(const std::string& text, const std::string& source) {
       {"gelu", "gelu"}, {"gelu_new", "gelu_tanh"}, {"gelu_pytorch_tanh", "gelu_tanh"}, {"relu", "relu"}};
   if (!kActivations.count(act)) unsupported(source, "\"hidden_act\": \"" + act + "\"");
   Json c = {{"arch", "encoder"},
-            {"vocab_size", need("vocab_size")},
-            {"d_model", need("hidden_size")},
-            {"num_layers", need("num_hidden_layers")},
-            {"nhead", need("num_attention_heads")},
-            {"dim_feedforward", need("intermediate_size")},
-            {"context", need("max_position_embeddings")},
+            {"vocab_size", required(hf, "vocab_size", source)},
+            {"d_model", required(hf, "hidden_size", source)},
+            {"num_layers", required(hf, "num_hidden_layers", source)},
+            {"nhead", required(hf, "num_attention_heads", source)},
+            {"dim_feedforward", required(hf, "intermediate_size", source)},
+            {"context", required(hf, "max_position_embeddings", source)},
             {"type_vocab_size", hf.value("type_vocab_size", 2)},
             {"norm_eps", hf.value("layer_norm_eps", 1e-12)},
             {"activation", kActivations.at(act)},

@@ -70,10 +70,9 @@ void require_each(const Json& v, double want, const std::string& source, const s
 }
 
 void read_preprocessor(const std::filesystem::path& dir, int64_t image_size) {
-  const std::filesystem::path path = dir / "preprocessor_config.json";
-  if (!std::filesystem::exists(path)) return;
-  const std::string source = path.string();
-  const Json p = parse_json(read_file(source), source);
+  const std::string source = (dir / "preprocessor_config.json").string();
+  const Json p = folder_json(source);
+  if (p.is_null()) return;
   QKV_CHECK(p.is_object(), source, ": expected a JSON object");
   if (p.value("do_normalize", true)) {
     require_each(p.value("image_mean", Json(0.5)), 0.5, source, "image_mean");
@@ -92,22 +91,19 @@ void read_preprocessor(const std::filesystem::path& dir, int64_t image_size) {
 
 HfImport import_hf_vit(const std::string& text, const std::string& source) {
   const Json hf = parse_json(text, source);
-  auto need = [&](const char* key) {
-    QKV_CHECK(hf.contains(key) && !hf[key].is_null(), source, ": '", key, "' is missing");
-    return hf[key];
-  };
   const std::string act = hf.value("hidden_act", std::string("gelu"));
   if (act != "gelu") unsupported(source, "\"hidden_act\": \"" + act + "\"");
-  const int64_t d = need("hidden_size").get<int64_t>(), ff = need("intermediate_size").get<int64_t>();
-  const int64_t image_size = need("image_size").get<int64_t>();
+  const int64_t d = required(hf, "hidden_size", source).get<int64_t>();
+  const int64_t ff = required(hf, "intermediate_size", source).get<int64_t>();
+  const int64_t image_size = required(hf, "image_size", source).get<int64_t>();
   QKV_CHECK(d > 0 && ff > 0, source, ": hidden_size and intermediate_size must be positive");
   Json c = {{"arch", "vit"},
             {"image_size", image_size},
-            {"patch_size", need("patch_size")},
+            {"patch_size", required(hf, "patch_size", source)},
             {"channels", hf.value("num_channels", 3)},
             {"d_model", d},
-            {"nhead", need("num_attention_heads")},
-            {"num_layers", need("num_hidden_layers")},
+            {"nhead", required(hf, "num_attention_heads", source)},
+            {"num_layers", required(hf, "num_hidden_layers", source)},
             {"mlp_ratio", (double)ff / (double)d},
             {"qkv_bias", hf.value("qkv_bias", true)},
             {"qkv_layout", "separate"},
@@ -116,7 +112,7 @@ HfImport import_hf_vit(const std::string& text, const std::string& source) {
             {"positions", "learned"},
             {"pool", "cls"}};
   // id2label {"0": "cat", ...}: the class names in id order; every id from 0 must be there.
-  const Json labels = need("id2label");
+  const Json labels = required(hf, "id2label", source);
   QKV_CHECK(labels.is_object() && !labels.empty(), source, ": id2label must name the classes");
   std::vector<std::string> names(labels.size());
   for (auto& [id, name] : labels.items()) {
