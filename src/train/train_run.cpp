@@ -99,12 +99,12 @@ TrainOutcome train_translation_run(const TrainRun& r, const TrainHooks& hooks) {
   std::vector<SentencePair> valid = r.valid.empty()
                                         ? hold_out_pairs(train, r)
                                         : read_parallel_tsv(r.valid, {.replace_invalid_utf8 = r.replace_invalid_utf8});
+  require_same_data(r, hash_texts(hash_texts(run_hash(r), train), valid));  // before a tokenizer is learnt from them
   // A resumed run takes the model's config and vocabulary from its folder; the
   // latest weights and the training state come from trainer_state.safetensors.
   TranslationModel m = r.resume ? load_translation_model(r.out, "train --resume")
                                 : new_translation_model(r.config_text, r.config_source, train, o.seed);
   if (r.resume) m.model->train();
-  require_same_data(r, hash_texts(hash_texts(run_hash(r), train), valid));
   say_starting(r, hooks, m.model->summary(),
                std::to_string(train.size()) + " training pairs, " + std::to_string(valid.size()) +
                    " validation pairs; " + std::to_string(o.steps) + " steps of up to " +
@@ -124,14 +124,13 @@ std::vector<int64_t> documents(const Tokenizer& tok, const std::string& text, co
 TrainOutcome train_language_run(const TrainRun& r, const TrainHooks& hooks) {
   LmTrainOptions o = LmTrainOptions::from_json(r.config_text, r.config_source);
   apply_overrides(r, o);
-  const std::string text = read_file(r.train);
+  const std::string text = read_file(r.train), valid_text = r.valid.empty() ? "" : read_file(r.valid);
+  require_same_data(r, fnv1a(valid_text.data(), valid_text.size(), fnv1a(text.data(), text.size(), run_hash(r))));
   LanguageModel m = r.resume ? load_language_model(r.out, "train --resume")
                              : new_language_model(r.config_text, r.config_source, text, o.seed);
   if (r.resume) m.model->train();
   std::vector<int64_t> train = documents(*m.tokenizer, text, r.train);
-  std::vector<int64_t> valid = r.valid.empty() ? hold_out_tokens(train, r)
-                                               : documents(*m.tokenizer, read_file(r.valid), r.valid);
-  require_same_data(r, hash_ints(hash_ints(run_hash(r), train), valid));
+  std::vector<int64_t> valid = r.valid.empty() ? hold_out_tokens(train, r) : documents(*m.tokenizer, valid_text, r.valid);
   say_starting(r, hooks, m.model->summary(),
                std::to_string(train.size()) + " training tokens, " + std::to_string(valid.size()) +
                    " validation tokens; " + std::to_string(o.steps) + " steps of " + std::to_string(o.batch_size) +
@@ -144,6 +143,10 @@ TrainOutcome train_vision_run(const TrainRun& r, const TrainHooks& hooks) {
   apply_overrides(r, o);
   ImageSet train = load_idx_folder(r.train, "train");
   ImageSet test = load_idx_folder(r.valid.empty() ? r.train : r.valid, "t10k");
+  uint64_t h = run_hash(r);
+  for (const ImageSet* set : {&train, &test})
+    h = hash_ints(fnv1a(set->pixels.data(), set->pixels.size(), h), set->labels);
+  require_same_data(r, h);
   std::shared_ptr<VisionTransformer> model;
   if (r.resume) {  // the config comes from the model folder, the latest weights from the trainer state
     model = load_vit_model(r.out, "train --resume");
@@ -152,10 +155,6 @@ TrainOutcome train_vision_run(const TrainRun& r, const TrainHooks& hooks) {
     model = new_vit_model(r.config_text, r.config_source, o.seed);
   }
   const int64_t used = o.max_train_images > 0 ? std::min(o.max_train_images, train.count) : train.count;
-  uint64_t h = run_hash(r);
-  for (const ImageSet* set : {&train, &test})
-    h = hash_ints(fnv1a(set->pixels.data(), set->pixels.size(), h), set->labels);
-  require_same_data(r, h);
   say_starting(r, hooks, model->summary(),
                std::to_string(used) + " training images (of " + std::to_string(train.count) + "), " +
                    std::to_string(test.count) + " test images; " + std::to_string(o.epochs) +
