@@ -78,6 +78,12 @@ check "translate" 0 sh -c "\"$QKV\" translate --model \"$tmp/demo/model\" < \"$t
 printf 'bad\xff\n' >"$tmp/bad.txt"
 check "translate --dtype bf16" 0 sh -c "\"$QKV\" translate --model \"$tmp/demo/model\" --dtype bf16 < \"$tmp/in.txt\""
 [ "$(wc -l <"$tmp/out")" -eq 2 ] || { echo "FAIL translate --dtype bf16: expected 2 lines"; cat "$tmp/out"; failures=$((failures + 1)); }
+check "translate --dtype int8" 0 sh -c "\"$QKV\" translate --model \"$tmp/demo/model\" --dtype int8 < \"$tmp/in.txt\""
+[ "$(wc -l <"$tmp/out")" -eq 2 ] || { echo "FAIL translate --dtype int8: expected 2 lines"; cat "$tmp/out"; failures=$((failures + 1)); }
+cp "$tmp/out" "$tmp/translate-int8"
+check "convert a translation model to int8" 0 "$QKV" convert --model "$tmp/demo/model" --out "$tmp/demo-int8" --dtype int8
+check "translate with the int8 folder" 0 sh -c "\"$QKV\" translate --model \"$tmp/demo-int8\" < \"$tmp/in.txt\""
+cmp -s "$tmp/out" "$tmp/translate-int8" || { echo "FAIL the int8 folder translates otherwise than --dtype int8"; failures=$((failures + 1)); }
 check "translate invalid UTF-8" nonzero sh -c "\"$QKV\" translate --model \"$tmp/demo/model\" < \"$tmp/bad.txt\""
 one_line_error "translate invalid UTF-8"
 grep -q "line 1" "$tmp/err" || { echo "FAIL translate error lacks the line number"; failures=$((failures + 1)); }
@@ -130,6 +136,11 @@ printf '我是中国人\nThe quick brown fox.\n' >"$tmp/sentences.txt"
 check "embed" 0 sh -c "\"$QKV\" embed --model \"$FIXTURES/hf/bert\" < \"$tmp/sentences.txt\""
 [ "$(wc -l <"$tmp/out")" -eq 2 ] && [ "$(head -1 "$tmp/out" | tr ',' '\n' | wc -l)" -eq 32 ] && grep -q '^\[-\?[0-9]' "$tmp/out" ||
   { echo "FAIL embed: expected two lists of 32 numbers"; head -c 300 "$tmp/out"; failures=$((failures + 1)); }
+check "embed --dtype int8" 0 sh -c "\"$QKV\" embed --model \"$FIXTURES/hf/bert\" --dtype int8 < \"$tmp/sentences.txt\""
+cp "$tmp/out" "$tmp/embed-int8"
+check "convert a Hugging Face BERT to int8" 0 "$QKV" convert --model "$FIXTURES/hf/bert" --out "$tmp/bert-int8" --dtype int8
+check "embed with the int8 folder" 0 sh -c "\"$QKV\" embed --model \"$tmp/bert-int8\" < \"$tmp/sentences.txt\""
+cmp -s "$tmp/out" "$tmp/embed-int8" || { echo "FAIL the int8 BERT folder embeds otherwise than --dtype int8"; failures=$((failures + 1)); }
 { echo a; yes the | head -40 | tr '\n' ' '; echo; } >"$tmp/long-sentence.txt"
 check "embed a line past max_seq_length" nonzero sh -c "\"$QKV\" embed --model \"$FIXTURES/hf/bert\" < \"$tmp/long-sentence.txt\""
 one_line_error "embed a line past max_seq_length"
@@ -230,6 +241,8 @@ grep -q "light" "$tmp/out" || { echo "FAIL classify lacks class names"; cat "$tm
 [ "$(head -c 4 "$tmp/rollout.png" | od -An -c | tr -d ' ')" = "211PNG" ] || { echo "FAIL rollout is not a PNG"; failures=$((failures + 1)); }
 check "classify --dtype bf16" 0 "$QKV" classify --model "$tmp/vit" --test "$tmp/idx" --index 0 --top-k 2 --dtype bf16
 grep -q "light" "$tmp/out" || { echo "FAIL classify --dtype bf16 lacks class names"; cat "$tmp/out"; failures=$((failures + 1)); }
+check "classify --dtype int8" 0 "$QKV" classify --model "$tmp/vit" --test "$tmp/idx" --index 0 --top-k 2 --dtype int8
+grep -q "light" "$tmp/out" || { echo "FAIL classify --dtype int8 lacks class names"; cat "$tmp/out"; failures=$((failures + 1)); }
 check "classify a PNG" 0 "$QKV" classify --model "$tmp/vit" "$tmp/rollout.png"
 check "classify a text file" nonzero "$QKV" classify --model "$tmp/vit" "$tmp/vit.json"
 one_line_error "classify a text file"
@@ -284,6 +297,26 @@ check "generate --dtype bf16" 0 "$QKV" generate --model "$tmp/lm" --prompt "the 
 grep -q "^the cat" "$tmp/out" || { echo "FAIL generate --dtype bf16 does not echo the prompt"; cat "$tmp/out"; failures=$((failures + 1)); }
 check "generate --dtype f8" nonzero "$QKV" generate --model "$tmp/lm" --dtype f8
 one_line_error "generate --dtype f8"
+# qkv convert: a smaller folder that loads anywhere, in its dtype, with the same output as --dtype.
+for dtype in bf16 int8; do
+  check "generate --dtype $dtype, greedy" 0 "$QKV" generate --model "$tmp/lm" --prompt "the cat" --max-new-tokens 8 --temperature 0 --dtype $dtype
+  cp "$tmp/out" "$tmp/generate-$dtype"
+  check "convert --dtype $dtype" 0 "$QKV" convert --model "$tmp/lm" --out "$tmp/lm-$dtype" --dtype $dtype
+  grep -q "Linear weights in $dtype" "$tmp/out" || { echo "FAIL convert $dtype says nothing"; cat "$tmp/out"; failures=$((failures + 1)); }
+  [ "$(stat -c %s "$tmp/lm-$dtype/model.safetensors")" -lt "$(stat -c %s "$tmp/lm/model.safetensors")" ] ||
+    { echo "FAIL the $dtype folder is not smaller"; failures=$((failures + 1)); }
+  check "generate from the $dtype folder" 0 "$QKV" generate --model "$tmp/lm-$dtype" --prompt "the cat" --max-new-tokens 8 --temperature 0
+  cmp -s "$tmp/out" "$tmp/generate-$dtype" || { echo "FAIL the $dtype folder generates otherwise than --dtype $dtype"; failures=$((failures + 1)); }
+  check "eval the $dtype folder" 0 "$QKV" eval --model "$tmp/lm-$dtype" --test "$tmp/lm.txt" --json
+  grep -q '"perplexity"' "$tmp/out" || { echo "FAIL eval the $dtype folder"; cat "$tmp/out"; failures=$((failures + 1)); }
+done
+check "convert onto itself" nonzero "$QKV" convert --model "$tmp/lm" --out "$tmp/lm" --dtype int8
+one_line_error "convert onto itself"
+check "convert --dtype f8" nonzero "$QKV" convert --model "$tmp/lm" --out "$tmp/lm-f8" --dtype f8
+one_line_error "convert --dtype f8"
+check "convert a missing folder" nonzero "$QKV" convert --model "$tmp/nope" --out "$tmp/nope-int8" --dtype int8
+one_line_error "convert a missing folder"
+[ ! -e "$tmp/nope-int8" ] || { echo "FAIL a failed convert left a folder"; failures=$((failures + 1)); }
 check "generate too long a prompt" nonzero "$QKV" generate --model "$tmp/lm" --prompt "$(printf 'x%.0s' $(seq 40))"
 one_line_error "generate too long a prompt"
 check "serve --ctx past the context" nonzero timeout 20 "$QKV" serve --model "$tmp/lm" --port 0 --ctx 33

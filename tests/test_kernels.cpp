@@ -204,6 +204,120 @@ TEST(Kernels, GemmBf16SaysHowItRuns) {
   }
 }
 
+// The int8-weight GEMM on every level and every path of the avx512 one,
+// against its float64 twin, on the shapes of the bf16 test: ragged k (a last
+// block shorter than 32, a last 64-byte chunk with one block), strided rows,
+// alpha, beta, bias, k = 0, a row of A with an all-zero block (scale 0), and
+// up to 4 rows (the integer paths) and more (the dequantized path). Both
+// sides multiply the same quantized values, so the bound is float32's:
+// gamma_(k+4) of the sum of |terms| (the "+4" for rounding the two scales'
+// product, or both dequantized operands, and the product), plus one unit of
+// the result. Skipping the last 64-value chunk of the VNNI path failed the
+// first case with k > 64 (2 x 17 x 65) by 0.51 against a bound of 2.4e-4.
+TEST(Kernels, GemmInt8MatchesTheReference) {
+  omp_set_num_threads(2);
+  Rng rng(8);
+  using Path = std::pair<std::string, void (*)(const GemmInt8Args&)>;
+  std::vector<Path> paths;
+  for (const Kernels* k : levels()) paths.push_back({k->name, k->gemm_int8});
+  if (isa_supported(CpuIsa::Avx512)) {
+    if (cpu::avx512::avx512_vnni_usable()) paths.push_back({"avx512 VNNI", &cpu::avx512::gemm_int8_vnni});
+    paths.push_back({"avx512 dequantized", &cpu::avx512::gemm_int8_dequantized});
+  }
+  struct Case {
+    int64_t m, n, k, pad;
+    float alpha, beta;
+    bool bias;
+  };
+  for (const Case& c : {Case{1, 1, 1, 0, 1, 0, false}, Case{3, 5, 7, 2, 0.5f, 0.75f, true},
+                        Case{4, 33, 31, 0, 1, 0, true}, Case{2, 17, 65, 3, 1, 1, false},
+                        Case{1, 45, 130, 1, -2, 0, true}, Case{4, 300, 1000, 3, 1, 0.5f, true},
+                        Case{1, 700, 96, 0, 1, 0, true}, Case{2, 40, 64, 0, 1, 0, false},
+                        Case{17, 33, 100, 2, 1, 0, true}, Case{67, 45, 130, 1, 1, 0.5f, true},
+                        Case{4, 6, 0, 0, 1, 0.5f, true}}) {
+    const int64_t kb = (c.k + 31) / 32, lda = c.k + c.pad, ldb = c.k + 2 * c.pad, lds = kb + c.pad,
+                  ldc = c.n + c.pad;
+    Tensor a = Tensor::randn({c.m, lda}, rng), w = Tensor::randn({c.n, ldb}, rng);
+    if (c.m > 1 && c.k > 32) std::fill_n(a.data<float>() + lda, 32, 0.0f);  // row 1, block 0: all zeros
+    std::vector<int8_t> q(c.n * ldb, 0);
+    std::vector<float> scales(c.n * lds, 0.0f);
+    for (int64_t j = 0; j < c.n; ++j)
+      for (int64_t b = 0; b < kb; ++b) {
+        const int64_t p0 = b * 32, len = std::min<int64_t>(32, c.k - p0);
+        const float* x = w.data<float>() + j * ldb + p0;
+        scales[j * lds + b] = int8_block_scale(x, len);
+        int8_quantize(x, len, scales[j * lds + b], q.data() + j * ldb + p0);
+      }
+    Tensor bias = Tensor::randn({c.n}, rng), c0 = Tensor::randn({c.m, ldc}, rng);
+    GemmInt8Args g;
+    g.m = c.m, g.n = c.n, g.k = c.k, g.alpha = c.alpha, g.beta = c.beta;
+    g.a = a.data<float>(), g.lda = lda, g.b = q.data(), g.ldb = ldb, g.scales = scales.data(), g.ld_scale = lds;
+    g.ldc = ldc, g.bias = c.bias ? bias.data<float>() : nullptr;
+    Tensor ref_c = c0.clone();
+    g.c = ref_c.data<float>();
+    ref::gemm_int8(g);
+    // The sum of |terms|: the reference on |A| and |W| (quantizing rounds
+    // symmetrically, so |A| quantizes to the magnitudes of A's values).
+    Tensor abs_a = a.clone(), magnitude = Tensor::zeros({c.m, ldc});
+    for (int64_t i = 0; i < abs_a.numel(); ++i) abs_a.data<float>()[i] = std::fabs(abs_a.data<float>()[i]);
+    std::vector<int8_t> abs_q(q.size());
+    for (size_t i = 0; i < q.size(); ++i) abs_q[i] = (int8_t)std::abs(q[i]);
+    GemmInt8Args ga = g;
+    ga.a = abs_a.data<float>(), ga.b = abs_q.data(), ga.alpha = 1, ga.beta = 0, ga.bias = nullptr;
+    ga.c = magnitude.data<float>();
+    ref::gemm_int8(ga);
+    const double gamma = (c.k + 4) * testing::kFloat32Unit;
+    for (const auto& [name, gemm_int8] : paths) {
+      Tensor out = c0.clone();
+      g.c = out.data<float>();
+      gemm_int8(g);
+      for (int64_t i = 0; i < c.m; ++i)
+        for (int64_t j = 0; j < ldc; ++j) {
+          const int64_t at = i * ldc + j;
+          const float got = out.data<float>()[at], want = ref_c.data<float>()[at], before = c0.data<float>()[at];
+          if (j >= c.n) {
+            ASSERT_EQ(got, before) << name << ": padding [" << i << "," << j << "] changed";
+            continue;
+          }
+          const double rest = std::fabs(want) + std::fabs(c.beta * before) + (c.bias ? std::fabs(bias.data<float>()[j]) : 0);
+          const double bound =
+              gamma * std::fabs(c.alpha) * magnitude.data<float>()[at] + 2 * testing::kFloat32Unit * rest;
+          ASSERT_LE(std::fabs((double)got - want), bound)
+              << name << " " << c.m << "x" << c.n << "x" << c.k << " element [" << i << "," << j << "]: " << got
+              << " vs " << want;
+        }
+    }
+  }
+}
+
+TEST(Kernels, Int8QuantizationRoundsToTheNearestStepOfItsBlock) {
+  const float x[6] = {2.5f, 3.5f, -2.5f, 0.49f, -127.0f, 100.7f};  // max |x| 127: steps of exactly 1
+  EXPECT_EQ(int8_block_scale(x, 6), 1.0f);
+  int8_t q[32];
+  int8_quantize(x, 6, 1.0f, q);
+  EXPECT_EQ(std::vector<int>(q, q + 6), (std::vector<int>{2, 4, -2, 0, -127, 101}));  // ties to even
+  Rng rng(3);
+  std::vector<float> y(32);
+  for (float& v : y) v = rng.next_normal();
+  const float d = int8_block_scale(y.data(), 32);
+  int8_quantize(y.data(), 32, d, q);
+  for (int i = 0; i < 32; ++i) EXPECT_LE(std::fabs(q[i] * d - y[i]), d / 2 * (1 + 1e-5)) << i;
+  const float zeros[3] = {0, 0, 0};
+  EXPECT_EQ(int8_block_scale(zeros, 3), 0.0f);
+  int8_quantize(zeros, 3, 0.0f, q);
+  EXPECT_EQ(std::vector<int>(q, q + 3), (std::vector<int>{0, 0, 0}));
+}
+
+TEST(Kernels, GemmInt8SaysHowItRuns) {
+  EXPECT_STREQ(ref::table().gemm_int8_path(), "reference (float64 sums)");
+  EXPECT_STREQ(cpu::kernels(CpuIsa::Generic).gemm_int8_path(),
+               "int32 loops for up to 4 rows, float32 BLAS on dequantized weights above");
+  if (isa_supported(CpuIsa::Avx512) && cpu::avx512::avx512_vnni_usable()) {
+    EXPECT_STREQ(cpu::kernels(CpuIsa::Avx512).gemm_int8_path(),
+                 "AVX512-VNNI for up to 4 rows, float32 BLAS on dequantized weights above");
+  }
+}
+
 // AdamW and SGD steps and the clipping sums over tensors of several sizes
 // (the large ones split between threads, the small ones not).
 TEST(Kernels, OptimizerStepsMatchTheReference) {

@@ -356,6 +356,79 @@ TEST(Ops, LinearWithBf16WeightRefusesGradientsAndOtherDtypes) {
             "linear: weight has dtype F16, expected F32 or BF16");
 }
 
+// An int8 weight against the float32 linear of the original x and W: each
+// operand moves by at most half a step of its block when quantized (d / 2,
+// d = the block's max |.| / 127), so |y - y_f32| <= sum_p (d_x(p) |w'_p| +
+// |x_p| d_w(p)) / 2 + the float32 sums' own gamma_(k+4) bound, element by
+// element. Also one row (the integer path), a fused activation, the weight
+// round trip, and a Linear converted in place and back.
+TEST(Ops, LinearWithInt8WeightIsWithinTheQuantizationBound) {
+  omp_set_num_threads(2);
+  Rng rng(14);
+  NoGradGuard no_grad;
+  for (int64_t rows : {1, 4, 37}) {
+    const int64_t k = 130, n = 70, blocks = (k + 31) / 32;
+    Tensor x = Tensor::randn({rows, k}, rng), w = Tensor::randn({n, k}, rng, 0.2f), b = Tensor::randn({n}, rng);
+    const Int8Weight q = quantize_int8(w);
+    ASSERT_EQ(q.scales.shape(), (Shape{n, blocks}));
+    const Tensor w_back = dequantize_int8(q);
+    const Tensor y = linear_int8(x, q, b), y_f32 = linear(x, w, b);
+    const float *xv = x.data<float>(), *wv = w.data<float>(), *wb = w_back.data<float>();
+    for (int64_t i = 0; i < rows; ++i) {
+      std::vector<float> dx(blocks);
+      for (int64_t c = 0; c < blocks; ++c) dx[c] = int8_block_scale(xv + i * k + c * 32, std::min<int64_t>(32, k - c * 32));
+      for (int64_t j = 0; j < n; ++j) {
+        double bound = 0, magnitude = std::fabs(b.data<float>()[j]);
+        for (int64_t p = 0; p < k; ++p) {
+          const double dw = q.scales.data<float>()[j * blocks + p / 32];
+          ASSERT_LE(std::fabs(wb[j * k + p] - wv[j * k + p]), dw / 2 * (1 + 1e-5)) << "weight [" << j << "," << p << "]";
+          bound += (dx[p / 32] * std::fabs(wb[j * k + p]) + std::fabs(xv[i * k + p]) * dw) / 2 * (1 + 1e-5);
+          magnitude += std::fabs(xv[i * k + p] * wv[j * k + p]);
+        }
+        bound += (k + 6) * testing::kFloat32Unit * magnitude;
+        ASSERT_LE(std::fabs(y.data<float>()[i * n + j] - y_f32.data<float>()[i * n + j]), bound)
+            << rows << " rows, [" << i << "," << j << "]";
+      }
+    }
+    const Activation gelu_act = Activation::Gelu;
+    EXPECT_TRUE(all_close(linear_int8(x, q, b, &gelu_act), gelu(y), 1e-6f, 1e-6f)) << rows << " rows";
+  }
+  Linear lin({.in_features = 40, .out_features = 9}, rng);
+  const Tensor w0 = lin.weight.clone(), x = Tensor::randn({2, 40}, rng);
+  lin.convert_weight(DType::I8);
+  EXPECT_EQ(lin.weight.dtype(), DType::I8);
+  EXPECT_EQ(lin.weight_scale.shape(), (Shape{9, 2}));
+  EXPECT_EQ(lin.named_parameters().size(), 3u);  // weight, bias, weight_scale
+  EXPECT_TRUE(all_close(lin.forward(x), linear_int8(x, quantize_int8(w0), lin.bias), 0, 0));
+  lin.convert_weight(DType::F32);
+  EXPECT_EQ(lin.named_parameters().size(), 2u);
+  EXPECT_FALSE(lin.weight_scale.defined());
+  EXPECT_TRUE(all_close(lin.weight, dequantize_int8(quantize_int8(w0)), 0, 0));
+  omp_set_num_threads(1);
+}
+
+TEST(Ops, LinearWithInt8WeightRefusesGradientsAndBrokenWeights) {
+  Rng rng(15);
+  const Int8Weight q = quantize_int8(Tensor::randn({4, 40}, rng));
+  Tensor x = Tensor::randn({3, 40}, rng).set_requires_grad(true);
+  EXPECT_EQ(testing::error_of([&] { linear_int8(x, q); }),
+            "linear: an int8 weight is for inference; run it under NoGradGuard or with inputs that need no gradient");
+  EXPECT_EQ(testing::error_of([&] { linear(x.detach(), q.values); }),
+            "linear: an I8 weight needs its scales (linear_int8)");
+  EXPECT_EQ(testing::error_of([&] { linear_int8(x.detach(), {q.values, q.scales.slice(1, 0, 1)}); }),
+            "linear_int8: weight scales must be F32 [4, 2]");
+  Int8Weight bad{q.values.clone(), q.scales.clone()};
+  bad.values.data<int8_t>()[45] = -128;
+  EXPECT_EQ(testing::error_of([&] { check_int8_weight(bad, "w.safetensors: 'fc.weight'"); }),
+            "w.safetensors: 'fc.weight': int8 weight value -128 at [1, 5] (the format holds -127..127)");
+  bad.values.data<int8_t>()[45] = 3;
+  bad.scales.data<float>()[3] = -1.0f;
+  EXPECT_EQ(testing::error_of([&] { check_int8_weight(bad, "w"); }),
+            "w: int8 weight scale -1 at [1, 1] is not a finite non-negative number");
+  EXPECT_EQ(testing::error_of([&] { quantize_int8(Tensor::randn({4}, rng)); }),
+            "quantize_int8: expected an F32 or BF16 weight [out, in], got F32 [4]");
+}
+
 TEST(Ops, GemvKernelMatchesReference) {
   // The fast gemm's own kernel for 1-4 rows against W^T: strided rows, alpha,
   // beta, a ragged tail of W's rows and of k, and sizes that split across two threads.

@@ -3,6 +3,7 @@
 // folder of the wrong kind is one error naming what it holds, and a family
 // added with one register_family call (a tiny test-only one here) is saved,
 // found and loaded like the built-in ones.
+#include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
@@ -10,6 +11,7 @@
 #include "qkv/checkpoint.h"
 #include "qkv/infer.h"
 #include "qkv/io.h"
+#include "qkv/lm.h"
 #include "tests/test_util.h"
 
 namespace qkv {
@@ -191,6 +193,60 @@ TEST(Checkpoint, TextFamiliesKeepTheirTokenizerAndCheckItsSize) {
   EXPECT_EQ(error_of([&] { load_translation_model(dir); }),
             dir + ": tokenizer has " + std::to_string(m.tokenizer->size()) + " tokens, config.json says vocab_size " +
                 std::to_string(m.tokenizer->size() + 1));
+  std::filesystem::remove_all(dir);
+}
+
+// A model converted to bf16 or int8 (as qkv convert does) and saved loads
+// back in that dtype with the same weights and the same outputs; a Hugging
+// Face folder's tokenizer.json travels with it. An int8 weight without its
+// scales, or with a value the format does not hold, is one error naming the
+// file and the tensor.
+TEST(Checkpoint, ConvertedFoldersLoadInTheirDtype) {
+  const std::string dir = ::testing::TempDir() + "/qkv_checkpoint_converted";
+  const std::string hf = std::string(QKV_FIXTURES_DIR) + "/hf/llama";
+  NoGradGuard no_grad;
+  const Tensor ids = Tensor::from_ints({1, 7, 30, 4, 9, 2}, {1, 6});
+  for (DType dtype : {DType::BF16, DType::I8}) {
+    std::filesystem::remove_all(dir);
+    ModelFolder m = load_model_folder(hf);
+    m.model->convert_linear_weights(dtype);
+    save_model_folder(dir, *m.family, *m.model, m.tokenizer.get(), "");
+    ModelFolder again = load_model_folder(dir);
+    EXPECT_EQ(again.model->linear_weight_dtype(), dtype);
+    const StateDict before = m.model->state_dict(), after = again.model->state_dict();
+    ASSERT_EQ(before.size(), after.size());
+    for (const auto& [name, t] : before) {
+      ASSERT_EQ(after.at(name).dtype(), t.dtype()) << name;
+      EXPECT_EQ(std::memcmp(after.at(name).raw_data(), t.contiguous().raw_data(), t.numel() * dtype_size(t.dtype())), 0)
+          << name;
+    }
+    auto& lm = dynamic_cast<DecoderLM&>(*m.model);
+    auto& lm_again = dynamic_cast<DecoderLM&>(*again.model);
+    EXPECT_TRUE(testing::all_close(lm_again.forward(ids), lm.forward(ids), 0, 0)) << dtype_name(dtype);
+    const std::string text = "hello 世界 🙂";
+    EXPECT_EQ(again.tokenizer->encode(text), m.tokenizer->encode(text));
+    EXPECT_EQ(again.tokenizer->specials().eos, m.tokenizer->specials().eos);
+    const Metadata meta = load_safetensors(dir + "/model.safetensors").metadata;
+    EXPECT_EQ(meta.at("linear_weights"), dtype_name(dtype));
+    EXPECT_EQ(meta.count("int8_format"), dtype == DType::I8 ? 1u : 0u);
+  }
+  // The int8 folder, broken two ways.
+  const std::string weights = dir + "/model.safetensors";
+  StateDict state = load_safetensors(weights).as_map();
+  const Tensor scale = state.at("layers.0.self_attn.q_proj.weight_scale");
+  state.erase("layers.0.self_attn.q_proj.weight_scale");
+  save_safetensors(weights, state);
+  EXPECT_EQ(error_of([&] { load_model_folder(dir); }),
+            weights + ": load_state_dict: the int8 weight 'layers.0.self_attn.q_proj.weight' has no "
+                      "'layers.0.self_attn.q_proj.weight_scale'");
+  state["layers.0.self_attn.q_proj.weight_scale"] = scale;
+  Tensor q = state.at("layers.1.mlp.w3.weight").clone();
+  q.data<int8_t>()[5] = -128;
+  state["layers.1.mlp.w3.weight"] = q;
+  save_safetensors(weights, state);
+  EXPECT_EQ(error_of([&] { load_model_folder(dir); }),
+            weights + ": load_state_dict: 'layers.1.mlp.w3.weight': int8 weight value -128 at [0, 5] (the format "
+                      "holds -127..127)");
   std::filesystem::remove_all(dir);
 }
 

@@ -26,7 +26,8 @@ struct ModelFolder {
 };
 
 // Reads `dir`: its family from config.json, the tokenizer (whose size must be
-// the config's vocab_size), the model, every weight. Each problem is one error
+// the config's vocab_size), the model, every weight (Linear weights that qkv
+// convert wrote in bf16 or int8 stay so). Each problem is one error
 // naming the file. A Hugging Face folder (config.json with "architectures",
 // model.safetensors or its shards) of an architecture a family reads loads as
 // that family's model, its weights renamed and converted to F32, with its

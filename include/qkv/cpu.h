@@ -58,6 +58,9 @@ const BlasInfo& blas_info();  // loads the BLAS library if it is not loaded yet
 // How a bfloat16 GEMM runs at the level in use: "AMX-BF16 tiles",
 // "AVX512-BF16" or "float32 BLAS on widened inputs".
 const char* gemm_bf16_path();
+// How an int8-weight GEMM runs: "AVX512-VNNI for up to 4 rows, ..." or
+// "int32 loops for up to 4 rows, ...".
+const char* gemm_int8_path();
 
 // Several lines, "name: value", for `qkv info` and every `qkv bench` header:
 // the CPU, its features, the kernel level, the BLAS and its kernel, threads.

@@ -44,4 +44,13 @@ uint16_t float_to_half(float f);
 float bf16_to_float(uint16_t b);
 uint16_t float_to_bf16(float f);
 
+// Blockwise int8 (docs/low-precision.md): a run of up to 32 floats becomes
+// int8 values q and one float32 scale d = max|x| / 127, with x ~= q * d and
+// q = round(x / d) (to nearest, ties to even; computed as x * (1 / d) in
+// float32, so every path gets the same q), which lies in [-127, 127]. The
+// error is at most d / 2 per element, 1/254 of the block's largest magnitude.
+// An all-zero block has d = 0 and q = 0.
+float int8_block_scale(const float* x, int64_t n);
+void int8_quantize(const float* x, int64_t n, float scale, int8_t* q);
+
 }  // namespace qkv

@@ -44,11 +44,24 @@ public:
   std::vector<std::pair<std::string, Rng*>> named_rngs();
 
   // For inference in low precision: the weight of every Linear here and in
-  // the children converted in place to `dtype` (BF16). Embeddings, norms and
-  // biases stay float32, and so does a head that reuses the embedding. Returns
-  // how many weights were converted. The module then runs only without
-  // gradients (linear refuses them).
+  // the children converted in place to `dtype` (F32, BF16, or I8: blockwise
+  // int8, Linear::convert_weight). Embeddings, norms and biases stay float32,
+  // and so does a head that reuses the embedding. Returns how many weights
+  // were converted. In BF16 or I8 the module runs only without gradients
+  // (linear refuses them).
   int64_t convert_linear_weights(DType dtype);
+  // The same by the name the commands take (--dtype): "f32", "bf16" or
+  // "int8"; "" converts nothing (the weights stay as loaded). Any other name
+  // is an error listing these.
+  int64_t convert_linear_weights(const std::string& dtype);
+  // The dtype of the first Linear weight (in registration order) that is not
+  // F32, else F32: what convert_linear_weights last made of the model.
+  DType linear_weight_dtype() const;
+
+  // Before load_state_dict of a converted model's weights: each Linear whose
+  // weight `state` holds in BF16 or I8 (with its weight_scale, checked) takes
+  // that dtype, so the weights load as they are stored.
+  void adopt_linear_dtypes(const StateDict& state);
 
   StateDict state_dict() const;
   // Copies values into the existing parameters (so optimizers keep their
@@ -58,6 +71,7 @@ public:
 
 protected:
   Tensor register_parameter(const std::string& name, Tensor value);
+  void remove_parameter(const std::string& name);
   void register_rng(const std::string& name, Rng* rng) { rngs_.emplace_back(name, rng); }
   template <class M>
   std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> child) {
@@ -67,6 +81,7 @@ protected:
 
 private:
   void collect(const std::string& prefix, std::vector<std::pair<std::string, Tensor>>* out) const;
+  void adopt_linear_dtypes(const std::string& prefix, const StateDict& state);
   void set_training(bool on);
   std::vector<std::pair<std::string, Tensor>> params_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
@@ -86,12 +101,19 @@ struct LinearOptions {
   int64_t out_features = 0;
   bool bias = true;
 };
-// y = x W^T + b; weight [out, in], bias [out].
+// y = x W^T + b; weight [out, in], bias [out]. For inference the weight may
+// be BF16, or I8 with its scales in weight_scale [out, ceil(in / 32)]
+// (blockwise int8, qkv::Int8Weight), a parameter only while the weight is I8.
 class Linear : public Module {
 public:
   Linear(LinearOptions options, Rng& rng);
-  Tensor forward(const Tensor& x) const { return linear(x, weight, bias); }
-  Tensor weight, bias;
+  Tensor forward(const Tensor& x) const;
+  // act(x W^T + b), the activation applied by the GEMM (qkv::linear).
+  Tensor forward(const Tensor& x, Activation activation) const;
+  // The weight converted in place to F32, BF16 or I8 (I8 quantizes it and
+  // adds weight_scale; leaving I8 dequantizes it and removes weight_scale).
+  void convert_weight(DType dtype);
+  Tensor weight, bias, weight_scale;
 };
 
 // weight [V, D], initialized N(0, 1) as torch.nn.Embedding.
@@ -159,7 +181,7 @@ struct MLPOptions {
 class MLP : public Module {
 public:
   MLP(MLPOptions options, Rng& rng);
-  Tensor forward(const Tensor& x) const { return fc2->forward(linear(x, fc1->weight, fc1->bias, activation)); }
+  Tensor forward(const Tensor& x) const { return fc2->forward(fc1->forward(x, activation)); }
   std::shared_ptr<Linear> fc1, fc2;
   Activation activation;
 };

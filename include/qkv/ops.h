@@ -70,6 +70,27 @@ enum class Activation { Relu, Gelu, GeluTanh, Silu, Tanh };
 // the product while they are in its cache.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation activation);
 
+// Blockwise int8 weights (docs/low-precision.md): W [out, in] as int8 values
+// [out, in] and one float32 scale per row per block of 32 along `in`, scales
+// [out, ceil(in / 32)]; W[j, p] ~= values[j, p] * scales[j, p / 32], the
+// values in [-127, 127] (qkv::int8_quantize).
+struct Int8Weight {
+  Tensor values, scales;
+};
+// w (F32 or BF16, [out, in]) quantized.
+Int8Weight quantize_int8(const Tensor& w);
+// The float32 weight the int8 one stands for.
+Tensor dequantize_int8(const Int8Weight& w);
+// Checks that `w` is one (dtypes, shapes, no -128, finite non-negative
+// scales); each problem one error naming `what`.
+void check_int8_weight(const Int8Weight& w, const std::string& what);
+// linear() with an int8 weight, for inference (no input may need a
+// gradient): x is quantized per row per block of 32 as it is read, each
+// block's products summed exactly in int32 (AVX512-VNNI where the CPU has
+// it), the blocks in float32; then bias and activation in float32.
+Tensor linear_int8(const Tensor& x, const Int8Weight& weight, const Tensor& bias = Tensor(),
+                   const Activation* activation = nullptr);
+
 // --- softmax family (last axis) ---
 Tensor softmax(const Tensor& x);
 Tensor log_softmax(const Tensor& x);

@@ -153,6 +153,11 @@ public:
   // must have no history, and needs no gradient afterwards. A view gets
   // memory of its own (its base keeps the old values).
   Tensor& convert_(DType dtype);
+  // In place, like convert_: every handle to this tensor then holds
+  // `source`'s values (its memory, dtype, shape and strides, shared). For a
+  // weight replaced by another representation (int8 values for a float32
+  // Linear weight); the same conditions as convert_.
+  Tensor& set_(const Tensor& source);
   // Copy values from `src` (same shape, any layout) into this tensor's memory.
   // Not recorded on the tape: for loading weights and optimizer updates. Into a
   // meta tensor both only check the shape.

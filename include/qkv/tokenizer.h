@@ -48,8 +48,10 @@ public:
 //     returns the bytes as they are (a multi-byte character may be cut)
 //   {"type": "sentencepiece", "model_type": "unigram" | "bpe", "vocab_size": 4000,
 //    "character_coverage": 1.0}
+//   {"type": "huggingface", "eos": [ids]}: the folder's tokenizer.json, as a
+//     Hugging Face folder has it (written by qkv convert); eos ends generation
 // Unknown keys and values are errors naming `source`.
-enum class TokenizerKind { Char, Bytes, SentencePiece };
+enum class TokenizerKind { Char, Bytes, SentencePiece, HuggingFace };
 enum class SentencePieceModel { Unigram, Bpe };
 
 struct TokenizerConfig {
@@ -57,6 +59,7 @@ struct TokenizerConfig {
   SentencePieceModel model_type = SentencePieceModel::Unigram;
   int64_t vocab_size = 4000;  // an upper bound: a small corpus may give fewer pieces
   double character_coverage = 1.0;
+  std::vector<int64_t> eos;  // huggingface: the ids that end generation
   static TokenizerConfig from_json(const std::string& text, const std::string& source);
 };
 

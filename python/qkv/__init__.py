@@ -29,12 +29,13 @@ __all__ = [
 __version__ = "0.1.0"
 
 
-def load(path, *, dtype="f32", threads=0):
+def load(path, *, dtype=None, threads=0):
     """The model in the folder `path`: a Translator, LanguageModel, ImageClassifier or Embedder, by its family.
 
-    dtype "bf16" converts every Linear weight to bfloat16 after loading; threads 0 uses every core.
+    dtype None keeps the Linear weights as the folder stores them; "f32", "bf16" or "int8" (blockwise int8)
+    converts every one after loading. threads 0 uses every core.
     """
-    return _qkv.load(_os.fspath(path), dtype=dtype, threads=threads)
+    return _qkv.load(_os.fspath(path), dtype=dtype or "", threads=threads)
 
 
 def from_dlpack(array):

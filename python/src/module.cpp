@@ -106,10 +106,8 @@ void check_threads(int threads) {
             kMaxThreads);
 }
 
-// `dtype` as load checked it: "f32" (nothing to do) or "bf16".
-void apply_dtype(Module& model, const std::string& dtype) {
-  if (dtype == "bf16") model.convert_linear_weights(DType::BF16);
-}
+// `dtype` as load checked it: "" (as stored), "f32", "bf16" or "int8".
+void apply_dtype(Module& model, const std::string& dtype) { model.convert_linear_weights(dtype); }
 
 // --- tensors ---------------------------------------------------------------
 
@@ -518,7 +516,8 @@ nb::object load_as(const std::string& path, const Family& family, const std::str
 
 nb::object load(const std::string& path, const std::string& dtype, int threads) {
   check_threads(threads);
-  QKV_CHECK(dtype == "f32" || dtype == "bf16", "load: dtype '", dtype, "': expected 'f32' or 'bf16'");
+  QKV_CHECK(dtype.empty() || dtype == "f32" || dtype == "bf16" || dtype == "int8", "load: dtype '", dtype,
+            "': expected None (as stored), 'f32', 'bf16' or 'int8'");
   const Family& family = family_of_folder(path);
   switch (family.domain) {
     case Domain::Translation:
@@ -747,7 +746,7 @@ NB_MODULE(_qkv, m) {
       .def_prop_ro("class_names", [](const Classifier& c) { return c.m->config().class_names; })
       .def("__repr__", [](const Classifier& c) { return "<qkv.ImageClassifier " + c.m->summary() + " from " + c.path + ">"; });
 
-  m.def("load", &load, "path"_a, nb::kw_only(), "dtype"_a = "f32", "threads"_a = 0,
+  m.def("load", &load, "path"_a, nb::kw_only(), "dtype"_a = "", "threads"_a = 0,
         "The model in folder `path` (a qkv model folder or a Hugging Face one): a Translator, LanguageModel or "
         "ImageClassifier, by its family.");
 

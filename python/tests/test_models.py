@@ -25,13 +25,17 @@ def test_translate_matches_the_cli(family, beam):
     assert model.translate([]) == []
 
 
-def test_bf16_loads_and_translates():
+@pytest.mark.parametrize("dtype", ["bf16", "int8"])
+def test_low_precision_loads_and_translates_as_the_cli(dtype, tmp_path):
     f32 = qkv.load(FOLDERS / "transformer")
-    bf16 = qkv.load(FOLDERS / "transformer", dtype="bf16")
-    cli = run_cli("translate", "--model", FOLDERS / "transformer", "--dtype", "bf16", "--max-len", 12,
+    low = qkv.load(FOLDERS / "transformer", dtype=dtype)
+    cli = run_cli("translate", "--model", FOLDERS / "transformer", "--dtype", dtype, "--max-len", 12,
                   stdin="\n".join(SOURCES).encode() + b"\n")
-    assert bf16.translate(SOURCES, max_len=12) == cli.decode().splitlines()
+    assert low.translate(SOURCES, max_len=12) == cli.decode().splitlines()
     assert len(f32.translate(SOURCES, max_len=12)) == len(SOURCES)
+    # A folder qkv convert wrote loads in its dtype without being asked.
+    run_cli("convert", "--model", FOLDERS / "transformer", "--out", tmp_path / "converted", "--dtype", dtype)
+    assert qkv.load(tmp_path / "converted").translate(SOURCES, max_len=12) == cli.decode().splitlines()
 
 
 def test_attention_weights_per_layer_and_head():

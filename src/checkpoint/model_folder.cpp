@@ -139,16 +139,22 @@ ModelFolder load(const std::string& dir, const Task* task, const std::string& co
   if (m.family->domain != Domain::Vision) {
     QKV_CHECK(config.contains("tokenizer"), config_path, ": no \"tokenizer\" field");
     m.tokenizer = load_tokenizer(config["tokenizer"].dump(), dir);
+    // A Hugging Face tokenizer may have fewer tokens than the model's
+    // embedding has rows (vocabularies padded to a multiple of 64 or so).
+    const bool at_most = config["tokenizer"].is_object() && config["tokenizer"].value("type", "") == "huggingface";
     config.erase("tokenizer");
     const nlohmann::json vocab = config.value("vocab_size", nlohmann::json(-1));
-    QKV_CHECK(vocab.is_number_integer() && vocab.get<int64_t>() == m.tokenizer->size(), dir, ": tokenizer has ",
-              m.tokenizer->size(), " tokens, config.json says vocab_size ", vocab.dump());
+    QKV_CHECK(vocab.is_number_integer() && (vocab.get<int64_t>() == m.tokenizer->size() ||
+                                            (at_most && m.tokenizer->size() <= vocab.get<int64_t>())),
+              dir, ": tokenizer has ", m.tokenizer->size(), " tokens, config.json says vocab_size ", vocab.dump());
   }
   Rng rng(0);
   m.model = m.family->build(config.dump(), config_path, rng);
   SafetensorsFile weights = load_safetensors(dir + "/model.safetensors");
   try {
-    m.model->load_state_dict(weights.as_map());
+    const StateDict state = weights.as_map();
+    m.model->adopt_linear_dtypes(state);  // a folder qkv convert wrote: its bf16 or int8 Linear weights as they are
+    m.model->load_state_dict(state);
   } catch (const Error& e) {
     fail(dir, "/model.safetensors: ", e.what());
   }
@@ -223,7 +229,14 @@ void save_model_folder(const std::string& dir, const Family& family, const Modul
     if (!tokenizer->file_name().empty()) write_file_atomic(dir + "/" + tokenizer->file_name(), tokenizer->serialize());
   }
   write_file_atomic(dir + "/config.json", config.dump(2) + "\n");
-  save_safetensors(dir + "/model.safetensors", model.state_dict(), {{"format", "qkv"}, {"arch", family.arch}});
+  Metadata metadata = {{"format", "qkv"}, {"arch", family.arch}};
+  const DType linear = model.linear_weight_dtype();
+  if (linear != DType::F32) metadata["linear_weights"] = dtype_name(linear);
+  if (linear == DType::I8)
+    metadata["int8_format"] =
+        "blockwise int8: a Linear's NAME.weight is I8 [out, in] and NAME.weight_scale F32 [out, ceil(in/32)]; "
+        "weight[j, p] = NAME.weight[j, p] * NAME.weight_scale[j, p / 32]";
+  save_safetensors(dir + "/model.safetensors", model.state_dict(), metadata);
   if (!trainer_state_json.empty()) write_file_atomic(dir + "/trainer_state.json", trainer_state_json);
 }
 

@@ -1,6 +1,7 @@
 // Element types: the conversions and the one table of per-type facts.
 #include "qkv/dtype.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <iterator>
@@ -56,6 +57,17 @@ uint16_t float_to_bf16(float f) {
   if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);  // quiet nan
   u += 0x7fffu + ((u >> 16) & 1u);
   return (uint16_t)(u >> 16);
+}
+
+float int8_block_scale(const float* x, int64_t n) {
+  float amax = 0.0f;
+  for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(x[i]));
+  return amax / 127.0f;
+}
+
+void int8_quantize(const float* x, int64_t n, float scale, int8_t* q) {
+  const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+  for (int64_t i = 0; i < n; ++i) q[i] = (int8_t)std::clamp(std::nearbyint(x[i] * inv), -127.0f, 127.0f);
 }
 
 namespace {

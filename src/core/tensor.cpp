@@ -375,11 +375,17 @@ Tensor& Tensor::convert_(DType target) {
   QKV_CHECK(defined(), "convert_: the tensor is undefined");
   QKV_CHECK(!impl_->grad_fn, "convert_: a tensor computed by an op cannot change its dtype in place");
   if (target == dtype()) return *this;
-  Tensor c = to(target);
-  impl_->storage = c.impl_->storage;
-  impl_->strides = c.impl_->strides;
-  impl_->offset = 0;
-  impl_->dtype = target;
+  return set_(to(target));
+}
+
+Tensor& Tensor::set_(const Tensor& source) {
+  QKV_CHECK(defined() && source.defined(), "set_: the tensor is undefined");
+  QKV_CHECK(!impl_->grad_fn, "set_: a tensor computed by an op cannot be replaced in place");
+  impl_->storage = source.impl_->storage;
+  impl_->shape = source.impl_->shape;
+  impl_->strides = source.impl_->strides;
+  impl_->offset = source.impl_->offset;
+  impl_->dtype = source.impl_->dtype;
   impl_->requires_grad = false;
   impl_->grad.reset();
   return *this;

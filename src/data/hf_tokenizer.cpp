@@ -1238,9 +1238,9 @@ public:
 
   int64_t size() const override { return size_; }
   const Specials& specials() const override { return specials_; }
-  std::string config_json() const override {
-    fail(path_, ": a Hugging Face tokenizer is not written into a qkv model folder yet");
-  }
+  // Written into a qkv model folder (qkv convert): tokenizer.json as read,
+  // and the ids that end generation, which came from the folder's configs.
+  std::string config_json() const override { return Json{{"type", "huggingface"}, {"eos", specials_.eos}}.dump(); }
   std::string file_name() const override { return "tokenizer.json"; }
   std::string serialize() const override { return source_; }
 

@@ -18,7 +18,8 @@
 template <>
 struct qkv::config::EnumNames<qkv::TokenizerKind> {
   static constexpr std::pair<TokenizerKind, const char*> values[] = {
-      {TokenizerKind::Char, "char"}, {TokenizerKind::SentencePiece, "sentencepiece"}, {TokenizerKind::Bytes, "bytes"}};
+      {TokenizerKind::Char, "char"}, {TokenizerKind::SentencePiece, "sentencepiece"}, {TokenizerKind::Bytes, "bytes"},
+      {TokenizerKind::HuggingFace, "huggingface"}};
 };
 
 template <>
@@ -242,7 +243,17 @@ TokenizerConfig TokenizerConfig::from_json(const std::string& text, const std::s
   if (j.is_string()) j = nlohmann::json{{"type", j}};
   QKV_CHECK(j.is_object(), source, ": \"tokenizer\" must be \"char\" or an object with a \"type\"");
   TokenizerConfig c;
+  const nlohmann::json eos = j.contains("eos") ? j["eos"] : nlohmann::json::array();
+  j.erase("eos");
   fields.read(j, c, source);
+  QKV_CHECK(eos.is_array() && (eos.empty() || c.type == TokenizerKind::HuggingFace), source,
+            ": tokenizer.eos must be a list of ids, and only for type huggingface");
+  for (const nlohmann::json& id : eos) {
+    QKV_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0, source, ": tokenizer.eos must be a list of ids");
+    c.eos.push_back(id.get<int64_t>());
+  }
+  QKV_CHECK(c.type != TokenizerKind::HuggingFace || !j.contains("vocab_size"), source,
+            ": a huggingface tokenizer's vocabulary is its tokenizer.json; tokenizer.vocab_size does not apply");
   return c;
 }
 
@@ -286,6 +297,8 @@ private:
 
 std::unique_ptr<Tokenizer> train_tokenizer(const TokenizerConfig& config, const std::vector<std::string>& texts) {
   if (config.type == TokenizerKind::Bytes) return std::make_unique<ByteTokenizer>();
+  QKV_CHECK(config.type != TokenizerKind::HuggingFace,
+            "a huggingface tokenizer is read from a tokenizer.json, not learnt: choose char, bytes or sentencepiece");
   QKV_CHECK(!texts.empty(), "cannot build a tokenizer from no text");
   if (config.type == TokenizerKind::Char) return std::make_unique<CharTokenizer>(CharTokenizer::build(texts));
   // One thread and no sampling: the same text gives the same model. No
@@ -315,6 +328,7 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& config_json, const 
     std::string path = dir + "/tokenizer.json";
     return std::make_unique<CharTokenizer>(CharTokenizer::from_json(read_file(path), path));
   }
+  if (c.type == TokenizerKind::HuggingFace) return load_hf_tokenizer(dir + "/tokenizer.json", c.eos);
   std::string path = dir + "/tokenizer.model";
   return std::make_unique<SentencePieceTokenizer>(read_file(path), config::name_of(c.model_type), path);
 }

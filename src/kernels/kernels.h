@@ -70,6 +70,31 @@ struct GemmBf16Args {
   const float* bias = nullptr;
 };
 
+// The int8-weight GEMM: C[M,N] = alpha * A W^T + beta * C + bias, with W
+// [N,K] held as int8 values q (row stride ldb) and one float32 scale per row
+// per block of 32 along k (scales [N, ceil(K/32)], row stride ld_scale):
+// W[j,p] = q[j,p] * scales[j, p/32]. q never holds -128 (the quantizer makes
+// [-127, 127]; loading refuses -128). A float32 [M,K] is quantized the same
+// way as it is read, per row per block of 32 (qkv::int8_block_scale and
+// int8_round in qkv/dtype.h), so that each block's sum of products is an
+// exact int32; C sums those over the blocks in float32, each times the
+// float32 product of its two scales.
+constexpr int64_t kInt8Block = 32;
+struct GemmInt8Args {
+  int64_t m = 0, n = 0, k = 0;
+  float alpha = 1.0f;
+  const float* a = nullptr;
+  int64_t lda = 0;
+  const int8_t* b = nullptr;
+  int64_t ldb = 0;
+  const float* scales = nullptr;
+  int64_t ld_scale = 0;
+  float beta = 0.0f;
+  float* c = nullptr;
+  int64_t ldc = 0;
+  const float* bias = nullptr;
+};
+
 // A broadcast loop: out (contiguous, `shape`) = a op b, where a and b are read
 // through `a_strides` / `b_strides` (0 along broadcast dimensions).
 struct BroadcastLoop {
@@ -143,6 +168,9 @@ struct SgdStep {
   void gemm_bf16(const GemmBf16Args& g);                                                                           \
   /* how gemm_bf16 runs here: "AMX-BF16 tiles", "AVX512-BF16", "float32 BLAS on widened inputs", ... */            \
   const char* gemm_bf16_path();                                                                                    \
+  void gemm_int8(const GemmInt8Args& g);                                                                           \
+  /* how gemm_int8 runs here: "AVX512-VNNI for up to 4 rows, float32 BLAS on dequantized weights above", ... */   \
+  const char* gemm_int8_path();                                                                                    \
   void binary(BinaryOp op, const BroadcastLoop& loop, const float* a, const float* b, float* out);               \
   /* out = mask ? value : x, mask (U8) read through b_strides of loop, x through a_strides */                     \
   void masked_fill(const BroadcastLoop& loop, const float* x, const uint8_t* mask, float value, float* out);      \
@@ -210,7 +238,7 @@ QKV_DECLARE_KERNELS
 // Every kernel by name, once: the fields of Kernels below and the entries of
 // each table (src/kernels/cpu/table.cpp, src/kernels/ref/table.cpp) come from
 // this list, so no table can miss a kernel or put one in another's place.
-#define QKV_KERNEL_LIST(X) X(gemm) X(gemm_bf16) X(gemm_bf16_path) X(binary) X(masked_fill) X(unary_forward) X(unary_backward) X(sum_middle)         \
+#define QKV_KERNEL_LIST(X) X(gemm) X(gemm_bf16) X(gemm_bf16_path) X(gemm_int8) X(gemm_int8_path) X(binary) X(masked_fill) X(unary_forward) X(unary_backward) X(sum_middle)         \
   X(softmax_forward) X(softmax_backward) X(log_softmax_forward) X(log_softmax_backward) X(layer_norm_forward)        \
   X(layer_norm_backward) X(rms_norm_forward) X(rms_norm_backward) X(embedding_forward) X(embedding_backward)         \
   X(cross_entropy_forward) X(cross_entropy_backward) X(rope) X(gemm_batched) X(strided_copy) X(accumulate)           \
@@ -271,6 +299,11 @@ void gemm_bf16_amx(const GemmBf16Args& g);
 bool avx512_bf16_usable();
 void gemm_bf16_avx512_bf16(const GemmBf16Args& g);
 void gemm_bf16_widened(const GemmBf16Args& g);
+// gemm_int8's paths: AVX512-VNNI integer dot products (up to 4 rows of A),
+// and float32 BLAS on dequantized copies (any m).
+bool avx512_vnni_usable();
+void gemm_int8_vnni(const GemmInt8Args& g);
+void gemm_int8_dequantized(const GemmInt8Args& g);
 }  // namespace avx512
 
 }  // namespace cpu

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cmath>
 #include <set>
 
@@ -12,6 +13,12 @@ Tensor Module::register_parameter(const std::string& name, Tensor value) {
   return value;
 }
 
+void Module::remove_parameter(const std::string& name) {
+  auto it = std::find_if(params_.begin(), params_.end(), [&](const auto& p) { return p.first == name; });
+  QKV_CHECK(it != params_.end(), "module: no parameter '", name, "' to remove");
+  params_.erase(it);
+}
+
 void Module::collect(const std::string& prefix, std::vector<std::pair<std::string, Tensor>>* out) const {
   for (auto& [name, p] : params_) out->emplace_back(prefix + name, p);
   for (auto& [name, child] : children_) child->collect(prefix + name + ".", out);
@@ -24,13 +31,50 @@ std::vector<std::pair<std::string, Tensor>> Module::named_parameters() const {
 }
 
 int64_t Module::convert_linear_weights(DType dtype) {
+  QKV_CHECK(dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::I8,
+            "convert_linear_weights: Linear weights are F32, BF16 or I8, not ", dtype_name(dtype));
   int64_t converted = 0;
   if (auto* lin = dynamic_cast<Linear*>(this)) {
-    lin->weight.convert_(dtype);
+    lin->convert_weight(dtype);
     ++converted;
   }
   for (auto& [name, child] : children_) converted += child->convert_linear_weights(dtype);
   return converted;
+}
+
+int64_t Module::convert_linear_weights(const std::string& dtype) {
+  if (dtype.empty()) return 0;
+  if (dtype == "f32") return convert_linear_weights(DType::F32);
+  if (dtype == "bf16") return convert_linear_weights(DType::BF16);
+  if (dtype == "int8") return convert_linear_weights(DType::I8);
+  fail("dtype '", dtype, "': expected f32, bf16 or int8");
+}
+
+DType Module::linear_weight_dtype() const {
+  if (auto* lin = dynamic_cast<const Linear*>(this))
+    if (lin->weight.dtype() != DType::F32) return lin->weight.dtype();
+  for (auto& [name, child] : children_) {
+    const DType d = child->linear_weight_dtype();
+    if (d != DType::F32) return d;
+  }
+  return DType::F32;
+}
+
+void Module::adopt_linear_dtypes(const StateDict& state) { adopt_linear_dtypes("", state); }
+
+void Module::adopt_linear_dtypes(const std::string& prefix, const StateDict& state) {
+  if (auto* lin = dynamic_cast<Linear*>(this)) {
+    auto it = state.find(prefix + "weight");
+    if (it != state.end() && it->second.dtype() == DType::I8) {
+      auto scale = state.find(prefix + "weight_scale");
+      QKV_CHECK(scale != state.end(), "load_state_dict: the int8 weight '", prefix, "weight' has no '", prefix,
+                "weight_scale'");
+      check_int8_weight({it->second, scale->second}, "load_state_dict: '" + prefix + "weight'");
+    }
+    if (it != state.end() && (it->second.dtype() == DType::BF16 || it->second.dtype() == DType::I8))
+      lin->convert_weight(it->second.dtype());
+  }
+  for (auto& [name, child] : children_) child->adopt_linear_dtypes(prefix + name + ".", state);
 }
 
 std::vector<Tensor> Module::parameters() const {
@@ -78,6 +122,9 @@ void Module::load_state_dict(const StateDict& state) {
     QKV_CHECK(it != state.end(), "load_state_dict: parameter '", name, "' is missing");
     QKV_CHECK(it->second.shape() == p.shape(), "load_state_dict: tensor '", name, "' has shape ",
               shape_str(it->second.shape()), ", model expects ", shape_str(p.shape()));
+    QKV_CHECK((it->second.dtype() == DType::I8) == (p.dtype() == DType::I8), "load_state_dict: tensor '", name,
+              "' is ", dtype_name(it->second.dtype()), ", model expects ", dtype_name(p.dtype()),
+              " (an int8 Linear weight loads into a model that adopt_linear_dtypes prepared)");
     Tensor dst = p.detach();
     dst.copy_(it->second);
     used.insert(name);
@@ -98,6 +145,35 @@ void uniform_fan_in_(Tensor& w, int64_t fan_in, Rng& rng) {
 }
 
 void normal_(Tensor& w, Rng& rng, float stddev) { w.detach().copy_(Tensor::randn(w.shape(), rng, stddev)); }
+
+Tensor Linear::forward(const Tensor& x) const {
+  if (weight.dtype() == DType::I8) return linear_int8(x, {weight, weight_scale}, bias);
+  return linear(x, weight, bias);
+}
+
+Tensor Linear::forward(const Tensor& x, Activation activation) const {
+  if (weight.dtype() == DType::I8) return linear_int8(x, {weight, weight_scale}, bias, &activation);
+  return linear(x, weight, bias, activation);
+}
+
+void Linear::convert_weight(DType dtype) {
+  QKV_CHECK(dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::I8,
+            "Linear: a weight is F32, BF16 or I8, not ", dtype_name(dtype));
+  if (dtype == weight.dtype()) return;
+  if (weight.dtype() == DType::I8) {  // back to float first
+    weight.set_(dequantize_int8({weight, weight_scale}));
+    remove_parameter("weight_scale");
+    weight_scale = Tensor();
+  }
+  if (dtype != DType::I8) {
+    weight.convert_(dtype);
+    return;
+  }
+  Int8Weight q = quantize_int8(weight);
+  weight.set_(q.values);
+  weight_scale = register_parameter("weight_scale", q.scales);
+  weight_scale.set_requires_grad(false);
+}
 
 Linear::Linear(LinearOptions o, Rng& rng) {
   QKV_CHECK(o.in_features > 0 && o.out_features > 0, "Linear: in_features and out_features must be positive");

@@ -3,6 +3,7 @@
 //   C = A B        dA = dC B^T      dB = A^T dC
 //   y = x W^T + b  dx = dy W        dW = dy^T x     db = sum_rows dy
 #include <algorithm>
+#include <cmath>
 
 #include "src/ops/dispatch.h"
 
@@ -165,6 +166,7 @@ Tensor linear_bf16(const Tensor& x, const Tensor& weight, const Tensor& bias, co
 Tensor linear_impl(const Tensor& x, const Tensor& weight, const Tensor& bias, const UnaryOp* act) {
   require_f32(x, "linear", "x");
   QKV_CHECK(weight.defined(), "linear: weight is undefined");
+  QKV_CHECK(weight.dtype() != DType::I8, "linear: an I8 weight needs its scales (linear_int8)");
   QKV_CHECK(weight.dtype() == DType::F32 || weight.dtype() == DType::BF16, "linear: weight has dtype ",
             dtype_name(weight.dtype()), ", expected F32 or BF16");
   QKV_CHECK(weight.dim() == 2, "linear: weight must be [out, in], got ", shape_str(weight.shape()));
@@ -239,6 +241,94 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation activation) {
   const UnaryOp op = unary_op(activation);
   return linear_impl(x, weight, bias, &op);
+}
+
+Int8Weight quantize_int8(const Tensor& w) {
+  QKV_CHECK(w.dim() == 2 && (w.dtype() == DType::F32 || w.dtype() == DType::BF16),
+            "quantize_int8: expected an F32 or BF16 weight [out, in], got ", dtype_name(w.dtype()), " ",
+            shape_str(w.shape()));
+  const int64_t out = w.size(0), in = w.size(1), blocks = (in + kInt8Block - 1) / kInt8Block;
+  const Tensor f = contiguous_values(w.to(DType::F32));
+  Int8Weight q{Tensor::empty({out, in}, DType::I8), Tensor::empty({out, blocks})};
+  for (int64_t j = 0; j < out; ++j)
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t p0 = b * kInt8Block, len = std::min(kInt8Block, in - p0);
+      const float* x = f.data<float>() + j * in + p0;
+      float& scale = q.scales.data<float>()[j * blocks + b];
+      scale = int8_block_scale(x, len);
+      int8_quantize(x, len, scale, q.values.data<int8_t>() + j * in + p0);
+    }
+  return q;
+}
+
+Tensor dequantize_int8(const Int8Weight& w) {
+  check_int8_weight(w, "dequantize_int8");
+  const int64_t out = w.values.size(0), in = w.values.size(1), blocks = w.scales.size(1);
+  const Tensor v = contiguous_values(w.values), s = contiguous_values(w.scales);
+  Tensor f = Tensor::empty({out, in});
+  for (int64_t j = 0; j < out; ++j)
+    for (int64_t p = 0; p < in; ++p)
+      f.data<float>()[j * in + p] = (float)v.data<int8_t>()[j * in + p] * s.data<float>()[j * blocks + p / kInt8Block];
+  return f;
+}
+
+void check_int8_weight(const Int8Weight& w, const std::string& what) {
+  QKV_CHECK(w.values.defined() && w.values.dtype() == DType::I8 && w.values.dim() == 2, what,
+            ": int8 weight values must be I8 [out, in]");
+  const int64_t out = w.values.size(0), in = w.values.size(1), blocks = (in + kInt8Block - 1) / kInt8Block;
+  QKV_CHECK(w.scales.defined() && w.scales.dtype() == DType::F32 && (w.scales.shape() == Shape{out, blocks}), what,
+            ": int8 weight scales must be F32 [", out, ", ", blocks, "] (one per block of ", kInt8Block,
+            "), got ", w.scales.defined() ? dtype_name(w.scales.dtype()) : "none", " ",
+            w.scales.defined() ? shape_str(w.scales.shape()) : "");
+  if (w.values.device() == Device::Meta) return;
+  const Tensor v = contiguous_values(w.values), s = contiguous_values(w.scales);
+  const int8_t* q = v.data<int8_t>();
+  for (int64_t i = 0; i < v.numel(); ++i)
+    QKV_CHECK(q[i] != -128, what, ": int8 weight value -128 at [", i / std::max<int64_t>(in, 1), ", ",
+              i % std::max<int64_t>(in, 1), "] (the format holds -127..127)");
+  const float* d = s.data<float>();
+  for (int64_t i = 0; i < s.numel(); ++i)
+    QKV_CHECK(std::isfinite(d[i]) && d[i] >= 0.0f, what, ": int8 weight scale ", d[i], " at [",
+              i / std::max<int64_t>(blocks, 1), ", ", i % std::max<int64_t>(blocks, 1),
+              "] is not a finite non-negative number");
+}
+
+Tensor linear_int8(const Tensor& x, const Int8Weight& weight, const Tensor& bias, const Activation* activation) {
+  require_f32(x, "linear_int8", "x");
+  QKV_CHECK(!any_requires_grad({x, bias}),
+            "linear: an int8 weight is for inference; run it under NoGradGuard or with inputs that need no gradient");
+  QKV_CHECK(weight.values.defined() && weight.values.dtype() == DType::I8 && weight.values.dim() == 2,
+            "linear_int8: weight values must be I8 [out, in]");
+  const int64_t in = weight.values.size(1), out_features = weight.values.size(0);
+  const int64_t blocks = (in + kInt8Block - 1) / kInt8Block;
+  QKV_CHECK(weight.scales.defined() && weight.scales.dtype() == DType::F32 &&
+                (weight.scales.shape() == Shape{out_features, blocks}),
+            "linear_int8: weight scales must be F32 [", out_features, ", ", blocks, "]");
+  QKV_CHECK(x.dim() >= 1 && x.size(-1) == in, "linear: input of shape ", shape_str(x.shape()),
+            " does not match weight [out, in] = ", shape_str(weight.values.shape()));
+  if (bias.defined()) {
+    require_f32(bias, "linear", "bias");
+    QKV_CHECK(bias.shape() == Shape{out_features}, "linear: bias of shape ", shape_str(bias.shape()), ", expected [",
+              out_features, "]");
+  }
+  Tensor x2 = contiguous_values(x).reshape({-1, in});
+  Tensor v = contiguous_values(weight.values), s = contiguous_values(weight.scales), b = contiguous_values(bias);
+  Shape out_shape = x.shape();
+  out_shape.back() = out_features;
+  Tensor y = Tensor::empty(out_shape);
+  GemmInt8Args g;
+  g.m = x2.size(0), g.n = out_features, g.k = in;
+  g.a = x2.data<float>(), g.lda = std::max<int64_t>(in, 1);
+  g.b = v.data<int8_t>(), g.ldb = std::max<int64_t>(in, 1);
+  g.scales = s.data<float>(), g.ld_scale = std::max<int64_t>(blocks, 1);
+  g.c = y.data<float>(), g.ldc = std::max<int64_t>(out_features, 1);
+  g.bias = b.defined() ? b.data<float>() : nullptr;
+  if (g.m > 0 && g.n > 0) QKV_KERNEL(gemm_int8)(g);
+  if (activation) {
+    const UnaryOp op = unary_op(*activation);
+    QKV_KERNEL(unary_forward)(op, y.data<float>(), y.data<float>(), y.numel());
+  }
+  return y;
 }
 
 }  // namespace qkv

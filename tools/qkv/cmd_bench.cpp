@@ -723,13 +723,16 @@ int run_bench_generate(const BenchArgs& a) {
                       {"bandwidth_fraction", weight_bytes * ttps / bandwidth},
                       {"same_greedy_tokens", same}});
     }
-    // The same model with every Linear weight in bfloat16 (the tied embedding stays float32).
-    if (progress) std::fprintf(stderr, "\rbench generate: qkv bf16 %s ...          ", name.c_str());
-    model.convert_linear_weights(DType::BF16);
-    const std::vector<int64_t> bf16_tokens = run("qkv bf16");
-    int64_t same = 0;
-    for (size_t i = 0; i < tokens.size() && bf16_tokens[i] == tokens[i]; ++i) ++same;
-    rows.back()["same_greedy_tokens_as_f32"] = same;
+    // The same model with every Linear weight in bfloat16, then in blockwise
+    // int8 (the tied embedding stays float32).
+    for (const auto& [dtype, impl] : {std::pair{DType::BF16, "qkv bf16"}, std::pair{DType::I8, "qkv int8"}}) {
+      if (progress) std::fprintf(stderr, "\rbench generate: %s %s ...          ", impl, name.c_str());
+      model.convert_linear_weights(dtype);
+      const std::vector<int64_t> low_tokens = run(impl);
+      int64_t same = 0;
+      for (size_t i = 0; i < tokens.size() && low_tokens[i] == tokens[i]; ++i) ++same;
+      rows.back()["same_greedy_tokens_as_f32"] = same;
+    }
   }
   if (progress) std::fprintf(stderr, "\r%70s\r", "");
   nlohmann::ordered_json out = {{"suite", "generate"},
@@ -744,9 +747,10 @@ int run_bench_generate(const BenchArgs& a) {
     return 0;
   }
   std::printf("qkv bench generate: decoder (RMSNorm, RoPE, SwiGLU, tied), batch 1, prompt %lld tokens, %lld greedy "
-              "tokens, float32 (\"qkv bf16\": Linear weights in bfloat16, %s), %d threads;\nmeasured read bandwidth "
-              "%.1f GB/s; bound = weights bytes per token / bandwidth\n\n",
-              (long long)prompt_len, (long long)new_tokens, gemm_bf16_path(), thread_count(), bandwidth / 1e9);
+              "tokens, float32 (\"qkv bf16\": Linear weights in bfloat16, %s; \"qkv int8\": blockwise int8, %s), "
+              "%d threads;\nmeasured read bandwidth %.1f GB/s; bound = weights bytes per token / bandwidth\n\n",
+              (long long)prompt_len, (long long)new_tokens, gemm_bf16_path(), gemm_int8_path(), thread_count(),
+              bandwidth / 1e9);
   std::printf("  %-6s %-9s %12s %16s %16s %12s\n", "size", "impl", "params", "prefill tok/s", "decode tok/s",
               "of bound");
   for (auto& r : rows)
@@ -754,15 +758,15 @@ int run_bench_generate(const BenchArgs& a) {
                 r["impl"].get<std::string>().c_str(), (long long)r["params"].get<int64_t>(),
                 r["prefill_tokens_per_s"].get<double>(), r["decode_tokens_per_s"].get<double>(),
                 100 * r["bandwidth_fraction"].get<double>());
-  if (rows.size() == 2 * sizes.size())
+  if (rows.size() == 3 * sizes.size())
     std::printf("  PyTorch not available (needs python3 with torch and safetensors)\n");
   for (size_t i = 0; i < rows.size(); ++i)
-    if (rows[i]["impl"] == "qkv bf16")
+    if (rows[i]["impl"] == "qkv bf16" || rows[i]["impl"] == "qkv int8")
       for (size_t j = 0; j < i; ++j)
         if (rows[j]["impl"] == "qkv" && rows[j]["size"] == rows[i]["size"])
-          std::printf("  %s bf16: decode %.2fx, prefill %.2fx qkv float32; greedy tokens as float32's for the first "
+          std::printf("  %s %s: decode %.2fx, prefill %.2fx qkv float32; greedy tokens as float32's for the first "
                       "%lld of %lld\n",
-                      rows[i]["size"].get<std::string>().c_str(),
+                      rows[i]["size"].get<std::string>().c_str(), rows[i]["impl"].get<std::string>().c_str() + 4,
                       rows[i]["decode_tokens_per_s"].get<double>() / rows[j]["decode_tokens_per_s"].get<double>(),
                       rows[i]["prefill_tokens_per_s"].get<double>() / rows[j]["prefill_tokens_per_s"].get<double>(),
                       (long long)rows[i]["same_greedy_tokens_as_f32"].get<int64_t>(), (long long)new_tokens);

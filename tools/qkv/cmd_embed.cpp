@@ -11,7 +11,7 @@ namespace qkv::cli {
 namespace {
 
 struct EmbedArgs {
-  std::string model;
+  std::string model, dtype;
   bool normalize = false, truncate = false, replace_invalid = false;
   int threads = 0;
 };
@@ -29,6 +29,7 @@ void append_float(std::string& out, float v) {
 int run_embed(const EmbedArgs& a) {
   set_threads(a.threads);
   EmbeddingModel m = load_embedding_model(a.model, "embed");
+  apply_dtype(*m.model, a.dtype);
   std::vector<std::string> lines;
   for (std::string line; std::getline(std::cin, line);) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
@@ -69,6 +70,7 @@ Run add_embed(CLI::App& app) {
                 "Cut a line longer than the model reads (its context, or max_seq_length) instead of failing");
   sub->add_flag("--replace-invalid-utf8", args->replace_invalid, "Replace invalid UTF-8 by U+FFFD instead of failing");
   sub->add_option("--threads", args->threads, "Threads (0: all cores)");
+  add_dtype_option(sub, args->dtype);
   return [args] { return run_embed(*args); };
 }
 

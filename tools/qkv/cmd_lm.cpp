@@ -41,8 +41,9 @@ LmCallbacks lm_train_printers() {
   return cb;
 }
 
-int run_lm_eval(const std::string& model_dir, const std::string& test, bool json) {
+int run_lm_eval(const std::string& model_dir, const std::string& test, bool json, const std::string& dtype) {
   LanguageModel m = load_language_model(model_dir, "eval");
+  apply_dtype(*m.model, dtype);
   require_tokenizer(m, model_dir, "eval");
   std::vector<int64_t> tokens;
   try {
@@ -67,7 +68,7 @@ namespace {
 struct GenerateArgs {
   std::string model, prompt;
   GenerateOptions options;
-  std::string dtype = "f32";
+  std::string dtype;
   int threads = 0;
 };
 

@@ -6,7 +6,7 @@ namespace qkv::cli {
 
 Run add_serve(CLI::App& app) {
   struct Args {
-    std::string model, dtype = "f32";
+    std::string model, dtype;
     serve::ServerOptions options;
   };
   auto a = std::make_shared<Args>();

@@ -101,7 +101,7 @@ struct TranslateArgs {
   SourceLimit source_limit;
   bool replace_invalid = false;
   std::string attention_map;  // SVG of the first sentence's cross-attention
-  std::string dtype = "f32";
+  std::string dtype;
 };
 
 int run_translate(const TranslateArgs& a) {
@@ -145,13 +145,15 @@ struct EvalArgs {
   SourceLimit source_limit;
   bool json = false;
   int64_t bootstrap = 1000;  // resamples for the 95% intervals (0: none)
+  std::string dtype;
 };
 
 int run_eval(const EvalArgs& a) {
   const Family& family = family_for_task(a.model, Task::Eval, "eval");
-  if (family.domain == Domain::Vision) return run_vit_eval(a.model, a.test, a.json);
-  if (family.domain == Domain::Language) return run_lm_eval(a.model, a.test, a.json);
+  if (family.domain == Domain::Vision) return run_vit_eval(a.model, a.test, a.json, a.dtype);
+  if (family.domain == Domain::Language) return run_lm_eval(a.model, a.test, a.json, a.dtype);
   TranslationModel m = load_translation_model(a.model, "eval");
+  apply_dtype(*m.model, a.dtype);
   std::vector<int64_t> lines;
   std::vector<std::string> categories;
   const std::vector<SentencePair> pairs =
@@ -322,6 +324,7 @@ Run add_eval(CLI::App& app) {
                   "Translation: resamples for the 95% intervals of BLEU and chrF (0: none)")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{0}, int64_t{100000}));
+  add_dtype_option(sub, args->dtype);
   return [args] { return run_eval(*args); };
 }
 

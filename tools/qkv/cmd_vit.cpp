@@ -39,8 +39,9 @@ VitCallbacks vit_train_printers() {
   return cb;
 }
 
-int run_vit_eval(const std::string& model_dir, const std::string& test_dir, bool json) {
+int run_vit_eval(const std::string& model_dir, const std::string& test_dir, bool json, const std::string& dtype) {
   std::shared_ptr<VisionTransformer> model = load_vit_model(model_dir, "eval");
+  apply_dtype(*model, dtype);
   ImageSet test = load_idx_folder(test_dir, "t10k");
   VitEvaluation e = evaluate_vit(*model, test);
   const ViTConfig& c = model->config();
@@ -81,7 +82,7 @@ struct ClassifyArgs {
   int64_t top_k = 3;
   std::string attention_map;
   bool json = false;
-  std::string dtype = "f32";
+  std::string dtype;
 };
 
 int run_classify(const ClassifyArgs& a) {

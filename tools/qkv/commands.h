@@ -26,6 +26,7 @@ Run add_embed(CLI::App& app);
 Run add_serve(CLI::App& app);
 Run add_info(CLI::App& app);
 Run add_average(CLI::App& app);
+Run add_convert(CLI::App& app);
 
 // What runs the figures (cmd_info.cpp): the CPU, its features, the kernel
 // level, the GEMM library and its kernel, the threads. `qkv info --json` and
@@ -83,21 +84,22 @@ void print_train_end(const Outcome& outcome, const std::string& out_dir) {
 // configs and folders of the Vision domain (qkv/registry.h): what qkv train
 // prints of a vit's training, and its evaluation.
 VitCallbacks vit_train_printers();
-int run_vit_eval(const std::string& model_dir, const std::string& test_dir, bool json);
+int run_vit_eval(const std::string& model_dir, const std::string& test_dir, bool json, const std::string& dtype);
 
 // Decoder-only language models behind qkv train and qkv eval (cmd_lm.cpp),
 // for the Language domain: what qkv train prints, and perplexity on a text file.
 LmCallbacks lm_train_printers();
-int run_lm_eval(const std::string& model_dir, const std::string& test, bool json);
+int run_lm_eval(const std::string& model_dir, const std::string& test, bool json, const std::string& dtype);
 
 // A one-line progress bar: "[####....] <position>  <stats>  ETA 1m05s", redrawn
 // in place on a terminal; otherwise a line every total/lines steps.
 void print_progress(int64_t step, int64_t total, const std::string& position, const std::string& stats,
                     double eta_seconds, int64_t skipped, int64_t lines = 10);
 
-// --dtype f32|bf16 of the commands that run a model (generate, translate,
-// classify); with bf16, apply_dtype converts every Linear weight of the loaded
-// model to bfloat16 (Module::convert_linear_weights).
+// --dtype f32|bf16|int8 of the commands that run a model (generate,
+// translate, classify, embed, eval, serve); apply_dtype converts every Linear
+// weight of the loaded model (Module::convert_linear_weights), and without
+// the flag leaves them as the folder stores them.
 void add_dtype_option(CLI::App* sub, std::string& dtype);
 void apply_dtype(Module& model, const std::string& dtype);
 

@@ -1,4 +1,7 @@
 // Reference GEMM: the textbook triple loop, accumulated in double.
+#include <algorithm>
+#include <vector>
+
 #include "qkv/dtype.h"
 #include "src/kernels/kernels.h"
 
@@ -34,6 +37,30 @@ void gemm_bf16(const GemmBf16Args& g) {
 }
 
 const char* gemm_bf16_path() { return "reference (float64 sums)"; }
+
+// Each row of A quantized per block of 32 (as qkv/dtype.h says), then every
+// product of the two int8 values scaled by both scales, summed in double.
+void gemm_int8(const GemmInt8Args& g) {
+  const int64_t kb = (g.k + kInt8Block - 1) / kInt8Block;
+  std::vector<int8_t> qa(g.k);
+  std::vector<float> da(kb);
+  for (int64_t i = 0; i < g.m; ++i) {
+    for (int64_t b = 0; b < kb; ++b) {
+      const int64_t p0 = b * kInt8Block, len = std::min(kInt8Block, g.k - p0);
+      da[b] = int8_block_scale(g.a + i * g.lda + p0, len);
+      int8_quantize(g.a + i * g.lda + p0, len, da[b], qa.data() + p0);
+    }
+    for (int64_t j = 0; j < g.n; ++j) {
+      double acc = 0;
+      for (int64_t p = 0; p < g.k; ++p)
+        acc += (double)qa[p] * g.b[j * g.ldb + p] * da[p / kInt8Block] * g.scales[j * g.ld_scale + p / kInt8Block];
+      float& c = g.c[i * g.ldc + j];
+      c = (float)(g.alpha * acc + (g.beta == 0.0f ? 0.0 : (double)g.beta * c) + (g.bias ? g.bias[j] : 0.0f));
+    }
+  }
+}
+
+const char* gemm_int8_path() { return "reference (float64 sums)"; }
 
 void gemm_batched(const GemmArgs& g, int64_t batch, const int64_t* a_offsets, const int64_t* b_offsets,
                   int64_t c_stride) {
