@@ -121,31 +121,46 @@ TEST_P(DecoderCache, CachedEqualsFullForward) {
 // products and the head one more, so the logits move by at most
 // (3 layers + 1) 2^-8 of their largest magnitude. A weight zeroed by the
 // conversion moves them by their whole size.
-TEST_P(DecoderCache, Bf16LinearWeightsMoveLogitsByTheirRoundingOnly) {
-  DecoderConfig c = DecoderConfig::from_json(GetParam(), "case");
+// The logits of ids [2, 5] from every decoder variant in float32 and after
+// convert_linear_weights(dtype), whole and from the KV cache; how far the
+// converted ones move, as fractions of the largest float32 logit.
+struct ConvertedLogits {
+  float worst = 0, worst_cached = 0, largest = 0;
+  std::vector<float> logits;  // after converting
+  int64_t layers = 0;
+  std::shared_ptr<DecoderLM> model;  // converted
+};
+ConvertedLogits converted_logits(const std::string& config, DType dtype) {
+  DecoderConfig c = DecoderConfig::from_json(config, "case");
   c.vocab_size = 31;
   Rng rng(8);
-  DecoderLM model(c, rng);
-  model.eval();
+  auto model = std::make_shared<DecoderLM>(c, rng);
+  model->eval();
   NoGradGuard no_grad;
   Tensor ids = Tensor::from_ints({3, 9, 4, 27, 1, 8, 8, 20, 5, 6}, {2, 5});
-  const std::vector<float> f32 = model.forward(ids).to_vector();
-  const uint64_t bytes = model.parameter_bytes();
-  EXPECT_GT(model.convert_linear_weights(DType::BF16), 0);
-  EXPECT_LT(model.parameter_bytes(), bytes);
-  const std::vector<float> bf16 = model.forward(ids).to_vector();
-  // Cached decoding runs the same weights.
-  std::vector<KVCache> caches = model.make_caches(2, 8);
-  const std::vector<float> cached = model.forward_cached(ids, caches).to_vector();
-  float largest = 0, worst = 0, worst_cached = 0;
+  const std::vector<float> f32 = model->forward(ids).to_vector();
+  const uint64_t bytes = model->parameter_bytes();
+  EXPECT_GT(model->convert_linear_weights(dtype), 0);
+  EXPECT_EQ(model->linear_weight_dtype(), dtype);
+  EXPECT_LT(model->parameter_bytes(), bytes);
+  ConvertedLogits r;
+  r.logits = model->forward(ids).to_vector();
+  std::vector<KVCache> caches = model->make_caches(2, 8);
+  const std::vector<float> cached = model->forward_cached(ids, caches).to_vector();
   for (size_t i = 0; i < f32.size(); ++i) {
-    largest = std::max(largest, std::fabs(f32[i]));
-    worst = std::max(worst, std::fabs(bf16[i] - f32[i]));
-    worst_cached = std::max(worst_cached, std::fabs(cached[i] - bf16[i]));
+    r.largest = std::max(r.largest, std::fabs(f32[i]));
+    r.worst = std::max(r.worst, std::fabs(r.logits[i] - f32[i]));
+    r.worst_cached = std::max(r.worst_cached, std::fabs(cached[i] - r.logits[i]));
   }
-  const float bound = (3 * c.num_layers + 1) * std::ldexp(1.0f, -8) * largest;
-  EXPECT_LE(worst, bound) << GetParam();
-  EXPECT_LE(worst_cached, 1e-5f * largest) << GetParam();
+  r.layers = c.num_layers;
+  r.model = model;
+  return r;
+}
+
+TEST_P(DecoderCache, Bf16LinearWeightsMoveLogitsByTheirRoundingOnly) {
+  const ConvertedLogits r = converted_logits(GetParam(), DType::BF16);
+  EXPECT_LE(r.worst, (3 * r.layers + 1) * std::ldexp(1.0f, -8) * r.largest) << GetParam();
+  EXPECT_LE(r.worst_cached, 1e-5f * r.largest) << GetParam();
 }
 
 // Every Linear weight in blockwise int8 (qkv generate --dtype int8): the
@@ -157,44 +172,26 @@ TEST_P(DecoderCache, Bf16LinearWeightsMoveLogitsByTheirRoundingOnly) {
 // logit. Measured on these configs: at most 0.012 of it. Zeroing one weight's
 // last block of 32 (a dropped block) moved the logits by 0.9-1.4 of it.
 TEST_P(DecoderCache, Int8LinearWeightsMoveLogitsByTheirStepsOnly) {
-  DecoderConfig c = DecoderConfig::from_json(GetParam(), "case");
-  c.vocab_size = 31;
-  Rng rng(8);
-  DecoderLM model(c, rng);
-  model.eval();
+  const ConvertedLogits r = converted_logits(GetParam(), DType::I8);
+  DecoderLM* model = r.model.get();
+  EXPECT_LE(r.worst, (3 * r.layers + 1) * std::ldexp(1.0f, -6) * r.largest) << GetParam();
+  EXPECT_LE(r.worst_cached, 1e-5f * r.largest) << GetParam();
+  // One token at a time (rows of 2: the integer path) against the whole
+  // prompt (10 rows: the dequantized path).
   NoGradGuard no_grad;
-  Tensor ids = Tensor::from_ints({3, 9, 4, 27, 1, 8, 8, 20, 5, 6}, {2, 5});
-  const std::vector<float> f32 = model.forward(ids).to_vector();
-  const uint64_t bytes = model.parameter_bytes();
-  EXPECT_GT(model.convert_linear_weights(DType::I8), 0);
-  EXPECT_EQ(model.linear_weight_dtype(), DType::I8);
-  EXPECT_LT(model.parameter_bytes(), bytes);
-  const std::vector<float> int8 = model.forward(ids).to_vector();
-  std::vector<KVCache> caches = model.make_caches(2, 8);
-  const std::vector<float> cached = model.forward_cached(ids, caches).to_vector();
-  // One token at a time (rows of 1 and 2: the integer path) against the
-  // whole prompt (10 rows: the dequantized path).
-  std::vector<KVCache> steps = model.make_caches(2, 8);
-  std::vector<float> stepped;
+  const Tensor ids = Tensor::from_ints({3, 9, 4, 27, 1, 8, 8, 20, 5, 6}, {2, 5});
+  std::vector<KVCache> steps = model->make_caches(2, 8);
+  float worst_stepped = 0;
+  const int64_t V = 31;
   for (int64_t t = 0; t < 5; ++t) {
-    const std::vector<float> l =
-        model.forward_cached(ids.slice(1, t, t + 1).contiguous(), steps).to_vector();
-    stepped.insert(stepped.end(), l.begin(), l.end());
+    const std::vector<float> l = model->forward_cached(ids.slice(1, t, t + 1).contiguous(), steps).to_vector();
+    for (int64_t b = 0; b < 2; ++b)
+      for (int64_t v = 0; v < V; ++v)
+        worst_stepped = std::max(worst_stepped, std::fabs(l[b * V + v] - r.logits[(b * 5 + t) * V + v]));
   }
-  float largest = 0, worst = 0, worst_cached = 0, worst_stepped = 0;
-  const int64_t V = c.vocab_size;
-  for (size_t i = 0; i < f32.size(); ++i) {
-    largest = std::max(largest, std::fabs(f32[i]));
-    worst = std::max(worst, std::fabs(int8[i] - f32[i]));
-    worst_cached = std::max(worst_cached, std::fabs(cached[i] - int8[i]));
-    const int64_t b = i / (5 * V), t = i / V % 5, v = i % V;  // stepped is [t][b][v]
-    worst_stepped = std::max(worst_stepped, std::fabs(stepped[(t * 2 + b) * V + v] - int8[i]));
-  }
-  EXPECT_LE(worst, (3 * c.num_layers + 1) * std::ldexp(1.0f, -6) * largest) << GetParam();
-  EXPECT_LE(worst_cached, 1e-5f * largest) << GetParam();
-  EXPECT_LE(worst_stepped, 1e-4f * largest) << GetParam();
-  model.convert_linear_weights(DType::F32);
-  EXPECT_EQ(model.linear_weight_dtype(), DType::F32);
+  EXPECT_LE(worst_stepped, 1e-4f * r.largest) << GetParam();
+  model->convert_linear_weights(DType::F32);
+  EXPECT_EQ(model->linear_weight_dtype(), DType::F32);
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -31,6 +31,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "src/kernels/cpu/float_copies.h"
 #include "src/kernels/cpu/scratch.h"
 #include "src/kernels/cpu/simd.h"
 #include "src/kernels/kernels.h"
@@ -77,25 +78,13 @@ void scale_only(const GemmBf16Args& g) {
     for (int64_t j = 0; j < g.n; ++j) finish(g, i, j, 0.0f);
 }
 
-// This level's float32 gemm (its thread split, GEMV and bias epilogue) on
-// widened copies: A whole, B in panels of about 4 MB.
+// This level's float32 gemm on widened copies (float_copies.h).
 void widened(const GemmBf16Args& g) {
-  Scratch a(g.m * g.k);
-  for (int64_t i = 0; i < g.m; ++i)
-    for (int64_t p = 0; p < g.k; ++p) a.data()[i * g.k + p] = widen(a_at(g, i, p));
-  const int64_t panel = std::min(std::max<int64_t>((int64_t{1} << 20) / g.k, 16), g.n);
-  Scratch b(panel * g.k);
   GemmArgs f;
-  f.trans_b = true, f.m = g.m, f.k = g.k, f.alpha = g.alpha, f.beta = g.beta;
-  f.a = a.data(), f.lda = g.k, f.b = b.data(), f.ldb = g.k, f.ldc = g.ldc;
-  for (int64_t j0 = 0; j0 < g.n; j0 += panel) {
-    f.n = std::min(panel, g.n - j0);
-    for (int64_t j = 0; j < f.n; ++j)
-      for (int64_t p = 0; p < g.k; ++p) b.data()[j * g.k + p] = widen(g.b[(j0 + j) * g.ldb + p]);
-    f.c = g.c + j0;
-    f.bias = g.bias ? g.bias + j0 : nullptr;
-    gemm(f);
-  }
+  f.m = g.m, f.n = g.n, f.k = g.k, f.alpha = g.alpha, f.beta = g.beta, f.c = g.c, f.ldc = g.ldc, f.bias = g.bias;
+  gemm_on_float_copies(
+      f, [&](int64_t i, float* out) { for (int64_t p = 0; p < g.k; ++p) out[p] = widen(a_at(g, i, p)); },
+      [&](int64_t j, float* out) { for (int64_t p = 0; p < g.k; ++p) out[p] = widen(g.b[j * g.ldb + p]); });
 }
 
 #if defined(__AVX512F__)

@@ -28,6 +28,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "src/kernels/cpu/float_copies.h"
 #include "src/kernels/cpu/scratch.h"
 #include "src/kernels/cpu/simd.h"
 #include "src/kernels/kernels.h"
@@ -74,9 +75,7 @@ struct QuantizedA {
 };
 
 void quantize_a(const GemmInt8Args& g, QuantizedA& qa) {
-  const bool threads = !omp_in_parallel() && g.m > 1 && g.m * g.k >= (1 << 16);
-#pragma omp parallel for schedule(static) if (threads)
-  for (int64_t i = 0; i < g.m; ++i) {
+  for_rows(g.m, g.k, [&](int64_t i) {
     int8_t* q = qa.q + i * qa.stride;
     std::memset(q, 0, qa.stride);
     for (int64_t b = 0; b < qa.kb; ++b) {
@@ -85,7 +84,7 @@ void quantize_a(const GemmInt8Args& g, QuantizedA& qa) {
       qa.d[i * qa.kb + b] = block_scale(x, len);
       quantize(x, len, qa.d[i * qa.kb + b], q + p0);
     }
-  }
+  });
 }
 
 // Calls body(j0, j1) over [0, n), split between threads when the product is
@@ -147,37 +146,16 @@ inline void dequantize_row(const int8_t* q, const float* scales, int64_t k, floa
   }
 }
 
-// Rows [0, rows) through row(r), split between threads when there are
-// enough values to pay for them.
-template <class Row>
-void for_rows(int64_t rows, int64_t k, Row&& row) {
-  const bool threads = !omp_in_parallel() && rows > 1 && rows * k >= (1 << 16);
-#pragma omp parallel for schedule(static) if (threads)
-  for (int64_t r = 0; r < rows; ++r) row(r);
-}
-
-// A quantized and dequantized, whole; W dequantized in panels of about 4 MB
-// (both split between threads); this level's float32 gemm on them.
+// A quantized and dequantized, W dequantized; this level's float32 gemm on
+// them (float_copies.h).
 void dequantized(const GemmInt8Args& g) {
-  const int64_t kb = blocks_of(g.k);
-  Scratch a(g.m * g.k);
   with_quantized_a(g, [&](const QuantizedA& qa) {
-    for_rows(g.m, g.k, [&](int64_t i) { dequantize_row(qa.q + i * qa.stride, qa.d + i * kb, g.k, a.data() + i * g.k); });
+    GemmArgs f;
+    f.m = g.m, f.n = g.n, f.k = g.k, f.alpha = g.alpha, f.beta = g.beta, f.c = g.c, f.ldc = g.ldc, f.bias = g.bias;
+    gemm_on_float_copies(
+        f, [&](int64_t i, float* out) { dequantize_row(qa.q + i * qa.stride, qa.d + i * qa.kb, g.k, out); },
+        [&](int64_t j, float* out) { dequantize_row(g.b + j * g.ldb, g.scales + j * g.ld_scale, g.k, out); });
   });
-  const int64_t panel = std::min(std::max<int64_t>((int64_t{1} << 20) / g.k, 16), g.n);
-  Scratch b(panel * g.k);
-  GemmArgs f;
-  f.trans_b = true, f.m = g.m, f.k = g.k, f.alpha = g.alpha, f.beta = g.beta;
-  f.a = a.data(), f.lda = g.k, f.b = b.data(), f.ldb = g.k, f.ldc = g.ldc;
-  for (int64_t j0 = 0; j0 < g.n; j0 += panel) {
-    f.n = std::min(panel, g.n - j0);
-    for_rows(f.n, g.k, [&](int64_t j) {
-      dequantize_row(g.b + (j0 + j) * g.ldb, g.scales + (j0 + j) * g.ld_scale, g.k, b.data() + j * g.k);
-    });
-    f.c = g.c + j0;
-    f.bias = g.bias ? g.bias + j0 : nullptr;
-    gemm(f);
-  }
 }
 
 // An empty sum (k == 0): C = beta * C + bias.
