@@ -281,6 +281,8 @@ grep -q "t10k-images-idx3-ubyte: truncated" "$tmp/err" || { echo "FAIL truncated
 # The benchmarks build the recipe's model, read from the repository root.
 check "bench vit outside the repository" nonzero bash -c "cd '$tmp' && '$QKV' bench vit --steps 1 --python false"
 one_line_error "bench vit outside the repository"
+check "bench generate --model" 0 bash -c "cd '$FIXTURES/../..' && '$QKV' bench generate --model '$FIXTURES/hf/llama' --json --python false"
+grep -q '"impl": "qkv int8"' "$tmp/out" || { echo "FAIL bench generate --model json"; head -c 600 "$tmp/out"; failures=$((failures + 1)); }
 check "bench vit tiny" 0 bash -c "cd '$FIXTURES/../..' && '$QKV' bench vit --steps 1 --json --python false"
 grep -q '"qkv_train_images_per_s"' "$tmp/out" || { echo "FAIL bench vit json"; failures=$((failures + 1)); }
 

@@ -70,6 +70,11 @@ public:
   void load_state_dict(const StateDict& state);
 
 protected:
+  // Called by convert_linear_weights on every module, after its own Linear
+  // weights and its children's are converted: a module that keeps a copy of
+  // another weight for low-precision inference (a decoder's head tied to
+  // its embedding) makes it here, or drops it for F32.
+  virtual void linear_weights_converted(DType dtype) { (void)dtype; }
   Tensor register_parameter(const std::string& name, Tensor value);
   void remove_parameter(const std::string& name);
   void register_rng(const std::string& name, Rng* rng) { rngs_.emplace_back(name, rng); }

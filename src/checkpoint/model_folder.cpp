@@ -155,6 +155,8 @@ ModelFolder load(const std::string& dir, const Task* task, const std::string& co
     const StateDict state = weights.as_map();
     m.model->adopt_linear_dtypes(state);  // a folder qkv convert wrote: its bf16 or int8 Linear weights as they are
     m.model->load_state_dict(state);
+    // Then what a model converted in memory also has (a decoder's tied head in that dtype).
+    if (m.model->linear_weight_dtype() != DType::F32) m.model->convert_linear_weights(m.model->linear_weight_dtype());
   } catch (const Error& e) {
     fail(dir, "/model.safetensors: ", e.what());
   }

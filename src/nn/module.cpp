@@ -39,6 +39,7 @@ int64_t Module::convert_linear_weights(DType dtype) {
     ++converted;
   }
   for (auto& [name, child] : children_) converted += child->convert_linear_weights(dtype);
+  linear_weights_converted(dtype);
   return converted;
 }
 

@@ -18,7 +18,9 @@
 #include "qkv/allocator.h"
 #include "qkv/attention.h"
 #include "qkv/cpu.h"
+#include "qkv/infer.h"
 #include "qkv/io.h"
+#include "qkv/registry.h"
 #include "qkv/trainer.h"
 #include "qkv/translation.h"
 #include "qkv/nn.h"
@@ -42,7 +44,8 @@ struct BenchArgs {
   bool causal = false;
   std::string python = "python3";
   int steps = 5;  // train: timed steps
-  std::string model = "out/demo/model";           // decode: a trained model folder
+  std::string model = "out/demo/model";           // decode: a trained model folder; generate: a decoder folder
+  const CLI::Option* model_option = nullptr;      // whether --model was given
   std::string test = "out/demo/zh-ja.test.tsv";  // decode: its sentences
   int64_t sentences = 200;                        // decode: how many of them
 };
@@ -641,24 +644,49 @@ double read_bandwidth() {
   return best;
 }
 
+// One model of bench generate: a recipe's shape with random weights, or the
+// folder of --model. A Hugging Face folder (hf) is also run by transformers
+// and by llama.cpp on a GGUF converted from it.
+struct GenerateModel {
+  std::string name;
+  std::shared_ptr<DecoderLM> model;
+  bool hf = false;
+};
+
+std::vector<GenerateModel> generate_models(const BenchArgs& a) {
+  std::vector<GenerateModel> out;
+  if (a.model_option && a.model_option->count() > 0) {
+    LanguageModel lm = load_language_model(a.model, "bench generate");
+    const std::string config = folder_config_path(a.model);
+    out.push_back({std::filesystem::path(a.model).filename().string(), lm.model,
+                   is_hf_config(read_file(config), config)});
+    return out;
+  }
+  // The shipped recipes; the vocabulary is their tokenizer's size.
+  for (const auto& [name, path] : {std::pair{"20M", "configs/lm-20m.json"}, std::pair{"100M", "configs/lm-100m.json"}}) {
+    const std::string text = recipe_text(path, "generate");
+    DecoderConfig c = DecoderConfig::from_json(text, path);
+    c.vocab_size = TokenizerConfig::from_json(nlohmann::json::parse(text).at("tokenizer").dump(), path).vocab_size;
+    c.dropout = 0.0f;
+    Rng rng(1);
+    out.push_back({name, std::make_shared<DecoderLM>(c, rng), false});
+  }
+  return out;
+}
+
 int run_bench_generate(const BenchArgs& a) {
-  // The two benchmark sizes are the shipped recipes; the vocabulary is their tokenizer's size.
-  const std::vector<std::pair<std::string, std::string>> sizes = {{"20M", "configs/lm-20m.json"},
-                                                                   {"100M", "configs/lm-100m.json"}};
   const int64_t prompt_len = 128, new_tokens = 32;
   const bool progress = !a.json && isatty(STDERR_FILENO);
+  std::vector<GenerateModel> models = generate_models(a);
   if (progress) std::fprintf(stderr, "\rbench generate: memory bandwidth ...   ");
   const double bandwidth = read_bandwidth();
   nlohmann::ordered_json rows = nlohmann::ordered_json::array();
   double best_fraction = 0;
-  for (const auto& [name, path] : sizes) {
-    const std::string text = recipe_text(path, "generate");
-    DecoderConfig c = DecoderConfig::from_json(text, path);
-    c.vocab_size = TokenizerConfig::from_json(nlohmann::json::parse(text).at("tokenizer").dump(), path).vocab_size;
-    QKV_CHECK(c.context >= prompt_len + new_tokens, path, ": context must hold ", prompt_len + new_tokens, " tokens");
-    c.dropout = 0.0f;
-    Rng rng(1);
-    DecoderLM model(c, rng);
+  for (GenerateModel& gm : models) {
+    const std::string& name = gm.name;
+    DecoderLM& model = *gm.model;
+    const DecoderConfig& c = model.config();
+    QKV_CHECK(c.context >= prompt_len + new_tokens, name, ": context must hold ", prompt_len + new_tokens, " tokens");
     model.eval();
     NoGradGuard no_grad;
     std::vector<int64_t> prompt;
@@ -684,19 +712,59 @@ int run_bench_generate(const BenchArgs& a) {
       }
       const double decode = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       const double decode_tps = new_tokens / decode;
-      const double fraction = (double)model.parameter_bytes() * decode_tps / bandwidth;
+      const double fraction = (double)model.decode_bytes() * decode_tps / bandwidth;
       best_fraction = std::max(best_fraction, fraction);
       rows.push_back({{"impl", impl},
                       {"size", name},
                       {"params", model.parameter_count()},
-                      {"weight_bytes", model.parameter_bytes()},
+                      {"weight_bytes", model.decode_bytes()},
                       {"prefill_tokens_per_s", prompt_len / prefill},
                       {"decode_tokens_per_s", decode_tps},
                       {"bandwidth_fraction", fraction}});
       return tokens;
     };
     const std::vector<int64_t> tokens = run("qkv");
-    const double weight_bytes = (double)model.parameter_bytes();
+    const double weight_bytes = (double)model.decode_bytes();
+    // A peer's row, and how many of its greedy tokens are qkv float32's.
+    auto peer_row = [&](const char* impl, const nlohmann::json& r, double bytes) {
+      if (!r.contains("decode_tokens_per_s")) return false;
+      int64_t same = 0;
+      auto theirs = r["tokens"].get<std::vector<int64_t>>();
+      for (size_t i = 0; i < std::min(theirs.size(), tokens.size()) && theirs[i] == tokens[i]; ++i) ++same;
+      const double tps = r["decode_tokens_per_s"].get<double>();
+      rows.push_back({{"impl", impl},
+                      {"size", name},
+                      {"params", model.parameter_count()},
+                      {"weight_bytes", bytes},
+                      {"prefill_tokens_per_s", r["prefill_tokens_per_s"]},
+                      {"decode_tokens_per_s", tps},
+                      {"bandwidth_fraction", bytes * tps / bandwidth},
+                      {"same_greedy_tokens", same}});
+      return true;
+    };
+    // llama.cpp on the folder converted to GGUF of `type` (scripts/bench_generate_peers.py).
+    auto llama_cpp = [&](const std::string& type) {
+      if (!gm.hf) return;
+      if (progress) std::fprintf(stderr, "\rbench generate: llama.cpp %s %s ...          ", type.c_str(), name.c_str());
+      const nlohmann::json r = run_peer(a.python + " scripts/bench_generate_peers.py --peer llama.cpp --type " + type +
+                                        " --model '" + a.model + "' --prompt-len " + std::to_string(prompt_len) +
+                                        " --new-tokens " + std::to_string(new_tokens) + " --threads " +
+                                        std::to_string(thread_count()));
+      const bool object = r.is_object();
+      if (!peer_row(("llama.cpp " + type).c_str(), r, object ? r.value("gguf_bytes", 0.0) : 0.0) && !a.json)
+        std::fprintf(stderr, "\rbench generate: llama.cpp %s not run: %s\n", type.c_str(),
+                     object ? r.value("error", std::string("no result")).c_str() : "no result (see --python)");
+    };
+    if (gm.hf) {
+      if (progress) std::fprintf(stderr, "\rbench generate: transformers %s ...          ", name.c_str());
+      peer_row("transformers",
+               run_peer(a.python + " scripts/bench_generate_peers.py --peer transformers --model '" + a.model +
+                        "' --prompt-len " + std::to_string(prompt_len) + " --new-tokens " +
+                        std::to_string(new_tokens) + " --threads " + std::to_string(thread_count())),
+               weight_bytes);
+      llama_cpp("f32");
+    }
+    if (!gm.hf) {
     // The same weights in plain PyTorch.
     char tmpl[] = "/tmp/qkv_bench_generate_XXXXXX";
     const char* dir = mkdtemp(tmpl);
@@ -710,28 +778,19 @@ int run_bench_generate(const BenchArgs& a) {
                                     " --new-tokens " + std::to_string(new_tokens) + " --threads " +
                                     std::to_string(thread_count()));
     std::filesystem::remove_all(dir);
-    if (torch.contains("decode_tokens_per_s")) {
-      int64_t same = 0;
-      auto theirs = torch["tokens"].get<std::vector<int64_t>>();
-      for (size_t i = 0; i < std::min(theirs.size(), tokens.size()) && theirs[i] == tokens[i]; ++i) ++same;
-      const double ttps = torch["decode_tokens_per_s"].get<double>();
-      rows.push_back({{"impl", "torch"},
-                      {"size", name},
-                      {"params", torch["params"]},
-                      {"prefill_tokens_per_s", torch["prefill_tokens_per_s"]},
-                      {"decode_tokens_per_s", ttps},
-                      {"bandwidth_fraction", weight_bytes * ttps / bandwidth},
-                      {"same_greedy_tokens", same}});
+    peer_row("torch", torch, weight_bytes);
     }
     // The same model with every Linear weight in bfloat16, then in blockwise
     // int8 (the tied embedding stays float32).
-    for (const auto& [dtype, impl] : {std::pair{DType::BF16, "qkv bf16"}, std::pair{DType::I8, "qkv int8"}}) {
+    for (const auto& [dtype, impl, gguf] : {std::tuple{DType::BF16, "qkv bf16", "bf16"},
+                                            std::tuple{DType::I8, "qkv int8", "q8_0"}}) {
       if (progress) std::fprintf(stderr, "\rbench generate: %s %s ...          ", impl, name.c_str());
       model.convert_linear_weights(dtype);
       const std::vector<int64_t> low_tokens = run(impl);
       int64_t same = 0;
       for (size_t i = 0; i < tokens.size() && low_tokens[i] == tokens[i]; ++i) ++same;
       rows.back()["same_greedy_tokens_as_f32"] = same;
+      llama_cpp(gguf);
     }
   }
   if (progress) std::fprintf(stderr, "\r%70s\r", "");
@@ -746,20 +805,38 @@ int run_bench_generate(const BenchArgs& a) {
     print_json(out);
     return 0;
   }
-  std::printf("qkv bench generate: decoder (RMSNorm, RoPE, SwiGLU, tied), batch 1, prompt %lld tokens, %lld greedy "
+  std::printf("qkv bench generate: %s, batch 1, prompt %lld tokens, %lld greedy "
               "tokens, float32 (\"qkv bf16\": Linear weights in bfloat16, %s; \"qkv int8\": blockwise int8, %s), "
-              "%d threads;\nmeasured read bandwidth %.1f GB/s; bound = weights bytes per token / bandwidth\n\n",
+              "%d threads;\nmeasured read bandwidth %.1f GB/s; bound = bandwidth / bytes of weights a token reads\n\n",
+              models.size() == 1 ? ("the decoder of " + a.model).c_str() : "decoders (RMSNorm, RoPE, SwiGLU, tied)",
               (long long)prompt_len, (long long)new_tokens, gemm_bf16_path(), gemm_int8_path(), thread_count(),
               bandwidth / 1e9);
-  std::printf("  %-6s %-9s %12s %16s %16s %12s\n", "size", "impl", "params", "prefill tok/s", "decode tok/s",
+  int width = 6;
+  for (const GenerateModel& gm : models) width = std::max<int>(width, (int)gm.name.size());
+  std::printf("  %-*s %-15s %12s %16s %16s %12s\n", width, "model", "impl", "params", "prefill tok/s", "decode tok/s",
               "of bound");
   for (auto& r : rows)
-    std::printf("  %-6s %-9s %12lld %16.0f %16.1f %11.0f%%\n", r["size"].get<std::string>().c_str(),
+    std::printf("  %-*s %-15s %12lld %16.0f %16.1f %11.0f%%\n", width, r["size"].get<std::string>().c_str(),
                 r["impl"].get<std::string>().c_str(), (long long)r["params"].get<int64_t>(),
                 r["prefill_tokens_per_s"].get<double>(), r["decode_tokens_per_s"].get<double>(),
                 100 * r["bandwidth_fraction"].get<double>());
-  if (rows.size() == 3 * sizes.size())
-    std::printf("  PyTorch not available (needs python3 with torch and safetensors)\n");
+  auto find = [&](const nlohmann::ordered_json& size, const char* impl) -> const nlohmann::ordered_json* {
+    for (auto& r : rows)
+      if (r["size"] == size && r["impl"] == impl) return &r;
+    return nullptr;
+  };
+  for (const GenerateModel& gm : models)
+    if (!find(gm.name, gm.hf ? "transformers" : "torch"))
+      std::printf("  %s not available (needs %s with torch, safetensors%s)\n", gm.hf ? "transformers" : "PyTorch",
+                  a.python.c_str(), gm.hf ? " and transformers" : "");
+  for (auto& r : rows)
+    for (const auto& [ours, theirs] : {std::pair{"qkv", "llama.cpp f32"}, std::pair{"qkv bf16", "llama.cpp bf16"},
+                                       std::pair{"qkv int8", "llama.cpp q8_0"}, std::pair{"qkv", "transformers"}})
+      if (r["impl"] == ours)
+        if (const nlohmann::ordered_json* t = find(r["size"], theirs))
+          std::printf("  %s %s: decode %.2fx, prefill %.2fx %s\n", r["size"].get<std::string>().c_str(), ours,
+                      r["decode_tokens_per_s"].get<double>() / (*t)["decode_tokens_per_s"].get<double>(),
+                      r["prefill_tokens_per_s"].get<double>() / (*t)["prefill_tokens_per_s"].get<double>(), theirs);
   for (size_t i = 0; i < rows.size(); ++i)
     if (rows[i]["impl"] == "qkv bf16" || rows[i]["impl"] == "qkv int8")
       for (size_t j = 0; j < i; ++j)
@@ -871,14 +948,21 @@ Run add_bench(CLI::App& app) {
       app.add_subcommand("bench", "Measure speed side by side with a peer (suites: ops, attention, train, decode, vit, generate)");
   sub->add_option("suite", args->suite, "Which benchmark: ops | attention | train | decode | vit | generate")
       ->required();
-  sub->add_option("--model", args->model, "decode: a trained model folder")->capture_default_str();
+  args->model_option =
+      sub->add_option("--model", args->model,
+                      "decode: a trained model folder; generate: a decoder folder (qkv or Hugging Face; without it, "
+                      "random models of configs/lm-20m.json and lm-100m.json)")
+          ->capture_default_str();
   sub->add_option("--test", args->test, "decode: sentences to translate (TSV)")->capture_default_str();
   sub->add_option("--sentences", args->sentences, "decode: how many")->capture_default_str();
   sub->add_option("--steps", args->steps, "train, vit: timed training steps")->capture_default_str();
   sub->add_option("--n", args->lengths, "attention: sequence lengths")->capture_default_str();
   sub->add_option("--max-naive", args->max_naive, "attention: longest length for the naive path")->capture_default_str();
   sub->add_flag("--causal", args->causal, "attention: causal mask");
-  sub->add_option("--python", args->python, "attention, train, vit: Python with torch for the peer column")->capture_default_str();
+  sub->add_option("--python", args->python,
+                  "attention, train, vit, generate: Python with torch (generate --model: transformers, "
+                  "llama-cpp-python) for the peer columns")
+      ->capture_default_str();
   sub->add_flag("--json", args->json, "Print one JSON object instead of tables");
   sub->add_option("--threads", args->threads, "Threads (0: all cores)")->capture_default_str();
   sub->add_option("--seconds", args->seconds, "Seconds per measurement round")->capture_default_str();
