@@ -449,6 +449,37 @@ TinyTranslator& tiny_translator() {
   return *t;
 }
 
+// The trained model in bf16 and in int8 (a copy: every Linear weight and
+// the tied head converted): the teacher-forced logits move within the bound
+// of the decoder tests ((3 layers + 1) 2^-8 of the largest for bf16, 2^-6
+// for int8; the encoder's and decoder's layers counted), and the greedy
+// translations of the float32 model come out.
+TEST(TranslationTransformer, Bf16AndInt8KeepItsTranslations) {
+  TinyTranslator& t = tiny_translator();
+  std::vector<std::vector<int64_t>> sources;
+  for (int i = 0; i < 16; ++i) sources.push_back(t.data[i].src);
+  const std::vector<std::vector<int64_t>> f32 = greedy_translate(*t.model, sources, 40);
+  NoGradGuard no_grad;
+  const Batch batch = collate(t.data, {0, 1, 2, 3});
+  const std::vector<float> f32_logits = t.model->forward(batch.src, batch.src_lengths, batch.tgt_in).to_vector();
+  float largest = 0;
+  for (float v : f32_logits) largest = std::max(largest, std::fabs(v));
+  const TransformerConfig& cfg = t.model->config();
+  const int layers = (int)(cfg.num_encoder_layers + cfg.num_decoder_layers);
+  for (auto [dtype, exponent] : {std::pair{DType::BF16, -8}, std::pair{DType::I8, -6}}) {
+    Rng rng(1);
+    TranslationTransformer low(cfg, rng);
+    low.load_state_dict(t.model->state_dict());
+    low.eval();
+    EXPECT_GT(low.convert_linear_weights(dtype), 0);
+    const std::vector<float> logits = low.forward(batch.src, batch.src_lengths, batch.tgt_in).to_vector();
+    float worst = 0;
+    for (size_t i = 0; i < logits.size(); ++i) worst = std::max(worst, std::fabs(logits[i] - f32_logits[i]));
+    EXPECT_LE(worst, (3 * layers + 1) * std::ldexp(1.0f, exponent) * largest) << dtype_name(dtype);
+    EXPECT_EQ(greedy_translate(low, sources, 40), f32) << dtype_name(dtype);
+  }
+}
+
 TEST(TranslationTransformer, LearnsASmallCorpus) {
   TinyTranslator& t = tiny_translator();
   EXPECT_LT(t.last_loss, 0.1f) << "loss from " << t.first_loss << " to " << t.last_loss;

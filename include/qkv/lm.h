@@ -54,7 +54,7 @@ public:
   const DecoderConfig& config() const { return config_; }
   std::string summary() const;
   // The bytes of weights one decoding step reads: every parameter, except
-  // that a tied head converted to bf16 or int8 reads its copy (below), and
+  // that a tied head converted to bf16 or int8 reads its copy (TiedHead), and
   // the embedding only by rows.
   uint64_t decode_bytes() const;
 
@@ -72,11 +72,7 @@ private:
   Tensor embed_tokens(const Tensor& ids, int64_t offset);
   Tensor logits(const Tensor& x);
   DecoderConfig config_;
-  // With tie_output, after convert_linear_weights to bf16 or int8: the
-  // embedding as a Linear weight in that dtype, for the output projection
-  // (llama.cpp does the same). Not a parameter: the folder keeps the one
-  // embedding, and loading makes the copy again.
-  std::shared_ptr<Linear> tied_head_;
+  TiedHead tied_head_;  // with tie_output
 };
 
 }  // namespace qkv

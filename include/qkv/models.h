@@ -120,9 +120,13 @@ public:
   std::shared_ptr<Linear> output_proj;               // untied only
   std::shared_ptr<Dropout> dropout;
 
+protected:
+  void linear_weights_converted(DType dtype) override;
+
 private:
   Tensor embed_tokens(const Tensor& ids, int64_t offset);
   TransformerConfig config_;
+  TiedHead tied_head_;  // without output_proj
 };
 
 // RnnAttention (arch "rnn_attention"): the RNN encoder-decoder with additive

@@ -45,10 +45,10 @@ public:
 
   // For inference in low precision: the weight of every Linear here and in
   // the children converted in place to `dtype` (F32, BF16, or I8: blockwise
-  // int8, Linear::convert_weight). Embeddings, norms and biases stay float32,
-  // and so does a head that reuses the embedding. Returns how many weights
-  // were converted. In BF16 or I8 the module runs only without gradients
-  // (linear refuses them).
+  // int8, Linear::convert_weight). Embeddings, norms and biases stay float32
+  // (a module may keep a converted copy of one: linear_weights_converted).
+  // Returns how many weights were converted. In BF16 or I8 the module runs
+  // only without gradients (linear refuses them).
   int64_t convert_linear_weights(DType dtype);
   // The same by the name the commands take (--dtype): "f32", "bf16" or
   // "int8"; "" converts nothing (the weights stay as loaded). Any other name
@@ -127,6 +127,22 @@ public:
   Embedding(int64_t num_embeddings, int64_t embedding_dim, Rng& rng);
   Tensor forward(const Tensor& ids) const { return embedding(weight, ids); }
   Tensor weight;
+};
+
+// The output projection of a model whose head is tied to its embedding E:
+// logits = x E^T. For low-precision inference, convert() makes a copy of E
+// in BF16 or I8 (a Linear weight; llama.cpp does the same), which forward
+// then uses; F32 drops it. Not a parameter: a folder keeps the one
+// embedding, and converting after loading makes the copy again.
+class TiedHead {
+public:
+  Tensor forward(const Tensor& x, const Embedding& embedding) const;
+  void convert(const Embedding& embedding, DType dtype);
+  // The bytes the head reads per step: the copy's, else the embedding's.
+  uint64_t bytes(const Embedding& embedding) const;
+
+private:
+  std::shared_ptr<Linear> copy_;
 };
 
 class LayerNorm : public Module {

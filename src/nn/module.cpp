@@ -186,6 +186,23 @@ Linear::Linear(LinearOptions o, Rng& rng) {
   }
 }
 
+Tensor TiedHead::forward(const Tensor& x, const Embedding& embedding) const {
+  return copy_ ? copy_->forward(x) : matmul(x, embedding.weight.transpose(0, 1));
+}
+
+void TiedHead::convert(const Embedding& embedding, DType dtype) {
+  copy_.reset();
+  if (dtype == DType::F32) return;
+  Rng rng(0);
+  copy_ = std::make_shared<Linear>(LinearOptions{embedding.weight.size(1), embedding.weight.size(0), false}, rng);
+  copy_->weight.detach().copy_(embedding.weight);
+  copy_->convert_weight(dtype);
+}
+
+uint64_t TiedHead::bytes(const Embedding& embedding) const {
+  return copy_ ? copy_->parameter_bytes() : embedding.parameter_bytes();
+}
+
 Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim, Rng& rng) {
   weight = register_parameter("weight", Tensor::randn({num_embeddings, embedding_dim}, rng));
 }

@@ -55,22 +55,16 @@ Tensor DecoderLM::embed_tokens(const Tensor& ids, int64_t offset) {
 
 Tensor DecoderLM::logits(const Tensor& x_in) {
   Tensor x = norm ? norm->forward(x_in) : x_in;
-  if (output_proj) return output_proj->forward(x);
-  return tied_head_ ? tied_head_->forward(x) : matmul(x, embed->weight.transpose(0, 1));
+  return output_proj ? output_proj->forward(x) : tied_head_.forward(x, *embed);
 }
 
 void DecoderLM::linear_weights_converted(DType dtype) {
-  tied_head_.reset();
-  if (!config_.tie_output || dtype == DType::F32) return;
-  Rng rng(0);
-  tied_head_ = std::make_shared<Linear>(LinearOptions{config_.d_model, config_.vocab_size, false}, rng);
-  tied_head_->weight.detach().copy_(embed->weight);
-  tied_head_->convert_weight(dtype);
+  if (!output_proj) tied_head_.convert(*embed, dtype);
 }
 
 uint64_t DecoderLM::decode_bytes() const {
-  if (!tied_head_) return parameter_bytes();
-  return parameter_bytes() - embed->parameter_bytes() + tied_head_->parameter_bytes();
+  if (output_proj) return parameter_bytes();
+  return parameter_bytes() - embed->parameter_bytes() + tied_head_.bytes(*embed);
 }
 
 Tensor DecoderLM::forward(const Tensor& ids, bool need_weights) {

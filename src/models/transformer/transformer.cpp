@@ -74,7 +74,11 @@ Tensor TranslationTransformer::decode(const Tensor& tgt_in, const Tensor& memory
   Tensor x = embed_tokens(tgt_in, 0);
   for (auto& layer : decoder_layers) x = layer->forward(x, memory, {.causal = true}, {.key_padding_lengths = src_lengths});
   if (decoder_norm) x = decoder_norm->forward(x);
-  return output_proj ? output_proj->forward(x) : matmul(x, embed->weight.transpose(0, 1));
+  return output_proj ? output_proj->forward(x) : tied_head_.forward(x, *embed);
+}
+
+void TranslationTransformer::linear_weights_converted(DType dtype) {
+  if (!output_proj) tied_head_.convert(*embed, dtype);
 }
 
 Tensor TranslationTransformer::forward(const Tensor& src, const Tensor& src_lengths, const Tensor& tgt_in) {
@@ -103,7 +107,7 @@ Tensor TranslationTransformer::decode_step(const Tensor& ids, DecodeState& base,
                                           {.key_padding_lengths = st.src_lengths, .need_weights = need_weights});
   st.position += ids.size(1);
   if (decoder_norm) x = decoder_norm->forward(x);
-  return output_proj ? output_proj->forward(x) : matmul(x, embed->weight.transpose(0, 1));
+  return output_proj ? output_proj->forward(x) : tied_head_.forward(x, *embed);
 }
 
 Tensor TranslationTransformer::cross_weights() const {
