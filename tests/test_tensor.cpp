@@ -2,6 +2,7 @@
 #include <omp.h>
 
 #include "qkv/allocator.h"
+#include "qkv/nn.h"
 #include "qkv/ops.h"
 #include "qkv/rng.h"
 #include "tests/test_util.h"
@@ -54,6 +55,33 @@ TEST(Tensor, BorrowedMemoryIsSharedAndReleasedOnce) {
   // A view past the block's end, or with a negative stride, is refused before it is made.
   EXPECT_THROW(Tensor::borrow(block.data(), 4 * sizeof(float), DType::F32, {2, 4}, {4, 1}, {}), Error);
   EXPECT_THROW(Tensor::borrow(block.data(), 32, DType::F32, {2}, {-1}, {}), Error);
+}
+
+// Building under a SkipInitGuard leaves the weights unset but takes the same
+// numbers from the Rng, so what is drawn after it (dropout seeds) is the same;
+// the initializers leave their tensor untouched.
+TEST(Tensor, SkipInitGuardDrawsTheSameStreamAndSetsNothing) {
+  Rng a(7), b(7);
+  Tensor w = Tensor::full({4, 8}, 3.0f);
+  {
+    SkipInitGuard uninitialized;
+    EXPECT_TRUE(skipping_init());
+    Tensor::randn({5, 3}, a);
+    Tensor::uniform({7}, a, -1, 1);
+    normal_(w, a, 0.02f);
+    uniform_fan_in_(w, 8, a);
+    xavier_uniform_(w, a);
+  }
+  EXPECT_FALSE(skipping_init());
+  Tensor::randn({5, 3}, b);
+  Tensor::uniform({7}, b, -1, 1);
+  Tensor v = Tensor::zeros({4, 8});
+  normal_(v, b, 0.02f);
+  uniform_fan_in_(v, 8, b);
+  xavier_uniform_(v, b);
+  EXPECT_EQ(a.next_bits(), b.next_bits());
+  for (float x : w.to_vector()) ASSERT_EQ(x, 3.0f);
+  EXPECT_NE(v.to_vector()[0], 0.0f);  // outside the guard the values are drawn
 }
 
 TEST(Tensor, ViewsShareStorage) {

@@ -99,7 +99,10 @@ HfWeights hf_weights(const std::string& dir) {
 ModelFolder load_hf(const std::string& dir, const std::string& config_path, const std::string& text, ModelFolder m) {
   const HfImport hf = m.family->from_hf(text, config_path);
   Rng rng(0);
-  m.model = m.family->build(hf.config_json, config_path, rng);
+  {
+    SkipInitGuard uninitialized;  // every weight is loaded below
+    m.model = m.family->build(hf.config_json, config_path, rng);
+  }
   HfWeights weights = hf_weights(dir);
   StateDict state;
   for (auto& [name, t] : weights.tensors) {
@@ -149,7 +152,10 @@ ModelFolder load(const std::string& dir, const Task* task, const std::string& co
               dir, ": tokenizer has ", m.tokenizer->size(), " tokens, config.json says vocab_size ", vocab.dump());
   }
   Rng rng(0);
-  m.model = m.family->build(config.dump(), config_path, rng);
+  {
+    SkipInitGuard uninitialized;  // every weight is loaded below
+    m.model = m.family->build(config.dump(), config_path, rng);
+  }
   SafetensorsFile weights = load_safetensors(dir + "/model.safetensors");
   try {
     const StateDict state = weights.as_map();

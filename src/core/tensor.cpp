@@ -165,10 +165,15 @@ Tensor Tensor::arange(int64_t n) {
   return t;
 }
 
+static thread_local bool t_skipping_init = false;
+bool skipping_init() { return t_skipping_init; }
+SkipInitGuard::SkipInitGuard() : previous_(t_skipping_init) { t_skipping_init = true; }
+SkipInitGuard::~SkipInitGuard() { t_skipping_init = previous_; }
+
 Tensor Tensor::randn(const Shape& shape, Rng& rng, float stddev) {
   Tensor t = empty(shape);
   uint64_t first = rng.reserve((uint64_t)t.numel());  // drawn on the meta device too: the same stream after it
-  if (is_meta(t)) return t;
+  if (is_meta(t) || t_skipping_init) return t;
   float* p = t.data<float>();
   for (int64_t i = 0; i < t.numel(); ++i) p[i] = stddev * rng.normal_at(first + i);
   return t;
@@ -177,7 +182,7 @@ Tensor Tensor::randn(const Shape& shape, Rng& rng, float stddev) {
 Tensor Tensor::uniform(const Shape& shape, Rng& rng, float low, float high) {
   Tensor t = empty(shape);
   uint64_t first = rng.reserve((uint64_t)t.numel());  // drawn on the meta device too: the same stream after it
-  if (is_meta(t)) return t;
+  if (is_meta(t) || t_skipping_init) return t;
   float* p = t.data<float>();
   for (int64_t i = 0; i < t.numel(); ++i) p[i] = low + (high - low) * rng.uniform_at(first + i);
   return t;

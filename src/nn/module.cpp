@@ -137,15 +137,20 @@ void Module::load_state_dict(const StateDict& state) {
 void xavier_uniform_(Tensor& w, Rng& rng) {
   QKV_CHECK(w.dim() == 2, "xavier_uniform_: expects a 2-d weight");
   float bound = std::sqrt(6.0f / (float)(w.size(0) + w.size(1)));
-  w.detach().copy_(Tensor::uniform(w.shape(), rng, -bound, bound));
+  Tensor values = Tensor::uniform(w.shape(), rng, -bound, bound);
+  if (!skipping_init()) w.detach().copy_(values);
 }
 
 void uniform_fan_in_(Tensor& w, int64_t fan_in, Rng& rng) {
   float bound = fan_in > 0 ? 1.0f / std::sqrt((float)fan_in) : 0.0f;
-  w.detach().copy_(Tensor::uniform(w.shape(), rng, -bound, bound));
+  Tensor values = Tensor::uniform(w.shape(), rng, -bound, bound);
+  if (!skipping_init()) w.detach().copy_(values);
 }
 
-void normal_(Tensor& w, Rng& rng, float stddev) { w.detach().copy_(Tensor::randn(w.shape(), rng, stddev)); }
+void normal_(Tensor& w, Rng& rng, float stddev) {
+  Tensor values = Tensor::randn(w.shape(), rng, stddev);
+  if (!skipping_init()) w.detach().copy_(values);
+}
 
 Tensor Linear::forward(const Tensor& x) const {
   if (weight.dtype() == DType::I8) return linear_int8(x, {weight, weight_scale}, bias);
@@ -194,6 +199,7 @@ void TiedHead::convert(const Embedding& embedding, DType dtype) {
   copy_.reset();
   if (dtype == DType::F32) return;
   Rng rng(0);
+  SkipInitGuard uninitialized;  // the embedding is copied in next
   copy_ = std::make_shared<Linear>(LinearOptions{embedding.weight.size(1), embedding.weight.size(0), false}, rng);
   copy_->weight.detach().copy_(embedding.weight);
   copy_->convert_weight(dtype);
