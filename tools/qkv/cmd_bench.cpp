@@ -696,7 +696,7 @@ int run_bench_generate(const BenchArgs& a) {
       std::vector<KVCache> warm = model.make_caches(1, prompt_len + new_tokens);
       model.forward_cached(Tensor::from_ints({prompt.begin(), prompt.begin() + 8}, {1, 8}), warm);
     }
-    // Prefill, then greedy decoding; the weights' bytes (float32 or bfloat16) set the bound.
+    // Prefill, then greedy decoding; the bytes of weights a step reads (decode_bytes) set the bound.
     auto run = [&](const char* impl) {
       std::vector<KVCache> caches = model.make_caches(1, prompt_len + new_tokens);
       auto t0 = std::chrono::steady_clock::now();
@@ -764,24 +764,23 @@ int run_bench_generate(const BenchArgs& a) {
                weight_bytes);
       llama_cpp("f32");
     }
-    if (!gm.hf) {
-    // The same weights in plain PyTorch.
-    char tmpl[] = "/tmp/qkv_bench_generate_XXXXXX";
-    const char* dir = mkdtemp(tmpl);
-    QKV_CHECK(dir, "bench generate: cannot make a temporary folder");
-    const std::string weights = std::string(dir) + "/model.safetensors";
-    save_safetensors(weights, model.state_dict(), {});
-    if (progress) std::fprintf(stderr, "\rbench generate: PyTorch %s ...          ", name.c_str());
-    nlohmann::json config = nlohmann::json::parse(c.to_json());
-    nlohmann::json torch = run_peer(a.python + " scripts/bench_generate_torch.py --weights " + weights +
-                                    " --config '" + config.dump() + "' --prompt-len " + std::to_string(prompt_len) +
-                                    " --new-tokens " + std::to_string(new_tokens) + " --threads " +
-                                    std::to_string(thread_count()));
-    std::filesystem::remove_all(dir);
-    peer_row("torch", torch, weight_bytes);
+    if (!gm.hf) {  // the same weights in plain PyTorch
+      char tmpl[] = "/tmp/qkv_bench_generate_XXXXXX";
+      const char* dir = mkdtemp(tmpl);
+      QKV_CHECK(dir, "bench generate: cannot make a temporary folder");
+      const std::string weights = std::string(dir) + "/model.safetensors";
+      save_safetensors(weights, model.state_dict(), {});
+      if (progress) std::fprintf(stderr, "\rbench generate: PyTorch %s ...          ", name.c_str());
+      nlohmann::json config = nlohmann::json::parse(c.to_json());
+      nlohmann::json torch = run_peer(a.python + " scripts/bench_generate_torch.py --weights " + weights +
+                                      " --config '" + config.dump() + "' --prompt-len " + std::to_string(prompt_len) +
+                                      " --new-tokens " + std::to_string(new_tokens) + " --threads " +
+                                      std::to_string(thread_count()));
+      std::filesystem::remove_all(dir);
+      peer_row("torch", torch, weight_bytes);
     }
     // The same model with every Linear weight in bfloat16, then in blockwise
-    // int8 (the tied embedding stays float32).
+    // int8 (the tied head too, as a converted copy of the embedding).
     for (const auto& [dtype, impl, gguf] : {std::tuple{DType::BF16, "qkv bf16", "bf16"},
                                             std::tuple{DType::I8, "qkv int8", "q8_0"}}) {
       if (progress) std::fprintf(stderr, "\rbench generate: %s %s ...          ", impl, name.c_str());
