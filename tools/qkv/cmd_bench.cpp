@@ -696,6 +696,8 @@ int run_bench_generate(const BenchArgs& a) {
       std::vector<KVCache> warm = model.make_caches(1, prompt_len + new_tokens);
       model.forward_cached(Tensor::from_ints({prompt.begin(), prompt.begin() + 8}, {1, 8}), warm);
     }
+    // The model's parameters, counted before any conversion adds int8 scales.
+    const int64_t params = model.parameter_count();
     // Prefill, then greedy decoding; the bytes of weights a step reads (decode_bytes) set the bound.
     auto run = [&](const char* impl) {
       std::vector<KVCache> caches = model.make_caches(1, prompt_len + new_tokens);
@@ -716,7 +718,7 @@ int run_bench_generate(const BenchArgs& a) {
       best_fraction = std::max(best_fraction, fraction);
       rows.push_back({{"impl", impl},
                       {"size", name},
-                      {"params", model.parameter_count()},
+                      {"params", params},
                       {"weight_bytes", model.decode_bytes()},
                       {"prefill_tokens_per_s", prompt_len / prefill},
                       {"decode_tokens_per_s", decode_tps},
@@ -734,7 +736,7 @@ int run_bench_generate(const BenchArgs& a) {
       const double tps = r["decode_tokens_per_s"].get<double>();
       rows.push_back({{"impl", impl},
                       {"size", name},
-                      {"params", model.parameter_count()},
+                      {"params", params},
                       {"weight_bytes", bytes},
                       {"prefill_tokens_per_s", r["prefill_tokens_per_s"]},
                       {"decode_tokens_per_s", tps},
