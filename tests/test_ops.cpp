@@ -416,7 +416,7 @@ TEST(Ops, LinearWithInt8WeightRefusesGradientsAndBrokenWeights) {
   EXPECT_EQ(testing::error_of([&] { linear(x.detach(), q.values); }),
             "linear: an I8 weight needs its scales (linear_int8)");
   EXPECT_EQ(testing::error_of([&] { linear_int8(x.detach(), {q.values, q.scales.slice(1, 0, 1)}); }),
-            "linear_int8: weight scales must be F32 [4, 2]");
+            "linear_int8: int8 weight scales must be F32 [4, 2] (one per block of 32), got F32 [4,1]");
   Int8Weight bad{q.values.clone(), q.scales.clone()};
   bad.values.data<int8_t>()[45] = -128;
   EXPECT_EQ(testing::error_of([&] { check_int8_weight(bad, "w.safetensors: 'fc.weight'"); }),

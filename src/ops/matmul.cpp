@@ -160,6 +160,17 @@ Tensor linear_bf16(const Tensor& x, const Tensor& weight, const Tensor& bias, co
   return y;
 }
 
+// x [..., in] and bias (undefined, or F32 [out]) as a weight [out, in] of
+// any dtype wants them.
+void check_input_and_bias(const Tensor& x, const Tensor& bias, const Shape& weight_shape) {
+  QKV_CHECK(x.dim() >= 1 && x.size(-1) == weight_shape[1], "linear: input of shape ", shape_str(x.shape()),
+            " does not match weight [out, in] = ", shape_str(weight_shape));
+  if (!bias.defined()) return;
+  require_f32(bias, "linear", "bias");
+  QKV_CHECK(bias.shape() == Shape{weight_shape[0]}, "linear: bias of shape ", shape_str(bias.shape()),
+            ", expected [", weight_shape[0], "]");
+}
+
 // y = act(x W^T + b), or x W^T + b when act is null. With an activation and
 // history to record, the product before it (pre) is kept for the backward:
 // dpre = dy * act'(pre), then the linear's backward with dpre.
@@ -170,14 +181,8 @@ Tensor linear_impl(const Tensor& x, const Tensor& weight, const Tensor& bias, co
   QKV_CHECK(weight.dtype() == DType::F32 || weight.dtype() == DType::BF16, "linear: weight has dtype ",
             dtype_name(weight.dtype()), ", expected F32 or BF16");
   QKV_CHECK(weight.dim() == 2, "linear: weight must be [out, in], got ", shape_str(weight.shape()));
-  QKV_CHECK(x.dim() >= 1 && x.size(-1) == weight.size(1), "linear: input of shape ", shape_str(x.shape()),
-            " does not match weight [out, in] = ", shape_str(weight.shape()));
+  check_input_and_bias(x, bias, weight.shape());
   const int64_t in = weight.size(1), out_features = weight.size(0);
-  if (bias.defined()) {
-    require_f32(bias, "linear", "bias");
-    QKV_CHECK(bias.shape() == Shape{out_features}, "linear: bias of shape ", shape_str(bias.shape()), ", expected [",
-              out_features, "]");
-  }
   if (weight.dtype() == DType::BF16) return linear_bf16(x, weight, bias, act);
   Tensor x2 = x.detach().reshape({-1, in});
   Tensor w = contiguous_values(weight);
@@ -232,6 +237,17 @@ Tensor linear_impl(const Tensor& x, const Tensor& weight, const Tensor& bias, co
   return y;
 }
 
+// The dtypes and shapes of an int8 weight (not its values): one error naming `what`.
+void check_int8_shapes(const Int8Weight& w, const std::string& what) {
+  QKV_CHECK(w.values.defined() && w.values.dtype() == DType::I8 && w.values.dim() == 2, what,
+            ": int8 weight values must be I8 [out, in]");
+  const int64_t out = w.values.size(0), in = w.values.size(1), blocks = (in + kInt8Block - 1) / kInt8Block;
+  QKV_CHECK(w.scales.defined() && w.scales.dtype() == DType::F32 && (w.scales.shape() == Shape{out, blocks}), what,
+            ": int8 weight scales must be F32 [", out, ", ", blocks, "] (one per block of ", kInt8Block,
+            "), got ", w.scales.defined() ? dtype_name(w.scales.dtype()) : "none", " ",
+            w.scales.defined() ? shape_str(w.scales.shape()) : "");
+}
+
 }  // namespace
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
@@ -262,7 +278,7 @@ Int8Weight quantize_int8(const Tensor& w) {
 }
 
 Tensor dequantize_int8(const Int8Weight& w) {
-  check_int8_weight(w, "dequantize_int8");
+  check_int8_shapes(w, "dequantize_int8");
   const int64_t out = w.values.size(0), in = w.values.size(1), blocks = w.scales.size(1);
   const Tensor v = contiguous_values(w.values), s = contiguous_values(w.scales);
   Tensor f = Tensor::empty({out, in});
@@ -273,13 +289,8 @@ Tensor dequantize_int8(const Int8Weight& w) {
 }
 
 void check_int8_weight(const Int8Weight& w, const std::string& what) {
-  QKV_CHECK(w.values.defined() && w.values.dtype() == DType::I8 && w.values.dim() == 2, what,
-            ": int8 weight values must be I8 [out, in]");
-  const int64_t out = w.values.size(0), in = w.values.size(1), blocks = (in + kInt8Block - 1) / kInt8Block;
-  QKV_CHECK(w.scales.defined() && w.scales.dtype() == DType::F32 && (w.scales.shape() == Shape{out, blocks}), what,
-            ": int8 weight scales must be F32 [", out, ", ", blocks, "] (one per block of ", kInt8Block,
-            "), got ", w.scales.defined() ? dtype_name(w.scales.dtype()) : "none", " ",
-            w.scales.defined() ? shape_str(w.scales.shape()) : "");
+  check_int8_shapes(w, what);
+  const int64_t in = w.values.size(1), blocks = w.scales.size(1);
   if (w.values.device() == Device::Meta) return;
   const Tensor v = contiguous_values(w.values), s = contiguous_values(w.scales);
   const int8_t* q = v.data<int8_t>();
@@ -297,20 +308,9 @@ Tensor linear_int8(const Tensor& x, const Int8Weight& weight, const Tensor& bias
   require_f32(x, "linear_int8", "x");
   QKV_CHECK(!any_requires_grad({x, bias}),
             "linear: an int8 weight is for inference; run it under NoGradGuard or with inputs that need no gradient");
-  QKV_CHECK(weight.values.defined() && weight.values.dtype() == DType::I8 && weight.values.dim() == 2,
-            "linear_int8: weight values must be I8 [out, in]");
-  const int64_t in = weight.values.size(1), out_features = weight.values.size(0);
-  const int64_t blocks = (in + kInt8Block - 1) / kInt8Block;
-  QKV_CHECK(weight.scales.defined() && weight.scales.dtype() == DType::F32 &&
-                (weight.scales.shape() == Shape{out_features, blocks}),
-            "linear_int8: weight scales must be F32 [", out_features, ", ", blocks, "]");
-  QKV_CHECK(x.dim() >= 1 && x.size(-1) == in, "linear: input of shape ", shape_str(x.shape()),
-            " does not match weight [out, in] = ", shape_str(weight.values.shape()));
-  if (bias.defined()) {
-    require_f32(bias, "linear", "bias");
-    QKV_CHECK(bias.shape() == Shape{out_features}, "linear: bias of shape ", shape_str(bias.shape()), ", expected [",
-              out_features, "]");
-  }
+  check_int8_shapes(weight, "linear_int8");
+  check_input_and_bias(x, bias, weight.values.shape());
+  const int64_t in = weight.values.size(1), out_features = weight.values.size(0), blocks = weight.scales.size(1);
   Tensor x2 = contiguous_values(x).reshape({-1, in});
   Tensor v = contiguous_values(weight.values), s = contiguous_values(weight.scales), b = contiguous_values(bias);
   Shape out_shape = x.shape();
