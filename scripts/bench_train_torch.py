@@ -5,12 +5,14 @@ The reference translation model: d_model 256, 4 heads, 3 encoder + 3 decoder
 layers, dim_feedforward 1024, vocabulary 8000 (one embedding shared by source,
 target and the output projection), dropout 0.1, Post-Norm (nn.Transformer's
 default), label smoothing 0.1, AdamW; batches of 64 sentences of 32 source +
-32 target tokens of random ids. Prints one JSON object:
+32 target tokens of random ids. --precision bf16 runs the forward and the
+loss under torch.autocast("cpu", dtype=torch.bfloat16) (mixed precision). Prints one JSON object:
 {"torch": version, "threads": n, "steps": n, "seconds_per_step": x, "tokens_per_s": x, "target_tokens_per_s": x}
 
-Usage: bench_train_torch.py [--threads 2] [--steps 5]
+Usage: bench_train_torch.py [--threads 2] [--steps 5] [--precision f32|bf16]
 """
 import argparse
+import contextlib
 import json
 import math
 import sys
@@ -43,8 +45,11 @@ class Translator(nn.Module):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--precision", choices=["f32", "bf16"], default="f32",
+                    help="bf16: forward and loss under torch.autocast('cpu', dtype=torch.bfloat16)")
     ap.add_argument("--steps", type=int, default=5)
     a = ap.parse_args()
+    mixed = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if a.precision == "bf16" else contextlib.nullcontext
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     B, S, T, V = 64, 32, 32, 8000
@@ -57,8 +62,9 @@ def main():
 
     def step():
         opt.zero_grad()
-        logits = model(src, tgt[:, :-1], src_pad, mask)
-        loss = F.cross_entropy(logits.reshape(-1, V), tgt[:, 1:].reshape(-1), label_smoothing=0.1)
+        with mixed():
+            logits = model(src, tgt[:, :-1], src_pad, mask)
+            loss = F.cross_entropy(logits.reshape(-1, V), tgt[:, 1:].reshape(-1), label_smoothing=0.1)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -70,7 +76,7 @@ def main():
     for _ in range(a.steps):
         step()
     per_step = (time.perf_counter() - t0) / a.steps
-    print(json.dumps({"torch": torch.__version__, "threads": a.threads, "steps": a.steps,
+    print(json.dumps({"torch": torch.__version__, "threads": a.threads, "steps": a.steps, "precision": a.precision,
                       "seconds_per_step": per_step, "tokens_per_s": B * (S + T) / per_step,
                       "target_tokens_per_s": B * T / per_step}))
     return 0

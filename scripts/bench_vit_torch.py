@@ -7,13 +7,16 @@ embedding a Conv2d of stride 7; learned positions; d_model 128, 4 heads,
 4 Pre-Norm nn.TransformerEncoderLayer blocks with GELU and dim_feedforward
 384; final LayerNorm, mean pooling, 10 classes). Training: cross-entropy with label smoothing 0.1, AdamW, batches
 of 128 random images; inference: batches of 256 in eval mode without
-gradients. Prints one JSON object:
+gradients. --precision bf16 runs both forwards (and the loss) under
+torch.autocast("cpu", dtype=torch.bfloat16). Prints one JSON object:
 {"torch": version, "threads": n, "parameters": n, "train_images_per_s": x, "infer_images_per_s": x}
 
 Usage: bench_vit_torch.py [--threads 2] [--steps 10] [--image 28] [--patch 7]
          [--channels 1] [--d-model 128] [--heads 4] [--layers 4] [--ff 384] [--classes 10]
+         [--precision f32|bf16]
 """
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -55,6 +58,8 @@ def best_seconds(f, calls):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--precision", choices=["f32", "bf16"], default="f32",
+                    help="bf16: forward and loss under torch.autocast('cpu', dtype=torch.bfloat16)")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--image", type=int, default=28)
     ap.add_argument("--patch", type=int, default=7)
@@ -65,6 +70,7 @@ def main():
     ap.add_argument("--ff", type=int, default=384)
     ap.add_argument("--classes", type=int, default=10)
     args = ap.parse_args()
+    mixed = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if args.precision == "bf16" else contextlib.nullcontext
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     model = ViT(args.image, args.patch, args.channels, args.d_model, args.heads, args.layers, args.ff, args.classes)
@@ -74,7 +80,8 @@ def main():
 
     def train_step():
         opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(x), y, label_smoothing=0.1)
+        with mixed():
+            loss = F.cross_entropy(model(x), y, label_smoothing=0.1)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -85,7 +92,7 @@ def main():
     xi = torch.randn(256, *shape)
 
     def infer():
-        with torch.no_grad():
+        with torch.no_grad(), mixed():
             model(xi)
 
     infer_s = best_seconds(infer, args.steps)

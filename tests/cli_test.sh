@@ -155,7 +155,7 @@ sed -n 2p "$tmp/out" | grep -q "fish" || { echo "FAIL classify HF ViT: expected 
 printf '{"d_model": 32, "nhead": 4, "num_encoder_layers": 1, "num_decoder_layers": 1, "dim_feedforward": 64,\n "train": {"steps": 6, "batch_tokens": 256, "eval_every": 3, "eval_sentences": 4}}\n' >"$tmp/tiny.json"
 check "train" 0 "$QKV" train --config "$tmp/tiny.json" --train "$tmp/demo/zh-ja.train.tsv" --out "$tmp/tiny"
 # Overrides of the config's training options are checked, never ignored.
-for flag in "--steps -5" "--steps 0" "--batch-tokens -1" "--lr nan" "--lr -1" "--lr inf" "--epochs 0" "--seed -1"; do
+for flag in "--steps -5" "--steps 0" "--batch-tokens -1" "--lr nan" "--lr -1" "--lr inf" "--epochs 0" "--seed -1" "--precision fp8"; do
   check "train $flag" nonzero "$QKV" train --config "$tmp/tiny.json" --train "$tmp/demo/zh-ja.test.tsv" --out "$tmp/never" $flag
   one_line_error "train $flag"
   [ ! -e "$tmp/never" ] || { echo "FAIL train $flag wrote a folder"; failures=$((failures + 1)); }
@@ -230,6 +230,8 @@ done
 grep -q "test accuracy" "$tmp/out" || { echo "FAIL train vit reports no test accuracy"; cat "$tmp/out"; failures=$((failures + 1)); }
 check "train vit --resume" 0 "$QKV" train --config "$tmp/vit.json" --train "$tmp/idx" --out "$tmp/vit" --epochs 3 --resume
 grep -q '"epoch": 3' "$tmp/vit/trainer_state.json" || { echo "FAIL vit resume did not reach epoch 3"; failures=$((failures + 1)); }
+check "train vit bf16" 0 "$QKV" train --config "$tmp/vit.json" --train "$tmp/idx" --out "$tmp/vit-bf16" --epochs 1 --precision bf16
+grep -q "bf16 mixed precision" "$tmp/out" && grep -q "test accuracy" "$tmp/out" || { echo "FAIL train vit bf16"; cat "$tmp/out"; failures=$((failures + 1)); }
 check "train vit --steps" nonzero "$QKV" train --config "$tmp/vit.json" --train "$tmp/idx" --out "$tmp/vit2" --steps 3
 one_line_error "train vit --steps"
 check "eval vit --json" 0 "$QKV" eval --json --model "$tmp/vit" --test "$tmp/idx"
@@ -354,6 +356,10 @@ grep -q '"qkv_tokens_per_s"' "$tmp/out" || { echo "FAIL bench train json"; failu
 grep -q '"gemm_kernel"' "$tmp/out" || { echo "FAIL bench json lacks what ran (runtime)"; failures=$((failures + 1)); }
 check "bench decode" 0 "$QKV" bench decode --model "$tmp/demo/model" --test "$tmp/demo/zh-ja.test.tsv" --sentences 5 --json
 grep -q '"greedy, uncached"' "$tmp/out" || { echo "FAIL bench decode json"; cat "$tmp/out"; failures=$((failures + 1)); }
+check "bench vit bf16" 0 bash -c "cd '$FIXTURES/../..' && '$QKV' bench vit --steps 1 --json --python false --precision bf16"
+grep -q '"precision": "bf16"' "$tmp/out" || { echo "FAIL bench vit bf16 json"; failures=$((failures + 1)); }
+check "bench train unknown precision" nonzero "$QKV" bench train --precision fp8 --python false
+one_line_error "bench train unknown precision"
 check "bench unknown suite" nonzero "$QKV" bench frobnicate
 one_line_error "bench unknown suite"
 

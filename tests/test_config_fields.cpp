@@ -38,6 +38,10 @@ TEST(ConfigFields, ErrorsNameTheFileTheKeyAndWhatIsAllowed) {
             "t.json: unknown key 'train.stpes'");
   EXPECT_EQ(error_of([] { TrainOptions::from_json(R"({"train": {"schedule": "linear"}})", "t.json"); }),
             "t.json: 'train.schedule' is 'linear', expected one of: inverse_sqrt, cosine");
+  EXPECT_EQ(error_of([] { VitTrainOptions::from_json(R"({"train": {"precision": "fp8"}})", "t.json"); }),
+            "t.json: 'train.precision' is 'fp8', expected one of: f32, bf16");
+  EXPECT_EQ(LmTrainOptions::from_json(R"({"train": {"precision": "bf16"}})", "t.json").precision, Precision::Bf16);
+  EXPECT_EQ(TrainOptions::from_json(R"({"train": {}})", "t.json").precision, Precision::F32);
   EXPECT_EQ(error_of([] { LmTrainOptions::from_json(R"({"train": {"seed": -1}})", "t.json"); }),
             "t.json: 'train.seed' must not be negative, got -1");
   EXPECT_EQ(error_of([] { VitTrainOptions::from_json(R"({"train": []})", "t.json"); }),

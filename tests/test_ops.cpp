@@ -347,6 +347,63 @@ TEST(Ops, LinearWithBf16WeightIsTheFloat32ProductOfRoundedInputs) {
   omp_set_num_threads(1);
 }
 
+// Mixed precision: under Bf16AutocastGuard, a float32 weight's linear is the
+// float32 linear of operands rounded to bfloat16, forward and backward:
+// pre = r(x) r(W)^T + b, dx = r(dpre) r(W), dW = r(dpre)^T r(x), db the
+// float32 row sum of dpre (dpre = dy, or dy * act'(pre) through a fused
+// activation; ReLU here, whose derivative does not move with pre's last
+// bits), each within the float32 dot product's bound; the backward runs after
+// the guard has gone, on the choice the op recorded. The rounding is checked
+// to happen: the plain float32 product lies outside that bound.
+TEST(Ops, LinearUnderBf16AutocastIsTheFloat32ProductOfRoundedOperands) {
+  omp_set_num_threads(2);
+  auto rounded = [](const Tensor& t) { return t.to(DType::BF16).to(DType::F32); };
+  for (bool with_act : {false, true}) {
+    Rng rng(14 + with_act);
+    Tensor x = Tensor::randn({301, 67}, rng), w = Tensor::randn({130, 67}, rng, 0.2f), b = Tensor::randn({130}, rng);
+    Tensor r = Tensor::randn({301, 130}, rng);
+    Tensor xg = x.clone().set_requires_grad(true), wg = w.clone().set_requires_grad(true),
+           bg = b.clone().set_requires_grad(true);
+    Tensor y;
+    {
+      Bf16AutocastGuard mixed;
+      EXPECT_TRUE(bf16_autocast());
+      y = with_act ? linear(xg, wg, bg, Activation::Relu) : linear(xg, wg, bg);
+    }
+    EXPECT_FALSE(bf16_autocast());
+    sum(mul(y, r)).backward();
+
+    Tensor pre_ref, dpre, dx_ref, dw_ref, db_ref, y32;
+    {
+      ReferenceKernelsGuard reference;
+      NoGradGuard no_grad;
+      pre_ref = linear(rounded(x), rounded(w), b);
+      std::vector<float> d = r.to_vector(), p = pre_ref.to_vector();
+      for (size_t i = 0; i < d.size(); ++i)
+        if (with_act && p[i] <= 0) d[i] = 0;  // ReLU's derivative
+      dpre = Tensor::from_vector(d, {301, 130});
+      dx_ref = matmul(rounded(dpre), rounded(w));
+      dw_ref = matmul(rounded(dpre).transpose(0, 1), rounded(x));
+      db_ref = sum(dpre, {0});
+      y32 = linear(x, w, b);
+    }
+    // |relu(a) - relu(b)| <= |a - b|: the bound on the product holds after it.
+    EXPECT_TRUE(testing::gemm_close(y, with_act ? relu(pre_ref) : pre_ref, rounded(x), rounded(w), b)) << with_act;
+    EXPECT_FALSE(testing::gemm_close(y, y32, x, w, b)) << "the forward was not rounded to bfloat16";
+    Tensor dr = rounded(dpre).contiguous(), wr = rounded(w).contiguous(), xr = rounded(x).contiguous();
+    GemmArgs gx;  // dx [301, 67] = dpre [301, 130] W [130, 67]
+    gx.m = 301, gx.n = 67, gx.k = 130, gx.a = dr.data<float>(), gx.lda = 130, gx.b = wr.data<float>(), gx.ldb = 67,
+    gx.ldc = 67;
+    EXPECT_TRUE(testing::gemm_close(gx, Tensor::zeros({301, 67}), xg.grad(), dx_ref)) << with_act;
+    GemmArgs gw;  // dW [130, 67] = dpre^T [130, 301] x [301, 67]
+    gw.trans_a = true, gw.m = 130, gw.n = 67, gw.k = 301, gw.a = dr.data<float>(), gw.lda = 130,
+    gw.b = xr.data<float>(), gw.ldb = 67, gw.ldc = 67;
+    EXPECT_TRUE(testing::gemm_close(gw, Tensor::zeros({130, 67}), wg.grad(), dw_ref)) << with_act;
+    EXPECT_TRUE(testing::float32_close(bg.grad(), db_ref, {301, 1})) << with_act;
+  }
+  omp_set_num_threads(1);
+}
+
 TEST(Ops, LinearWithBf16WeightRefusesGradientsAndOtherDtypes) {
   Rng rng(13);
   Tensor x = Tensor::randn({3, 8}, rng).set_requires_grad(true), w16 = Tensor::randn({4, 8}, rng).to(DType::BF16);

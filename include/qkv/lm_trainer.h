@@ -33,6 +33,7 @@ struct LmTrainOptions {
   float plateau_factor = 0;      // lr x this after plateau_patience validations without a better one (0: off)
   int64_t plateau_patience = 2;
   int64_t keep_checkpoints = 0;  // keep the model folders of the last N validations in checkpoints/step-N
+  Precision precision = Precision::F32;  // "bf16": mixed precision (bfloat16 products, float32 weights and state)
   bool resume = false;
   // The "train" object of a config file; unknown keys are an error.
   static LmTrainOptions from_json(const std::string& text, const std::string& source);

@@ -63,6 +63,24 @@ Tensor matmul(const Tensor& a, const Tensor& b);
 // a gradient) multiplies x rounded to bfloat16, with float32 sums (AMX tiles
 // or AVX512-BF16 where the CPU has them; `qkv info` says which).
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+// Mixed precision (per thread, as torch.autocast): while a Bf16AutocastGuard
+// is alive on this thread, linear() with a float32 weight multiplies in
+// bfloat16 (x and W rounded to bfloat16 as the GEMM packs them, float32
+// sums and output), and so does its backward (dy, W and x rounded the same
+// way; dW comes out in float32 for the float32 master weight), whenever it
+// runs: the choice is recorded with the op. Everything else stays float32.
+bool bf16_autocast();
+class Bf16AutocastGuard {
+public:
+  explicit Bf16AutocastGuard(bool enabled = true);
+  ~Bf16AutocastGuard();
+  Bf16AutocastGuard(const Bf16AutocastGuard&) = delete;
+  Bf16AutocastGuard& operator=(const Bf16AutocastGuard&) = delete;
+private:
+  bool previous_;
+};
+// What a training run multiplies in: "precision" in a config's train section.
+enum class Precision { F32, Bf16 };
 // The nonlinearities of an MLP (their config names: src/config/names.h).
 enum class Activation { Relu, Gelu, GeluTanh, Silu, Tanh };
 // act(x W^T + b): the same values as the linear and the activation one after

@@ -28,6 +28,7 @@ struct TrainRun {
   // belong to the family (steps and batch_tokens not for a vit, epochs only).
   std::optional<int64_t> steps, epochs, batch_tokens, seed;
   std::optional<double> lr;
+  std::optional<Precision> precision;  // the config's "precision" ("f32" or "bf16": mixed precision)
   // How the caller spells its options in errors: "--batch-tokens" for the
   // program (true), "batch_tokens" for Python's keywords (false).
   bool flag_names = true;

@@ -49,13 +49,14 @@ def from_dlpack(array):
     return Tensor.from_dlpack(array)
 
 
-def train(config, *, train, out, valid=None, steps=None, epochs=None, lr=None, seed=None, resume=False,
-          threads=0, on_step=None, on_eval=None, verbose=True):
+def train(config, *, train, out, valid=None, steps=None, epochs=None, lr=None, seed=None, precision=None,
+          resume=False, threads=0, on_step=None, on_eval=None, verbose=True):
     """Trains as `qkv train` does and returns {"out", "last_step", "stopped_early"}.
 
     config: a config file (configs/*.json); train/valid: a TSV of pairs (translation), a text
     file (decoder) or an IDX folder (vit); without valid, the last 5% of train is held out
-    (a vit tests on train's t10k files). steps/epochs/lr/seed override the config's.
+    (a vit tests on train's t10k files). steps/epochs/lr/seed override the config's, and so
+    does precision ("f32", or "bf16" for mixed precision: docs/low-precision.md).
     on_step(dict) runs after every step; on_eval(dict) after each validation (each epoch for a
     vit), and a true return from it ends a translation run there. verbose prints a line per validation.
     """
@@ -69,7 +70,7 @@ def train(config, *, train, out, valid=None, steps=None, epochs=None, lr=None, s
     return _qkv.train(
         _os.fspath(config), train=_os.fspath(train), out=_os.fspath(out),
         valid="" if valid is None else _os.fspath(valid), steps=steps, epochs=epochs, lr=lr, seed=seed,
-        resume=resume, threads=threads, on_step=on_step, on_eval=on_eval)
+        precision=precision, resume=resume, threads=threads, on_step=on_step, on_eval=on_eval)
 
 
 def _eval_line(r):

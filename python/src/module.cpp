@@ -752,13 +752,21 @@ NB_MODULE(_qkv, m) {
 
   m.def("train", [](const std::string& config, const std::string& train_data, const std::string& out,
                     const std::string& valid, std::optional<int64_t> steps, std::optional<int64_t> epochs,
-                    std::optional<double> lr, std::optional<int64_t> seed, bool resume, int threads,
-                    nb::object on_step, nb::object on_eval) {
+                    std::optional<double> lr, std::optional<int64_t> seed, std::optional<std::string> precision,
+                    bool resume, int threads, nb::object on_step, nb::object on_eval) {
+          std::optional<Precision> p;
+          if (precision) {
+            QKV_CHECK(*precision == "f32" || *precision == "bf16", "train: precision must be 'f32' or 'bf16', got '",
+                      *precision, "'");
+            p = *precision == "bf16" ? Precision::Bf16 : Precision::F32;
+          }
           return qkv::python::train({.config_source = config, .train = train_data, .valid = valid, .out = out,
-                                     .resume = resume, .steps = steps, .epochs = epochs, .seed = seed, .lr = lr},
+                                     .resume = resume, .steps = steps, .epochs = epochs, .seed = seed, .lr = lr,
+                                     .precision = p},
                                     threads, on_step, on_eval);
         },
         "config"_a, nb::kw_only(), "train"_a, "out"_a, "valid"_a = "", "steps"_a = nb::none(),
-        "epochs"_a = nb::none(), "lr"_a = nb::none(), "seed"_a = nb::none(), "resume"_a = false, "threads"_a = 0,
+        "epochs"_a = nb::none(), "lr"_a = nb::none(), "seed"_a = nb::none(), "precision"_a = nb::none(),
+        "resume"_a = false, "threads"_a = 0,
         "on_step"_a = nb::none(), "on_eval"_a = nb::none(), "Trains as `qkv train` does (see docs/python.md).");
 }

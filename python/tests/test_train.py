@@ -62,6 +62,16 @@ def test_on_eval_can_stop_and_errors_propagate(tmp_path, tiny_config, zh_ja):
         qkv.train(tiny_config, train=tmp_path / "missing.tsv", out=tmp_path / "m3")
     with pytest.raises(qkv.Error, match="epochs is for vit"):
         qkv.train(tiny_config, train=zh_ja / "train.tsv", out=tmp_path / "m3", epochs=2)
+    with pytest.raises(qkv.Error, match="precision must be 'f32' or 'bf16', got 'fp8'"):
+        qkv.train(tiny_config, train=zh_ja / "train.tsv", out=tmp_path / "m3", precision="fp8")
+
+
+def test_mixed_precision_trains_and_saves_a_float32_folder(tmp_path, tiny_config, zh_ja):
+    out = tmp_path / "bf16"
+    result = qkv.train(tiny_config, train=zh_ja / "train.tsv", valid=zh_ja / "test.tsv", out=out, steps=3,
+                       precision="bf16", verbose=False)
+    assert result["last_step"] == 3
+    assert len(qkv.load(out).translate(["我是中国人"], max_len=8)) == 1
 
 
 def test_ctrl_c_interrupts_a_long_run(tmp_path, tiny_config, zh_ja):

@@ -53,17 +53,26 @@ struct GemmArgs {
 // B [N,K] (a Linear weight's layout) bfloat16 as raw bits with row strides
 // lda, ldb; C float32. Every product of two bfloat16 values is exact in
 // float32, so the only rounding is that of the float32 sums (and of C).
-// bias (optional, [N]) is added to every row last. A may be given in float32
-// instead (a_f32, with a null): it is then rounded to bfloat16 (to nearest,
-// ties to even) as it is read, the way activations meet a bfloat16 weight.
+// bias (optional, [N]) is added to every row last.
+//
+// Either operand may be given in float32 instead (a_f32 with a null, b_f32
+// with b null): it is then rounded to bfloat16 (to nearest, ties to even) as
+// it is read, the way activations meet a bfloat16 weight, and the way
+// mixed-precision training meets its float32 weights and gradients. Either
+// may be held transposed (a_transposed: A is stored as A^T, [K,M] with row
+// stride lda, element (i, p) at a[p * lda + i]; b_transposed: B stored as
+// [K,N]), the layouts the backward of a Linear layer reads.
 struct GemmBf16Args {
   int64_t m = 0, n = 0, k = 0;
   float alpha = 1.0f;
   const uint16_t* a = nullptr;
   const float* a_f32 = nullptr;
   int64_t lda = 0;
+  bool a_transposed = false;
   const uint16_t* b = nullptr;
+  const float* b_f32 = nullptr;
   int64_t ldb = 0;
+  bool b_transposed = false;
   float beta = 0.0f;
   float* c = nullptr;
   int64_t ldc = 0;

@@ -192,7 +192,9 @@ Linear::Linear(LinearOptions o, Rng& rng) {
 }
 
 Tensor TiedHead::forward(const Tensor& x, const Embedding& embedding) const {
-  return copy_ ? copy_->forward(x) : matmul(x, embedding.weight.transpose(0, 1));
+  // x E^T as a linear layer with the embedding as its weight, so that it
+  // takes the same GEMM (and, in mixed-precision training, bfloat16).
+  return copy_ ? copy_->forward(x) : linear(x, embedding.weight);
 }
 
 void TiedHead::convert(const Embedding& embedding, DType dtype) {

@@ -171,9 +171,25 @@ void check_input_and_bias(const Tensor& x, const Tensor& bias, const Shape& weig
             ", expected [", weight_shape[0], "]");
 }
 
+thread_local bool t_bf16_autocast = false;
+
+// C = op(A) op(B) + ... as `g` describes it (its activation epilogue aside),
+// in float32 or, with bf16, on operands rounded to bfloat16 (float32 sums).
+void gemm_in(bool bf16, const GemmArgs& g) {
+  if (g.m == 0 || g.n == 0) return;
+  if (!bf16) return QKV_KERNEL(gemm)(g);
+  GemmBf16Args h;
+  h.m = g.m, h.n = g.n, h.k = g.k, h.alpha = g.alpha, h.beta = g.beta;
+  h.a_f32 = g.a, h.lda = g.lda, h.a_transposed = g.trans_a;
+  h.b_f32 = g.b, h.ldb = g.ldb, h.b_transposed = !g.trans_b;  // gemm_bf16's B is B^T's [n, k] layout
+  h.c = g.c, h.ldc = g.ldc, h.bias = g.bias;
+  QKV_KERNEL(gemm_bf16)(h);
+}
+
 // y = act(x W^T + b), or x W^T + b when act is null. With an activation and
 // history to record, the product before it (pre) is kept for the backward:
-// dpre = dy * act'(pre), then the linear's backward with dpre.
+// dpre = dy * act'(pre), then the linear's backward with dpre. Under
+// Bf16AutocastGuard the three products take bfloat16 operands.
 Tensor linear_impl(const Tensor& x, const Tensor& weight, const Tensor& bias, const UnaryOp* act) {
   require_f32(x, "linear", "x");
   QKV_CHECK(weight.defined(), "linear: weight is undefined");
@@ -184,6 +200,7 @@ Tensor linear_impl(const Tensor& x, const Tensor& weight, const Tensor& bias, co
   check_input_and_bias(x, bias, weight.shape());
   const int64_t in = weight.size(1), out_features = weight.size(0);
   if (weight.dtype() == DType::BF16) return linear_bf16(x, weight, bias, act);
+  const bool bf16 = t_bf16_autocast;
   Tensor x2 = x.detach().reshape({-1, in});
   Tensor w = contiguous_values(weight);
   const int64_t rows = x2.size(0);
@@ -200,13 +217,17 @@ Tensor linear_impl(const Tensor& x, const Tensor& weight, const Tensor& bias, co
   g.b = w.data<float>(), g.ldb = std::max<int64_t>(in, 1);
   g.c = pre.defined() ? pre.data<float>() : y.data<float>(), g.ldc = std::max<int64_t>(out_features, 1);
   g.bias = b.defined() ? b.data<float>() : nullptr;
-  if (act) g.act = *act, g.act_out = y.data<float>(), g.ld_act = g.ldc;
-  if (rows > 0 && out_features > 0) QKV_KERNEL(gemm)(g);
+  if (bf16) {
+    gemm_in(true, g);  // then the activation over the whole product
+    if (act) QKV_KERNEL(unary_forward)(*act, g.c, y.data<float>(), y.numel());
+  } else {
+    if (act) g.act = *act, g.act_out = y.data<float>(), g.ld_act = g.ldc;
+    if (rows > 0 && out_features > 0) QKV_KERNEL(gemm)(g);
+  }
   const UnaryOp op = act ? *act : UnaryOp::Relu;
   record_op(y, act ? "linear_activation" : "linear", {x, weight, bias},
-            [x2, w, pre, op, in, out_features, rows, x_shape = x.shape()](const BackwardArgs& a) -> std::vector<Tensor> {
+            [x2, w, pre, op, bf16, in, out_features, rows, x_shape = x.shape()](const BackwardArgs& a) -> std::vector<Tensor> {
     Tensor dy = a.grad_out.contiguous();
-    auto gemm = QKV_KERNEL(gemm);
     if (pre.defined()) {  // through the activation first
       Tensor dpre = Tensor::empty(pre.shape());
       QKV_KERNEL(unary_backward)(op, pre.data<float>(), a.out.data<float>(), dy.data<float>(), dpre.data<float>(),
@@ -218,14 +239,14 @@ Tensor linear_impl(const Tensor& x, const Tensor& weight, const Tensor& bias, co
       dx = Tensor::empty(x_shape);
       GemmArgs g{false, false, rows, in, out_features, 1.0f, dy.data<float>(), std::max<int64_t>(out_features, 1),
                  w.data<float>(), std::max<int64_t>(in, 1), 0.0f, dx.data<float>(), std::max<int64_t>(in, 1)};
-      if (rows > 0 && in > 0) gemm(g);
       if (out_features == 0) dx.fill_(0.0f);
+      else gemm_in(bf16, g);
     }
     if (a.needs_grad[1]) {  // dW [out, in] = dy^T [out, rows] x [rows, in]
       dw = Tensor::empty({out_features, in});
       GemmArgs g{true, false, out_features, in, rows, 1.0f, dy.data<float>(), std::max<int64_t>(out_features, 1),
                  x2.data<float>(), std::max<int64_t>(in, 1), 0.0f, dw.data<float>(), std::max<int64_t>(in, 1)};
-      if (rows > 0) gemm(g);
+      if (rows > 0) gemm_in(bf16, g);
       else dw.fill_(0.0f);  // no rows: dW is 0
     }
     if (a.needs_grad.size() > 2 && a.needs_grad[2]) {
@@ -249,6 +270,10 @@ void check_int8_shapes(const Int8Weight& w, const std::string& what) {
 }
 
 }  // namespace
+
+bool bf16_autocast() { return t_bf16_autocast; }
+Bf16AutocastGuard::Bf16AutocastGuard(bool enabled) : previous_(t_bf16_autocast) { t_bf16_autocast = enabled; }
+Bf16AutocastGuard::~Bf16AutocastGuard() { t_bf16_autocast = previous_; }
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   return linear_impl(x, weight, bias, nullptr);

@@ -259,7 +259,11 @@ TrainOutcome run_training(TrainTask& task, const LoopOptions& o, const std::stri
     opt.set_lr(lr);
     opt.zero_grad();
     const auto step_start = std::chrono::steady_clock::now();
-    StepLoss loss = task.step_loss(step, shard);
+    StepLoss loss;
+    {  // the forward under the run's precision; each op's backward keeps the one it recorded
+      Bf16AutocastGuard mixed(o.precision == Precision::Bf16);
+      loss = task.step_loss(step, shard);
+    }
     if (group) combine_shards(*group, loss, timing.wait_seconds);
     const bool taken = step_if_finite(loss.loss, loss.value, model, opt, o.clip_norm, skips, step, out_dir, reducer.get());
     timing.step_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();

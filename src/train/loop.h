@@ -39,6 +39,11 @@
 #include "qkv/process_group.h"
 #include "src/config/fields.h"
 
+template <>
+struct qkv::config::EnumNames<qkv::Precision> {
+  static constexpr std::pair<Precision, const char*> values[] = {{Precision::F32, "f32"}, {Precision::Bf16, "bf16"}};
+};
+
 namespace qkv {
 
 struct StepLoss {
@@ -118,6 +123,7 @@ struct LoopOptions {
   float plateau_factor = 0;      // multiply the lr by this after plateau_patience validations without a better one
   int64_t plateau_patience = 2;  //   (0: never; as torch.optim.lr_scheduler.ReduceLROnPlateau)
   int64_t keep_checkpoints = 0;  // model folders of the last this many validations, checkpoints/step-N
+  Precision precision = Precision::F32;  // Bf16: each step's forward under Bf16AutocastGuard (qkv/ops.h)
   bool resume = false;
   ProcessGroup* group = nullptr;  // the processes training this model together; none: this one alone
 };
@@ -128,7 +134,7 @@ LoopOptions loop_options(const Options& o, ProcessGroup* group) {
   return {.lr = o.lr, .weight_decay = o.weight_decay, .clip_norm = o.clip_norm,
           .max_skipped_in_a_row = o.max_skipped_in_a_row, .patience = o.patience,
           .plateau_factor = o.plateau_factor, .plateau_patience = o.plateau_patience,
-          .keep_checkpoints = o.keep_checkpoints, .resume = o.resume, .group = group};
+          .keep_checkpoints = o.keep_checkpoints, .precision = o.precision, .resume = o.resume, .group = group};
 }
 
 // FNV-1a, 64 bits: continues `h` over `n` bytes at `data`.
@@ -143,16 +149,17 @@ inline uint64_t fnv1a(const void* data, size_t n, uint64_t h = kFnvStart) {
 // or holds) is not the same on all: `what` says what differs.
 void require_same_everywhere(ProcessGroup* group, uint64_t hash, const std::string& what);
 
-// The "train" keys of the loop's stopping and saving options, shared by every
-// trainer's section (TrainOptions, LmTrainOptions, VitTrainOptions), so their
-// names and ranges are written once.
+// The "train" keys of the loop's stopping, saving and precision options,
+// shared by every trainer's section (TrainOptions, LmTrainOptions,
+// VitTrainOptions), so their names and ranges are written once.
 template <class Options>
 config::Fields<Options>& add_stopping_fields(config::Fields<Options>& f) {
   using O = Options;
   return f.add("patience", &O::patience).at_least(0)
       .add("plateau_factor", &O::plateau_factor).fraction()
       .add("plateau_patience", &O::plateau_patience).at_least(1)
-      .add("keep_checkpoints", &O::keep_checkpoints).at_least(0);
+      .add("keep_checkpoints", &O::keep_checkpoints).at_least(0)
+      .add("precision", &O::precision);
 }
 
 // Trains `task` into the model folder `out_dir`; with options.resume, from

@@ -53,8 +53,12 @@ void apply_overrides(const TrainRun& r, Options& o) {
   }
   if (r.lr) o.lr = (float)*r.lr;
   if (r.seed) o.seed = (uint64_t)*r.seed;
+  if (r.precision) o.precision = *r.precision;
   o.resume = r.resume;
 }
+
+// What the starting line adds for the run's precision.
+const char* precision_note(Precision p) { return p == Precision::Bf16 ? "; bf16 mixed precision" : ""; }
 
 std::string starting_line(const TrainRun& r, const std::string& summary, const std::string& data) {
   const int processes = r.group ? r.group->size() : 1, threads = omp_get_max_threads();
@@ -77,6 +81,8 @@ uint64_t run_hash(const TrainRun& r) {
     h = fnv1a(&x, sizeof x, h);
   }
   const double lr = r.lr.value_or(-1);
+  const int precision = r.precision ? (int)*r.precision : -1;
+  h = fnv1a(&precision, sizeof precision, h);
   return fnv1a(&lr, sizeof lr, fnv1a(&r.resume, sizeof r.resume, h));
 }
 
@@ -108,7 +114,7 @@ TrainOutcome train_translation_run(const TrainRun& r, const TrainHooks& hooks) {
   say_starting(r, hooks, m.model->summary(),
                std::to_string(train.size()) + " training pairs, " + std::to_string(valid.size()) +
                    " validation pairs; " + std::to_string(o.steps) + " steps of up to " +
-                   std::to_string(o.batch_tokens) + " tokens");
+                   std::to_string(o.batch_tokens) + " tokens" + precision_note(o.precision));
   return train_translation(m, train, valid, o, r.out, hooks.translation, r.group);
 }
 
@@ -134,7 +140,7 @@ TrainOutcome train_language_run(const TrainRun& r, const TrainHooks& hooks) {
   say_starting(r, hooks, m.model->summary(),
                std::to_string(train.size()) + " training tokens, " + std::to_string(valid.size()) +
                    " validation tokens; " + std::to_string(o.steps) + " steps of " + std::to_string(o.batch_size) +
-                   " x " + std::to_string(m.model->config().context) + " tokens");
+                   " x " + std::to_string(m.model->config().context) + " tokens" + precision_note(o.precision));
   return train_language_model(m, train, valid, o, r.out, hooks.language, r.group);
 }
 
@@ -158,7 +164,7 @@ TrainOutcome train_vision_run(const TrainRun& r, const TrainHooks& hooks) {
   say_starting(r, hooks, model->summary(),
                std::to_string(used) + " training images (of " + std::to_string(train.count) + "), " +
                    std::to_string(test.count) + " test images; " + std::to_string(o.epochs) +
-                   " epochs of batches of " + std::to_string(o.batch_size));
+                   " epochs of batches of " + std::to_string(o.batch_size) + precision_note(o.precision));
   return train_vit(*model, train, test, o, r.out, hooks.vision, r.group);
 }
 

@@ -44,6 +44,7 @@ struct BenchArgs {
   bool causal = false;
   std::string python = "python3";
   int steps = 5;  // train: timed steps
+  std::string precision = "f32";  // train, vit: "bf16" runs qkv under Bf16AutocastGuard and PyTorch under autocast
   std::string model = "out/demo/model";           // decode: a trained model folder; generate: a decoder folder
   const CLI::Option* model_option = nullptr;      // whether --model was given
   std::string test = "out/demo/zh-ja.test.tsv";  // decode: its sentences
@@ -311,9 +312,14 @@ int run_bench_train(const BenchArgs& a) {
   std::vector<int64_t> all(B);
   for (int64_t i = 0; i < B; ++i) all[i] = i;
   Batch batch = collate(data, all);  // tgt_in and tgt_out are T = 32 long
+  const bool bf16 = a.precision == "bf16";
   auto step = [&] {
     opt.zero_grad();
-    Tensor loss = translation_loss(model, batch, 0.1f);
+    Tensor loss;
+    {
+      Bf16AutocastGuard mixed(bf16);
+      loss = translation_loss(model, batch, 0.1f);
+    }
     loss.backward();
     clip_grad_norm(model.parameters(), 1.0f);
     opt.step();
@@ -330,13 +336,15 @@ int run_bench_train(const BenchArgs& a) {
   AllocatorStats after = allocator_stats();
   if (progress) std::fprintf(stderr, "\rbench train: PyTorch (scripts/bench_train_torch.py) ...   ");
   nlohmann::json torch = run_peer(a.python + " scripts/bench_train_torch.py --threads " +
-                                  std::to_string(thread_count()) + " --steps " + std::to_string(steps));
+                                  std::to_string(thread_count()) + " --steps " + std::to_string(steps) +
+                                  " --precision " + a.precision);
   if (progress) std::fprintf(stderr, "\r%70s\r", "");
   const double qkv_tps = B * (S + T) / per_step;
   nlohmann::ordered_json out = {{"suite", "train"},
                                 {"threads", thread_count()},
                                 {"parameters", model.parameter_count()},
                                 {"batch", "64 x (32 + 32) tokens"},
+                                {"precision", a.precision},
                                 {"steps_timed", steps},
                                 {"qkv_seconds_per_step", per_step},
                                 {"qkv_tokens_per_s", qkv_tps},
@@ -356,8 +364,11 @@ int run_bench_train(const BenchArgs& a) {
     return 0;
   }
   std::printf("qkv bench train: translation Transformer, d_model 256, 4 heads, 3+3 layers, ff 1024, vocabulary 8000,\n"
-              "  %lld parameters, 64 x (32 + 32) tokens per step, AdamW, %d threads; tokens = source + target\n\n",
-              (long long)model.parameter_count(), thread_count());
+              "  %lld parameters, 64 x (32 + 32) tokens per step, AdamW, %d threads; tokens = source + target;\n"
+              "  %s\n\n",
+              (long long)model.parameter_count(), thread_count(),
+              bf16 ? "bf16 mixed precision: qkv's linear layers in bfloat16 (float32 sums), PyTorch under autocast"
+                   : "float32");
   std::printf("  qkv      %8.0f tokens/s  (%.3f s/step, %.1f system allocations per warm step)\n", qkv_tps, per_step,
               out["qkv_system_allocs_per_step"].get<double>());
   if (out["ratio"].is_null()) {
@@ -547,9 +558,14 @@ int run_bench_vit(const BenchArgs& a) {
   const bool progress = !a.json && isatty(STDERR_FILENO);
   if (progress) std::fprintf(stderr, "\rbench vit: qkv ...   ");
   model.train();
+  const bool bf16 = a.precision == "bf16";
   auto train_step = [&] {
     opt.zero_grad();
-    Tensor loss = cross_entropy(model.forward(x), y, {.label_smoothing = 0.1f});
+    Tensor loss;
+    {
+      Bf16AutocastGuard mixed(bf16);
+      loss = cross_entropy(model.forward(x), y, {.label_smoothing = 0.1f});
+    }
     loss.backward();
     clip_grad_norm(model.parameters(), 1.0f);
     opt.step();
@@ -569,6 +585,7 @@ int run_bench_vit(const BenchArgs& a) {
   model.eval();
   const double infer_s = best_of_3([&] {
     NoGradGuard no_grad;
+    Bf16AutocastGuard mixed(bf16);
     model.forward(xi);
   }, steps);
   if (progress) std::fprintf(stderr, "\rbench vit: PyTorch (scripts/bench_vit_torch.py) ...   ");
@@ -577,12 +594,14 @@ int run_bench_vit(const BenchArgs& a) {
       std::to_string(steps) + " --image " + std::to_string(S) + " --patch " + std::to_string(c.patch_size) +
       " --channels " + std::to_string(C) + " --d-model " + std::to_string(c.d_model) + " --heads " +
       std::to_string(c.nhead) + " --layers " + std::to_string(c.num_layers) + " --ff " +
-      std::to_string(c.dim_feedforward()) + " --classes " + std::to_string(c.num_classes));
+      std::to_string(c.dim_feedforward()) + " --classes " + std::to_string(c.num_classes) + " --precision " +
+      a.precision);
   if (progress) std::fprintf(stderr, "\r%70s\r", "");
   nlohmann::ordered_json out = {{"suite", "vit"},
                                 {"threads", thread_count()},
                                 {"parameters", model.parameter_count()},
                                 {"model", model.summary()},
+                                {"precision", a.precision},
                                 {"qkv_train_images_per_s", 128 / train_s},
                                 {"qkv_infer_images_per_s", 256 / infer_s}};
   const bool have_torch = torch.contains("train_images_per_s");
@@ -602,8 +621,10 @@ int run_bench_vit(const BenchArgs& a) {
     return 0;
   }
   std::printf("qkv bench vit: %s\n  training: batches of 128 (AdamW, label smoothing 0.1); inference: batches of 256; "
-              "%d threads\n\n",
-              model.summary().c_str(), thread_count());
+              "%d threads;\n  %s\n\n",
+              model.summary().c_str(), thread_count(),
+              bf16 ? "bf16 mixed precision: qkv's linear layers in bfloat16 (float32 sums), PyTorch under autocast"
+                   : "float32");
   std::printf("  %-8s %14s %14s\n", "", "train img/s", "infer img/s");
   std::printf("  %-8s %14.0f %14.0f\n", "qkv", 128 / train_s, 256 / infer_s);
   if (have_torch) {
@@ -957,6 +978,10 @@ Run add_bench(CLI::App& app) {
   sub->add_option("--test", args->test, "decode: sentences to translate (TSV)")->capture_default_str();
   sub->add_option("--sentences", args->sentences, "decode: how many")->capture_default_str();
   sub->add_option("--steps", args->steps, "train, vit: timed training steps")->capture_default_str();
+  sub->add_option("--precision", args->precision,
+                  "train, vit: f32, or bf16 (mixed precision: qkv's Bf16AutocastGuard, PyTorch's autocast)")
+      ->check(CLI::IsMember({"f32", "bf16"}))
+      ->capture_default_str();
   sub->add_option("--n", args->lengths, "attention: sequence lengths")->capture_default_str();
   sub->add_option("--max-naive", args->max_naive, "attention: longest length for the naive path")->capture_default_str();
   sub->add_flag("--causal", args->causal, "attention: causal mask");

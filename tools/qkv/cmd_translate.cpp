@@ -79,6 +79,7 @@ int run_train(const TrainArgs& a) {
   if (a.batch_tokens > 0) run.batch_tokens = a.batch_tokens;
   if (a.lr > 0) run.lr = a.lr;
   if (a.seed >= 0) run.seed = a.seed;
+  if (!a.precision.empty()) run.precision = a.precision == "bf16" ? Precision::Bf16 : Precision::F32;
   TrainHooks hooks;
   hooks.starting = [](const std::string& what) { std::printf("qkv train: %s\n", what.c_str()); };
   hooks.translation.progress = show_translation_progress;
@@ -276,6 +277,10 @@ Run add_train(CLI::App& app) {
       ->check(CLI::Range(int64_t{1}, config::limits::kBatch));
   sub->add_option("--lr", args->lr, "Peak learning rate (overrides the config)")->check(positive_finite);
   sub->add_option("--seed", args->seed, "Seed (overrides the config)")->check(CLI::Range(int64_t{0}, most));
+  sub->add_option("--precision", args->precision,
+                  "f32, or bf16: mixed precision, linear layers on bfloat16 operands with float32 sums, weights "
+                  "and optimizer state (overrides the config; docs/low-precision.md)")
+      ->check(CLI::IsMember({"f32", "bf16"}));
   sub->add_option("--threads", args->threads,
                   "Threads (0: all cores; under mpirun, each process takes its share of this machine's)");
   sub->add_flag("--replace-invalid-utf8", args->replace_invalid, "Replace invalid UTF-8 by U+FFFD instead of failing");

@@ -57,12 +57,14 @@ void write_attention_map(TranslationModel& m, const std::string& source, const s
 
 // The flags of qkv train (cmd_translate.cpp), for every domain. A flag given
 // is checked when parsed (a step count of at least 1, a positive finite lr);
-// one not given stays 0 (-1 for the seed) and keeps the config's value.
+// one not given stays 0 (-1 for the seed, empty for the precision) and keeps
+// the config's value.
 struct TrainArgs {
   std::string config, train, valid, out;  // for vit, train and valid are IDX folders
   int64_t steps = 0, batch_tokens = 0, epochs = 0;
   double lr = 0;
   int64_t seed = -1;
+  std::string precision;
   int threads = 0;
   bool replace_invalid = false;
   bool resume = false;

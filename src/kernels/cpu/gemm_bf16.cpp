@@ -14,11 +14,15 @@
 //                    by 32 columns of C lives in 16 vector registers; each step
 //                    broadcasts one pair of A per row against two vectors of B.
 //                    Up to 4 rows of A (decoding), on AMX CPUs too: each row of
-//                    B streamed once as dot products, with no packing.
+//                    a bfloat16 B [N,K] streamed once as dot products, with no
+//                    packing.
 //   widened          bfloat16 -> float32 copies (exact: a shift), then the
 //                    float32 BLAS; B in panels so the copy stays small.
 //
-// Both bfloat16 paths read the same packed operands. B (what a Linear layer
+// Both bfloat16 paths read the same packed operands, and packing is where an
+// operand given in float32 is rounded and one held transposed is turned
+// round (GemmBf16Args; the backward of mixed-precision training needs both),
+// so the kernels see one layout. B (what a Linear layer
 // keeps) in blocks of 16 columns: for each pair of k, the 16 columns' pairs
 // side by side, the layout the tile multiply wants for its B tile (and a
 // vector of the AVX512-BF16 path). A in 16 x 32 tiles. Both are zero-padded
@@ -61,9 +65,23 @@ inline uint16_t round_bf16(float f) {
   return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
-// Element (i, p) of A as bfloat16, rounding it when A is float32.
-inline uint16_t a_at(const GemmBf16Args& g, int64_t i, int64_t p) {
-  return g.a_f32 ? round_bf16(g.a_f32[i * g.lda + p]) : g.a[i * g.lda + p];
+// One operand's elements as bfloat16, rounding them when it is float32:
+// at(r, p) is row r (of A, or of B), element p along k, wherever the
+// operand's layout keeps it.
+struct Operand {
+  const uint16_t* bf16;
+  const float* f32;
+  int64_t row_stride, k_stride;
+  uint16_t at(int64_t r, int64_t p) const {
+    const int64_t o = r * row_stride + p * k_stride;
+    return f32 ? round_bf16(f32[o]) : bf16[o];
+  }
+};
+inline Operand operand_a(const GemmBf16Args& g) {
+  return {g.a, g.a_f32, g.a_transposed ? 1 : g.lda, g.a_transposed ? g.lda : 1};
+}
+inline Operand operand_b(const GemmBf16Args& g) {
+  return {g.b, g.b_f32, g.b_transposed ? 1 : g.ldb, g.b_transposed ? g.ldb : 1};
 }
 
 // C[i, j] from the float32 sum of A row i and B row j, with alpha, beta and bias.
@@ -82,9 +100,10 @@ void scale_only(const GemmBf16Args& g) {
 void widened(const GemmBf16Args& g) {
   GemmArgs f;
   f.m = g.m, f.n = g.n, f.k = g.k, f.alpha = g.alpha, f.beta = g.beta, f.c = g.c, f.ldc = g.ldc, f.bias = g.bias;
+  const Operand a = operand_a(g), b = operand_b(g);
   gemm_on_float_copies(
-      f, [&](int64_t i, float* out) { for (int64_t p = 0; p < g.k; ++p) out[p] = widen(a_at(g, i, p)); },
-      [&](int64_t j, float* out) { for (int64_t p = 0; p < g.k; ++p) out[p] = widen(g.b[j * g.ldb + p]); });
+      f, [&](int64_t i, float* out) { for (int64_t p = 0; p < g.k; ++p) out[p] = widen(a.at(i, p)); },
+      [&](int64_t j, float* out) { for (int64_t p = 0; p < g.k; ++p) out[p] = widen(b.at(j, p)); });
 }
 
 #if defined(__AVX512F__)
@@ -99,8 +118,9 @@ struct Packed {
   uint32_t* b = nullptr;  // [nb][kb * 16 pairs of k][16 columns]
 };
 
-inline uint32_t pair(const uint16_t* row, int64_t p, int64_t k) {
-  const uint32_t lo = p < k ? row[p] : 0, hi = p + 1 < k ? row[p + 1] : 0;
+// Elements p and p + 1 of row r as a pair (zeros past k).
+inline uint32_t pair(const Operand& x, int64_t r, int64_t p, int64_t k) {
+  const uint32_t lo = p < k ? x.at(r, p) : 0, hi = p + 1 < k ? x.at(r, p + 1) : 0;
   return lo | hi << 16;
 }
 
@@ -112,34 +132,89 @@ __attribute__((target("avx512bf16"))) inline void round32(const float* x, uint16
 }
 
 // Row i of A, elements [k0, k0 + 32), as 32 bfloat16 (zeros past k or m).
-void pack_a_segment(const GemmBf16Args& g, int64_t i, int64_t k0, bool vector_round, uint16_t* out) {
+void pack_a_segment(const GemmBf16Args& g, const Operand& a, int64_t i, int64_t k0, bool vector_round,
+                    uint16_t* out) {
   if (i >= g.m) return (void)std::memset(out, 0, 64);
   if (k0 + 32 <= g.k) {
     if (g.a) return (void)std::memcpy(out, g.a + i * g.lda + k0, 64);
     if (vector_round) return round32(g.a_f32 + i * g.lda + k0, out);
   }
-  for (int64_t q = 0; q < 32; ++q) out[q] = k0 + q < g.k ? a_at(g, i, k0 + q) : 0;
+  for (int64_t q = 0; q < 32; ++q) out[q] = k0 + q < g.k ? a.at(i, k0 + q) : 0;
+}
+
+// 16 x 16 words, [16][16] in `in`, turned round into `out` (row stride 16).
+inline void transpose_words(const uint32_t* in, uint32_t* out) {
+  for (int r = 0; r < 16; ++r)
+    for (int c = 0; c < 16; ++c) out[c * 16 + r] = in[r * 16 + c];
+}
+
+// Elements [i0, i0 + 16) of row p of a transposed operand (A^T or B^T: each
+// of its rows holds one k of 16 neighbouring rows of A or B), as bfloat16 in
+// the low halves of 16 words.
+__attribute__((target("avx512bf16"))) inline __m512i sixteen(const Operand& x, int64_t p, int64_t i0) {
+  const int64_t o = p * x.k_stride + i0;
+  const __m256i h = x.f32 ? (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x.f32 + o))
+                          : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.bf16 + o));
+  return _mm512_maskz_cvtepu16_epi32(0xffff, h);  // (the maskz forms keep GCC 12 from seeing an undefined source)
+}
+
+// 16 pairs of k (from k0) of the 16 rows r0.. of a transposed operand, the
+// pair of row r at out[kk * 16 + r]: two of its rows per step, interleaved.
+__attribute__((target("avx512bf16"))) void pairs_of_transposed(const Operand& x, int64_t r0, int64_t k0,
+                                                               uint32_t* out) {
+  for (int64_t kk = 0; kk < 16; ++kk) {
+    const __m512i lo = sixteen(x, k0 + 2 * kk, r0), hi = sixteen(x, k0 + 2 * kk + 1, r0);
+    _mm512_storeu_si512(out + kk * 16, _mm512_or_si512(lo, _mm512_maskz_slli_epi32(0xffff, hi, 16)));
+  }
+}
+
+// The 16 x 32 tile of A at rows m0, k from k0, when A is held transposed.
+void pack_a_transposed(const GemmBf16Args& g, const Operand& a, int64_t m0, int64_t k0, uint16_t* tile) {
+  if (m0 + 16 <= g.m && k0 + 32 <= g.k && avx512_bf16_usable()) {
+    alignas(64) uint32_t by_k[256];
+    pairs_of_transposed(a, m0, k0, by_k);
+    return transpose_words(by_k, reinterpret_cast<uint32_t*>(tile));
+  }
+  const int64_t rows = std::clamp<int64_t>(g.m - m0, 0, 16);
+  std::memset(tile, 0, 1024);
+  for (int64_t q = 0; q < 32 && k0 + q < g.k; ++q)
+    for (int64_t r = 0; r < rows; ++r) tile[r * 32 + q] = a.at(m0 + r, k0 + q);
+}
+
+// 16 columns of B from j0 by 16 pairs of k from k0, into `out` in the packed
+// B layout (the pair of column jj at out[kk * 16 + jj]).
+void pack_b_chunk(const GemmBf16Args& g, const Operand& b, int64_t j0, int64_t k0, uint32_t* out) {
+  if (j0 + 16 <= g.n && k0 + 32 <= g.k && avx512_bf16_usable()) {
+    if (g.b_transposed) return pairs_of_transposed(b, j0, k0, out);
+    alignas(64) uint32_t by_column[256];  // each column's 32 k as one packed row, then turned round
+    for (int64_t jj = 0; jj < 16; ++jj) {
+      uint16_t* row = reinterpret_cast<uint16_t*>(by_column + jj * 16);
+      if (g.b) std::memcpy(row, g.b + (j0 + jj) * g.ldb + k0, 64);
+      else round32(g.b_f32 + (j0 + jj) * g.ldb + k0, row);
+    }
+    return transpose_words(by_column, out);
+  }
+  for (int64_t kk = 0; kk < 16; ++kk)
+    for (int64_t jj = 0; jj < 16; ++jj) out[kk * 16 + jj] = j0 + jj < g.n ? pair(b, j0 + jj, k0 + 2 * kk, g.k) : 0;
 }
 
 // Packs A and B into pk's buffers (with_packed sizes them).
 void pack(const GemmBf16Args& g, Packed& pk) {
   const int64_t kb = pk.kb;
   const bool threads = !omp_in_parallel() && g.m * g.n * g.k >= (1 << 20);
-  const bool vector_round = g.a_f32 && avx512_bf16_usable();
+  const bool vector_round = g.a_f32 && !g.a_transposed && avx512_bf16_usable();
+  const Operand a = operand_a(g), b = operand_b(g);
 #pragma omp parallel for schedule(static) if (threads)
   for (int64_t blk = 0; blk < pk.mb * kb; ++blk) {
     const int64_t m0 = blk / kb * 16, k0 = blk % kb * 32;
     uint16_t* tile = reinterpret_cast<uint16_t*>(pk.a + blk * 256);
-    for (int64_t r = 0; r < 16; ++r) pack_a_segment(g, m0 + r, k0, vector_round, tile + r * 32);
+    if (g.a_transposed) pack_a_transposed(g, a, m0, k0, tile);
+    else for (int64_t r = 0; r < 16; ++r) pack_a_segment(g, a, m0 + r, k0, vector_round, tile + r * 32);
   }
 #pragma omp parallel for schedule(static) if (threads)
-  for (int64_t nb = 0; nb < pk.nb; ++nb) {
-    uint32_t* block = pk.b + nb * kb * 256;
-    for (int64_t jj = 0; jj < 16; ++jj) {
-      const int64_t j = nb * 16 + jj;
-      const uint16_t* row = j < g.n ? g.b + j * g.ldb : nullptr;
-      for (int64_t kk = 0; kk < kb * 16; ++kk) block[kk * 16 + jj] = row ? pair(row, 2 * kk, g.k) : 0;
-    }
+  for (int64_t blk = 0; blk < pk.nb * kb; ++blk) {  // block nb holds its kb chunks one after another
+    const int64_t nb = blk / kb, p = blk % kb;
+    pack_b_chunk(g, b, nb * 16, p * 32, pk.b + blk * 256);
   }
 }
 
@@ -342,8 +417,9 @@ __attribute__((target("avx512bf16"))) void gemv_range(const GemmBf16Args& g, con
 void gemv(const GemmBf16Args& g) {
   Scratch buffer((g.m * g.k + 1) / 2);  // A as bfloat16, rounded once
   uint16_t* a = reinterpret_cast<uint16_t*>(buffer.data());
+  const Operand from = operand_a(g);
   for (int64_t i = 0; i < g.m; ++i)
-    for (int64_t p = 0; p < g.k; ++p) a[i * g.k + p] = a_at(g, i, p);
+    for (int64_t p = 0; p < g.k; ++p) a[i * g.k + p] = from.at(i, p);
   if (g.n * g.k < (1 << 16) || omp_get_max_threads() == 1 || omp_in_parallel()) return gemv_range(g, a, 0, g.n);
 #pragma omp parallel
   {
@@ -373,7 +449,7 @@ void gemm_bf16_amx(const GemmBf16Args& g) {
 }
 void gemm_bf16_avx512_bf16(const GemmBf16Args& g) {
   if (g.k == 0) return scale_only(g);
-  if (g.m <= kMaxGemvRows) return gemv(g);
+  if (g.m <= kMaxGemvRows && g.b && !g.b_transposed) return gemv(g);  // B bfloat16, its rows in place
   with_packed(g, [&](const Packed& pk) { dpbf16_blocks(g, pk); });
 }
 void gemm_bf16_widened(const GemmBf16Args& g) {

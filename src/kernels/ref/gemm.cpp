@@ -23,13 +23,22 @@ void gemm(const GemmArgs& g) {
   }
 }
 
+// Element (i, p) of A and (j, p) of B as the bfloat16 GemmBf16Args describes
+// (rounded when given in float32), widened back to float.
+static float bf16_a(const GemmBf16Args& g, int64_t i, int64_t p) {
+  const int64_t at = g.a_transposed ? p * g.lda + i : i * g.lda + p;
+  return bf16_to_float(g.a_f32 ? float_to_bf16(g.a_f32[at]) : g.a[at]);
+}
+static float bf16_b(const GemmBf16Args& g, int64_t j, int64_t p) {
+  const int64_t at = g.b_transposed ? p * g.ldb + j : j * g.ldb + p;
+  return bf16_to_float(g.b_f32 ? float_to_bf16(g.b_f32[at]) : g.b[at]);
+}
+
 void gemm_bf16(const GemmBf16Args& g) {
   for (int64_t i = 0; i < g.m; ++i) {
     for (int64_t j = 0; j < g.n; ++j) {
       double acc = 0;
-      for (int64_t p = 0; p < g.k; ++p)
-        acc += (double)bf16_to_float(g.a_f32 ? float_to_bf16(g.a_f32[i * g.lda + p]) : g.a[i * g.lda + p]) *
-               bf16_to_float(g.b[j * g.ldb + p]);
+      for (int64_t p = 0; p < g.k; ++p) acc += (double)bf16_a(g, i, p) * bf16_b(g, j, p);
       float& c = g.c[i * g.ldc + j];
       c = (float)(g.alpha * acc + (g.beta == 0.0f ? 0.0 : (double)g.beta * c) + (g.bias ? g.bias[j] : 0.0f));
     }
