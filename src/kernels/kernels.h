@@ -178,7 +178,7 @@ struct SgdStep {
   /* how gemm_bf16 runs here: "AMX-BF16 tiles", "AVX512-BF16", "float32 BLAS on widened inputs", ... */            \
   const char* gemm_bf16_path();                                                                                    \
   void gemm_int8(const GemmInt8Args& g);                                                                           \
-  /* how gemm_int8 runs here: "AVX512-VNNI for up to 4 rows, float32 BLAS on dequantized weights above", ... */   \
+  /* how gemm_int8 runs here: "AVX512-VNNI (rows streamed up to 4, register-blocked tiles above)", ... */   \
   const char* gemm_int8_path();                                                                                    \
   void binary(BinaryOp op, const BroadcastLoop& loop, const float* a, const float* b, float* out);               \
   /* out = mask ? value : x, mask (U8) read through b_strides of loop, x through a_strides */                     \
@@ -308,8 +308,9 @@ void gemm_bf16_amx(const GemmBf16Args& g);
 bool avx512_bf16_usable();
 void gemm_bf16_avx512_bf16(const GemmBf16Args& g);
 void gemm_bf16_widened(const GemmBf16Args& g);
-// gemm_int8's paths: AVX512-VNNI integer dot products (up to 4 rows of A),
-// and float32 BLAS on dequantized copies (any m).
+// gemm_int8's paths: AVX512-VNNI integer dot products (rows of A streamed
+// up to 4, register-blocked tiles above), and float32 BLAS on dequantized
+// copies (any m).
 bool avx512_vnni_usable();
 void gemm_int8_vnni(const GemmInt8Args& g);
 void gemm_int8_dequantized(const GemmInt8Args& g);

@@ -2,7 +2,7 @@
 // + bias, W [n, k] as int8 values with one float32 scale per row per block of
 // 32 along k, A float32, quantized the same way as it is read.
 //
-// Two ways:
+// Three ways:
 //
 //   integer dot products  up to 4 rows of A (decoding), where the product is
 //                         bound by reading W once. Each block's sum of int8
@@ -15,7 +15,10 @@
 //                         goes in as |q| and its signs move onto W (W never
 //                         holds -128, whose negation would not fit). Without
 //                         VNNI, the same sums in plain loops.
-//   dequantized           more rows (prefill, batches): A and W turned back
+//   VNNI tiles            more rows (prefill, batches) with AVX512-VNNI: the
+//                         same integer block sums, A offset to unsigned, W
+//                         packed in panels, tiles of C in registers (below).
+//   dequantized           more rows without VNNI: A and W turned back
 //                         into float32 (q times scale), W in panels, and this
 //                         level's float32 gemm multiplies them.
 //
@@ -243,6 +246,130 @@ void vnni(const GemmInt8Args& g) {
   });
 }
 
+// --- AVX512-VNNI, more rows (prefill): a register-blocked GEMM ---
+//
+// With many rows of A, A's signs can no longer move onto W (each row has its
+// own), so A goes in offset instead: u = q + 128, in [1, 255], and
+//   sum_p q_p w_p = sum_p u_p w_p - 128 sum_p w_p,
+// the second sum a constant of W's block (its "compensation", as oneDNN
+// calls it), which starts each block's int32 sum. W is packed per thread in
+// panels of 32 columns; a tile of up to 4 rows by those 32 columns keeps 8
+// int32 sums (one block's) and 8 float32 ones (all blocks') in registers.
+
+constexpr int64_t kPanel = 32;  // columns of W per panel: two vectors of 16
+
+// A panel of W as VPDPBUSD reads it, for block b of 32 k: 8 groups of 4
+// consecutive k, each as two vectors (columns 0-15, 16-31) whose lane l holds
+// that column's 4 values; then per block the 32 columns' compensation
+// (-128 times the block's sum of w) and scales. Columns past n are zeros.
+struct WPanel {
+  int8_t* w = nullptr;        // [kb][8][2][64]
+  int32_t* comp = nullptr;    // [kb][32]
+  float* scale = nullptr;     // [kb][32]
+  static int64_t floats(int64_t kb) { return kb * (8 * 2 * 64 / 4 + 32 + 32); }
+  WPanel(float* at, int64_t kb)
+      : w(reinterpret_cast<int8_t*>(at)), comp(reinterpret_cast<int32_t*>(at + kb * 256)),
+        scale(at + kb * 256 + kb * 32) {}
+};
+
+// Packs columns [j0, j0 + 32) of W. Each column's block is 8 words of 4
+// values; the word for group t of column c goes to lane c % 16 of vector
+// c / 16 of group t.
+void pack_panel(const GemmInt8Args& g, int64_t j0, const WPanel& p) {
+  const int64_t kb = blocks_of(g.k);
+  for (int64_t b = 0; b < kb; ++b) {
+    const int64_t p0 = b * kBlock, len = std::min(kBlock, g.k - p0);
+    uint32_t* words = reinterpret_cast<uint32_t*>(p.w + b * 1024);  // [8 groups][32 columns]
+    for (int64_t c = 0; c < kPanel; ++c) {
+      const int64_t j = j0 + c;
+      alignas(4) int8_t v[kBlock] = {};
+      if (j < g.n) std::memcpy(v, g.b + j * g.ldb + p0, len);
+      int32_t sum = 0;
+      for (int64_t t = 0; t < kBlock; ++t) sum += v[t];
+      for (int64_t t = 0; t < 8; ++t) std::memcpy(words + t * kPanel + c, v + 4 * t, 4);
+      p.comp[b * kPanel + c] = -128 * sum;
+      p.scale[b * kPanel + c] = j < g.n ? g.scales[j * g.ld_scale + b] : 0.0f;
+    }
+  }
+}
+
+// Rows [i0, i0 + R) of C at columns j0..j0 + 32 from the panel; `u` holds A
+// offset by 128 (row stride `stride`), `da` A's block scales ([m][kb]).
+template <int R>
+__attribute__((target("avx512vnni"))) void vnni_tile(const GemmInt8Args& g, const uint8_t* u, int64_t stride,
+                                                     const float* da, int64_t i0, const WPanel& p, int64_t j0) {
+  const int64_t kb = blocks_of(g.k);
+  __m512 acc[R][2];
+  for (auto& r : acc) r[0] = r[1] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < kb; ++b) {
+    const __m512i c0 = _mm512_loadu_si512(p.comp + b * kPanel), c1 = _mm512_loadu_si512(p.comp + b * kPanel + 16);
+    __m512i sum[R][2];
+    for (auto& r : sum) r[0] = c0, r[1] = c1;
+    const int8_t* w = p.w + b * 1024;
+#pragma GCC unroll 8
+    for (int64_t t = 0; t < 8; ++t) {
+      const __m512i w0 = _mm512_loadu_si512(w + t * 128), w1 = _mm512_loadu_si512(w + t * 128 + 64);
+      for (int r = 0; r < R; ++r) {
+        int32_t four;
+        std::memcpy(&four, u + (i0 + r) * stride + b * kBlock + 4 * t, 4);
+        const __m512i x = _mm512_set1_epi32(four);
+        sum[r][0] = _mm512_dpbusd_epi32(sum[r][0], x, w0);
+        sum[r][1] = _mm512_dpbusd_epi32(sum[r][1], x, w1);
+      }
+    }
+    const __m512 s0 = _mm512_loadu_ps(p.scale + b * kPanel), s1 = _mm512_loadu_ps(p.scale + b * kPanel + 16);
+    for (int r = 0; r < R; ++r) {
+      const __m512 d = _mm512_set1_ps(da[(i0 + r) * kb + b]);
+      // (the masked conversion: GCC 12 warns falsely on the plain one's undefined source)
+      acc[r][0] = _mm512_fmadd_ps(_mm512_maskz_cvtepi32_ps(0xffff, sum[r][0]), _mm512_mul_ps(s0, d), acc[r][0]);
+      acc[r][1] = _mm512_fmadd_ps(_mm512_maskz_cvtepi32_ps(0xffff, sum[r][1]), _mm512_mul_ps(s1, d), acc[r][1]);
+    }
+  }
+  const __m512 alpha = _mm512_set1_ps(g.alpha), beta = _mm512_set1_ps(g.beta);
+  for (int half = 0; half < 2; ++half) {
+    const int64_t j = j0 + 16 * half;
+    if (j >= g.n) break;
+    const __mmask16 cols = (__mmask16)((1u << std::min<int64_t>(16, g.n - j)) - 1);
+    const __m512 bias = g.bias ? _mm512_maskz_loadu_ps(cols, g.bias + j) : _mm512_setzero_ps();
+    for (int r = 0; r < R; ++r) {
+      float* c = g.c + (i0 + r) * g.ldc + j;
+      __m512 v = _mm512_mul_ps(alpha, acc[r][half]);
+      if (g.beta != 0.0f) v = _mm512_fmadd_ps(beta, _mm512_maskz_loadu_ps(cols, c), v);
+      _mm512_mask_storeu_ps(c, cols, _mm512_add_ps(v, bias));
+    }
+  }
+}
+
+void vnni_packed(const GemmInt8Args& g) {
+  with_quantized_a(g, [&](const QuantizedA& qa) {
+    Scratch offset((g.m * qa.stride + 3) / 4);  // A + 128, as unsigned bytes (zeros past k stay 128 x 0 = 0)
+    uint8_t* u = reinterpret_cast<uint8_t*>(offset.data());
+    for_rows(g.m, qa.stride, [&](int64_t i) {
+      for (int64_t p = 0; p < qa.stride; ++p) u[i * qa.stride + p] = (uint8_t)(qa.q[i * qa.stride + p] + 128);
+    });
+    const int64_t panels = (g.n + kPanel - 1) / kPanel, per_panel = WPanel::floats(qa.kb);
+    const bool threads = !omp_in_parallel() && panels > 1 && g.m * g.n * g.k >= (1 << 18);
+    const int64_t nt = threads ? omp_get_max_threads() : 1;
+    Scratch buffers(nt * per_panel);
+#pragma omp parallel num_threads(nt) if (threads)
+    {
+      const int64_t t = omp_get_thread_num(), team = omp_get_num_threads();
+      const WPanel panel(buffers.data() + t * per_panel, qa.kb);
+      for (int64_t pi = panels * t / team; pi < panels * (t + 1) / team; ++pi) {
+        pack_panel(g, pi * kPanel, panel);
+        int64_t i = 0;
+        for (; i + 4 <= g.m; i += 4) vnni_tile<4>(g, u, qa.stride, qa.d, i, panel, pi * kPanel);
+        switch (g.m - i) {
+          case 3: vnni_tile<3>(g, u, qa.stride, qa.d, i, panel, pi * kPanel); break;
+          case 2: vnni_tile<2>(g, u, qa.stride, qa.d, i, panel, pi * kPanel); break;
+          case 1: vnni_tile<1>(g, u, qa.stride, qa.d, i, panel, pi * kPanel); break;
+          default: break;
+        }
+      }
+    }
+  });
+}
+
 #endif  // __AVX512F__
 
 }  // namespace
@@ -257,7 +384,7 @@ bool avx512_vnni_usable() {
 void gemm_int8_vnni(const GemmInt8Args& g) {
   if (g.m == 0 || g.n == 0) return;
   if (g.k == 0) return scale_only(g);
-  if (g.m > kMaxGemvRows) return dequantized(g);
+  if (g.m > kMaxGemvRows) return vnni_packed(g);
   vnni(g);
 }
 
@@ -272,16 +399,16 @@ void gemm_int8_dequantized(const GemmInt8Args& g) {
 void gemm_int8(const GemmInt8Args& g) {
   if (g.m == 0 || g.n == 0) return;
   if (g.k == 0) return scale_only(g);
-  if (g.m > kMaxGemvRows) return dequantized(g);
 #if defined(__AVX512F__)
-  if (avx512_vnni_usable()) return vnni(g);
+  if (avx512_vnni_usable()) return gemm_int8_vnni(g);
 #endif
+  if (g.m > kMaxGemvRows) return dequantized(g);
   integer(g);
 }
 
 const char* gemm_int8_path() {
 #if defined(__AVX512F__)
-  if (avx512_vnni_usable()) return "AVX512-VNNI for up to 4 rows, float32 BLAS on dequantized weights above";
+  if (avx512_vnni_usable()) return "AVX512-VNNI (rows streamed up to 4, register-blocked tiles above)";
 #endif
   return "int32 loops for up to 4 rows, float32 BLAS on dequantized weights above";
 }
