@@ -8,7 +8,7 @@ qkv does), after a short warm-up. Prints one JSON object:
 or {"error": "why"} when the peer cannot run (not installed, no converter).
 
   --peer transformers            AutoModelForCausalLM in float32 with its own KV cache
-  --peer llama.cpp --type T      llama-cpp-python on DIR converted to GGUF (T: f32, bf16 or q8_0) by
+  --peer llama.cpp --type T      llama-cpp-python on DIR converted to GGUF (T: f32, bf16, f16 or q8_0) by
                                  llama.cpp's convert_hf_to_gguf.py, found at $QKV_CONVERT_HF_TO_GGUF (it ships in
                                  the llama-cpp-python source package, vendor/llama.cpp); the GGUF is kept in DIR
 
@@ -93,7 +93,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True)
     ap.add_argument("--peer", required=True, choices=["transformers", "llama.cpp"])
-    ap.add_argument("--type", default="f32", choices=["f32", "bf16", "q8_0"])
+    ap.add_argument("--type", default="f32", choices=["f32", "bf16", "f16", "q8_0"])
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)

@@ -302,7 +302,7 @@ grep -q "^the cat" "$tmp/out" || { echo "FAIL generate --dtype bf16 does not ech
 check "generate --dtype f8" nonzero "$QKV" generate --model "$tmp/lm" --dtype f8
 one_line_error "generate --dtype f8"
 # qkv convert: a smaller folder that loads anywhere, in its dtype, with the same output as --dtype.
-for dtype in bf16 int8; do
+for dtype in bf16 f16 int8; do
   check "generate --dtype $dtype, greedy" 0 "$QKV" generate --model "$tmp/lm" --prompt "the cat" --max-new-tokens 8 --temperature 0 --dtype $dtype
   cp "$tmp/out" "$tmp/generate-$dtype"
   check "convert --dtype $dtype" 0 "$QKV" convert --model "$tmp/lm" --out "$tmp/lm-$dtype" --dtype $dtype

@@ -163,6 +163,29 @@ TEST_P(DecoderCache, Bf16LinearWeightsMoveLogitsByTheirRoundingOnly) {
   EXPECT_LE(r.worst_cached, 1e-5f * r.largest) << GetParam();
 }
 
+// Every Linear weight in float16 (qkv generate --dtype f16): the same
+// measure, with float16's rounding of the weights only (2^-11 of each; the
+// activations stay float32), so the bound is (3 layers + 1) 2^-11 of the
+// largest logit. One token at a time (rows of 2: the streamed path) against
+// the whole prompt (10 rows: the widened path) agree to float32's sums.
+TEST_P(DecoderCache, F16LinearWeightsMoveLogitsByTheirRoundingOnly) {
+  const ConvertedLogits r = converted_logits(GetParam(), DType::F16);
+  EXPECT_LE(r.worst, (3 * r.layers + 1) * std::ldexp(1.0f, -11) * r.largest) << GetParam();
+  EXPECT_LE(r.worst_cached, 1e-5f * r.largest) << GetParam();
+  NoGradGuard no_grad;
+  const Tensor ids = Tensor::from_ints({3, 9, 4, 27, 1, 8, 8, 20, 5, 6}, {2, 5});
+  std::vector<KVCache> steps = r.model->make_caches(2, 8);
+  float worst_stepped = 0;
+  const int64_t V = 31;
+  for (int64_t t = 0; t < 5; ++t) {
+    const std::vector<float> l = r.model->forward_cached(ids.slice(1, t, t + 1).contiguous(), steps).to_vector();
+    for (int64_t b = 0; b < 2; ++b)
+      for (int64_t v = 0; v < V; ++v)
+        worst_stepped = std::max(worst_stepped, std::fabs(l[b * V + v] - r.logits[(b * 5 + t) * V + v]));
+  }
+  EXPECT_LE(worst_stepped, 1e-5f * r.largest) << GetParam();
+}
+
 // Every Linear weight in blockwise int8 (qkv generate --dtype int8): the
 // same measure with int8's steps. A quantized operand moves by at most half
 // a step, 1/254 of its block's largest magnitude; against the typical value

@@ -408,9 +408,48 @@ TEST(Ops, LinearWithBf16WeightRefusesGradientsAndOtherDtypes) {
   Rng rng(13);
   Tensor x = Tensor::randn({3, 8}, rng).set_requires_grad(true), w16 = Tensor::randn({4, 8}, rng).to(DType::BF16);
   EXPECT_EQ(testing::error_of([&] { linear(x, w16); }),
-            "linear: a BF16 weight is for inference; run it under NoGradGuard or with inputs that need no gradient");
-  EXPECT_EQ(testing::error_of([&] { linear(x.detach(), Tensor::randn({4, 8}, rng).to(DType::F16)); }),
-            "linear: weight has dtype F16, expected F32 or BF16");
+            "linear: BF16 weights are for inference; run it under NoGradGuard or with inputs that need no gradient");
+  EXPECT_EQ(testing::error_of([&] { linear(x, Tensor::randn({4, 8}, rng).to(DType::F16)); }),
+            "linear: F16 weights are for inference; run it under NoGradGuard or with inputs that need no gradient");
+  EXPECT_EQ(testing::error_of([&] { linear(x.detach(), Tensor::zeros({4, 8}, DType::I32)); }),
+            "linear: weight has dtype I32, expected F32, BF16 or F16");
+}
+
+// A float16 weight: x stays float32 and meets the widened (exact) weight, so
+// the result is the float32 linear of x and the widened weight within the
+// float32 dot product's bound; 1 and 4 rows (streamed) and more (widened),
+// k with a tail past the vector width, a fused activation. Storing the
+// weight in float16 moves each element by at most 2^-11 of itself (2^-25
+// below float16's normal range).
+TEST(Ops, LinearWithF16WeightIsTheFloat32ProductOfTheWidenedWeight) {
+  omp_set_num_threads(2);
+  Rng rng(16);
+  NoGradGuard no_grad;
+  for (int64_t rows : {1, 4, 37, 300}) {
+    Tensor x = Tensor::randn({rows, 133}, rng), w = Tensor::randn({70, 133}, rng, 0.2f), b = Tensor::randn({70}, rng);
+    Tensor w16 = w.to(DType::F16), w_wide = w16.to(DType::F32);
+    Tensor y = linear(x, w16, b), y_ref;
+    {
+      ReferenceKernelsGuard guard;
+      y_ref = linear(x, w_wide, b);
+    }
+    EXPECT_TRUE(testing::gemm_close(y, y_ref, x, w_wide, b)) << rows << " rows";
+    EXPECT_TRUE(all_close(linear(x, w16, b, Activation::Gelu), gelu(y), 1e-6f, 1e-6f)) << rows << " rows";
+    for (int64_t i = 0; i < w.numel(); ++i)
+      ASSERT_LE(std::fabs(w_wide.data<float>()[i] - w.data<float>()[i]),  // (subnormal halves: half of 2^-24)
+                std::max(std::ldexp(std::fabs(w.data<float>()[i]), -11), std::ldexp(1.0f, -25)));
+  }
+  // A Linear converts to float16 and back; a weight past float16's range is
+  // refused rather than turned infinite, and the weight stays as it was.
+  Linear lin({.in_features = 40, .out_features = 9}, rng);
+  lin.convert_weight(DType::F16);
+  EXPECT_EQ(lin.weight.dtype(), DType::F16);
+  lin.convert_weight(DType::F32);
+  lin.weight.data<float>()[17] = -70000.0f;
+  EXPECT_EQ(testing::error_of([&] { lin.convert_weight(DType::F16); }),
+            "Linear: a weight of magnitude 70000 does not fit float16 (largest finite value 65504); use bf16");
+  EXPECT_EQ(lin.weight.dtype(), DType::F32);
+  omp_set_num_threads(1);
 }
 
 // An int8 weight against the float32 linear of the original x and W: each
@@ -483,7 +522,7 @@ TEST(Ops, LinearWithInt8WeightRefusesGradientsAndBrokenWeights) {
   EXPECT_EQ(testing::error_of([&] { check_int8_weight(bad, "w"); }),
             "w: int8 weight scale -1 at [1, 1] is not a finite non-negative number");
   EXPECT_EQ(testing::error_of([&] { quantize_int8(Tensor::randn({4}, rng)); }),
-            "quantize_int8: expected an F32 or BF16 weight [out, in], got F32 [4]");
+            "quantize_int8: expected an F32, BF16 or F16 weight [out, in], got F32 [4]");
 }
 
 TEST(Ops, GemvKernelMatchesReference) {

@@ -206,7 +206,7 @@ TEST(Checkpoint, ConvertedFoldersLoadInTheirDtype) {
   const std::string hf = std::string(QKV_FIXTURES_DIR) + "/hf/llama";
   NoGradGuard no_grad;
   const Tensor ids = Tensor::from_ints({1, 7, 30, 4, 9, 2}, {1, 6});
-  for (DType dtype : {DType::BF16, DType::I8}) {
+  for (DType dtype : {DType::BF16, DType::F16, DType::I8}) {
     std::filesystem::remove_all(dir);
     ModelFolder m = load_model_folder(hf);
     m.model->convert_linear_weights(dtype);

@@ -47,11 +47,11 @@ public:
   // the children converted in place to `dtype` (F32, BF16, or I8: blockwise
   // int8, Linear::convert_weight). Embeddings, norms and biases stay float32
   // (a module may keep a converted copy of one: linear_weights_converted).
-  // Returns how many weights were converted. In BF16 or I8 the module runs
+  // Returns how many weights were converted. In BF16, F16 or I8 the module runs
   // only without gradients (linear refuses them).
   int64_t convert_linear_weights(DType dtype);
-  // The same by the name the commands take (--dtype): "f32", "bf16" or
-  // "int8"; "" converts nothing (the weights stay as loaded). Any other name
+  // The same by the name the commands take (--dtype): "f32", "bf16", "f16"
+  // or "int8"; "" converts nothing (the weights stay as loaded). Any other name
   // is an error listing these.
   int64_t convert_linear_weights(const std::string& dtype);
   // The dtype of the first Linear weight (in registration order) that is not

@@ -95,7 +95,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activat
 struct Int8Weight {
   Tensor values, scales;
 };
-// w (F32 or BF16, [out, in]) quantized.
+// w (F32, BF16 or F16, [out, in]) quantized.
 Int8Weight quantize_int8(const Tensor& w);
 // The float32 weight the int8 one stands for.
 Tensor dequantize_int8(const Int8Weight& w);

@@ -32,7 +32,7 @@ __version__ = "0.1.0"
 def load(path, *, dtype=None, threads=0):
     """The model in the folder `path`: a Translator, LanguageModel, ImageClassifier or Embedder, by its family.
 
-    dtype None keeps the Linear weights as the folder stores them; "f32", "bf16" or "int8" (blockwise int8)
+    dtype None keeps the Linear weights as the folder stores them; "f32", "bf16", "f16" or "int8" (blockwise int8)
     converts every one after loading. threads 0 uses every core.
     """
     return _qkv.load(_os.fspath(path), dtype=dtype or "", threads=threads)

@@ -106,7 +106,7 @@ void check_threads(int threads) {
             kMaxThreads);
 }
 
-// `dtype` as load checked it: "" (as stored), "f32", "bf16" or "int8".
+// `dtype` as load checked it: "" (as stored), "f32", "bf16", "f16" or "int8".
 void apply_dtype(Module& model, const std::string& dtype) { model.convert_linear_weights(dtype); }
 
 // --- tensors ---------------------------------------------------------------
@@ -516,8 +516,8 @@ nb::object load_as(const std::string& path, const Family& family, const std::str
 
 nb::object load(const std::string& path, const std::string& dtype, int threads) {
   check_threads(threads);
-  QKV_CHECK(dtype.empty() || dtype == "f32" || dtype == "bf16" || dtype == "int8", "load: dtype '", dtype,
-            "': expected None (as stored), 'f32', 'bf16' or 'int8'");
+  QKV_CHECK(dtype.empty() || dtype == "f32" || dtype == "bf16" || dtype == "f16" || dtype == "int8", "load: dtype '", dtype,
+            "': expected None (as stored), 'f32', 'bf16', 'f16' or 'int8'");
   const Family& family = family_of_folder(path);
   switch (family.domain) {
     case Domain::Translation:

@@ -25,7 +25,7 @@ def test_translate_matches_the_cli(family, beam):
     assert model.translate([]) == []
 
 
-@pytest.mark.parametrize("dtype", ["bf16", "int8"])
+@pytest.mark.parametrize("dtype", ["bf16", "f16", "int8"])
 def test_low_precision_loads_and_translates_as_the_cli(dtype, tmp_path):
     f32 = qkv.load(FOLDERS / "transformer")
     low = qkv.load(FOLDERS / "transformer", dtype=dtype)

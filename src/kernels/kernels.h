@@ -79,6 +79,24 @@ struct GemmBf16Args {
   const float* bias = nullptr;
 };
 
+// The float16-weight GEMM: C[M,N] = alpha * A W^T + beta * C + bias, with W
+// [N,K] IEEE half as raw bits (row stride ldb) and A [M,K] float32 (row
+// stride lda), used as it is: each product is a float32 one of A and the
+// widened (exact) weight, summed in float32. For Linear weights stored in
+// float16 (inference).
+struct GemmF16Args {
+  int64_t m = 0, n = 0, k = 0;
+  float alpha = 1.0f;
+  const float* a = nullptr;
+  int64_t lda = 0;
+  const uint16_t* b = nullptr;
+  int64_t ldb = 0;
+  float beta = 0.0f;
+  float* c = nullptr;
+  int64_t ldc = 0;
+  const float* bias = nullptr;
+};
+
 // The int8-weight GEMM: C[M,N] = alpha * A W^T + beta * C + bias, with W
 // [N,K] held as int8 values q (row stride ldb) and one float32 scale per row
 // per block of 32 along k (scales [N, ceil(K/32)], row stride ld_scale):
@@ -177,6 +195,7 @@ struct SgdStep {
   void gemm_bf16(const GemmBf16Args& g);                                                                           \
   /* how gemm_bf16 runs here: "AMX-BF16 tiles", "AVX512-BF16", "float32 BLAS on widened inputs", ... */            \
   const char* gemm_bf16_path();                                                                                    \
+  void gemm_f16(const GemmF16Args& g);                                                                             \
   void gemm_int8(const GemmInt8Args& g);                                                                           \
   /* how gemm_int8 runs here: "AVX512-VNNI (rows streamed up to 4, register-blocked tiles above)", ... */   \
   const char* gemm_int8_path();                                                                                    \
@@ -247,7 +266,7 @@ QKV_DECLARE_KERNELS
 // Every kernel by name, once: the fields of Kernels below and the entries of
 // each table (src/kernels/cpu/table.cpp, src/kernels/ref/table.cpp) come from
 // this list, so no table can miss a kernel or put one in another's place.
-#define QKV_KERNEL_LIST(X) X(gemm) X(gemm_bf16) X(gemm_bf16_path) X(gemm_int8) X(gemm_int8_path) X(binary) X(masked_fill) X(unary_forward) X(unary_backward) X(sum_middle)         \
+#define QKV_KERNEL_LIST(X) X(gemm) X(gemm_bf16) X(gemm_bf16_path) X(gemm_f16) X(gemm_int8) X(gemm_int8_path) X(binary) X(masked_fill) X(unary_forward) X(unary_backward) X(sum_middle)         \
   X(softmax_forward) X(softmax_backward) X(log_softmax_forward) X(log_softmax_backward) X(layer_norm_forward)        \
   X(layer_norm_backward) X(rms_norm_forward) X(rms_norm_backward) X(embedding_forward) X(embedding_backward)         \
   X(cross_entropy_forward) X(cross_entropy_backward) X(rope) X(gemm_batched) X(strided_copy) X(accumulate)           \

@@ -31,8 +31,8 @@ std::vector<std::pair<std::string, Tensor>> Module::named_parameters() const {
 }
 
 int64_t Module::convert_linear_weights(DType dtype) {
-  QKV_CHECK(dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::I8,
-            "convert_linear_weights: Linear weights are F32, BF16 or I8, not ", dtype_name(dtype));
+  QKV_CHECK(dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F16 || dtype == DType::I8,
+            "convert_linear_weights: Linear weights are F32, BF16, F16 or I8, not ", dtype_name(dtype));
   int64_t converted = 0;
   if (auto* lin = dynamic_cast<Linear*>(this)) {
     lin->convert_weight(dtype);
@@ -47,8 +47,9 @@ int64_t Module::convert_linear_weights(const std::string& dtype) {
   if (dtype.empty()) return 0;
   if (dtype == "f32") return convert_linear_weights(DType::F32);
   if (dtype == "bf16") return convert_linear_weights(DType::BF16);
+  if (dtype == "f16") return convert_linear_weights(DType::F16);
   if (dtype == "int8") return convert_linear_weights(DType::I8);
-  fail("dtype '", dtype, "': expected f32, bf16 or int8");
+  fail("dtype '", dtype, "': expected f32, bf16, f16 or int8");
 }
 
 DType Module::linear_weight_dtype() const {
@@ -72,7 +73,8 @@ void Module::adopt_linear_dtypes(const std::string& prefix, const StateDict& sta
                 "weight_scale'");
       check_int8_weight({it->second, scale->second}, "load_state_dict: '" + prefix + "weight'");
     }
-    if (it != state.end() && (it->second.dtype() == DType::BF16 || it->second.dtype() == DType::I8))
+    if (it != state.end() &&
+        (it->second.dtype() == DType::BF16 || it->second.dtype() == DType::F16 || it->second.dtype() == DType::I8))
       lin->convert_weight(it->second.dtype());
   }
   for (auto& [name, child] : children_) child->adopt_linear_dtypes(prefix + name + ".", state);
@@ -163,13 +165,21 @@ Tensor Linear::forward(const Tensor& x, Activation activation) const {
 }
 
 void Linear::convert_weight(DType dtype) {
-  QKV_CHECK(dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::I8,
-            "Linear: a weight is F32, BF16 or I8, not ", dtype_name(dtype));
+  QKV_CHECK(dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F16 || dtype == DType::I8,
+            "Linear: a weight is F32, BF16, F16 or I8, not ", dtype_name(dtype));
   if (dtype == weight.dtype()) return;
   if (weight.dtype() == DType::I8) {  // back to float first
     weight.set_(dequantize_int8({weight, weight_scale}));
     remove_parameter("weight_scale");
     weight_scale = Tensor();
+  }
+  if (dtype == DType::F16) {  // a value past float16's range would become infinite: refuse instead
+    const Tensor w = weight.to(DType::F32);
+    const float* v = w.data<float>();
+    float largest = 0.0f;
+    for (int64_t i = 0; i < w.numel(); ++i) largest = std::max(largest, std::fabs(v[i]));
+    QKV_CHECK(!(largest > 65504.0f), "Linear: a weight of magnitude ", largest,
+              " does not fit float16 (largest finite value 65504); use bf16");
   }
   if (dtype != DType::I8) {
     weight.convert_(dtype);

@@ -138,24 +138,39 @@ UnaryOp unary_op(Activation a) {
   fail("linear: unknown activation");
 }
 
-// A bfloat16 weight (inference): x rounded to bfloat16 by the kernel as it
-// reads it, float32 sums, then the bias and the activation in float32.
-Tensor linear_bf16(const Tensor& x, const Tensor& weight, const Tensor& bias, const UnaryOp* act) {
-  QKV_CHECK(!any_requires_grad({x, weight, bias}),
-            "linear: a BF16 weight is for inference; run it under NoGradGuard or with inputs that need no gradient");
+// A bfloat16 or float16 weight (inference). bfloat16: x rounded to bfloat16
+// by the kernel as it reads it (products exact in float32); float16: x as it
+// is, times the widened weight. Float32 sums, then the bias and the
+// activation in float32.
+Tensor linear_half(const Tensor& x, const Tensor& weight, const Tensor& bias, const UnaryOp* act) {
+  QKV_CHECK(!any_requires_grad({x, weight, bias}), "linear: ", dtype_name(weight.dtype()),
+            " weights are for inference; run it under NoGradGuard or with inputs that need no gradient");
   const int64_t in = weight.size(1), out_features = weight.size(0);
   Tensor x2 = contiguous_values(x).reshape({-1, in});
   Tensor w = contiguous_values(weight), b = contiguous_values(bias);
   Shape out_shape = x.shape();
   out_shape.back() = out_features;
   Tensor y = Tensor::empty(out_shape);
-  GemmBf16Args g;
-  g.m = x2.size(0), g.n = out_features, g.k = in;
-  g.a_f32 = x2.data<float>(), g.lda = std::max<int64_t>(in, 1);  // rounded to bfloat16 as the kernel reads it
-  g.b = w.data<uint16_t>(), g.ldb = std::max<int64_t>(in, 1);
-  g.c = y.data<float>(), g.ldc = std::max<int64_t>(out_features, 1);
-  g.bias = b.defined() ? b.data<float>() : nullptr;
-  if (g.m > 0 && g.n > 0) QKV_KERNEL(gemm_bf16)(g);
+  const int64_t m = x2.size(0), ld_in = std::max<int64_t>(in, 1), ld_out = std::max<int64_t>(out_features, 1);
+  if (m > 0 && out_features > 0) {
+    if (weight.dtype() == DType::BF16) {
+      GemmBf16Args g;
+      g.m = m, g.n = out_features, g.k = in;
+      g.a_f32 = x2.data<float>(), g.lda = ld_in;  // rounded to bfloat16 as the kernel reads it
+      g.b = w.data<uint16_t>(), g.ldb = ld_in;
+      g.c = y.data<float>(), g.ldc = ld_out;
+      g.bias = b.defined() ? b.data<float>() : nullptr;
+      QKV_KERNEL(gemm_bf16)(g);
+    } else {
+      GemmF16Args g;
+      g.m = m, g.n = out_features, g.k = in;
+      g.a = x2.data<float>(), g.lda = ld_in;
+      g.b = w.data<uint16_t>(), g.ldb = ld_in;
+      g.c = y.data<float>(), g.ldc = ld_out;
+      g.bias = b.defined() ? b.data<float>() : nullptr;
+      QKV_KERNEL(gemm_f16)(g);
+    }
+  }
   if (act) QKV_KERNEL(unary_forward)(*act, y.data<float>(), y.data<float>(), y.numel());
   return y;
 }
@@ -194,12 +209,12 @@ Tensor linear_impl(const Tensor& x, const Tensor& weight, const Tensor& bias, co
   require_f32(x, "linear", "x");
   QKV_CHECK(weight.defined(), "linear: weight is undefined");
   QKV_CHECK(weight.dtype() != DType::I8, "linear: an I8 weight needs its scales (linear_int8)");
-  QKV_CHECK(weight.dtype() == DType::F32 || weight.dtype() == DType::BF16, "linear: weight has dtype ",
-            dtype_name(weight.dtype()), ", expected F32 or BF16");
+  QKV_CHECK(weight.dtype() == DType::F32 || weight.dtype() == DType::BF16 || weight.dtype() == DType::F16,
+            "linear: weight has dtype ", dtype_name(weight.dtype()), ", expected F32, BF16 or F16");
   QKV_CHECK(weight.dim() == 2, "linear: weight must be [out, in], got ", shape_str(weight.shape()));
   check_input_and_bias(x, bias, weight.shape());
   const int64_t in = weight.size(1), out_features = weight.size(0);
-  if (weight.dtype() == DType::BF16) return linear_bf16(x, weight, bias, act);
+  if (weight.dtype() != DType::F32) return linear_half(x, weight, bias, act);
   const bool bf16 = t_bf16_autocast;
   Tensor x2 = x.detach().reshape({-1, in});
   Tensor w = contiguous_values(weight);
@@ -285,8 +300,8 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activat
 }
 
 Int8Weight quantize_int8(const Tensor& w) {
-  QKV_CHECK(w.dim() == 2 && (w.dtype() == DType::F32 || w.dtype() == DType::BF16),
-            "quantize_int8: expected an F32 or BF16 weight [out, in], got ", dtype_name(w.dtype()), " ",
+  QKV_CHECK(w.dim() == 2 && (w.dtype() == DType::F32 || w.dtype() == DType::BF16 || w.dtype() == DType::F16),
+            "quantize_int8: expected an F32, BF16 or F16 weight [out, in], got ", dtype_name(w.dtype()), " ",
             shape_str(w.shape()));
   const int64_t out = w.size(0), in = w.size(1), blocks = (in + kInt8Block - 1) / kInt8Block;
   const Tensor f = contiguous_values(w.to(DType::F32));

@@ -802,9 +802,10 @@ int run_bench_generate(const BenchArgs& a) {
       std::filesystem::remove_all(dir);
       peer_row("torch", torch, weight_bytes);
     }
-    // The same model with every Linear weight in bfloat16, then in blockwise
-    // int8 (the tied head too, as a converted copy of the embedding).
+    // The same model with every Linear weight in bfloat16, float16, then in
+    // blockwise int8 (the tied head too, as a converted copy of the embedding).
     for (const auto& [dtype, impl, gguf] : {std::tuple{DType::BF16, "qkv bf16", "bf16"},
+                                            std::tuple{DType::F16, "qkv f16", "f16"},
                                             std::tuple{DType::I8, "qkv int8", "q8_0"}}) {
       if (progress) std::fprintf(stderr, "\rbench generate: %s %s ...          ", impl, name.c_str());
       model.convert_linear_weights(dtype);
@@ -828,7 +829,8 @@ int run_bench_generate(const BenchArgs& a) {
     return 0;
   }
   std::printf("qkv bench generate: %s, batch 1, prompt %lld tokens, %lld greedy "
-              "tokens, float32 (\"qkv bf16\": Linear weights in bfloat16, %s; \"qkv int8\": blockwise int8, %s), "
+              "tokens, float32 (\"qkv bf16\": Linear weights in bfloat16, %s; \"qkv f16\": float16, widened in "
+              "registers; \"qkv int8\": blockwise int8, %s), "
               "%d threads;\nmeasured read bandwidth %.1f GB/s; bound = bandwidth / bytes of weights a token reads\n\n",
               models.size() == 1 ? ("the decoder of " + a.model).c_str() : "decoders (RMSNorm, RoPE, SwiGLU, tied)",
               (long long)prompt_len, (long long)new_tokens, gemm_bf16_path(), gemm_int8_path(), thread_count(),
@@ -853,14 +855,15 @@ int run_bench_generate(const BenchArgs& a) {
                   a.python.c_str(), gm.hf ? " and transformers" : "");
   for (auto& r : rows)
     for (const auto& [ours, theirs] : {std::pair{"qkv", "llama.cpp f32"}, std::pair{"qkv bf16", "llama.cpp bf16"},
-                                       std::pair{"qkv int8", "llama.cpp q8_0"}, std::pair{"qkv", "transformers"}})
+                                       std::pair{"qkv f16", "llama.cpp f16"}, std::pair{"qkv int8", "llama.cpp q8_0"},
+                                       std::pair{"qkv", "transformers"}})
       if (r["impl"] == ours)
         if (const nlohmann::ordered_json* t = find(r["size"], theirs))
           std::printf("  %s %s: decode %.2fx, prefill %.2fx %s\n", r["size"].get<std::string>().c_str(), ours,
                       r["decode_tokens_per_s"].get<double>() / (*t)["decode_tokens_per_s"].get<double>(),
                       r["prefill_tokens_per_s"].get<double>() / (*t)["prefill_tokens_per_s"].get<double>(), theirs);
   for (size_t i = 0; i < rows.size(); ++i)
-    if (rows[i]["impl"] == "qkv bf16" || rows[i]["impl"] == "qkv int8")
+    if (rows[i]["impl"] == "qkv bf16" || rows[i]["impl"] == "qkv f16" || rows[i]["impl"] == "qkv int8")
       for (size_t j = 0; j < i; ++j)
         if (rows[j]["impl"] == "qkv" && rows[j]["size"] == rows[i]["size"])
           std::printf("  %s %s: decode %.2fx, prefill %.2fx qkv float32; greedy tokens as float32's for the first "

@@ -1,5 +1,5 @@
 // qkv convert: a model folder with its Linear weights in another dtype
-// (bfloat16 or blockwise int8, docs/low-precision.md), written as a model
+// (bfloat16, float16 or blockwise int8, docs/low-precision.md), written as a model
 // folder that every command loads as it loads any other.
 #include <cstdio>
 #include <filesystem>
@@ -37,15 +37,15 @@ int run_convert(const ConvertArgs& a) {
 Run add_convert(CLI::App& app) {
   auto args = std::make_shared<ConvertArgs>();
   CLI::App* sub = app.add_subcommand(
-      "convert", "Write a model folder (qkv or Hugging Face) as a qkv folder with every Linear weight in bf16 or "
+      "convert", "Write a model folder (qkv or Hugging Face) as a qkv folder with every Linear weight in bf16, f16 or "
                  "int8 (embeddings, norms and biases stay float32); it then loads anywhere, in that dtype");
   sub->add_option("--model", args->model, "Model folder to read")->required();
   sub->add_option("--out", args->out, "Model folder to write")->required();
   sub->add_option("--dtype", args->dtype,
-                  "bf16 (bfloat16: half the bytes), int8 (int8 with a float32 scale per 32 weights: 1.125 bytes a "
-                  "weight) or f32")
+                  "bf16 (bfloat16: half the bytes), f16 (IEEE half: half the bytes, 3 more mantissa bits, a narrower "
+                  "range), int8 (int8 with a float32 scale per 32 weights: 1.125 bytes a weight) or f32")
       ->required()
-      ->check(CLI::IsMember({"f32", "bf16", "int8"}));
+      ->check(CLI::IsMember({"f32", "bf16", "f16", "int8"}));
   return [args] { return run_convert(*args); };
 }
 

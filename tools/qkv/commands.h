@@ -98,7 +98,7 @@ int run_lm_eval(const std::string& model_dir, const std::string& test, bool json
 void print_progress(int64_t step, int64_t total, const std::string& position, const std::string& stats,
                     double eta_seconds, int64_t skipped, int64_t lines = 10);
 
-// --dtype f32|bf16|int8 of the commands that run a model (generate,
+// --dtype f32|bf16|f16|int8 of the commands that run a model (generate,
 // translate, classify, embed, eval, serve); apply_dtype converts every Linear
 // weight of the loaded model (Module::convert_linear_weights), and without
 // the flag leaves them as the folder stores them.

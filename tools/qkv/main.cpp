@@ -63,10 +63,11 @@ int thread_count() { return omp_get_max_threads(); }
 
 void add_dtype_option(CLI::App* sub, std::string& dtype) {
   sub->add_option("--dtype", dtype,
-                  "Every Linear weight converted after loading: f32; bf16 (bfloat16, half the bytes to read); or "
-                  "int8 (blockwise int8, about a quarter). Sums stay float32; `qkv info` shows the kernels. Default: "
-                  "as the folder stores them (qkv convert writes bf16 and int8 folders)")
-      ->check(CLI::IsMember({"f32", "bf16", "int8"}));
+                  "Every Linear weight converted after loading: f32; bf16 (bfloat16, half the bytes to read); f16 "
+                  "(IEEE half, half the bytes); or int8 (blockwise int8, about a quarter). Sums stay float32; `qkv "
+                  "info` shows the kernels. Default: as the folder stores them (qkv convert writes bf16, f16 and int8 "
+                  "folders)")
+      ->check(CLI::IsMember({"f32", "bf16", "f16", "int8"}));
 }
 
 void apply_dtype(Module& model, const std::string& dtype) { model.convert_linear_weights(dtype); }

@@ -1,9 +1,9 @@
 // Internal to the CPU kernel variants: small helpers over the vector
-// registers of the level being compiled (AVX-512 only, for now). In the
-// variant's namespace, like vec_math.h.
+// registers of the level being compiled (AVX-512, and AVX2 where a kernel
+// has an AVX2 loop). In the variant's namespace, like vec_math.h.
 #pragma once
 
-#if defined(__AVX512F__)
+#if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
@@ -19,6 +19,16 @@ namespace qkv::cpu::QKV_CPU_NS {
 inline float hsum(__m512 v) {
   alignas(64) float t[16];
   _mm512_store_ps(t, v);
+  float s = 0.0f;
+  for (float x : t) s += x;
+  return s;
+}
+#endif
+
+#if defined(__AVX2__)
+inline float hsum(__m256 v) {
+  alignas(32) float t[8];
+  _mm256_store_ps(t, v);
   float s = 0.0f;
   for (float x : t) s += x;
   return s;

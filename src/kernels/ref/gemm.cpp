@@ -49,6 +49,17 @@ const char* gemm_bf16_path() { return "reference (float64 sums)"; }
 
 // Each row of A quantized per block of 32 (as qkv/dtype.h says), then every
 // product of the two int8 values scaled by both scales, summed in double.
+void gemm_f16(const GemmF16Args& g) {
+  for (int64_t i = 0; i < g.m; ++i) {
+    for (int64_t j = 0; j < g.n; ++j) {
+      double acc = 0;
+      for (int64_t p = 0; p < g.k; ++p) acc += (double)g.a[i * g.lda + p] * half_to_float(g.b[j * g.ldb + p]);
+      float& c = g.c[i * g.ldc + j];
+      c = (float)(g.alpha * acc + (g.beta == 0.0f ? 0.0 : (double)g.beta * c) + (g.bias ? g.bias[j] : 0.0f));
+    }
+  }
+}
+
 void gemm_int8(const GemmInt8Args& g) {
   const int64_t kb = (g.k + kInt8Block - 1) / kInt8Block;
   std::vector<int8_t> qa(g.k);

@@ -1,0 +1,127 @@
+// The float16-weight GEMM (kernels.h, GemmF16Args): C = alpha * A W^T +
+// beta * C + bias, W [n, k] IEEE half as raw bits, A float32 as it is (not
+// rounded: a half weight meets float32 activations).
+//
+// Two ways, on every level:
+//
+//   streamed   up to 4 rows of A (decoding), where the product is bound by
+//              reading W once: each row of W read in place, widened in
+//              registers (F16C's VCVTPH2PS on the avx2 and avx512 levels;
+//              the generic level widens in plain code) and multiplied into
+//              float32 sums.
+//   widened    more rows (prefill, batches): W copied to float32 (exact) in
+//              panels, and this level's float32 GEMM (float_copies.h).
+//
+// Both sum the same float32 products; they differ only in the order of
+// their roundings (the reference twin, ref/gemm.cpp, sums in double).
+#include <omp.h>
+
+#include <cstring>
+
+#include "qkv/dtype.h"
+#include "src/kernels/cpu/float_copies.h"
+#include "src/kernels/cpu/simd.h"
+#include "src/kernels/kernels.h"
+
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace qkv::cpu::QKV_CPU_NS {
+namespace {
+
+// Rows of A up to which W is streamed.
+constexpr int64_t kMaxGemvRows = 4;
+
+inline void finish(const GemmF16Args& g, int64_t i, int64_t j, float sum) {
+  float& c = g.c[i * g.ldc + j];
+  c = (g.beta == 0.0f ? g.alpha * sum : g.alpha * sum + g.beta * c) + (g.bias ? g.bias[j] : 0.0f);
+}
+
+// k halves -> k floats (exact).
+inline void widen_row(const uint16_t* h, int64_t k, float* out) {
+  int64_t p = 0;
+#if defined(__AVX512F__)
+  for (; p + 16 <= k; p += 16)
+    _mm512_storeu_ps(out + p,  // (the masked form: GCC 12 warns falsely on the plain one's undefined source)
+                     _mm512_maskz_cvtph_ps(0xffff, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + p))));
+#elif defined(__AVX2__)
+  for (; p + 8 <= k; p += 8)
+    _mm256_storeu_ps(out + p, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + p))));
+#endif
+  for (; p < k; ++p) out[p] = half_to_float(h[p]);
+}
+
+// Rows [j0, j1) of W against the M rows of A: a dot product per pair, W's
+// row read once for all M.
+template <int M>
+void gemv_rows(const GemmF16Args& g, int64_t j0, int64_t j1) {
+  for (int64_t j = j0; j < j1; ++j) {
+    const uint16_t* w = g.b + j * g.ldb;
+    float sums[M] = {};
+    int64_t p = 0;
+#if defined(__AVX512F__)
+    __m512 acc[M];
+    for (auto& a : acc) a = _mm512_setzero_ps();
+    for (; p + 16 <= g.k; p += 16) {
+      const __m512 wv = _mm512_maskz_cvtph_ps(0xffff, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + p)));
+      for (int i = 0; i < M; ++i) acc[i] = _mm512_fmadd_ps(_mm512_loadu_ps(g.a + i * g.lda + p), wv, acc[i]);
+    }
+    for (int i = 0; i < M; ++i) sums[i] = hsum(acc[i]);
+#elif defined(__AVX2__)
+    __m256 acc[M];
+    for (auto& a : acc) a = _mm256_setzero_ps();
+    for (; p + 8 <= g.k; p += 8) {
+      const __m256 wv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + p)));
+      for (int i = 0; i < M; ++i) acc[i] = _mm256_fmadd_ps(_mm256_loadu_ps(g.a + i * g.lda + p), wv, acc[i]);
+    }
+    for (int i = 0; i < M; ++i) sums[i] = hsum(acc[i]);
+#endif
+    for (; p < g.k; ++p) {
+      const float wp = half_to_float(w[p]);
+      for (int i = 0; i < M; ++i) sums[i] += g.a[i * g.lda + p] * wp;
+    }
+    for (int i = 0; i < M; ++i) finish(g, i, j, sums[i]);
+  }
+}
+
+void gemv_range(const GemmF16Args& g, int64_t j0, int64_t j1) {
+  switch (g.m) {
+    case 1: return gemv_rows<1>(g, j0, j1);
+    case 2: return gemv_rows<2>(g, j0, j1);
+    case 3: return gemv_rows<3>(g, j0, j1);
+    default: return gemv_rows<4>(g, j0, j1);  // at most kMaxGemvRows
+  }
+}
+
+void gemv(const GemmF16Args& g) {
+  if (g.n * g.k < (1 << 16) || omp_get_max_threads() == 1 || omp_in_parallel()) return gemv_range(g, 0, g.n);
+#pragma omp parallel
+  {
+    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+    gemv_range(g, g.n * t / nt, g.n * (t + 1) / nt);
+  }
+}
+
+void widened(const GemmF16Args& g) {
+  GemmArgs f;
+  f.m = g.m, f.n = g.n, f.k = g.k, f.alpha = g.alpha, f.beta = g.beta, f.c = g.c, f.ldc = g.ldc, f.bias = g.bias;
+  gemm_on_float_copies(
+      f, [&](int64_t i, float* out) { std::memcpy(out, g.a + i * g.lda, g.k * sizeof(float)); },
+      [&](int64_t j, float* out) { widen_row(g.b + j * g.ldb, g.k, out); });
+}
+
+}  // namespace
+
+void gemm_f16(const GemmF16Args& g) {
+  if (g.m == 0 || g.n == 0) return;
+  if (g.k == 0) {  // every sum empty: C = beta * C + bias
+    for (int64_t i = 0; i < g.m; ++i)
+      for (int64_t j = 0; j < g.n; ++j) finish(g, i, j, 0.0f);
+    return;
+  }
+  if (g.m <= kMaxGemvRows) return gemv(g);
+  widened(g);
+}
+
+}  // namespace qkv::cpu::QKV_CPU_NS
