@@ -295,6 +295,15 @@ check "train decoder" 0 "$QKV" train --config "$tmp/lm.json" --train "$tmp/lm.tx
 grep -q "perplexity" "$tmp/out" || { echo "FAIL train decoder reports no perplexity"; cat "$tmp/out"; failures=$((failures + 1)); }
 check "train decoder --resume" 0 "$QKV" train --config "$tmp/lm.json" --train "$tmp/lm.txt" --out "$tmp/lm" --steps 30 --resume
 grep -q '"step": 30' "$tmp/lm/trainer_state.json" || { echo "FAIL decoder resume did not reach step 30"; failures=$((failures + 1)); }
+# Fine-tuning a Hugging Face folder: no config needed; the result is a qkv folder that generates.
+for i in $(seq 300); do echo "the quick brown fox jumps over the lazy dog $i"; done >"$tmp/ft.txt"  # more than its 512 positions
+check "train --init" 0 "$QKV" train --init "$FIXTURES/hf/llama" --train "$tmp/ft.txt" --out "$tmp/ft" --steps 3
+check "generate from the fine-tuned folder" 0 "$QKV" generate --model "$tmp/ft" --prompt "the cat" --max-new-tokens 4 --temperature 0
+check "train --init with a model config" nonzero "$QKV" train --init "$FIXTURES/hf/llama" --config "$tmp/lm.json" --train "$tmp/lm.txt" --out "$tmp/ft2"
+one_line_error "train --init with a model config"
+check "train --init a missing folder" nonzero "$QKV" train --init "$tmp/nope" --train "$tmp/lm.txt" --out "$tmp/ft2"
+one_line_error "train --init a missing folder"
+[ ! -e "$tmp/ft2" ] || { echo "FAIL a refused train --init left a folder"; failures=$((failures + 1)); }
 check "generate" 0 "$QKV" generate --model "$tmp/lm" --prompt "the cat" --max-new-tokens 10 --temperature 0.8 --top-k 5 --top-p 0.9 --seed 2
 grep -q "^the cat" "$tmp/out" || { echo "FAIL generate does not echo the prompt"; cat "$tmp/out"; failures=$((failures + 1)); }
 check "generate --dtype bf16" 0 "$QKV" generate --model "$tmp/lm" --prompt "the cat" --max-new-tokens 5 --dtype bf16

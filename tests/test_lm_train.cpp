@@ -7,7 +7,9 @@
 
 #include <filesystem>
 
+#include "qkv/io.h"
 #include "qkv/lm_trainer.h"
+#include "qkv/train_run.h"
 #include "qkv/utf8.h"
 #include "tests/test_util.h"
 
@@ -172,6 +174,56 @@ TEST(LanguageModelTraining, ResumedRunEqualsStraightRunBitForBit) {
   for (size_t i = 0; i < want.size(); ++i)
     EXPECT_TRUE(testing::all_close(got[i].second, want[i].second, 0, 0)) << want[i].first;
   EXPECT_THROW(train_language_model(resumed, stream, stream, rest, b, {}), Error);  // nothing left to do
+}
+
+}  // namespace
+}  // namespace qkv
+
+namespace qkv {
+namespace {
+
+// qkv train --init: a Hugging Face Llama folder fine-tuned through
+// train_from_config starts from its weights (one step at a learning rate of
+// 1e-9 leaves every weight within 1e-6 of the folder's, where a fresh model
+// would differ everywhere), keeps its tokenizer, and saves a qkv folder that
+// loads back; a config that also describes a model is refused.
+TEST(FineTuning, InitStartsFromTheFoldersWeightsAndSavesAFolderThatLoads) {
+  omp_set_num_threads(1);
+  const std::string hf = std::string(QKV_FIXTURES_DIR) + "/hf/llama", out = testing::temp_dir("finetune");
+  const std::string text_path = testing::temp_dir("finetune") + "/text.txt";
+  std::string text;
+  for (int i = 0; i < 200; ++i) text += "the quick brown fox jumps over the lazy dog " + std::to_string(i % 7) + "\n";
+  write_file_atomic(text_path, text);
+  TrainRun run{.config_text = R"({"train": {"batch_size": 2, "lr": 1e-9, "warmup_steps": 0}})",
+               .config_source = "ft.json", .train = text_path, .out = out, .init = hf, .steps = 1};
+  train_from_config(run, {});
+  const LanguageModel before = load_language_model(hf), after = load_language_model(out);
+  EXPECT_EQ(after.model->summary(), before.model->summary());
+  const std::string probe = "the quick brown fox 🙂";
+  EXPECT_EQ(after.tokenizer->encode(probe), before.tokenizer->encode(probe));
+  const StateDict a = before.model->state_dict(), b = after.model->state_dict();
+  ASSERT_EQ(a.size(), b.size());
+  for (const auto& [name, t] : a) {
+    ASSERT_TRUE(b.count(name)) << name;
+    EXPECT_TRUE(testing::all_close(b.at(name), t, 1e-6f, 0)) << name;
+  }
+  // Twenty steps at a real learning rate lower the validation loss.
+  TrainRun longer = run;
+  longer.config_text = R"({"train": {"batch_size": 4, "lr": 3e-3, "warmup_steps": 2, "eval_every": 20}})";
+  longer.out = testing::temp_dir("finetune");
+  longer.steps = 20;
+  std::vector<double> losses;
+  TrainHooks hooks;
+  hooks.language.evaluated = [&](const LmEvalReport& r) { losses.push_back(r.valid_loss); };
+  train_from_config(longer, hooks);
+  ASSERT_FALSE(losses.empty());
+  const LanguageModel start = load_language_model(hf);
+  EXPECT_LT(losses.back(), 0.9 * std::log((double)start.tokenizer->size())) << "barely better than uniform";
+  TrainRun both = run;
+  both.config_text = R"({"d_model": 16, "train": {}})";
+  EXPECT_EQ(testing::error_of([&] { train_from_config(both, {}); }),
+            "train --init: the model comes from " + hf +
+                " (a decoder-only language model); ft.json may hold only its \"train\" section, not 'd_model'");
 }
 
 }  // namespace

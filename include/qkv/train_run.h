@@ -23,6 +23,10 @@ struct TrainRun {
   std::string train, valid;
   std::string out;      // the model folder
   bool resume = false;  // continue the run in `out` (its config must be of the same arch)
+  // A model folder (qkv or Hugging Face) to start from: its architecture,
+  // weights and tokenizer, with every Linear weight in float32 for training;
+  // the config then holds only its "train" section. Fine-tuning.
+  std::string init;
   bool replace_invalid_utf8 = false;  // in the TSV of pairs
   // Values that replace the config's "train" section; each is checked to
   // belong to the family (steps and batch_tokens not for a vit, epochs only).

@@ -49,14 +49,15 @@ def from_dlpack(array):
     return Tensor.from_dlpack(array)
 
 
-def train(config, *, train, out, valid=None, steps=None, epochs=None, lr=None, seed=None, precision=None,
-          resume=False, threads=0, on_step=None, on_eval=None, verbose=True):
+def train(config=None, *, train, out, valid=None, steps=None, epochs=None, lr=None, seed=None, precision=None,
+          init=None, resume=False, threads=0, on_step=None, on_eval=None, verbose=True):
     """Trains as `qkv train` does and returns {"out", "last_step", "stopped_early"}.
 
     config: a config file (configs/*.json); train/valid: a TSV of pairs (translation), a text
     file (decoder) or an IDX folder (vit); without valid, the last 5% of train is held out
     (a vit tests on train's t10k files). steps/epochs/lr/seed override the config's, and so
-    does precision ("f32", or "bf16" for mixed precision: docs/low-precision.md).
+    does precision ("f32", or "bf16" for mixed precision: docs/low-precision.md). init: a model
+    folder (qkv or Hugging Face) to fine-tune; config is then optional and may hold only a "train" section.
     on_step(dict) runs after every step; on_eval(dict) after each validation (each epoch for a
     vit), and a true return from it ends a translation run there. verbose prints a line per validation.
     """
@@ -68,9 +69,9 @@ def train(config, *, train, out, valid=None, steps=None, epochs=None, lr=None, s
             return user_eval(report) if user_eval is not None else False
 
     return _qkv.train(
-        _os.fspath(config), train=_os.fspath(train), out=_os.fspath(out),
+        "" if config is None else _os.fspath(config), train=_os.fspath(train), out=_os.fspath(out),
         valid="" if valid is None else _os.fspath(valid), steps=steps, epochs=epochs, lr=lr, seed=seed,
-        precision=precision, resume=resume, threads=threads, on_step=on_step, on_eval=on_eval)
+        precision=precision, init="" if init is None else _os.fspath(init), resume=resume, threads=threads, on_step=on_step, on_eval=on_eval)
 
 
 def _eval_line(r):

@@ -561,7 +561,9 @@ nb::dict progress_dict(int64_t step, int64_t total, float loss, float lr, double
 nb::dict train(TrainRun run, int threads, nb::object on_step, nb::object on_eval) {
   check_threads(threads);
   run.flag_names = false;
-  run.config_text = read_file(run.config_source);
+  QKV_CHECK(!run.config_source.empty() || !run.init.empty(), "train: config is required (or init= to fine-tune a model folder)");
+  if (run.config_source.empty()) run.config_source = "(the default train section)", run.config_text = "{}";
+  else run.config_text = read_file(run.config_source);
   std::atomic<bool> cancel{false};
   // `report` makes the step's dict, with the GIL held.
   auto step = [&](const auto& report) {
@@ -753,7 +755,7 @@ NB_MODULE(_qkv, m) {
   m.def("train", [](const std::string& config, const std::string& train_data, const std::string& out,
                     const std::string& valid, std::optional<int64_t> steps, std::optional<int64_t> epochs,
                     std::optional<double> lr, std::optional<int64_t> seed, std::optional<std::string> precision,
-                    bool resume, int threads, nb::object on_step, nb::object on_eval) {
+                    const std::string& init, bool resume, int threads, nb::object on_step, nb::object on_eval) {
           std::optional<Precision> p;
           if (precision) {
             QKV_CHECK(*precision == "f32" || *precision == "bf16", "train: precision must be 'f32' or 'bf16', got '",
@@ -761,12 +763,12 @@ NB_MODULE(_qkv, m) {
             p = *precision == "bf16" ? Precision::Bf16 : Precision::F32;
           }
           return qkv::python::train({.config_source = config, .train = train_data, .valid = valid, .out = out,
-                                     .resume = resume, .steps = steps, .epochs = epochs, .seed = seed, .lr = lr,
+                                     .resume = resume, .init = init, .steps = steps, .epochs = epochs, .seed = seed, .lr = lr,
                                      .precision = p},
                                     threads, on_step, on_eval);
         },
         "config"_a, nb::kw_only(), "train"_a, "out"_a, "valid"_a = "", "steps"_a = nb::none(),
         "epochs"_a = nb::none(), "lr"_a = nb::none(), "seed"_a = nb::none(), "precision"_a = nb::none(),
-        "resume"_a = false, "threads"_a = 0,
+        "init"_a = "", "resume"_a = false, "threads"_a = 0,
         "on_step"_a = nb::none(), "on_eval"_a = nb::none(), "Trains as `qkv train` does (see docs/python.md).");
 }

@@ -66,6 +66,18 @@ def test_on_eval_can_stop_and_errors_propagate(tmp_path, tiny_config, zh_ja):
         qkv.train(tiny_config, train=zh_ja / "train.tsv", out=tmp_path / "m3", precision="fp8")
 
 
+def test_init_fine_tunes_a_hugging_face_folder_without_a_config(tmp_path):
+    fixtures = os.path.join(os.path.dirname(__file__), "..", "..", "tests", "fixtures", "hf", "llama")
+    text = tmp_path / "text.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog\n" * 300)
+    result = qkv.train(init=fixtures, train=text, out=tmp_path / "ft", steps=2, verbose=False)
+    assert result["last_step"] == 2
+    tuned = qkv.load(tmp_path / "ft")
+    assert tuned.arch == "decoder" and isinstance(tuned.generate("the quick", max_new_tokens=3, temperature=0), str)
+    with pytest.raises(qkv.Error, match="config is required"):
+        qkv.train(train=text, out=tmp_path / "none")
+
+
 def test_mixed_precision_trains_and_saves_a_float32_folder(tmp_path, tiny_config, zh_ja):
     out = tmp_path / "bf16"
     result = qkv.train(tiny_config, train=zh_ja / "train.tsv", valid=zh_ja / "test.tsv", out=out, steps=3,

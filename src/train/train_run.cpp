@@ -83,7 +83,23 @@ uint64_t run_hash(const TrainRun& r) {
   const double lr = r.lr.value_or(-1);
   const int precision = r.precision ? (int)*r.precision : -1;
   h = fnv1a(&precision, sizeof precision, h);
+  h = fnv1a(r.init.data(), r.init.size(), h);
   return fnv1a(&lr, sizeof lr, fnv1a(&r.resume, sizeof r.resume, h));
+}
+
+Module& module_of(TranslationModel& m) { return *m.model; }
+Module& module_of(LanguageModel& m) { return *m.model; }
+Module& module_of(std::shared_ptr<VisionTransformer>& m) { return *m; }
+
+// The model a run starts from: the --init folder's, ready to train (every
+// Linear weight in float32, training mode), or `fresh()`.
+template <class Model, class Load, class Fresh>
+Model initial_model(const TrainRun& r, Load&& load, Fresh&& fresh) {
+  if (r.init.empty()) return fresh();
+  Model m = load(r.init, "train --init");
+  module_of(m).convert_linear_weights(DType::F32);
+  module_of(m).train();
+  return m;
 }
 
 uint64_t hash_texts(uint64_t h, const std::vector<SentencePair>& pairs) {
@@ -109,7 +125,9 @@ TrainOutcome train_translation_run(const TrainRun& r, const TrainHooks& hooks) {
   // A resumed run takes the model's config and vocabulary from its folder; the
   // latest weights and the training state come from trainer_state.safetensors.
   TranslationModel m = r.resume ? load_translation_model(r.out, "train --resume")
-                                : new_translation_model(r.config_text, r.config_source, train, o.seed);
+                                : initial_model<TranslationModel>(r, load_translation_model, [&] {
+                                    return new_translation_model(r.config_text, r.config_source, train, o.seed);
+                                  });
   if (r.resume) m.model->train();
   say_starting(r, hooks, m.model->summary(),
                std::to_string(train.size()) + " training pairs, " + std::to_string(valid.size()) +
@@ -133,7 +151,9 @@ TrainOutcome train_language_run(const TrainRun& r, const TrainHooks& hooks) {
   const std::string text = read_file(r.train), valid_text = r.valid.empty() ? "" : read_file(r.valid);
   require_same_data(r, fnv1a(valid_text.data(), valid_text.size(), fnv1a(text.data(), text.size(), run_hash(r))));
   LanguageModel m = r.resume ? load_language_model(r.out, "train --resume")
-                             : new_language_model(r.config_text, r.config_source, text, o.seed);
+                             : initial_model<LanguageModel>(r, load_language_model, [&] {
+                                 return new_language_model(r.config_text, r.config_source, text, o.seed);
+                               });
   if (r.resume) m.model->train();
   std::vector<int64_t> train = documents(*m.tokenizer, text, r.train);
   std::vector<int64_t> valid = r.valid.empty() ? hold_out_tokens(train, r) : documents(*m.tokenizer, valid_text, r.valid);
@@ -158,7 +178,8 @@ TrainOutcome train_vision_run(const TrainRun& r, const TrainHooks& hooks) {
     model = load_vit_model(r.out, "train --resume");
     model->train();
   } else {
-    model = new_vit_model(r.config_text, r.config_source, o.seed);
+    model = initial_model<std::shared_ptr<VisionTransformer>>(
+        r, load_vit_model, [&] { return new_vit_model(r.config_text, r.config_source, o.seed); });
   }
   const int64_t used = o.max_train_images > 0 ? std::min(o.max_train_images, train.count) : train.count;
   say_starting(r, hooks, model->summary(),
@@ -166,6 +187,26 @@ TrainOutcome train_vision_run(const TrainRun& r, const TrainHooks& hooks) {
                    std::to_string(test.count) + " test images; " + std::to_string(o.epochs) +
                    " epochs of batches of " + std::to_string(o.batch_size) + precision_note(o.precision));
   return train_vit(*model, train, test, o, r.out, hooks.vision, r.group);
+}
+
+// The family of the --init folder; the config may then hold only a "train"
+// section (and an "arch" that agrees), since the model is the folder's.
+const Family& init_family(const TrainRun& r) {
+  const Family& family = family_of_folder(r.init);
+  nlohmann::json config;
+  try {
+    config = nlohmann::json::parse(r.config_text);
+  } catch (const nlohmann::json::exception&) {
+    fail(r.config_source, ": not valid JSON");
+  }
+  QKV_CHECK(config.is_object(), r.config_source, ": expected a JSON object");
+  for (const auto& [key, value] : config.items()) {
+    if (key == "train") continue;
+    QKV_CHECK(key == "arch" && value == family.arch, "train ", option(r, "init"), ": the model comes from ", r.init,
+              " (", family.description, "); ", r.config_source, " may hold only its \"train\" section, not '", key,
+              "'", key == "arch" ? " = " + value.dump() : "");
+  }
+  return family;
 }
 
 }  // namespace
@@ -178,7 +219,7 @@ TrainOutcome train_from_config(const TrainRun& r, const TrainHooks& hooks) {
   QKV_CHECK(!r.lr || (*r.lr > 0 && std::isfinite(*r.lr)), "train: ", option(r, "lr"), " must be a positive number, got ",
             *r.lr);
   QKV_CHECK(!r.seed || *r.seed >= 0, "train: ", option(r, "seed"), " must be at least 0, got ", *r.seed);
-  const Family& family = family_of_config(r.config_text, r.config_source);
+  const Family& family = r.init.empty() ? family_of_config(r.config_text, r.config_source) : init_family(r);
   if (r.resume) {  // the folder must hold what the config describes
     const Family& held = family_of_folder(r.out);
     QKV_CHECK(held.arch == family.arch, "train --resume: ", r.out, " holds ", held.description, " (arch '", held.arch,

@@ -70,8 +70,13 @@ std::string auto_config(const TrainArgs& a) {
 
 int run_train(const TrainArgs& a) {
   set_threads(a.threads);
-  TrainRun run{.config_text = a.config == "auto" ? auto_config(a) : read_file(a.config),
-               .config_source = a.config, .train = a.train, .valid = a.valid, .out = a.out, .resume = a.resume,
+  QKV_CHECK(!a.config.empty() || !a.init.empty(),
+            "train: --config is required (or --init DIR to fine-tune a model folder)");
+  QKV_CHECK(a.init.empty() || a.config != "auto", "train: --config auto makes a new model; --init takes its model "
+            "from ", a.init, " (pass a config with only a \"train\" section, or none)");
+  TrainRun run{.config_text = a.config.empty() ? "{}" : a.config == "auto" ? auto_config(a) : read_file(a.config),
+               .config_source = a.config.empty() ? "(the default train section)" : a.config, .train = a.train,
+               .valid = a.valid, .out = a.out, .resume = a.resume, .init = a.init,
                .replace_invalid_utf8 = a.replace_invalid, .group = process_group()};
   // A flag not given is 0 (-1 for the seed): the config's value stays.
   if (a.steps > 0) run.steps = a.steps;
@@ -252,8 +257,11 @@ Run add_train(CLI::App& app) {
                "a decoder language model on plain text");
   sub->add_option("--config", args->config,
                   "Model and training config (JSON), e.g. configs/transformer-zh-ja.json, configs/vit-fashion-mnist.json; "
-                  "'auto' chooses a translation recipe from the training data (docs/training.md)")
-      ->required();
+                  "'auto' chooses a translation recipe from the training data (docs/training.md); with --init, only "
+                  "a \"train\" section (optional: the defaults and the flags below)");
+  sub->add_option("--init", args->init,
+                  "Fine-tune: start from this model folder (qkv or Hugging Face): its architecture, weights and "
+                  "tokenizer, Linear weights in float32; the result is a qkv model folder");
   sub->add_option("--train", args->train,
                   "Training pairs, source<TAB>target per line; for vit a folder of IDX files (train-images-idx3-ubyte[.gz], "
                   "train-labels-idx1-ubyte[.gz]); for decoder a UTF-8 text file (documents separated by blank lines)")

@@ -61,6 +61,7 @@ void write_attention_map(TranslationModel& m, const std::string& source, const s
 // the config's value.
 struct TrainArgs {
   std::string config, train, valid, out;  // for vit, train and valid are IDX folders
+  std::string init;                       // a model folder to fine-tune (empty: a new model from the config)
   int64_t steps = 0, batch_tokens = 0, epochs = 0;
   double lr = 0;
   int64_t seed = -1;
