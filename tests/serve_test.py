@@ -331,6 +331,60 @@ class Completions(unittest.TestCase):
             self.assertLess(rss[3] - rss[1], 4096, rss)
 
 
+class Chat(unittest.TestCase):
+    """/v1/chat/completions on a folder whose tokenizer_config.json has a ChatML template: the messages
+    in that layout (docs/pretrained.md), then what generate gives for that prompt, cut at <|im_end|>."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.model = train_decoder("chat", {"d_model": 32, "nhead": 4, "num_layers": 1, "dim_feedforward": 64,
+                                           "context": 160}, 30)  # room for the layout's markers
+        template = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+        with open(os.path.join(cls.model, "tokenizer_config.json"), "w") as f:
+            json.dump({"chat_template": template + "<|im_start|>assistant\n"}, f)
+        cls.s = Server(cls.model)
+
+    @classmethod
+    def tearDownClass(cls):
+        assert cls.s.stop() == 0
+
+    MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "the cat"}]
+    PROMPT = "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nthe cat<|im_end|>\n<|im_start|>assistant\n"
+
+    def test_chat_is_generate_on_the_formatted_prompt(self):
+        r = self.s.client.chat.completions.create(model="chat", messages=self.MESSAGES, max_tokens=12, temperature=0)
+        want = cli_generate(self.model, self.PROMPT, "--max-new-tokens", "12", "--temperature", "0")
+        self.assertEqual(r.choices[0].message.role, "assistant")
+        self.assertEqual(r.choices[0].message.content, want.split("<|im_end|>")[0])
+        self.assertEqual(r.object, "chat.completion")
+        self.assertEqual(r.usage.completion_tokens + r.usage.prompt_tokens, r.usage.total_tokens)
+        pieces = self.s.client.chat.completions.create(model="chat", messages=self.MESSAGES, max_tokens=12,
+                                                       temperature=0, stream=True)
+        text, finish = "", None
+        for chunk in pieces:
+            self.assertEqual(chunk.object, "chat.completion.chunk")
+            text += chunk.choices[0].delta.content or ""
+            finish = chunk.choices[0].finish_reason or finish
+        self.assertEqual(text, r.choices[0].message.content)
+        self.assertEqual(finish, r.choices[0].finish_reason)
+
+    def test_bad_messages_are_a_400_and_the_server_goes_on(self):
+        for messages, says in [([], "at least one message"), ([{"role": "bot", "content": "a"}], "role 'bot'"),
+                               ([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}],
+                                "last message must be the user's"),
+                               ([{"role": "user", "content": [{"type": "text", "text": "a"}]}], "content parts"),
+                               ("hi", "must be a list")]:
+            status, body = self.s.request("POST", "/v1/chat/completions", {"messages": messages})
+            self.assertEqual(status, 400, body)
+            self.assertEqual(body["error"]["param"], "messages", body)
+            self.assertIn(says, body["error"]["message"])
+            r = self.s.client.chat.completions.create(model="chat", messages=self.MESSAGES, max_tokens=2)
+            self.assertEqual(len(r.choices), 1)
+        status, body = self.s.request("POST", "/v1/chat/completions",
+                                      {"messages": self.MESSAGES, "max_tokens": 2, "max_completion_tokens": 2})
+        self.assertEqual((status, body["error"]["param"]), (400, "max_tokens"), body)
+
+
 class Slow(unittest.TestCase):
     """A model slow enough that requests overlap: queueing, leaving mid-stream, draining on SIGTERM."""
 

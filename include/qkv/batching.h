@@ -43,6 +43,9 @@ struct BatchRequest {
   // Generation ends where the text first contains one of these; the text up to
   // it is returned. Text that could still become one is held back meanwhile.
   std::vector<std::string> stop;
+  // Generation also ends at any of these token ids, as at <eos> (a chat
+  // format's end of turn); like <eos>, the token is not part of the text.
+  std::vector<int64_t> stop_ids;
   // Each new piece of text, on the generator's thread; never a split UTF-8 character.
   std::function<void(const std::string&)> on_text;
   // Once, at the end, on the generator's thread.

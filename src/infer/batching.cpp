@@ -125,7 +125,9 @@ void BatchGenerator::accept(Slot& s, int64_t token) {
     s.result.text += piece;
     if (s.request.on_text) s.request.on_text(piece);
   };
-  if (model_.tokenizer->is_eos(token)) {  // never drawn with ignore_eos
+  const std::vector<int64_t>& ids = s.request.stop_ids;
+  if (model_.tokenizer->is_eos(token) || std::find(ids.begin(), ids.end(), token) != ids.end()) {
+    // (eos is never drawn with ignore_eos; a stop id may be)
     emit_to(s.text.size());  // a character cut off before eos is U+FFFD, as in the decoded text
     return finish(s, "stop");
   }

@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "qkv/chat.h"
 #include "qkv/io.h"
 #include "qkv/registry.h"
 #include "src/train/loop.h"
@@ -189,6 +190,13 @@ TrainOutcome train_vision_run(const TrainRun& r, const TrainHooks& hooks) {
   return train_vit(*model, train, test, o, r.out, hooks.vision, r.group);
 }
 
+// A run from --init carries the folder's chat template into its own (rank 0
+// writes), so that the fine-tuned model still chats.
+TrainOutcome with_chat_template(const TrainRun& r, TrainOutcome outcome) {
+  if (!r.init.empty() && (!r.group || r.group->rank() == 0)) copy_chat_template(r.init, r.out);
+  return outcome;
+}
+
 // The family of the --init folder; the config may then hold only a "train"
 // section (and an "arch" that agrees), since the model is the folder's.
 const Family& init_family(const TrainRun& r) {
@@ -229,20 +237,20 @@ TrainOutcome train_from_config(const TrainRun& r, const TrainHooks& hooks) {
     case Domain::Vision:
       QKV_CHECK(!r.steps && !r.batch_tokens, "train: ", option(r, "steps"), " and ", option(r, "batch_tokens"),
                 " are for translation; a vit config trains for ", option(r, "epochs"));
-      return train_vision_run(r, hooks);
+      return with_chat_template(r, train_vision_run(r, hooks));
     case Domain::Language:
       QKV_CHECK(!r.epochs, "train: ", option(r, "epochs"), " is for vit configs; decoder models train for ",
                 option(r, "steps"));
       QKV_CHECK(!r.batch_tokens, "train: ", option(r, "batch_tokens"),
                 " is for translation; a decoder config sets train.batch_size");
-      return train_language_run(r, hooks);
+      return with_chat_template(r, train_language_run(r, hooks));
     case Domain::Embedding:
       fail("train: ", r.config_source, " describes ", family.description,
            ", which qkv train does not train yet (it runs pretrained ones: qkv embed)");
     case Domain::Translation:
       QKV_CHECK(!r.epochs, "train: ", option(r, "epochs"), " is for vit configs; translation models train for ",
                 option(r, "steps"));
-      return train_translation_run(r, hooks);
+      return with_chat_template(r, train_translation_run(r, hooks));
   }
   fail("train: ", r.config_source, ": a family of an unknown domain");
 }

@@ -2,6 +2,8 @@
 // (bfloat16, float16 or blockwise int8, docs/low-precision.md), written as a model
 // folder that every command loads as it loads any other.
 #include <cstdio>
+
+#include "qkv/chat.h"
 #include <filesystem>
 
 #include "qkv/checkpoint.h"
@@ -26,6 +28,7 @@ int run_convert(const ConvertArgs& a) {
   QKV_CHECK(converted > 0, "convert: ", a.model, " has no Linear weights to convert");
   const nlohmann::ordered_json note = {{"converted_from", a.model}, {"linear_weights", a.dtype}};
   save_model_folder(a.out, *m.family, *m.model, m.tokenizer.get(), note.dump(2) + "\n");
+  copy_chat_template(a.model, a.out);
   const uint64_t after = m.model->parameter_bytes();
   std::printf("%s: %lld Linear weights in %s; weights %.2f MB -> %.2f MB, written to %s\n", a.model.c_str(),
               (long long)converted, a.dtype.c_str(), before / 1e6, after / 1e6, a.out.c_str());

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "qkv/batching.h"
+#include "qkv/chat.h"
 #include "qkv/encoder.h"
 #include "qkv/infer.h"
 #include "qkv/ops.h"
@@ -271,6 +272,16 @@ public:
                 model_context);
       const int64_t context = o.context > 0 ? o.context : model_context;
       generator_ = std::make_unique<BatchGenerator>(lm, o.parallel, context, o.queue);
+      try {  // a template qkv does not know leaves completions working; chat answers why not
+        chat_format_ = chat_format_of_folder(dir);
+        if (chat_format_ == ChatFormat::None) chat_error_ = "its folder defines no chat format (no chat template)";
+      } catch (const Error& e) {
+        chat_error_ = e.what();
+      }
+      if (chat_format_ != ChatFormat::None) {  // the end-of-turn marker, when the vocabulary has it as one token
+        const std::vector<int64_t> ids = lm.tokenizer->encode(chat_end_of_turn(chat_format_));
+        if (ids.size() == 1) end_of_turn_ = ids;
+      }
     } else {
       translation_ = {folder_.tokenizer, std::dynamic_pointer_cast<Seq2Seq>(folder_.model)};
     }
@@ -410,10 +421,10 @@ private:
            [this](const httplib::Request& req, httplib::Response& res, const InFlightToken& token) {
              completions(req, res, token);
            });
-    handle("POST", "/v1/chat/completions", [this](const httplib::Request&, httplib::Response&, const InFlightToken&) {
-      throw HttpError{400, "model", "model '" + name_ + "' is " + kind() +
-                                        " whose folder defines no chat format; use /v1/completions"};
-    });
+    handle("POST", "/v1/chat/completions",
+           [this](const httplib::Request& req, httplib::Response& res, const InFlightToken& token) {
+             chat_completions(req, res, token);
+           });
     handle("POST", "/v1/embeddings", [this](const httplib::Request& req, httplib::Response& res, const InFlightToken&) {
       embeddings(req, res);
     });
@@ -473,29 +484,102 @@ private:
                                  "ignore_eos"});
     if (!generator_) bad("model", "model '" + name_ + "' is " + kind() + "; /v1/completions needs a decoder model");
     check_model_field(body);
-    int_field(body, "n", 1, 1, 1);
     if (bool_field(body, "echo", false)) bad("echo", "echo is not supported");
     if (body.contains("logprobs") && !body["logprobs"].is_null()) bad("logprobs", "logprobs is not supported");
-    number_field(body, "presence_penalty", 0, 0, 0);
-    number_field(body, "frequency_penalty", 0, 0, 0);
-    if (body.contains("user") && !body["user"].is_string()) bad("user", "user must be a string");
     if (!body.contains("prompt")) bad("prompt", "prompt is required");
     const std::vector<std::string> prompts = strings_field(body, "prompt", 1);
     if (prompts.size() != 1) bad("prompt", "prompt must be one string");
+    BatchRequest r = generation_request(body, generator_->model().tokenizer->encode_prompt(prompts[0]), "prompt",
+                                        "max_tokens");
+    const std::string id = "cmpl-" + std::to_string(ids_++);
+    respond(
+        std::move(r), bool_field(body, "stream", false), res, token,
+        [this, id](const std::string& piece, const json& finish) { return completion_chunk(id, piece, finish); },
+        [this, id](const BatchResult& result) { return completion_chunk(id, result.text, result.finish_reason); });
+  }
 
+  // OpenAI's chat completions: the messages in the folder's chat format
+  // (qkv/chat.h), then generation as for completions, ending also at the
+  // format's end of turn.
+  void chat_completions(const httplib::Request& req, httplib::Response& res, const InFlightToken& token) {
+    json body = parse_body(req, {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p",
+                                 "top_k", "seed", "stop", "stream", "n", "presence_penalty", "frequency_penalty",
+                                 "user", "ignore_eos"});
+    if (!generator_)
+      bad("model", "model '" + name_ + "' is " + kind() + "; /v1/chat/completions needs a decoder model");
+    check_model_field(body);
+    if (chat_format_ == ChatFormat::None)
+      bad("model", "model '" + name_ + "' cannot chat: " + chat_error_ + "; use /v1/completions");
+    if (!body.contains("messages") || !body["messages"].is_array()) bad("messages", "messages must be a list");
+    std::vector<ChatMessage> messages;
+    for (size_t i = 0; i < body["messages"].size(); ++i) {
+      const json& m = body["messages"][i];
+      const std::string where = "messages[" + std::to_string(i) + "]";
+      if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
+        bad("messages", where + " must be an object with a string \"role\"");
+      if (!m.contains("content") || !m["content"].is_string())
+        bad("messages", where + ".content must be a string (content parts are not supported)");
+      for (const auto& [key, value] : m.items())
+        if (key != "role" && key != "content" && key != "name") bad("messages", where + ": unknown field '" + key + "'");
+      messages.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+    }
+    std::string prompt;
+    try {
+      prompt = format_chat(chat_format_, messages);
+    } catch (const Error& e) {
+      bad("messages", e.what());
+    }
+    const bool new_name = body.contains("max_completion_tokens") && !body["max_completion_tokens"].is_null();
+    if (new_name && body.contains("max_tokens") && !body["max_tokens"].is_null())
+      bad("max_tokens", "give max_tokens or max_completion_tokens, not both");
+    BatchRequest r = generation_request(body, generator_->model().tokenizer->encode_prompt(prompt), "messages",
+                                        new_name ? "max_completion_tokens" : "max_tokens");
+    r.stop_ids = end_of_turn_;
+    r.stop.push_back(chat_end_of_turn(chat_format_));  // for a vocabulary that spells it in pieces
+    const std::string id = "chatcmpl-" + std::to_string(ids_++);
+    auto shape = [this, id](bool chunk, json choice) {
+      return json{{"id", id},
+                  {"object", chunk ? "chat.completion.chunk" : "chat.completion"},
+                  {"created", (int64_t)std::time(nullptr)},
+                  {"model", name_},
+                  {"choices", json::array({choice})}};
+    };
+    respond(
+        std::move(r), bool_field(body, "stream", false), res, token,
+        [shape](const std::string& piece, const json& finish) {
+          json delta = finish.is_null() ? json{{"role", "assistant"}, {"content", piece}} : json::object();
+          return shape(true, {{"index", 0}, {"delta", delta}, {"logprobs", nullptr}, {"finish_reason", finish}});
+        },
+        [shape](const BatchResult& result) {
+          return shape(false, {{"index", 0},
+                               {"message", {{"role", "assistant"}, {"content", result.text}}},
+                               {"logprobs", nullptr},
+                               {"finish_reason", result.finish_reason}});
+        });
+  }
+
+  // The generation options both completion endpoints share, checked against
+  // the context for `prompt` (its tokens; `what` names the field it came
+  // from, `max_name` the field of the token budget).
+  BatchRequest generation_request(const json& body, std::vector<int64_t> prompt, const std::string& what,
+                                  const char* max_name) {
+    int_field(body, "n", 1, 1, 1);
+    number_field(body, "presence_penalty", 0, 0, 0);
+    number_field(body, "frequency_penalty", 0, 0, 0);
+    if (body.contains("user") && !body["user"].is_string()) bad("user", "user must be a string");
     const int64_t C = generator_->context();
     BatchRequest r;
-    r.prompt = generator_->model().tokenizer->encode_prompt(prompts[0]);
-    if (r.prompt.empty()) bad("prompt", "the prompt is empty and the tokenizer puts no token before it");
+    r.prompt = std::move(prompt);
+    if (r.prompt.empty()) bad(what, "the prompt is empty and the tokenizer puts no token before it");
     const int64_t P = (int64_t)r.prompt.size();
     if (P >= C)
-      bad("prompt", "the prompt is " + std::to_string(P) + " tokens (with <bos>); the context is " + std::to_string(C) +
-                        ", which leaves room for none to generate");
-    const bool given = body.contains("max_tokens") && !body["max_tokens"].is_null();
-    r.options.max_new_tokens = int_field(body, "max_tokens", std::min<int64_t>(16, C - P), 0, 1 << 30);
+      bad(what, "the prompt is " + std::to_string(P) + " tokens (with <bos>); the context is " + std::to_string(C) +
+                    ", which leaves room for none to generate");
+    const bool given = body.contains(max_name) && !body[max_name].is_null();
+    r.options.max_new_tokens = int_field(body, max_name, std::min<int64_t>(16, C - P), 0, 1 << 30);
     if (given && P + r.options.max_new_tokens > C)
-      bad("max_tokens", "max_tokens " + std::to_string(r.options.max_new_tokens) + " and the prompt's " +
-                            std::to_string(P) + " tokens exceed the context of " + std::to_string(C));
+      bad(max_name, std::string(max_name) + " " + std::to_string(r.options.max_new_tokens) + " and the prompt's " +
+                        std::to_string(P) + " tokens exceed the context of " + std::to_string(C));
     r.options.temperature = (float)number_field(body, "temperature", 1.0, 0, 2);
     r.options.top_p = (float)number_field(body, "top_p", 1.0, 1e-6, 1);
     r.options.top_k = int_field(body, "top_k", 0, 0, 1 << 20);
@@ -504,8 +588,15 @@ private:
     r.stop = strings_field(body, "stop", 4);
     for (const std::string& s : r.stop)
       if (s.empty()) bad("stop", "a stop sequence must not be empty");
-    const bool stream = bool_field(body, "stream", false);
-    const std::string id = "cmpl-" + std::to_string(ids_++);
+    return r;
+  }
+
+  // Runs `r` and answers: one JSON object (whole(result), with usage), or
+  // server-sent events, chunk(piece, null) per piece of text and
+  // chunk("", finish_reason) with usage at the end, then [DONE].
+  void respond(BatchRequest r, bool stream, httplib::Response& res, const InFlightToken& token,
+               std::function<json(const std::string&, const json&)> chunk,
+               std::function<json(const BatchResult&)> whole) {
     auto cancel = std::make_shared<std::atomic<bool>>(false);
     r.cancel = cancel;
 
@@ -519,7 +610,7 @@ private:
       submit(std::move(r));
       const BatchResult result = future.get();
       if (result.finish_reason == "error") throw HttpError{500, "", result.error, "server_error"};
-      json out = completion_chunk(id, result.text, result.finish_reason);
+      json out = whole(result);
       out["usage"] = usage(result);
       return send_json(res, 200, out);
     }
@@ -541,7 +632,7 @@ private:
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         "text/event-stream",
-        [this, st, cancel, id, token](size_t, httplib::DataSink& sink) {
+        [st, cancel, chunk, token](size_t, httplib::DataSink& sink) {
           std::deque<std::string> pieces;
           bool done;
           BatchResult result;
@@ -561,7 +652,7 @@ private:
             return false;
           }
           for (const std::string& p : pieces) {
-            if (!event(completion_chunk(id, p, nullptr))) {
+            if (!event(chunk(p, nullptr))) {
               *cancel = true;
               return false;
             }
@@ -571,7 +662,7 @@ private:
             event({{"error",
                     {{"message", result.error}, {"type", "server_error"}, {"param", nullptr}, {"code", nullptr}}}});
           } else {
-            json last = completion_chunk(id, "", result.finish_reason);
+            json last = chunk("", result.finish_reason);
             last["usage"] = usage(result);
             event(last);
           }
@@ -832,6 +923,9 @@ private:
   std::string name_;
   int64_t created_ = 0;
   std::unique_ptr<BatchGenerator> generator_;
+  ChatFormat chat_format_ = ChatFormat::None;
+  std::string chat_error_;             // why there is no chat format, for /v1/chat/completions' 400
+  std::vector<int64_t> end_of_turn_;   // the chat format's end-of-turn token, when the vocabulary has it
   TranslationModel translation_;
   std::shared_ptr<VisionTransformer> vit_;
   EmbeddingModel embedder_;

@@ -1,0 +1,99 @@
+// Chat formats (qkv/chat.h): a template's family recognized by its markers,
+// each format's layout written exactly, and the errors for a message order
+// no format can write.
+#include <filesystem>
+
+#include <algorithm>
+
+#include "qkv/chat.h"
+#include "qkv/checkpoint.h"
+#include "qkv/io.h"
+#include "tests/test_util.h"
+
+namespace qkv {
+namespace {
+
+const std::vector<ChatMessage> kTalk = {{"system", "Be brief."}, {"user", "Hi"}, {"assistant", "Hello."},
+                                        {"user", "我是中国人"}};
+
+TEST(Chat, TemplatesAreKnownByTheirMarkers) {
+  EXPECT_EQ(chat_format_of_template("{% for m in messages %}<|im_start|>{{ m.role }}\n{% endfor %}"), ChatFormat::ChatML);
+  EXPECT_EQ(chat_format_of_template("{{ bos_token }}<|start_header_id|>{{ role }}<|end_header_id|>{{ c }}<|eot_id|>"),
+            ChatFormat::Llama3);
+  EXPECT_EQ(chat_format_of_template("[INST] <<SYS>>\n{{ s }}\n<</SYS>>\n\n{{ u }} [/INST]"), ChatFormat::Llama2);
+  EXPECT_EQ(chat_format_of_template("{{ bos_token }}[INST] {{ u }} [/INST]"), ChatFormat::Mistral);
+  EXPECT_EQ(testing::error_of([] { chat_format_of_template("<start_of_turn>user"); }),
+            "the chat template is none of the formats qkv writes (chatml, llama3, llama2, mistral)");
+}
+
+TEST(Chat, EachFormatWritesItsLayout) {
+  EXPECT_EQ(format_chat(ChatFormat::ChatML, kTalk),
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello."
+            "<|im_end|>\n<|im_start|>user\n我是中国人<|im_end|>\n<|im_start|>assistant\n");
+  EXPECT_EQ(format_chat(ChatFormat::Llama3, kTalk),
+            "<|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|><|start_header_id|>user<|end_header_id|>"
+            "\n\nHi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\nHello.<|eot_id|><|start_header_id|>user"
+            "<|end_header_id|>\n\n我是中国人<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n");
+  EXPECT_EQ(format_chat(ChatFormat::Llama2, kTalk),
+            "[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nHi [/INST] Hello. </s><s>[INST] 我是中国人 [/INST]");
+  EXPECT_EQ(format_chat(ChatFormat::Mistral, kTalk), "[INST] Be brief.\n\nHi [/INST]Hello.</s>[INST] 我是中国人 [/INST]");
+  EXPECT_EQ(format_chat(ChatFormat::Mistral, {{"user", "Hi"}}), "[INST] Hi [/INST]");
+  EXPECT_STREQ(chat_end_of_turn(ChatFormat::ChatML), "<|im_end|>");
+  EXPECT_STREQ(chat_end_of_turn(ChatFormat::Llama3), "<|eot_id|>");
+}
+
+TEST(Chat, MessagesInAnOrderNoFormatWritesAreErrors) {
+  auto error = [](std::vector<ChatMessage> m) {
+    return testing::error_of([&] { format_chat(ChatFormat::ChatML, m); });
+  };
+  EXPECT_EQ(error({}), "messages: at least one message is needed");
+  EXPECT_EQ(error({{"system", "s"}}), "messages: a system message alone leaves nothing to answer");
+  EXPECT_EQ(error({{"user", "a"}, {"bot", "b"}}), "messages[1]: role 'bot' is none of system, user, assistant");
+  EXPECT_EQ(error({{"user", "a"}, {"system", "b"}}), "messages[1]: a system message may only come first");
+  EXPECT_EQ(error({{"user", "a"}, {"user", "b"}}),
+            "messages[1]: expected a message from the assistant (user and assistant take turns)");
+  EXPECT_EQ(error({{"user", "a"}, {"assistant", "b"}}), "messages: the last message must be the user's");
+  EXPECT_EQ(testing::error_of([] { format_chat(ChatFormat::None, {{"user", "a"}}); }),
+            "the model's folder defines no chat format");
+}
+
+// The markers are the tokenizer's special tokens: in the qwen2 fixture's
+// tokenizer.json (Hugging Face's byte-level BPE with <|im_start|> and
+// <|im_end|> added), the ChatML text of a conversation encodes each marker
+// as its one id, which is what the server stops at.
+TEST(Chat, ChatMLMarkersAreTheTokenizersSpecialTokens) {
+  const ModelFolder m = load_model_folder(std::string(QKV_FIXTURES_DIR) + "/hf/qwen2");
+  const std::vector<int64_t> start = m.tokenizer->encode("<|im_start|>"), end = m.tokenizer->encode("<|im_end|>");
+  ASSERT_EQ(start.size(), 1u);
+  ASSERT_EQ(end.size(), 1u);
+  const std::vector<int64_t> ids = m.tokenizer->encode(format_chat(ChatFormat::ChatML, kTalk));
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), start[0]), 5);  // four messages and the answer's
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), end[0]), 4);
+  EXPECT_EQ(m.tokenizer->decode(ids).find("<|im_start|>"), std::string::npos);  // specials are skipped in text
+}
+
+TEST(Chat, AFolderSaysItsFormatInEitherFile) {
+  const std::string dir = testing::temp_dir("chat");
+  EXPECT_EQ(chat_format_of_folder(dir), ChatFormat::None);
+  write_file_atomic(dir + "/tokenizer_config.json", R"({"chat_template": null})");
+  EXPECT_EQ(chat_format_of_folder(dir), ChatFormat::None);
+  write_file_atomic(dir + "/tokenizer_config.json",
+                    R"({"chat_template": [{"name": "tool_use", "template": "[INST]"}, {"name": "default", "template": "<|im_start|>"}]})");
+  EXPECT_EQ(chat_format_of_folder(dir), ChatFormat::ChatML);
+  write_file_atomic(dir + "/tokenizer_config.json", R"({"chat_template": 3})");
+  EXPECT_EQ(testing::error_of([&] { chat_format_of_folder(dir); }),
+            dir + "/tokenizer_config.json: chat_template must be a string or a list of {\"name\", \"template\"}");
+  write_file_atomic(dir + "/chat_template.jinja", "<|start_header_id|>x<|eot_id|>");  // the file wins
+  EXPECT_EQ(chat_format_of_folder(dir), ChatFormat::Llama3);
+  const std::string copy = testing::temp_dir("chat");  // what qkv convert and train --init carry over
+  copy_chat_template(dir, copy);
+  EXPECT_EQ(chat_format_of_folder(copy), ChatFormat::Llama3);
+  EXPECT_TRUE(std::filesystem::is_regular_file(copy + "/tokenizer_config.json"));
+  write_file_atomic(dir + "/chat_template.jinja", "<start_of_turn>");
+  EXPECT_EQ(testing::error_of([&] { chat_format_of_folder(dir); }),
+            dir + "/chat_template.jinja: the chat template is none of the formats qkv writes (chatml, llama3, "
+                  "llama2, mistral)");
+}
+
+}  // namespace
+}  // namespace qkv
