@@ -270,6 +270,16 @@ TEST(Kernels, GemmF16MatchesTheReference) {
   }
 }
 
+TEST(Kernels, GemmF16SaysHowItRuns) {
+  EXPECT_STREQ(ref::table().gemm_f16_path(), "reference (float64 sums)");
+  EXPECT_STREQ(cpu::kernels(CpuIsa::Generic).gemm_f16_path(),
+               "plain widening (rows streamed up to 4), float32 BLAS on widened copies above");
+  if (isa_supported(CpuIsa::Avx2)) {
+    EXPECT_STREQ(cpu::kernels(CpuIsa::Avx2).gemm_f16_path(),
+                 "F16C widening in registers (rows streamed up to 4), float32 BLAS on widened copies above");
+  }
+}
+
 TEST(Kernels, GemmBf16SaysHowItRuns) {
   EXPECT_STREQ(ref::table().gemm_bf16_path(), "reference (float64 sums)");
   EXPECT_STREQ(cpu::kernels(CpuIsa::Generic).gemm_bf16_path(), "float32 BLAS on widened inputs");

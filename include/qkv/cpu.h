@@ -58,6 +58,9 @@ const BlasInfo& blas_info();  // loads the BLAS library if it is not loaded yet
 // How a bfloat16 GEMM runs at the level in use: "AMX-BF16 tiles",
 // "AVX512-BF16" or "float32 BLAS on widened inputs".
 const char* gemm_bf16_path();
+// How a float16-weight GEMM runs: "F16C widening in registers (rows
+// streamed up to 4), ..." or "plain widening ...".
+const char* gemm_f16_path();
 // How an int8-weight GEMM runs: "AVX512-VNNI (rows streamed up to 4, ...)" or
 // "int32 loops for up to 4 rows, ...".
 const char* gemm_int8_path();

@@ -50,6 +50,7 @@ const Kernels& kernels_for(Device device) {
 }
 
 const char* gemm_bf16_path() { return kernels_for(Device::Cpu).gemm_bf16_path(); }
+const char* gemm_f16_path() { return kernels_for(Device::Cpu).gemm_f16_path(); }
 const char* gemm_int8_path() { return kernels_for(Device::Cpu).gemm_int8_path(); }
 
 std::string runtime_summary() {
@@ -65,6 +66,7 @@ std::string runtime_summary() {
   else os << " (the best this CPU runs; QKV_ISA=generic|avx2|avx512 forces a lower level)";
   os << "\ngemm:     " << blas.library << "; kernel " << blas.core << ", chosen by " << blas.chosen_by << "\n";
   os << "bf16:     " << gemm_bf16_path() << "\n";
+  os << "f16:      " << gemm_f16_path() << "\n";
   os << "int8:     " << gemm_int8_path() << "\n";
   os << "threads:  " << omp_get_max_threads() << "\n";
   return os.str();

@@ -34,6 +34,7 @@ nlohmann::ordered_json runtime_json() {
           {"gemm_kernel", blas.core},
           {"gemm_kernel_chosen_by", blas.chosen_by},
           {"gemm_bf16", gemm_bf16_path()},
+          {"gemm_f16", gemm_f16_path()},
           {"gemm_int8", gemm_int8_path()},
           {"threads", thread_count()},
           {"mpi", mpi_text()}};

@@ -80,6 +80,8 @@ void gemm_int8(const GemmInt8Args& g) {
   }
 }
 
+const char* gemm_f16_path() { return "reference (float64 sums)"; }
+
 const char* gemm_int8_path() { return "reference (float64 sums)"; }
 
 void gemm_batched(const GemmArgs& g, int64_t batch, const int64_t* a_offsets, const int64_t* b_offsets,
