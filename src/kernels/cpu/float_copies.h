@@ -1,7 +1,8 @@
-// Internal to the CPU kernel variants: a product of operands that are first
-// turned into float32 (bfloat16 widened, int8 dequantized), then multiplied by
-// this level's float32 gemm (its thread split, GEMV and bias epilogue). In the
-// variant's namespace, like scratch.h.
+// Internal to the CPU kernel variants: what the low-precision GEMMs share.
+// Their per-element epilogue, and a product of operands that are first
+// turned into float32 (bfloat16 or float16 widened, int8 dequantized), then
+// multiplied by this level's float32 gemm (its thread split, GEMV and bias
+// epilogue). In the variant's namespace, like scratch.h.
 #pragma once
 
 #include <omp.h>
@@ -13,6 +14,28 @@
 #include "src/kernels/kernels.h"
 
 namespace qkv::cpu::QKV_CPU_NS {
+
+// In an unnamed namespace: an instance of a template with external linkage
+// would be a weak symbol scripts/check_kernel_variants.sh refuses.
+namespace {
+
+// The epilogue of one element of the low-precision GEMMs (GemmBf16Args,
+// GemmF16Args, GemmInt8Args: the same alpha, beta, c, ldc and bias):
+// C[i, j] from the float32 sum of row i of A and row j of B.
+template <class Args>
+inline void finish(const Args& g, int64_t i, int64_t j, float sum) {
+  float& c = g.c[i * g.ldc + j];
+  c = (g.beta == 0.0f ? g.alpha * sum : g.alpha * sum + g.beta * c) + (g.bias ? g.bias[j] : 0.0f);
+}
+
+// An empty sum (k == 0): C = beta * C + bias.
+template <class Args>
+void scale_only(const Args& g) {
+  for (int64_t i = 0; i < g.m; ++i)
+    for (int64_t j = 0; j < g.n; ++j) finish(g, i, j, 0.0f);
+}
+
+}  // namespace
 
 // row(r) for r in [0, rows), split between threads when there are enough
 // values (rows x k) to pay for them.

@@ -84,18 +84,6 @@ inline Operand operand_b(const GemmBf16Args& g) {
   return {g.b, g.b_f32, g.b_transposed ? 1 : g.ldb, g.b_transposed ? g.ldb : 1};
 }
 
-// C[i, j] from the float32 sum of A row i and B row j, with alpha, beta and bias.
-inline void finish(const GemmBf16Args& g, int64_t i, int64_t j, float sum) {
-  float& c = g.c[i * g.ldc + j];
-  c = (g.beta == 0.0f ? g.alpha * sum : g.alpha * sum + g.beta * c) + (g.bias ? g.bias[j] : 0.0f);
-}
-
-// An empty sum (k == 0): C = beta * C + bias.
-void scale_only(const GemmBf16Args& g) {
-  for (int64_t i = 0; i < g.m; ++i)
-    for (int64_t j = 0; j < g.n; ++j) finish(g, i, j, 0.0f);
-}
-
 // This level's float32 gemm on widened copies (float_copies.h).
 void widened(const GemmBf16Args& g) {
   GemmArgs f;

@@ -33,11 +33,6 @@ namespace {
 // Rows of A up to which W is streamed.
 constexpr int64_t kMaxGemvRows = 4;
 
-inline void finish(const GemmF16Args& g, int64_t i, int64_t j, float sum) {
-  float& c = g.c[i * g.ldc + j];
-  c = (g.beta == 0.0f ? g.alpha * sum : g.alpha * sum + g.beta * c) + (g.bias ? g.bias[j] : 0.0f);
-}
-
 // k halves -> k floats (exact).
 inline void widen_row(const uint16_t* h, int64_t k, float* out) {
   int64_t p = 0;
@@ -115,11 +110,7 @@ void widened(const GemmF16Args& g) {
 
 void gemm_f16(const GemmF16Args& g) {
   if (g.m == 0 || g.n == 0) return;
-  if (g.k == 0) {  // every sum empty: C = beta * C + bias
-    for (int64_t i = 0; i < g.m; ++i)
-      for (int64_t j = 0; j < g.n; ++j) finish(g, i, j, 0.0f);
-    return;
-  }
+  if (g.k == 0) return scale_only(g);
   if (g.m <= kMaxGemvRows) return gemv(g);
   widened(g);
 }

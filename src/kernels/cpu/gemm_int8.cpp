@@ -62,11 +62,6 @@ inline void quantize(const float* x, int64_t n, float scale, int8_t* q) {
   for (int64_t i = 0; i < n; ++i) q[i] = (int8_t)std::clamp(std::nearbyint(x[i] * inv), -127.0f, 127.0f);
 }
 
-inline void finish(const GemmInt8Args& g, int64_t i, int64_t j, float sum) {
-  float& c = g.c[i * g.ldc + j];
-  c = (g.beta == 0.0f ? g.alpha * sum : g.alpha * sum + g.beta * c) + (g.bias ? g.bias[j] : 0.0f);
-}
-
 int64_t blocks_of(int64_t k) { return (k + kBlock - 1) / kBlock; }
 
 // The rows of A quantized: row i's values at q + i * stride (zeros from k to
@@ -159,12 +154,6 @@ void dequantized(const GemmInt8Args& g) {
         f, [&](int64_t i, float* out) { dequantize_row(qa.q + i * qa.stride, qa.d + i * qa.kb, g.k, out); },
         [&](int64_t j, float* out) { dequantize_row(g.b + j * g.ldb, g.scales + j * g.ld_scale, g.k, out); });
   });
-}
-
-// An empty sum (k == 0): C = beta * C + bias.
-void scale_only(const GemmInt8Args& g) {
-  for (int64_t i = 0; i < g.m; ++i)
-    for (int64_t j = 0; j < g.n; ++j) finish(g, i, j, 0.0f);
 }
 
 #if defined(__AVX512F__)
