@@ -48,14 +48,22 @@ new tokens at most, stopping at the folder's eos_token_id).
            expected: two 16x16 PNG images (vit.image0.png, vit.image1.png),
            the pixel values the processor makes of them and the logits
 
+  marian   MarianMTModel (make_marian): source.spm and target.spm trained
+           here with sentencepiece, vocab.json, swish, Post-Norm,
+           scale_embedding, a random final_logits_bias, decoding from <pad>;
+           expected: teacher-forced logits of 5 sources, 16 greedy tokens
+           each, generate()'s text, and MarianTokenizer's ids and text for
+           the 5,000 lines of the tokenizer fixtures (marian.tokens.expected)
+
 Usage: python3 scripts/make_hf_fixtures.py [--out tests/fixtures/hf]
-Needs: torch, transformers, safetensors, sentence-transformers (pip install ...).
+Needs: torch, transformers, safetensors, sentence-transformers, sentencepiece (pip install ...).
 """
 import argparse
 import json
 import os
 import re
 import shutil
+import struct
 import sys
 
 import torch
@@ -194,6 +202,109 @@ def make_bert(out_dir):
     print(f"bert: {sum(p.numel() for p in model.parameters())} parameters; embeddings {tuple(embeddings.shape)}")
 
 
+MARIAN_SENTENCES = ["我是中国人", "The quick brown fox jumps over the lazy dog.", "私は中国人です。", "",
+                    ">>jpn<< 他吃苹果"]
+
+
+def fnv(data):
+    h = 0x811C9DC5
+    for b in data:
+        h = ((h ^ b) * 0x01000193) & 0xFFFFFFFF
+    return h
+
+
+def make_marian(out_dir):
+    """A MarianMTModel folder as the Helsinki-NLP opus-mt ones are laid out:
+    SentencePiece models source.spm (nmt_nfkc normalization, whose
+    precompiled table the .model carries) and target.spm (identity), one
+    vocab.json for both sides (</s> 0, <unk> 1, the pieces, <pad> last; a
+    language code >>jpn<<), swish, scale_embedding, Post-Norm, tied and
+    shared embeddings, a final_logits_bias, decoder_start_token_id = pad."""
+    import sentencepiece as spm
+    from transformers import MarianConfig, MarianMTModel, MarianTokenizer
+    folder = os.path.join(out_dir, "marian")
+    shutil.rmtree(folder, ignore_errors=True)
+    os.makedirs(folder)
+    lines = open(os.path.join(TOKENIZERS, "text.txt"), "rb").read().split(b"\n")
+    corpus = [l.decode("utf-8", errors="replace") for l in lines]
+    for name, rule, vocab, part in (("source", "nmt_nfkc", 240, corpus[:2500]), ("target", "identity", 200, corpus[2500:])):
+        spm.SentencePieceTrainer.train(sentence_iterator=iter([l for l in part if l]),
+                                       model_prefix=os.path.join(folder, name), vocab_size=vocab,
+                                       model_type="unigram", normalization_rule_name=rule, character_coverage=0.98,
+                                       minloglevel=2)
+        os.rename(os.path.join(folder, name + ".model"), os.path.join(folder, name + ".spm"))
+        os.remove(os.path.join(folder, name + ".vocab"))
+    pieces = ["</s>", "<unk>", ">>jpn<<"]
+    for name in ("source", "target"):
+        sp = spm.SentencePieceProcessor(model_file=os.path.join(folder, name + ".spm"))
+        for i in range(sp.get_piece_size()):
+            if not sp.is_control(i) and not sp.is_unknown(i) and sp.id_to_piece(i) not in pieces:
+                pieces.append(sp.id_to_piece(i))
+    pieces.append("<pad>")
+    with open(os.path.join(folder, "vocab.json"), "w") as f:
+        json.dump({p: i for i, p in enumerate(pieces)}, f, ensure_ascii=False, indent=1)
+    with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
+        json.dump({"tokenizer_class": "MarianTokenizer", "source_lang": "zh", "target_lang": "ja",
+                   "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>", "model_max_length": 512,
+                   "separate_vocabs": False}, f, indent=1)
+    V, pad = len(pieces), len(pieces) - 1
+    torch.manual_seed(0)
+    config = MarianConfig(vocab_size=V, decoder_vocab_size=V, max_position_embeddings=64, d_model=32,
+                          encoder_layers=2, decoder_layers=2, encoder_ffn_dim=64, decoder_ffn_dim=64,
+                          encoder_attention_heads=4, decoder_attention_heads=4, activation_function="swish",
+                          scale_embedding=True, pad_token_id=pad, eos_token_id=0, decoder_start_token_id=pad,
+                          forced_eos_token_id=0, init_std=0.4, share_encoder_decoder_embeddings=True,
+                          tie_word_embeddings=True)
+    model = MarianMTModel(config)
+    with torch.no_grad():  # random gains, biases and final logits bias, so that every one counts
+        for pname, p in model.named_parameters():
+            if "layer_norm" in pname and pname.endswith(".weight"):
+                p.copy_(1.0 + 0.3 * torch.randn_like(p))
+            elif pname.endswith(".bias"):
+                p.copy_(0.3 * torch.randn_like(p))
+        model.final_logits_bias.copy_(0.1 * torch.randn_like(model.final_logits_bias))
+    model.generation_config.bad_words_ids = [[pad]]  # as the opus-mt folders have it: <pad> is never an output
+    model.generation_config.num_beams = 1
+    model.generation_config.max_length = 64
+    model.save_pretrained(folder)
+    model = MarianMTModel.from_pretrained(folder, dtype=torch.float32).eval()
+    tok = MarianTokenizer.from_pretrained(folder)
+    batch = tok(MARIAN_SENTENCES, return_tensors="pt", padding=True)
+    lengths = batch["attention_mask"].sum(1)
+    g = torch.Generator().manual_seed(1)
+    decoder_in = torch.cat([torch.full((len(MARIAN_SENTENCES), 1), pad),
+                            torch.randint(0, V - 1, (len(MARIAN_SENTENCES), 7), generator=g)], dim=1)
+    with torch.no_grad():
+        logits = model(**batch, decoder_input_ids=decoder_in).logits
+        # 16 greedy tokens of each sentence (argmax over all but <pad>, past </s>).
+        seq = torch.full((len(MARIAN_SENTENCES), 1), pad)
+        for _ in range(16):
+            step = model(**batch, decoder_input_ids=seq).logits[:, -1]
+            step[:, pad] = -float("inf")
+            seq = torch.cat([seq, step.argmax(-1, keepdim=True)], dim=1)
+        generated = model.generate(**batch, max_new_tokens=16, do_sample=False, num_beams=1)
+    save_file({"src": batch["input_ids"].contiguous(), "src_lengths": lengths.contiguous(),
+               "decoder_in": decoder_in.contiguous(), "logits": logits.contiguous(),
+               "greedy": seq[:, 1:].contiguous()}, os.path.join(out_dir, "marian.expected.safetensors"))
+    with open(os.path.join(out_dir, "marian.expected.json"), "w") as f:
+        json.dump({"sentences": MARIAN_SENTENCES, "source_ids": [tok(s)["input_ids"] for s in MARIAN_SENTENCES],
+                   "translations": tok.batch_decode(generated, skip_special_tokens=True)},
+                  f, ensure_ascii=False, indent=1)
+        f.write("\n")
+    # The tokenizer on the 5,000 lines of the tokenizer fixtures' text, as
+    # make_tokenizer_fixtures.py records the others: the number of ids, a
+    # hash of the ids (with the </s> MarianTokenizer appends) and of the text
+    # decode(skip_special_tokens=True) makes of them.
+    rows = []
+    for line in lines:
+        ids = tok(line.decode("utf-8", errors="replace"))["input_ids"]
+        decoded = tok.decode(ids, skip_special_tokens=True)
+        rows.append(f"{len(ids)} {fnv(struct.pack(f'<{len(ids)}I', *ids)):08x} {fnv(decoded.encode()):08x}")
+    with open(os.path.join(out_dir, "marian.tokens.expected"), "w") as f:
+        f.write("\n".join(rows) + "\n")
+    print(f"marian: {sum(p.numel() for p in model.parameters())} parameters, vocabulary {V}")
+
+
 def make_vit(out_dir):
     import numpy as np
     from PIL import Image
@@ -234,9 +345,11 @@ def main():
     ap.add_argument("--only", nargs="+", metavar="NAME", help="write only these fixtures")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    for name in args.only or ("llama", "qwen2", "qwen3", "mistral", "mixtral", "gpt2", "bert", "vit"):
+    for name in args.only or ("llama", "qwen2", "qwen3", "mistral", "mixtral", "gpt2", "bert", "vit", "marian"):
         if name == "bert":
             make_bert(args.out)
+        elif name == "marian":
+            make_marian(args.out)
         elif name == "vit":
             make_vit(args.out)
         else:

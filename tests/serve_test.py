@@ -11,6 +11,7 @@ import http.client
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -663,4 +664,9 @@ class Translation(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main(argv=[sys.argv[0], "-v"])
+    result = unittest.main(argv=[sys.argv[0], "-v"], exit=False).result
+    if result.wasSuccessful():
+        shutil.rmtree(TMP, ignore_errors=True)
+    else:
+        print(f"test files kept in {TMP}", file=sys.stderr)
+    sys.exit(0 if result.wasSuccessful() else 1)

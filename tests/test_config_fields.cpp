@@ -30,7 +30,7 @@ TEST(ConfigFields, ErrorsNameTheFileTheKeyAndWhatIsAllowed) {
   EXPECT_EQ(decoder(R"({"activation": "tanh"})"),
             "lm.json: 'activation' is 'tanh', expected one of: relu, gelu, gelu_tanh, silu");
   EXPECT_EQ(decoder(R"({"positions": "sinusoidal_2d"})"),
-            "lm.json: 'positions' is 'sinusoidal_2d', expected one of: sinusoidal, learned, rope");
+            "lm.json: 'positions' is 'sinusoidal_2d', expected one of: sinusoidal, learned, rope, sinusoidal_halves");
   EXPECT_EQ(decoder(R"({"arch": "vit"})"), "lm.json: 'arch' is 'vit', expected 'decoder'");
   EXPECT_EQ(decoder(R"({"qk_norm": 1})"), "lm.json: 'qk_norm' has the wrong type (1)");
   EXPECT_EQ(decoder("[1]"), "lm.json: expected a JSON object");
@@ -47,7 +47,7 @@ TEST(ConfigFields, ErrorsNameTheFileTheKeyAndWhatIsAllowed) {
   EXPECT_EQ(error_of([] { VitTrainOptions::from_json(R"({"train": []})", "t.json"); }),
             "t.json: 'train' must be an object");
   EXPECT_EQ(error_of([] { TokenizerConfig::from_json(R"({"type": "words"})", "t.json"); }),
-            "t.json: 'tokenizer.type' is 'words', expected one of: char, sentencepiece, bytes, huggingface");
+            "t.json: 'tokenizer.type' is 'words', expected one of: char, sentencepiece, bytes, huggingface, marian");
   EXPECT_EQ(error_of([] { ViTConfig::from_json(R"({"image_size": 131072, "patch_size": 2})", "v.json"); }),
             "v.json: 'image_size' must be at most 65536, got 131072");
 }

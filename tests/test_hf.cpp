@@ -179,7 +179,7 @@ TEST(Hf, OptionsQkvDoesNotImplementAreOneErrorNamingTheField) {
   EXPECT_EQ(error_with({{"hidden_size", "wide"}}).rfind("config.json: a field has the wrong type (", 0), 0u);
   EXPECT_EQ(error_with({{"num_key_value_heads", 3}}).rfind("config.json: ", 0), 0u);  // 4 heads over 3: the decoder's check
   EXPECT_EQ(error_with({{"architectures", {"T5Model"}}}),
-            "config.json: a Hugging Face model of architecture T5Model; qkv reads LlamaForCausalLM, "
+            "config.json: a Hugging Face model of architecture T5Model; qkv reads MarianMTModel, LlamaForCausalLM, "
             "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM, GPT2LMHeadModel, "
             "ViTForImageClassification, BertModel");
   // The wrong task names what the folder holds, as for qkv's own folders.

@@ -15,35 +15,11 @@ namespace qkv {
 namespace {
 
 using testing::error_of;
+using testing::fnv;
+using testing::hex;
+using testing::split_lines;
 
 std::string fixture(const std::string& name) { return std::string(QKV_FIXTURES_DIR) + "/tokenizers/" + name; }
-
-std::vector<std::string> split_lines(const std::string& text) {
-  std::vector<std::string> lines;
-  size_t at = 0;
-  for (size_t nl; (nl = text.find('\n', at)) != std::string::npos; at = nl + 1) lines.push_back(text.substr(at, nl - at));
-  lines.push_back(text.substr(at));
-  return lines;
-}
-
-uint32_t fnv(const std::string& bytes) {
-  uint32_t h = 0x811C9DC5u;
-  for (unsigned char c : bytes) h = (h ^ c) * 0x01000193u;
-  return h;
-}
-
-uint32_t fnv(const std::vector<int64_t>& ids) {
-  std::string bytes;
-  for (int64_t id : ids)
-    for (int k = 0; k < 4; ++k) bytes += (char)(((uint32_t)id >> (8 * k)) & 0xFF);
-  return fnv(bytes);
-}
-
-std::string hex(uint32_t h) {
-  char buf[9];
-  std::snprintf(buf, sizeof buf, "%08x", h);
-  return buf;
-}
 
 class TokenizerParity : public ::testing::TestWithParam<const char*> {};
 

@@ -151,12 +151,9 @@ TEST(SynthZhJa, PairCountsOutsideTheGrammarsReachAreErrors) {
 }
 
 std::string write_temp(const std::string& bytes) {
-  char tmpl[] = "/tmp/qkv_tsv_XXXXXX";
-  int fd = mkstemp(tmpl);
-  EXPECT_GE(fd, 0);
-  close(fd);
-  std::ofstream(tmpl, std::ios::binary) << bytes;
-  return tmpl;
+  const std::string path = testing::temp_dir("tsv") + "/pairs.tsv";
+  std::ofstream(path, std::ios::binary) << bytes;
+  return path;
 }
 
 TEST(ParallelText, ReadsAndRejectsWithLineNumbers) {

@@ -10,9 +10,11 @@
 #include <cstdlib>
 
 #include <cmath>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "qkv/io.h"
 #include "qkv/tensor.h"
@@ -212,7 +214,6 @@ inline const std::map<std::string, Tensor>& fixture_tensors(const std::string& n
   return it->second;
 }
 
-// A fresh folder /tmp/qkv_<name>_XXXXXX for one test's files.
 // The message of the qkv::Error that f throws, or "(no error)".
 inline std::string error_of(const std::function<void()>& f) {
   try {
@@ -223,10 +224,64 @@ inline std::string error_of(const std::function<void()>& f) {
   return "(no error)";
 }
 
+// The lines of a text, split at '\n' (a last empty one kept).
+inline std::vector<std::string> split_lines(const std::string& text) {
+  std::vector<std::string> lines;
+  size_t at = 0;
+  for (size_t nl; (nl = text.find('\n', at)) != std::string::npos; at = nl + 1) lines.push_back(text.substr(at, nl - at));
+  lines.push_back(text.substr(at));
+  return lines;
+}
+
+// FNV-1a (32 bits) of bytes, and of ids as little-endian uint32: how the
+// tokenizer fixtures record ids and texts (scripts/make_tokenizer_fixtures.py).
+inline uint32_t fnv(const std::string& bytes) {
+  uint32_t h = 0x811C9DC5u;
+  for (unsigned char c : bytes) h = (h ^ c) * 0x01000193u;
+  return h;
+}
+
+inline uint32_t fnv(const std::vector<int64_t>& ids) {
+  std::string bytes;
+  for (int64_t id : ids)
+    for (int k = 0; k < 4; ++k) bytes += (char)(((uint32_t)id >> (8 * k)) & 0xFF);
+  return fnv(bytes);
+}
+
+inline std::string hex(uint32_t h) {
+  char buf[9];
+  std::snprintf(buf, sizeof buf, "%08x", h);
+  return buf;
+}
+
+// The folders temp_dir made, removed when the test program ends if every
+// test passed; after a failure they stay for a look, and the program says where.
+class TempDirs {
+public:
+  ~TempDirs() {
+    const ::testing::UnitTest* run = ::testing::UnitTest::GetInstance();
+    for (const std::string& d : dirs_) {
+      if (run && run->Failed()) {
+        std::fprintf(stderr, "test files kept in %s\n", d.c_str());
+      } else {
+        std::error_code ignored;
+        std::filesystem::remove_all(d, ignored);
+      }
+    }
+  }
+  void add(std::string d) { dirs_.push_back(std::move(d)); }
+
+private:
+  std::vector<std::string> dirs_;
+};
+
+// A fresh folder /tmp/qkv_<name>_XXXXXX for one test's files.
 inline std::string temp_dir(const std::string& name = "test") {
+  static TempDirs made;
   std::string tmpl = "/tmp/qkv_" + name + "_XXXXXX";
   const char* d = mkdtemp(tmpl.data());
   EXPECT_NE(d, nullptr) << "cannot make " << tmpl;
+  if (d) made.add(d);
   return d ? d : "";
 }
 

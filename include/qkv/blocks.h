@@ -275,7 +275,7 @@ struct BlockConfig {
   MLPKind mlp = MLPKind::Dense;
   bool qk_norm = false;
   float qk_norm_eps = 1e-6f;
-  PositionKind positions = PositionKind::Sinusoidal;  // Sinusoidal | Learned | Rope
+  PositionKind positions = PositionKind::Sinusoidal;  // Sinusoidal | SinusoidalHalves | Learned | Rope
   float rope_theta = 10000.0f;
   RopeScaling rope_scaling;   // rope_scaling_factor, rope_low_freq_factor, rope_high_freq_factor,
                               // rope_original_context (written when the factor is not 1)

@@ -6,7 +6,7 @@
 // TranslationTransformer (arch "transformer"): the encoder-decoder of
 // Vaswani et al. 2017 for sequence-to-sequence translation.
 //   memory = Encoder(embed(src) * sqrt(D) + PE)          [B, S, D]
-//   logits = Decoder(embed(<bos> y) * sqrt(D) + PE, memory) W_out   [B, T, V]
+//   logits = Decoder(embed(<bos> y) * sqrt(D) + PE, memory) W_out (+ b_out)   [B, T, V]
 // The decoder's self-attention is causal; its cross-attention sees the
 // source up to each sentence's length.
 #pragma once
@@ -15,8 +15,24 @@
 #include <vector>
 
 #include "qkv/blocks.h"
+#include "qkv/tokenizer.h"
 
 namespace qkv {
+
+// The ids a translation model's decoding starts from and ends with. qkv's own
+// models: target = <bos> y <eos>, never <pad> or <bos> as an output, the
+// source as the tokenizer gives it. A Marian model (Hugging Face): its
+// decoder_start_token_id (its <pad>) first, its eos_token_id last, and the
+// source ends with that eos as well.
+struct DecodingIds {
+  int64_t start = Tokenizer::kBos;
+  int64_t eos = Tokenizer::kEos;
+  int64_t pad = Tokenizer::kPad;
+  bool source_eos = false;
+  bool never_output(int64_t id) const { return id == pad || id == start; }
+  // The source as the encoder reads it: the ids, then eos if source_eos.
+  std::vector<int64_t> source(std::vector<int64_t> ids) const;
+};
 
 // What a model keeps between decoding steps; each architecture has its own.
 struct DecodeState {
@@ -53,6 +69,7 @@ public:
   // The most source tokens the model's positions cover (learned positions);
   // 0 when they set no limit.
   virtual int64_t max_source_len() const { return 0; }
+  virtual DecodingIds decoding_ids() const { return {}; }
   virtual std::string config_json() const = 0;  // the config.json of this model, with "arch"
   virtual std::string summary() const = 0;      // one line for people
 };
@@ -73,6 +90,15 @@ struct TransformerConfig : BlockConfig {
   int64_t num_encoder_layers = 2;
   int64_t num_decoder_layers = 2;
   int64_t max_len = 256;   // the learned positions' table size
+  bool scale_embedding = true;  // embed(ids) * sqrt(d_model); Marian's scale_embedding
+  bool output_bias = false;     // a bias added to the logits (Marian's final_logits_bias)
+  // The decoding ids (DecodingIds): pad_id, decoder_start_id, eos_id, source_eos;
+  // written only when they are not qkv's own.
+  DecodingIds ids;
+  bool nondefault_ids() const {
+    const DecodingIds d;
+    return ids.pad != d.pad || ids.start != d.start || ids.eos != d.eos || ids.source_eos != d.source_eos;
+  }
 
   // From config.json (unknown keys are an error, each value checked).
   static TransformerConfig from_json(const std::string& text, const std::string& source);
@@ -108,6 +134,7 @@ public:
   // The sum of the MoE layers' load-balancing losses of the last forward (undefined without MoE).
   Tensor aux_loss() const override;
   int64_t max_source_len() const override { return config_.positions == PositionKind::Learned ? config_.max_len : 0; }
+  DecodingIds decoding_ids() const override { return config_.ids; }
   std::string config_json() const override { return config_.to_json(); }
   std::string summary() const override;
   const TransformerConfig& config() const { return config_; }
@@ -118,6 +145,7 @@ public:
   std::vector<std::shared_ptr<TransformerDecoderLayer>> decoder_layers;
   std::shared_ptr<Norm> encoder_norm, decoder_norm;  // Pre-Norm only
   std::shared_ptr<Linear> output_proj;               // untied only
+  Tensor output_bias;                                 // [V], with config output_bias
   std::shared_ptr<Dropout> dropout;
 
 protected:
@@ -125,6 +153,7 @@ protected:
 
 private:
   Tensor embed_tokens(const Tensor& ids, int64_t offset);
+  Tensor head(const Tensor& x);  // the logits of the last decoder layer's output
   TransformerConfig config_;
   TiedHead tied_head_;  // without output_proj
 };

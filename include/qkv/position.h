@@ -11,11 +11,15 @@ namespace qkv {
 
 // How a model learns where each token is: added sinusoids, a learned table,
 // rotated q and k (RoPE), or a 2-D sinusoidal grid of image patches.
-enum class PositionKind { Sinusoidal, Learned, Rope, Sinusoidal2d };
+enum class PositionKind { Sinusoidal, Learned, Rope, Sinusoidal2d, SinusoidalHalves };
 
 // Vaswani et al. 2017:  PE[p, 2i] = sin(p / 10000^{2i/D}),  PE[p, 2i+1] = cos(p / 10000^{2i/D}),
 // for positions offset .. offset+T-1. -> [T, D] (D even).
 Tensor sinusoidal_encoding(int64_t length, int64_t dim, int64_t offset = 0);
+
+// The same angles with every sine first, then every cosine (Marian's layout):
+// PE[p, i] = sin(p / 10000^{2i/D}),  PE[p, D/2 + i] = cos(p / 10000^{2i/D}).
+Tensor sinusoidal_encoding_halves(int64_t length, int64_t dim, int64_t offset = 0);
 
 // 2-D sinusoidal encoding of an H x W grid of patches, row-major: the first
 // D/2 channels encode the row with a 1-D sinusoidal encoding of width D/2,

@@ -27,6 +27,8 @@ public:
   // ... and the file in the model folder that holds the vocabulary ("" when none is needed).
   virtual std::string file_name() const = 0;
   virtual std::string serialize() const = 0;
+  // Other files the tokenizer needs beside file_name() (name, bytes): Marian's SentencePiece models.
+  virtual std::vector<std::pair<std::string, std::string>> extra_files() const { return {}; }
 
   // The ids put around a text (a prompt or a document), those that end
   // generation, and those never sampled. qkv's own tokenizers: <bos> text
@@ -50,8 +52,10 @@ public:
 //    "character_coverage": 1.0}
 //   {"type": "huggingface", "eos": [ids]}: the folder's tokenizer.json, as a
 //     Hugging Face folder has it (written by qkv convert); eos ends generation
+//   {"type": "marian"}: the folder's vocab.json, source.spm and target.spm
+//     (load_marian_tokenizer)
 // Unknown keys and values are errors naming `source`.
-enum class TokenizerKind { Char, Bytes, SentencePiece, HuggingFace };
+enum class TokenizerKind { Char, Bytes, SentencePiece, HuggingFace, Marian };
 enum class SentencePieceModel { Unigram, Bpe };
 
 struct TokenizerConfig {
@@ -76,6 +80,14 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& config_json, const 
 // decode returns bytes, a character maybe cut (replace_invalid_utf8 gives the
 // text `tokenizers` decodes).
 std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::string& path, std::vector<int64_t> eos);
+
+// Marian's tokenizer (src/data/marian_tokenizer.cpp), as transformers'
+// MarianTokenizer runs a folder's source.spm, target.spm and vocab.json (and
+// tokenizer_config.json's eos, unk and pad tokens): source.spm's pieces
+// numbered by vocab.json, a leading ">>xx<<" language code its own token.
+// The model appends </s> to a source (TransformerConfig::ids.source_eos).
+bool is_marian_tokenizer_folder(const std::string& dir);
+std::unique_ptr<Tokenizer> load_marian_tokenizer(const std::string& dir);
 
 // A character vocabulary: the specials, then every character of the
 // training text, most frequent first (ties by code point order).

@@ -16,12 +16,13 @@ struct EncodedPair {
 };
 
 // One padded batch: src [B, S] (pad 0), src_lengths [B], tgt_in = <bos> y [B, T],
-// tgt_out = y <eos> [B, T] with -100 at padding (ignored by the loss).
+// tgt_out = y <eos> [B, T] with -100 at padding (ignored by the loss); <bos>
+// and <eos> are the model's (ids.start, ids.eos).
 struct Batch {
   Tensor src, src_lengths, tgt_in, tgt_out;
   int64_t target_tokens = 0;
 };
-Batch collate(const std::vector<EncodedPair>& data, const std::vector<int64_t>& indices);
+Batch collate(const std::vector<EncodedPair>& data, const std::vector<int64_t>& indices, const DecodingIds& ids = {});
 
 // Length-bucketed batches: pairs sorted by length, cut so that no batch holds
 // more than `batch_tokens` (padded) tokens on either side, then shuffled.
@@ -36,8 +37,8 @@ Tensor translation_loss(Seq2Seq& model, const Batch& batch, float label_smoothin
 constexpr int64_t kMaxDecodeLength = 4096;
 void check_max_len(int64_t max_len);
 
-// Greedy decoding from <bos> until <eos> or max_len tokens, sentences in
-// batches. Returns the target ids without <bos>/<eos>.
+// Greedy decoding from <bos> until <eos> or max_len tokens (the model's
+// decoding_ids()), sentences in batches. Returns the target ids without <bos>/<eos>.
 std::vector<std::vector<int64_t>> greedy_translate(Seq2Seq& model,
                                                    const std::vector<std::vector<int64_t>>& sources, int64_t max_len,
                                                    int64_t batch_size = 64);

@@ -38,6 +38,20 @@ def test_low_precision_loads_and_translates_as_the_cli(dtype, tmp_path):
     assert qkv.load(tmp_path / "converted").translate(SOURCES, max_len=12) == cli.decode().splitlines()
 
 
+def test_a_marian_folder_translates_as_transformers_and_the_cli():
+    """A Hugging Face MarianMTModel folder (source.spm, target.spm, vocab.json): the text
+    generate() made of the fixture's sentences (tests/fixtures/hf/marian.expected.json), greedy
+    and 15 tokens at most, as transformers' 16 end with the </s> it forces."""
+    model = qkv.load(HF / "marian")
+    assert isinstance(model, qkv.Translator) and model.arch == "transformer"
+    expected = json.loads((HF / "marian.expected.json").read_text())
+    got = model.translate(expected["sentences"], max_len=15)
+    assert got == expected["translations"]
+    cli = run_cli("translate", "--model", HF / "marian", "--beam", 4, "--max-len", 15,
+                  stdin="\n".join(expected["sentences"]).encode() + b"\n")
+    assert model.translate(expected["sentences"], beam=4, max_len=15) == cli.decode().splitlines()
+
+
 def test_attention_weights_per_layer_and_head():
     model = qkv.load(FOLDERS / "transformer")
     a = model.attention("我是中国人", max_len=10)

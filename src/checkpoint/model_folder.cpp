@@ -119,12 +119,16 @@ ModelFolder load_hf(const std::string& dir, const std::string& config_path, cons
   }
   m.model->eval();
   const std::string tokenizer = dir + "/tokenizer.json";
+  const nlohmann::json config = parse_json(text, config_path);
+  const nlohmann::json vocab = config.value("vocab_size", nlohmann::json(-1));
   if (std::filesystem::exists(tokenizer)) {
-    const nlohmann::json config = parse_json(text, config_path);
     m.tokenizer = load_hf_tokenizer(tokenizer, hf_eos(dir, config, config_path));
-    const nlohmann::json vocab = config.value("vocab_size", nlohmann::json(-1));
     QKV_CHECK(!vocab.is_number_integer() || m.tokenizer->size() <= vocab.get<int64_t>(), tokenizer, ": ",
               m.tokenizer->size(), " tokens, more than the model's vocab_size ", vocab.dump());
+  } else if (is_marian_tokenizer_folder(dir)) {
+    m.tokenizer = load_marian_tokenizer(dir);
+    QKV_CHECK(!vocab.is_number_integer() || m.tokenizer->size() == vocab.get<int64_t>(), dir, "/vocab.json: ",
+              m.tokenizer->size(), " pieces, the model's vocab_size is ", vocab.dump());
   }
   return m;
 }
@@ -235,6 +239,7 @@ void save_model_folder(const std::string& dir, const Family& family, const Modul
   if (tokenizer) {
     config["tokenizer"] = nlohmann::ordered_json::parse(tokenizer->config_json());
     if (!tokenizer->file_name().empty()) write_file_atomic(dir + "/" + tokenizer->file_name(), tokenizer->serialize());
+    for (const auto& [name, bytes] : tokenizer->extra_files()) write_file_atomic(dir + "/" + name, bytes);
   }
   write_file_atomic(dir + "/config.json", config.dump(2) + "\n");
   Metadata metadata = {{"format", "qkv"}, {"arch", family.arch}};

@@ -25,7 +25,7 @@ const Fields<BlockConfig>& block_fields() {
           .add("qk_norm", &C::qk_norm)
           .add("qk_norm_eps", &C::qk_norm_eps).positive()
           .add("positions", &C::positions)
-          .only({PositionKind::Sinusoidal, PositionKind::Learned, PositionKind::Rope})
+          .only({PositionKind::Sinusoidal, PositionKind::SinusoidalHalves, PositionKind::Learned, PositionKind::Rope})
           .add("rope_theta", &C::rope_theta).positive()
           .add("rope_scaling_factor", &C::rope_scaling, &RopeScaling::factor).positive().written_if(&C::is_rope_scaled)
           .add("rope_low_freq_factor", &C::rope_scaling, &RopeScaling::low_freq_factor).positive()

@@ -35,7 +35,8 @@ struct EnumNames<PositionKind> {
   static constexpr std::pair<PositionKind, const char*> values[] = {{PositionKind::Sinusoidal, "sinusoidal"},
                                                                     {PositionKind::Learned, "learned"},
                                                                     {PositionKind::Rope, "rope"},
-                                                                    {PositionKind::Sinusoidal2d, "sinusoidal_2d"}};
+                                                                    {PositionKind::Sinusoidal2d, "sinusoidal_2d"},
+                                                                    {PositionKind::SinusoidalHalves, "sinusoidal_halves"}};
 };
 
 template <>

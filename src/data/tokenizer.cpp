@@ -19,7 +19,7 @@ template <>
 struct qkv::config::EnumNames<qkv::TokenizerKind> {
   static constexpr std::pair<TokenizerKind, const char*> values[] = {
       {TokenizerKind::Char, "char"}, {TokenizerKind::SentencePiece, "sentencepiece"}, {TokenizerKind::Bytes, "bytes"},
-      {TokenizerKind::HuggingFace, "huggingface"}};
+      {TokenizerKind::HuggingFace, "huggingface"}, {TokenizerKind::Marian, "marian"}};
 };
 
 template <>
@@ -252,8 +252,9 @@ TokenizerConfig TokenizerConfig::from_json(const std::string& text, const std::s
     QKV_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0, source, ": tokenizer.eos must be a list of ids");
     c.eos.push_back(id.get<int64_t>());
   }
-  QKV_CHECK(c.type != TokenizerKind::HuggingFace || !j.contains("vocab_size"), source,
-            ": a huggingface tokenizer's vocabulary is its tokenizer.json; tokenizer.vocab_size does not apply");
+  QKV_CHECK((c.type != TokenizerKind::HuggingFace && c.type != TokenizerKind::Marian) || !j.contains("vocab_size"),
+            source, ": a ", config::name_of(c.type),
+            " tokenizer's vocabulary is in its files; tokenizer.vocab_size does not apply");
   return c;
 }
 
@@ -297,8 +298,9 @@ private:
 
 std::unique_ptr<Tokenizer> train_tokenizer(const TokenizerConfig& config, const std::vector<std::string>& texts) {
   if (config.type == TokenizerKind::Bytes) return std::make_unique<ByteTokenizer>();
-  QKV_CHECK(config.type != TokenizerKind::HuggingFace,
-            "a huggingface tokenizer is read from a tokenizer.json, not learnt: choose char, bytes or sentencepiece");
+  QKV_CHECK(config.type != TokenizerKind::HuggingFace && config.type != TokenizerKind::Marian, "a ",
+            config::name_of(config.type),
+            " tokenizer is read from a model folder's files, not learnt: choose char, bytes or sentencepiece");
   QKV_CHECK(!texts.empty(), "cannot build a tokenizer from no text");
   if (config.type == TokenizerKind::Char) return std::make_unique<CharTokenizer>(CharTokenizer::build(texts));
   // One thread and no sampling: the same text gives the same model. No
@@ -329,6 +331,7 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& config_json, const 
     return std::make_unique<CharTokenizer>(CharTokenizer::from_json(read_file(path), path));
   }
   if (c.type == TokenizerKind::HuggingFace) return load_hf_tokenizer(dir + "/tokenizer.json", c.eos);
+  if (c.type == TokenizerKind::Marian) return load_marian_tokenizer(dir);
   std::string path = dir + "/tokenizer.model";
   return std::make_unique<SentencePieceTokenizer>(read_file(path), config::name_of(c.model_type), path);
 }

@@ -18,7 +18,8 @@ int64_t source_token_limit(const TranslationModel& m, const SourceLimit& limit) 
 std::vector<int64_t> encode_source(const TranslationModel& m, const std::string& text, const SourceLimit& limit,
                                    const std::string& where, bool* cut) {
   const int64_t most = source_token_limit(m, limit);
-  std::vector<int64_t> ids = m.tokenizer->encode(text);
+  const DecodingIds decoding = m.model->decoding_ids();
+  std::vector<int64_t> ids = decoding.source(m.tokenizer->encode(text));
   const int64_t n = (int64_t)ids.size();
   if (cut) *cut = n > most;
   if (n <= most) return ids;
@@ -26,6 +27,7 @@ std::vector<int64_t> encode_source(const TranslationModel& m, const std::string&
             " (--max-source-len raises it", m.model->max_source_len() > 0 ? " up to the model's learned positions" : "",
             "; --truncate-source cuts it)");
   ids.resize((size_t)most);
+  if (decoding.source_eos) ids.back() = decoding.eos;  // cut as transformers' truncation cuts: the eos stays last
   return ids;
 }
 

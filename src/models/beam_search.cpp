@@ -32,13 +32,14 @@ std::vector<BeamHypothesis> beam_translate(Seq2Seq& model, const std::vector<std
   check_max_len(max_len);
   NoGradGuard no_grad;
   const int64_t K = o.beam;
+  const DecodingIds ids = model.decoding_ids();
   std::vector<BeamHypothesis> results(sources.size());
   for (size_t start = 0; start < sources.size(); start += o.batch_size) {
     const int64_t B = (int64_t)std::min<size_t>(o.batch_size, sources.size() - start);
     std::vector<EncodedPair> chunk;
     std::vector<int64_t> idx;
     for (int64_t i = 0; i < B; ++i) chunk.push_back({sources[start + i], {}}), idx.push_back(i);
-    Batch b = collate(chunk, idx);
+    Batch b = collate(chunk, idx, ids);
     // The encoder once per sentence; then each sentence becomes K rows, which
     // share the sentence's cross-attention K/V where the model allows it.
     std::unique_ptr<DecodeState> beams = model.start_decoding(b.src, b.src_lengths, max_len + 1);
@@ -53,7 +54,7 @@ std::vector<BeamHypothesis> beam_translate(Seq2Seq& model, const std::vector<std
     // a sentence with K finished hypotheses leaves the batch.
     std::vector<int64_t> active(B);
     for (int64_t s = 0; s < B; ++s) active[s] = s;
-    std::vector<int64_t> last(B * K, Tokenizer::kBos);
+    std::vector<int64_t> last(B * K, ids.start);
     for (int64_t step = 0; step < max_len && !active.empty(); ++step) {
       const int64_t A = (int64_t)active.size();
       Tensor logp = log_softmax(model.decode_step(Tensor::from_ints(last, {A * K, 1}), *beams));
@@ -68,7 +69,7 @@ std::vector<BeamHypothesis> beam_translate(Seq2Seq& model, const std::vector<std
           if (!std::isfinite(alive[s][k].score)) continue;
           const float* row = lp + (a * K + k) * V;
           for (int64_t v = 0; v < V; ++v)
-            if (v != Tokenizer::kPad && v != Tokenizer::kBos) cand.push_back({alive[s][k].score + row[v], k * V + v});
+            if (!ids.never_output(v)) cand.push_back({alive[s][k].score + row[v], k * V + v});
         }
         const size_t keep = std::min<size_t>(cand.size(), 2 * K);
         std::partial_sort(cand.begin(), cand.begin() + keep, cand.end(),
@@ -79,7 +80,7 @@ std::vector<BeamHypothesis> beam_translate(Seq2Seq& model, const std::vector<std
           const int64_t k = cand[c].second / V, v = cand[c].second % V;
           Hypothesis h = alive[s][k];
           h.score = cand[c].first;
-          if (v == Tokenizer::kEos) {
+          if (v == ids.eos) {
             if ((int64_t)finished[s].size() < K) finished[s].push_back(h);
             continue;
           }
@@ -91,7 +92,7 @@ std::vector<BeamHypothesis> beam_translate(Seq2Seq& model, const std::vector<std
         while ((int64_t)next.size() < K) {  // too few live continuations: pad with dead beams
           next.push_back(Hypothesis{{}, -std::numeric_limits<double>::infinity()});
           next_origin.push_back(a * K);
-          next_token.push_back(Tokenizer::kPad);
+          next_token.push_back(ids.pad);
         }
         alive[s] = next;
         const bool live = std::any_of(next.begin(), next.end(), [](auto& h) { return std::isfinite(h.score); });

@@ -67,6 +67,11 @@ inline nlohmann::json required(const nlohmann::json& j, const char* key, const s
   return j[key];
 }
 
+// The value of `key` in a Hugging Face config, or `fallback` when it is absent or null.
+inline nlohmann::json field(const nlohmann::json& j, const char* key, nlohmann::json fallback) {
+  return j.contains(key) && !j[key].is_null() ? j[key] : fallback;
+}
+
 // A file beside a Hugging Face config.json (the preprocessor's, the
 // sentence-transformers modules') as JSON, or null when it is not there.
 inline nlohmann::json folder_json(const std::filesystem::path& path) {
@@ -76,6 +81,9 @@ inline nlohmann::json folder_json(const std::filesystem::path& path) {
 
 // The decoder family's reading of Hugging Face causal LM configs (src/models/decoder/hf_import.cpp).
 HfImport import_hf_causal_lm(const std::string& config_text, const std::string& source);
+
+// The transformer family's reading of MarianMTModel configs (src/models/transformer/hf_import.cpp).
+HfImport import_hf_marian(const std::string& config_text, const std::string& source);
 
 Family transformer();
 Family rnn_attention();

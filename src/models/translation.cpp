@@ -6,7 +6,12 @@
 
 namespace qkv {
 
-Batch collate(const std::vector<EncodedPair>& data, const std::vector<int64_t>& indices) {
+std::vector<int64_t> DecodingIds::source(std::vector<int64_t> ids) const {
+  if (source_eos) ids.push_back(eos);
+  return ids;
+}
+
+Batch collate(const std::vector<EncodedPair>& data, const std::vector<int64_t>& indices, const DecodingIds& ids) {
   const int64_t B = (int64_t)indices.size();
   int64_t S = 1, T = 1;
   for (int64_t i : indices) {
@@ -24,12 +29,12 @@ Batch collate(const std::vector<EncodedPair>& data, const std::vector<int64_t>& 
     b.src_lengths.data<int64_t>()[r] = std::max<int64_t>((int64_t)p.src.size(), 1);
     int64_t* in = b.tgt_in.data<int64_t>() + r * T;
     int64_t* out = b.tgt_out.data<int64_t>() + r * T;
-    in[0] = Tokenizer::kBos;
+    in[0] = ids.start;
     for (size_t t = 0; t < p.tgt.size(); ++t) {
       in[t + 1] = p.tgt[t];
       out[t] = p.tgt[t];
     }
-    out[p.tgt.size()] = Tokenizer::kEos;
+    out[p.tgt.size()] = ids.eos;
     b.target_tokens += (int64_t)p.tgt.size() + 1;
   }
   return b;
@@ -70,10 +75,12 @@ Tensor translation_loss(Seq2Seq& model, const Batch& b, float label_smoothing) {
   return aux.defined() ? add(loss, aux) : loss;
 }
 
-// The most likely next token; <pad> and <bos> are never outputs.
-static int64_t best_token(const float* logits, int64_t vocab) {
-  const int64_t first = Tokenizer::kEos;
-  return first + (std::max_element(logits + first, logits + vocab) - (logits + first));
+// The most likely next token; <pad> and the start token are never outputs.
+static int64_t best_token(const float* logits, int64_t vocab, const DecodingIds& ids) {
+  int64_t best = -1;
+  for (int64_t v = 0; v < vocab; ++v)
+    if (!ids.never_output(v) && (best < 0 || logits[v] > logits[best])) best = v;
+  return best;
 }
 
 void check_max_len(int64_t max_len) {
@@ -96,13 +103,14 @@ std::vector<std::vector<int64_t>> greedy_translate(Seq2Seq& model,
       chunk.push_back({sources[i], {}});
       idx.push_back((int64_t)(i - start));
     }
-    Batch b = collate(chunk, idx);
+    const DecodingIds ids = model.decoding_ids();
+    Batch b = collate(chunk, idx, ids);
     const int64_t B = (int64_t)chunk.size();
     // The encoder runs once; each step feeds one token per sentence through
     // the cached decoder. Finished sentences leave the batch once a quarter
     // of the rows have finished (one gather for several of them).
     std::unique_ptr<DecodeState> state = model.start_decoding(b.src, b.src_lengths, max_len + 1);
-    std::vector<int64_t> rows(B), next(B, Tokenizer::kBos);  // rows[r]: the sentence at state row r
+    std::vector<int64_t> rows(B), next(B, ids.start);  // rows[r]: the sentence at state row r
     for (int64_t r = 0; r < B; ++r) rows[r] = r;
     std::vector<bool> done(B, false);
     int64_t finished_rows = 0;
@@ -112,9 +120,9 @@ std::vector<std::vector<int64_t>> greedy_translate(Seq2Seq& model,
       const int64_t V = logits.size(-1);
       for (int64_t r = 0; r < R; ++r) {
         const int64_t s = rows[r];
-        next[r] = done[s] ? Tokenizer::kPad : best_token(logits.data<float>() + r * V, V);
+        next[r] = done[s] ? ids.pad : best_token(logits.data<float>() + r * V, V, ids);
         if (done[s]) continue;
-        if (next[r] == Tokenizer::kEos) {
+        if (next[r] == ids.eos) {
           done[s] = true, ++finished_rows;
         } else {
           results[start + s].push_back(next[r]);
@@ -136,12 +144,13 @@ AlignedTranslation translate_with_attention(Seq2Seq& model, const std::vector<in
                                             int64_t max_len) {
   check_max_len(max_len);
   NoGradGuard no_grad;
-  Batch b = collate({{source, {}}}, {0});
+  const DecodingIds ids = model.decoding_ids();
+  Batch b = collate({{source, {}}}, {0}, ids);
   std::unique_ptr<DecodeState> state = model.start_decoding(b.src, b.src_lengths, max_len + 1);
   AlignedTranslation out;
   out.source_length = b.src.size(1);
   std::vector<std::vector<float>> by_step;  // [L, H, S] per output token
-  int64_t next = Tokenizer::kBos;
+  int64_t next = ids.start;
   for (int64_t step = 0; step < max_len; ++step) {
     Tensor logits = model.decode_step(Tensor::from_ints({next}, {1, 1}), *state, /*need_weights=*/true);
     std::vector<float> row = model.cross_weights().to_vector();  // [1, S]
@@ -150,9 +159,9 @@ AlignedTranslation translate_with_attention(Seq2Seq& model, const std::vector<in
       out.layers = h.size(0), out.nheads = h.size(1);
       by_step.push_back(h.contiguous().to_vector());
     }
-    next = best_token(logits.data<float>(), logits.size(-1));
+    next = best_token(logits.data<float>(), logits.size(-1), ids);
     out.tokens.push_back(next);
-    if (next == Tokenizer::kEos) break;
+    if (next == ids.eos) break;
   }
   if (!by_step.empty()) {  // [T][L, H, S] -> [L, H, T, S]
     const int64_t T = (int64_t)by_step.size(), S = out.source_length;

@@ -7,7 +7,8 @@
 
 namespace qkv {
 
-Tensor sinusoidal_encoding(int64_t length, int64_t dim, int64_t offset) {
+// The sine and cosine of angle i: channels 2i and 2i+1, or i and D/2+i (halves).
+static Tensor sinusoids(int64_t length, int64_t dim, int64_t offset, bool halves) {
   QKV_CHECK(dim > 0 && dim % 2 == 0, "sinusoidal_encoding: dim must be even and positive, got ", dim);
   QKV_CHECK(length >= 0 && offset >= 0, "sinusoidal_encoding: negative length or offset");
   Tensor pe = Tensor::empty({length, dim});
@@ -15,10 +16,18 @@ Tensor sinusoidal_encoding(int64_t length, int64_t dim, int64_t offset) {
   for (int64_t t = 0; t < length; ++t)
     for (int64_t i = 0; i < dim / 2; ++i) {
       double angle = (double)(t + offset) / std::pow(10000.0, 2.0 * i / dim);
-      p[t * dim + 2 * i] = (float)std::sin(angle);
-      p[t * dim + 2 * i + 1] = (float)std::cos(angle);
+      p[t * dim + (halves ? i : 2 * i)] = (float)std::sin(angle);
+      p[t * dim + (halves ? dim / 2 + i : 2 * i + 1)] = (float)std::cos(angle);
     }
   return pe;
+}
+
+Tensor sinusoidal_encoding(int64_t length, int64_t dim, int64_t offset) {
+  return sinusoids(length, dim, offset, false);
+}
+
+Tensor sinusoidal_encoding_halves(int64_t length, int64_t dim, int64_t offset) {
+  return sinusoids(length, dim, offset, true);
 }
 
 Tensor sinusoidal_encoding_2d(int64_t grid_h, int64_t grid_w, int64_t dim) {

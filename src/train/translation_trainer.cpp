@@ -39,9 +39,10 @@ TrainOptions TrainOptions::from_json(const std::string& text, const std::string&
   return config::read_train_section(fields, text, source);
 }
 
-static std::vector<EncodedPair> encode_all(const Tokenizer& tok, const std::vector<SentencePair>& pairs) {
+static std::vector<EncodedPair> encode_all(const TranslationModel& m, const std::vector<SentencePair>& pairs) {
+  const DecodingIds ids = m.model->decoding_ids();
   std::vector<EncodedPair> out;
-  for (auto& [s, t] : pairs) out.push_back({tok.encode(s), tok.encode(t)});
+  for (auto& [s, t] : pairs) out.push_back({ids.source(m.tokenizer->encode(s)), m.tokenizer->encode(t)});
   return out;
 }
 
@@ -54,7 +55,7 @@ static EvalReport evaluate(TranslationModel& m, const std::vector<EncodedPair>& 
   int64_t tokens = 0;
   Rng order(0);
   for (auto& idx : make_batches(valid, o.batch_tokens, order)) {
-    Batch b = collate(valid, idx);
+    Batch b = collate(valid, idx, m.model->decoding_ids());
     loss_sum += translation_loss(*m.model, b, 0.0f).item() * b.target_tokens;
     tokens += b.target_tokens;
   }
@@ -83,8 +84,8 @@ public:
       : m_(m), valid_(valid), o_(o), cb_(cb), data_rng_(o.seed ^ 0xda7a),
         inv_{.peak_lr = o.lr, .warmup_steps = o.warmup_steps},
         cosine_{.peak_lr = o.lr, .min_lr = o.lr * 0.01f, .warmup_steps = o.warmup_steps, .total_steps = o.steps} {
-    train_ids_ = encode_all(*m.tokenizer, train);
-    valid_ids_ = encode_all(*m.tokenizer, valid);
+    train_ids_ = encode_all(m, train);
+    valid_ids_ = encode_all(m, valid);
     for (auto& p : train_ids_)
       QKV_CHECK((int64_t)std::max(p.src.size(), p.tgt.size() + 1) <= o.batch_tokens, "train: a sentence of ",
                 std::max(p.src.size(), p.tgt.size() + 1), " tokens does not fit batch_tokens ", o.batch_tokens);
@@ -103,7 +104,7 @@ public:
     const std::vector<int64_t>& batch = batches_[next_batch_++];
     const auto [first, last] = shard.range((int64_t)batch.size());  // this process's sentences of it
     if (first == last) return {};
-    Batch b = collate(train_ids_, {batch.begin() + first, batch.begin() + last});
+    Batch b = collate(train_ids_, {batch.begin() + first, batch.begin() + last}, m_.model->decoding_ids());
     StepLoss l{translation_loss(*m_.model, b, o_.label_smoothing), 0, b.target_tokens};
     l.value = l.loss.item();
     if (cb_.inject_nonfinite && cb_.inject_nonfinite(step)) l.value = NAN;

@@ -390,9 +390,10 @@ std::vector<std::vector<int64_t>> greedy_uncached(Seq2Seq& model, const std::vec
   std::vector<EncodedPair> chunk;
   std::vector<int64_t> idx;
   for (size_t i = 0; i < sources.size(); ++i) chunk.push_back({sources[i], {}}), idx.push_back((int64_t)i);
-  Batch b = collate(chunk, idx);
+  const DecodingIds ids = model.decoding_ids();
+  Batch b = collate(chunk, idx, ids);
   const int64_t B = (int64_t)sources.size();
-  std::vector<std::vector<int64_t>> prefix(B, {Tokenizer::kBos}), out(B);
+  std::vector<std::vector<int64_t>> prefix(B, {ids.start}), out(B);
   std::vector<bool> done(B, false);
   for (int64_t step = 0; step < max_len; ++step) {
     std::vector<int64_t> flat;
@@ -403,9 +404,11 @@ std::vector<std::vector<int64_t>> greedy_uncached(Seq2Seq& model, const std::vec
     bool all = true;
     for (int64_t r = 0; r < B; ++r) {
       const float* row = last.data<float>() + r * V;
-      int64_t next = done[r] ? Tokenizer::kPad : 2 + (std::max_element(row + 2, row + V) - (row + 2));
+      int64_t next = ids.pad;
+      for (int64_t v = 0; v < V && !done[r]; ++v)
+        if (!ids.never_output(v) && (next == ids.pad || row[v] > row[next])) next = v;
       prefix[r].push_back(next);
-      if (!done[r] && next == Tokenizer::kEos) done[r] = true;
+      if (!done[r] && next == ids.eos) done[r] = true;
       if (!done[r]) out[r].push_back(next), all = false;
     }
     if (all) break;
@@ -419,7 +422,7 @@ int run_bench_decode(const BenchArgs& a) {
   std::vector<SentencePair> pairs = read_parallel_tsv(a.test);
   if ((int64_t)pairs.size() > a.sentences) pairs.resize(a.sentences);
   std::vector<std::vector<int64_t>> sources;
-  for (auto& [s, t] : pairs) sources.push_back(m.tokenizer->encode(s));
+  for (auto& [s, t] : pairs) sources.push_back(m.model->decoding_ids().source(m.tokenizer->encode(s)));
   const int64_t max_len = 128;
   struct Row {
     std::string name;

@@ -50,6 +50,8 @@ Tensor DecoderLM::embed_tokens(const Tensor& ids, int64_t offset) {
   Tensor x = embed->forward(ids);
   if (config_.positions == PositionKind::Learned) x = add(x, positions->forward(T, offset));
   if (config_.positions == PositionKind::Sinusoidal) x = add(x, sinusoidal_encoding(T, config_.d_model, offset));
+  if (config_.positions == PositionKind::SinusoidalHalves)
+    x = add(x, sinusoidal_encoding_halves(T, config_.d_model, offset));
   return dropout->forward(x);
 }
 

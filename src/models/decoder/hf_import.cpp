@@ -61,12 +61,6 @@ std::string decoder_weight_name(const std::string& hf) {
   return "layers." + m[1].str() + ".mlp.experts." + e[1].str() + "." + kExpertWeights.at(e[2].str()) + ".weight";
 }
 
-// The value of `key`, or `fallback` when it is absent or null.
-nlohmann::json field(const nlohmann::json& j, const char* key, nlohmann::json fallback) {
-  return j.contains(key) && !j[key].is_null() ? j[key] : fallback;
-}
-
-
 
 // GPT-2: HF -> qkv names of h.N.*; the Conv1D weights among them are transposed.
 const std::vector<std::pair<std::string, std::string>> kGpt2LayerWeights = {

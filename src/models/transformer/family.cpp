@@ -5,8 +5,11 @@
 namespace qkv::builtin {
 
 Family transformer() {
-  return family_of<TranslationTransformer, TransformerConfig>("transformer", "a translation Transformer",
-                                                              Domain::Translation, {Task::Translate, Task::Eval});
+  Family f = family_of<TranslationTransformer, TransformerConfig>("transformer", "a translation Transformer",
+                                                                  Domain::Translation, {Task::Translate, Task::Eval});
+  f.hf_architectures = {"MarianMTModel"};
+  f.from_hf = import_hf_marian;  // hf_import.cpp
+  return f;
 }
 
 }  // namespace qkv::builtin

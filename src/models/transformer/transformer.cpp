@@ -19,6 +19,15 @@ static const config::Fields<TransformerConfig>& transformer_fields() {
           .add("num_encoder_layers", &C::num_encoder_layers).at_least(1).at_most(config::limits::kLayers)
           .add("num_decoder_layers", &C::num_decoder_layers).at_least(1).at_most(config::limits::kLayers)
           .add("max_len", &C::max_len).at_least(1).at_most(config::limits::kPositions)
+          .add("scale_embedding", &C::scale_embedding).written_if([](const C& c) { return !c.scale_embedding; })
+          .add("output_bias", &C::output_bias).written_if([](const C& c) { return c.output_bias; })
+          .add("pad_id", &C::ids, &DecodingIds::pad).at_least(0).at_most(config::limits::kVocab)
+          .written_if(&C::nondefault_ids)
+          .add("decoder_start_id", &C::ids, &DecodingIds::start).at_least(0).at_most(config::limits::kVocab)
+          .written_if(&C::nondefault_ids)
+          .add("eos_id", &C::ids, &DecodingIds::eos).at_least(0).at_most(config::limits::kVocab)
+          .written_if(&C::nondefault_ids)
+          .add("source_eos", &C::ids, &DecodingIds::source_eos).written_if(&C::nondefault_ids)
           .include(config::block_fields())
           .skip("train");
   return fields;
@@ -27,6 +36,8 @@ static const config::Fields<TransformerConfig>& transformer_fields() {
 TransformerConfig TransformerConfig::from_json(const std::string& text, const std::string& source) {
   TransformerConfig c = transformer_fields().parse(text, source);
   c.check(source);
+  QKV_CHECK(c.ids.eos != c.ids.pad && c.ids.eos != c.ids.start, source, ": eos_id ", c.ids.eos,
+            " must differ from pad_id and decoder_start_id (they are never outputs)");
   return c;
 }
 
@@ -34,6 +45,8 @@ std::string TransformerConfig::to_json() const { return transformer_fields().wri
 
 TranslationTransformer::TranslationTransformer(const TransformerConfig& c, Rng& rng) : config_(c) {
   QKV_CHECK(c.vocab_size > 4, "transformer: vocab_size must be set (got ", c.vocab_size, ")");
+  for (int64_t id : {c.ids.pad, c.ids.start, c.ids.eos})
+    QKV_CHECK(id < c.vocab_size, "transformer: special id ", id, " is outside the vocabulary of ", c.vocab_size);
   embed = register_module("embed", std::make_shared<Embedding>(c.vocab_size, c.d_model, rng));
   normal_(embed->weight, rng, 1.0f / std::sqrt((float)c.d_model));  // scaled back up by sqrt(D) on lookup
   if (c.positions == PositionKind::Learned)
@@ -51,6 +64,7 @@ TranslationTransformer::TranslationTransformer(const TransformerConfig& c, Rng& 
   }
   if (!c.tie_output)
     output_proj = register_module("output_proj", std::make_shared<Linear>(LinearOptions{c.d_model, c.vocab_size, false}, rng));
+  if (c.output_bias) output_bias = register_parameter("output_bias", Tensor::zeros({c.vocab_size}));
   dropout = register_module("dropout", std::make_shared<Dropout>(c.dropout, rng.next_bits()));
 }
 
@@ -58,8 +72,11 @@ Tensor TranslationTransformer::embed_tokens(const Tensor& ids, int64_t offset) {
   const int64_t len = ids.size(1);
   QKV_CHECK(offset + len <= config_.max_len || config_.positions != PositionKind::Learned, "transformer: sequence of ",
             offset + len, " tokens exceeds max_len ", config_.max_len);
-  Tensor x = scale(embed->forward(ids), std::sqrt((float)config_.d_model));
+  Tensor x = embed->forward(ids);
+  if (config_.scale_embedding) x = scale(x, std::sqrt((float)config_.d_model));
   if (config_.positions == PositionKind::Sinusoidal) x = add(x, sinusoidal_encoding(len, config_.d_model, offset));
+  if (config_.positions == PositionKind::SinusoidalHalves)
+    x = add(x, sinusoidal_encoding_halves(len, config_.d_model, offset));
   if (config_.positions == PositionKind::Learned) x = add(x, positions->forward(len, offset));
   return dropout->forward(x);
 }
@@ -74,7 +91,12 @@ Tensor TranslationTransformer::decode(const Tensor& tgt_in, const Tensor& memory
   Tensor x = embed_tokens(tgt_in, 0);
   for (auto& layer : decoder_layers) x = layer->forward(x, memory, {.causal = true}, {.key_padding_lengths = src_lengths});
   if (decoder_norm) x = decoder_norm->forward(x);
-  return output_proj ? output_proj->forward(x) : tied_head_.forward(x, *embed);
+  return head(x);
+}
+
+Tensor TranslationTransformer::head(const Tensor& x) {
+  Tensor logits = output_proj ? output_proj->forward(x) : tied_head_.forward(x, *embed);
+  return output_bias.defined() ? add(logits, output_bias) : logits;
 }
 
 void TranslationTransformer::linear_weights_converted(DType dtype) {
@@ -107,7 +129,7 @@ Tensor TranslationTransformer::decode_step(const Tensor& ids, DecodeState& base,
                                           {.key_padding_lengths = st.src_lengths, .need_weights = need_weights});
   st.position += ids.size(1);
   if (decoder_norm) x = decoder_norm->forward(x);
-  return output_proj ? output_proj->forward(x) : tied_head_.forward(x, *embed);
+  return head(x);
 }
 
 Tensor TranslationTransformer::cross_weights() const {

@@ -1,0 +1,221 @@
+// Marian's tokenizer, as transformers' MarianTokenizer runs it on a folder of
+// the Helsinki-NLP opus-mt kind: source.spm and target.spm (SentencePiece
+// models, their normalization included: SentencePiece's own library runs
+// them) and vocab.json, which numbers the pieces of both for the model.
+//
+//   text -> </s>, <unk>, <pad> written in it split out -> a leading language
+//   code ">>xx<<" split off -> source.spm's pieces -> vocab.json ids (<unk>
+//   for a piece it lacks) -> ids </s>
+//   ids -> pieces (specials skipped) -> SentencePiece's DecodePieces -> U+2581
+//   as ' ', white space stripped at both ends
+//
+// Decoding uses source.spm too: transformers does so when one vocab.json
+// serves both sides (separate vocabularies are refused).
+#include <sentencepiece_processor.h>
+
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "qkv/error.h"
+#include "qkv/io.h"
+#include "qkv/tokenizer.h"
+#include "qkv/utf8.h"
+#include "src/core/json.h"
+
+namespace qkv {
+
+namespace {
+
+const std::string kBoundary = "\xE2\x96\x81";  // U+2581, SentencePiece's word boundary
+
+// Python's str.isspace() code points, which str.strip() removes.
+bool python_space(char32_t c) {
+  return (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20) || c == 0x85 || c == 0xA0 || c == 0x1680 ||
+         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
+}
+
+char32_t code_point_of(const std::string& ch) {
+  const auto* b = reinterpret_cast<const unsigned char*>(ch.data());
+  if (ch.size() == 1) return b[0];
+  if (ch.size() == 2) return (char32_t)(b[0] & 0x1F) << 6 | (b[1] & 0x3F);
+  if (ch.size() == 3) return (char32_t)(b[0] & 0x0F) << 12 | (char32_t)(b[1] & 0x3F) << 6 | (b[2] & 0x3F);
+  return (char32_t)(b[0] & 0x07) << 18 | (char32_t)(b[1] & 0x3F) << 12 | (char32_t)(b[2] & 0x3F) << 6 | (b[3] & 0x3F);
+}
+
+// str.strip() of valid UTF-8.
+std::string python_strip(const std::string& s) {
+  const std::vector<std::string> chars = utf8_chars(s);
+  size_t first = 0, last = chars.size();
+  while (first < last && python_space(code_point_of(chars[first]))) ++first;
+  while (last > first && python_space(code_point_of(chars[last - 1]))) --last;
+  std::string out;
+  for (size_t i = first; i < last; ++i) out += chars[i];
+  return out;
+}
+
+// Every U+2581 as ' '.
+std::string boundaries_as_spaces(const std::string& s) {
+  std::string out;
+  for (size_t at = 0; at < s.size();) {
+    const bool boundary = s.compare(at, kBoundary.size(), kBoundary) == 0;
+    out += boundary ? ' ' : s[at];
+    at += boundary ? kBoundary.size() : 1;
+  }
+  return out;
+}
+
+class MarianTokenizer final : public Tokenizer {
+public:
+  explicit MarianTokenizer(const std::string& dir) {
+    const std::string vocab_path = dir + "/vocab.json", config_path = dir + "/tokenizer_config.json";
+    nlohmann::json config = nlohmann::json::object();
+    if (std::filesystem::exists(config_path)) {
+      config_text_ = read_file(config_path);
+      config = parse_json(config_text_, config_path);
+      QKV_CHECK(config.is_object(), config_path, ": expected a JSON object");
+    }
+    QKV_CHECK(!config.value("separate_vocabs", false), config_path,
+              ": 'separate_vocabs': true is not supported yet (a different tokenizer would run)");
+    auto token = [&](const char* key, const char* fallback) {
+      const nlohmann::json v = config.value(key, nlohmann::json(fallback));
+      // transformers writes a special token as a string or as {"content": ...}.
+      const nlohmann::json s = v.is_object() ? v.value("content", nlohmann::json()) : v;
+      QKV_CHECK(s.is_string(), config_path, ": '", key, "' must be a string");
+      return s.get<std::string>();
+    };
+    vocab_text_ = read_file(vocab_path);
+    const nlohmann::json vocab = parse_json(vocab_text_, vocab_path);
+    QKV_CHECK(vocab.is_object() && !vocab.empty(), vocab_path, ": expected an object of pieces and their ids");
+    for (const auto& [piece, id] : vocab.items()) {
+      QKV_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() < (int64_t)vocab.size(),
+                vocab_path, ": the id of '", piece, "' must be an integer in [0, ", vocab.size(), ")");
+      QKV_CHECK(pieces_.emplace(id.get<int64_t>(), piece).second, vocab_path, ": id ", id.get<int64_t>(),
+                " is given twice");
+      ids_[piece] = id.get<int64_t>();
+    }
+    size_ = (int64_t)vocab.size();
+    for (const auto& [key, fallback, out] : {std::tuple{"eos_token", "</s>", &eos_}, std::tuple{"unk_token", "<unk>", &unk_},
+                                             std::tuple{"pad_token", "<pad>", &pad_}}) {
+      const std::string t = token(key, fallback);
+      const auto it = ids_.find(t);
+      QKV_CHECK(it != ids_.end(), vocab_path, ": the ", key, " '", t, "' is not in the vocabulary");
+      *out = it->second;
+      specials_by_text_.emplace_back(t, it->second);
+    }
+    specials_.prefix = {};
+    specials_.suffix = {eos_};
+    specials_.eos = {eos_};
+    specials_.never_sampled = {pad_};
+    for (const char* side : {"source", "target"}) {
+      const std::string path = dir + "/" + side + ".spm";
+      std::string& proto = side[0] == 's' ? source_proto_ : target_proto_;
+      proto = read_file(path);
+      sentencepiece::util::Status status;
+      try {
+        status = (side[0] == 's' ? source_ : target_).LoadFromSerializedProto(proto);
+      } catch (const std::exception& e) {  // its trie builder throws on some broken models
+        fail(path, ": not a SentencePiece model (", e.what(), ")");
+      }
+      QKV_CHECK(status.ok(), path, ": not a SentencePiece model (", status.ToString(), ")");
+    }
+  }
+
+  std::vector<int64_t> encode(const std::string& raw) const override {
+    const std::string text = replace_invalid_utf8(raw);  // as Python reads bytes with errors="replace"
+    std::vector<int64_t> ids;
+    // The specials written in the text are tokens of their own (leftmost,
+    // longest first), as transformers splits them out before the model runs.
+    size_t at = 0;
+    while (at <= text.size()) {
+      size_t next = std::string::npos, length = 0;
+      int64_t id = -1;
+      for (const auto& [t, i] : specials_by_text_) {
+        const size_t found = text.find(t, at);
+        if (found < next || (found == next && found != std::string::npos && t.size() > length))
+          next = found, length = t.size(), id = i;
+      }
+      encode_chunk(text.substr(at, next == std::string::npos ? std::string::npos : next - at), ids);
+      if (next == std::string::npos) break;
+      ids.push_back(id);
+      at = next + length;
+    }
+    return ids;
+  }
+
+  std::string decode(const std::vector<int64_t>& ids) const override {
+    std::vector<std::string> kept;
+    for (int64_t id : ids) {
+      if (id == eos_) break;
+      if (id == pad_ || id == unk_) continue;  // transformers' skip_special_tokens
+      kept.push_back(piece(id));
+    }
+    std::string text;
+    const auto status = source_.Decode(kept, &text);
+    QKV_CHECK(status.ok(), "SentencePiece cannot decode: ", status.ToString());
+    return python_strip(boundaries_as_spaces(text));
+  }
+
+  std::vector<std::string> pieces(const std::vector<int64_t>& ids) const override {
+    std::vector<std::string> out;
+    for (int64_t id : ids) out.push_back(boundaries_as_spaces(piece(id)));
+    return out;
+  }
+
+  int64_t size() const override { return size_; }
+  const Specials& specials() const override { return specials_; }
+  std::string config_json() const override { return R"({"type": "marian"})"; }
+  std::string file_name() const override { return "vocab.json"; }
+  std::string serialize() const override { return vocab_text_; }
+  std::vector<std::pair<std::string, std::string>> extra_files() const override {
+    std::vector<std::pair<std::string, std::string>> files = {{"source.spm", source_proto_},
+                                                              {"target.spm", target_proto_}};
+    if (!config_text_.empty()) files.emplace_back("tokenizer_config.json", config_text_);
+    return files;
+  }
+
+private:
+  // A piece of the text between specials: its language code, then source.spm's pieces.
+  void encode_chunk(std::string text, std::vector<int64_t>& ids) const {
+    if (text.rfind(">>", 0) == 0) {
+      if (const size_t end = text.find("<<"); end != std::string::npos) {
+        ids.push_back(id_of(text.substr(0, end + 2)));
+        text = text.substr(end + 2);
+      }
+    }
+    std::vector<std::string> pieces;
+    const auto status = source_.Encode(text, &pieces);
+    QKV_CHECK(status.ok(), "SentencePiece cannot encode '", text, "': ", status.ToString());
+    for (const std::string& p : pieces) ids.push_back(id_of(p));
+  }
+
+  int64_t id_of(const std::string& piece) const {
+    const auto it = ids_.find(piece);
+    return it == ids_.end() ? unk_ : it->second;
+  }
+
+  std::string piece(int64_t id) const {
+    const auto it = pieces_.find(id);
+    return it == pieces_.end() ? pieces_.at(unk_) : it->second;
+  }
+
+  std::map<std::string, int64_t> ids_;
+  std::map<int64_t, std::string> pieces_;
+  std::vector<std::pair<std::string, int64_t>> specials_by_text_;
+  int64_t size_ = 0, eos_ = 0, unk_ = 0, pad_ = 0;
+  Specials specials_;
+  std::string vocab_text_, config_text_, source_proto_, target_proto_;
+  sentencepiece::SentencePieceProcessor source_, target_;
+};
+
+}  // namespace
+
+bool is_marian_tokenizer_folder(const std::string& dir) {
+  return std::filesystem::exists(dir + "/vocab.json") && std::filesystem::exists(dir + "/source.spm");
+}
+
+std::unique_ptr<Tokenizer> load_marian_tokenizer(const std::string& dir) {
+  return std::make_unique<MarianTokenizer>(dir);
+}
+
+}  // namespace qkv

@@ -1,0 +1,162 @@
+// A Hugging Face MarianMTModel folder (tests/fixtures/hf/marian, from
+// scripts/make_hf_fixtures.py) as qkv's translation Transformer: teacher-forced
+// logits within 1e-4 of transformers', 16 greedy tokens through the KV cache
+// and the cached cross-attention K/V identical, the same source ids and the
+// same translated text as MarianTokenizer and generate(); the tokenizer
+// (source.spm with SentencePiece's nmt_nfkc table, vocab.json) gives
+// MarianTokenizer's ids and text on each of the 5,000 lines of the tokenizer
+// fixtures; a qkv folder written from it loads back the same, and so does one
+// fine-tuned from it; what qkv does not implement is one error naming the field.
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "qkv/checkpoint.h"
+#include "qkv/infer.h"
+#include "qkv/io.h"
+#include "qkv/registry.h"
+#include "qkv/train_run.h"
+#include "qkv/trainer.h"
+#include "qkv/translation.h"
+#include "qkv/utf8.h"
+#include "tests/test_util.h"
+
+namespace qkv {
+namespace {
+
+using testing::error_of;
+
+std::string marian_fixture(const std::string& name) { return std::string(QKV_FIXTURES_DIR) + "/hf/" + name; }
+
+nlohmann::json expected_json() { return nlohmann::json::parse(read_file(marian_fixture("marian.expected.json"))); }
+
+TEST(HfMarian, LogitsGreedyTokensAndTextMatchTransformers) {
+  TranslationModel m = load_translation_model(marian_fixture("marian"));
+  const auto* t = dynamic_cast<const TranslationTransformer*>(m.model.get());
+  ASSERT_NE(t, nullptr);
+  const TransformerConfig& c = t->config();
+  EXPECT_FALSE(c.norm_first);
+  EXPECT_EQ(c.positions, PositionKind::SinusoidalHalves);
+  EXPECT_EQ(c.activation, Activation::Silu);  // "swish"
+  EXPECT_TRUE(c.scale_embedding && c.output_bias && c.tie_output);
+  const int64_t pad = c.vocab_size - 1;
+  EXPECT_EQ(c.ids.start, pad);
+  EXPECT_EQ(c.ids.pad, pad);
+  EXPECT_EQ(c.ids.eos, 0);
+  EXPECT_TRUE(c.ids.source_eos);
+
+  SafetensorsFile expected = load_safetensors(marian_fixture("marian.expected.safetensors"));
+  NoGradGuard no_grad;
+  const Tensor logits = m.model->forward(*expected.find("src"), *expected.find("src_lengths"),
+                                         *expected.find("decoder_in"));
+  EXPECT_TRUE(testing::all_close(logits, *expected.find("logits"), 1e-4f, 1e-4f));
+
+  const nlohmann::json e = expected_json();
+  std::vector<std::vector<int64_t>> sources;
+  for (size_t i = 0; i < e["sentences"].size(); ++i) {
+    sources.push_back(encode_source(m, e["sentences"][i].get<std::string>(), {}, "sentence"));
+    EXPECT_EQ(sources.back(), e["source_ids"][i].get<std::vector<int64_t>>()) << i;
+  }
+  // transformers' tokens, argmax over all but <pad> at each step; qkv's
+  // greedy decoding stops at </s> (0).
+  const std::vector<std::vector<int64_t>> greedy = greedy_translate(*m.model, sources, 16);
+  const std::vector<int64_t> want = expected.find("greedy")->to_ints();
+  for (size_t i = 0; i < sources.size(); ++i) {
+    std::vector<int64_t> row(want.begin() + 16 * i, want.begin() + 16 * (i + 1));
+    if (auto eos = std::find(row.begin(), row.end(), 0); eos != row.end()) row.erase(eos, row.end());
+    EXPECT_EQ(greedy[i], row) << "sentence " << i;
+  }
+  // generate(max_new_tokens=16) forces </s> as its 16th token when none came
+  // before (forced_eos_token_id): qkv's 15 tokens then read the same.
+  std::vector<std::string> sentences;
+  for (const auto& s : e["sentences"]) sentences.push_back(s.get<std::string>());
+  EXPECT_EQ(translate_texts(m, sentences, 15), e["translations"].get<std::vector<std::string>>());
+}
+
+TEST(HfMarian, TokenizerMatchesMarianTokenizerOnEveryLine) {
+  TranslationModel m = load_translation_model(marian_fixture("marian"));
+  const std::vector<std::string> text = testing::split_lines(read_file(std::string(QKV_FIXTURES_DIR) + "/tokenizers/text.txt"));
+  std::vector<std::string> expected = testing::split_lines(read_file(marian_fixture("marian.tokens.expected")));
+  if (!expected.empty() && expected.back().empty()) expected.pop_back();
+  ASSERT_EQ(text.size(), 5000u);
+  ASSERT_EQ(expected.size(), text.size());
+  const std::vector<int64_t>& suffix = m.tokenizer->specials().suffix;
+  int wrong = 0, unknown = 0;
+  for (size_t i = 0; i < text.size(); ++i) {
+    std::vector<int64_t> ids = m.tokenizer->encode(text[i]);
+    ids.insert(ids.end(), suffix.begin(), suffix.end());  // MarianTokenizer ends every text with </s>
+    unknown += (int)std::count(ids.begin(), ids.end(), 1);
+    const std::string got = std::to_string(ids.size()) + " " + testing::hex(testing::fnv(ids)) + " " +
+                            testing::hex(testing::fnv(m.tokenizer->decode(ids)));
+    if (got != expected[i] && ++wrong <= 5)
+      ADD_FAILURE() << "line " << i + 1 << " '" << replace_invalid_utf8(text[i]) << "': qkv " << got
+                    << ", MarianTokenizer " << expected[i] << ": '" << m.tokenizer->decode(ids) << "'";
+  }
+  EXPECT_EQ(wrong, 0) << "lines that differ";
+  EXPECT_GT(unknown, 100);  // pieces vocab.json lacks (<unk>, 1), which decoding skips, are among them
+}
+
+TEST(HfMarian, AQkvFolderWrittenFromItTranslatesTheSame) {
+  TranslationModel m = load_translation_model(marian_fixture("marian"));
+  const std::string dir = testing::temp_dir("marian");
+  save_model_folder(dir, family_of_folder(marian_fixture("marian")), *m.model, m.tokenizer.get(), "");
+  for (const char* f : {"vocab.json", "source.spm", "target.spm", "tokenizer_config.json"})
+    EXPECT_EQ(read_file(dir + "/" + f), read_file(marian_fixture(std::string("marian/") + f))) << f;
+  TranslationModel back = load_translation_model(dir);
+  const std::vector<std::string> sentences = expected_json()["sentences"].get<std::vector<std::string>>();
+  EXPECT_EQ(translate_texts(back, sentences, 15), translate_texts(m, sentences, 15));
+  EXPECT_EQ(back.model->config_json(), m.model->config_json());
+}
+
+// qkv train --init on a Marian folder: training pairs through its tokenizer
+// (</s> after each source, decoding from its <pad>), lower validation loss,
+// a qkv folder that loads with the same ids.
+TEST(HfMarian, FineTuningLowersTheLossAndSavesAFolderThatLoads) {
+  const std::string pairs = testing::temp_dir("marian") + "/pairs.tsv";
+  write_file_atomic(pairs, "我是中国人\t私は中国人です\n他吃苹果\t彼はりんごを食べます\n我是学生\t私は学生です\n");
+  TrainRun run{.config_text = R"({"train": {"batch_tokens": 64, "lr": 3e-3, "warmup_steps": 2, "eval_every": 1}})",
+               .config_source = "ft.json", .train = pairs, .valid = pairs, .out = testing::temp_dir("marian"),
+               .init = marian_fixture("marian"), .steps = 20};
+  std::vector<double> losses;
+  TrainHooks hooks;
+  hooks.translation.evaluated = [&](const EvalReport& r) { losses.push_back(r.valid_loss); };
+  train_from_config(run, hooks);
+  ASSERT_EQ(losses.size(), 20u);
+  EXPECT_LT(losses.back(), 0.5 * losses.front());
+  TranslationModel tuned = load_translation_model(run.out);
+  EXPECT_EQ(tuned.model->decoding_ids().start, load_translation_model(marian_fixture("marian")).model->decoding_ids().start);
+  EXPECT_EQ(encode_source(tuned, "我是中国人", {}, "probe"), expected_json()["source_ids"][0].get<std::vector<int64_t>>());
+}
+
+TEST(HfMarian, WhatQkvDoesNotImplementIsOneErrorNamingTheField) {
+  const std::string dir = testing::temp_dir("hfmarian");
+  for (const auto& f : std::filesystem::directory_iterator(marian_fixture("marian")))
+    std::filesystem::copy_file(f.path(), dir + "/" + f.path().filename().string());
+  auto with = [&](const std::string& file, const nlohmann::json& changes) {
+    const std::string original = read_file(marian_fixture("marian/" + file));
+    nlohmann::json j = nlohmann::json::parse(original);
+    j.merge_patch(changes);
+    write_file_atomic(dir + "/" + file, j.dump());
+    const std::string e = error_of([&] { load_translation_model(dir); });
+    write_file_atomic(dir + "/" + file, original);
+    return e;
+  };
+  const std::string config = dir + "/config.json: ", not_yet = " is not supported yet (a different model would run)";
+  EXPECT_EQ(with("config.json", {{"share_encoder_decoder_embeddings", false}}),
+            config + "'share_encoder_decoder_embeddings': false (separate source and target vocabularies)" + not_yet);
+  EXPECT_EQ(with("config.json", {{"activation_function", "tanh"}}), config + "'activation_function' 'tanh'" + not_yet);
+  EXPECT_EQ(with("config.json", {{"decoder_ffn_dim", 128}}),
+            config + "'encoder_ffn_dim' different from 'decoder_ffn_dim'" + not_yet);
+  EXPECT_EQ(with("config.json", {{"d_model", nullptr}}), config + "'d_model' is missing");
+  EXPECT_EQ(with("tokenizer_config.json", {{"separate_vocabs", true}}),
+            dir + "/tokenizer_config.json: 'separate_vocabs': true is not supported yet (a different tokenizer would run)");
+  EXPECT_EQ(with("tokenizer_config.json", {{"eos_token", "<eos>"}}),
+            dir + "/vocab.json: the eos_token '<eos>' is not in the vocabulary");
+  write_file_atomic(dir + "/source.spm", "not a model");
+  EXPECT_EQ(error_of([&] { load_translation_model(dir); }).rfind(dir + "/source.spm: not a SentencePiece model", 0), 0u);
+  std::filesystem::copy_file(marian_fixture("marian/source.spm"), dir + "/source.spm",
+                             std::filesystem::copy_options::overwrite_existing);
+  EXPECT_NO_THROW(load_translation_model(dir));  // the files are back as they were
+}
+
+}  // namespace
+}  // namespace qkv
