@@ -47,6 +47,7 @@ struct BenchArgs {
   std::string precision = "f32";  // train, vit: "bf16" runs qkv under Bf16AutocastGuard and PyTorch under autocast
   std::string model = "out/demo/model";           // decode: a trained model folder; generate: a decoder folder
   const CLI::Option* model_option = nullptr;      // whether --model was given
+  const CLI::Option* test_option = nullptr;       // whether --test was given
   std::string test = "out/demo/zh-ja.test.tsv";  // decode: its sentences
   int64_t sentences = 200;                        // decode: how many of them
 };
@@ -416,9 +417,139 @@ std::vector<std::vector<int64_t>> greedy_uncached(Seq2Seq& model, const std::vec
   return out;
 }
 
+// A Hugging Face translation folder (Marian): qkv in float32 and int8 beside
+// CTranslate2 (float32, int8) and transformers on the same sentences, batches
+// of 32, greedy and beam 4, up to 32 target tokens (the peers:
+// scripts/bench_translate_peers.py). Every engine counts the target tokens it
+// made, </s> not counted.
+int run_bench_decode_peers(const BenchArgs& a, TranslationModel& m, const std::string& sources_path) {
+  const int64_t batch = 32, max_len = 32, beam = 4;
+  const bool progress = !a.json && isatty(STDERR_FILENO);
+  std::vector<std::string> texts;
+  const std::string all = read_file(sources_path);
+  for (size_t at = 0; at < all.size() && (int64_t)texts.size() < a.sentences;) {
+    size_t end = all.find('\n', at);
+    if (end == std::string::npos) end = all.size();
+    std::string line = all.substr(at, end - at);
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    texts.push_back(line.substr(0, line.find('\t')));  // a TSV's source column, or the whole line
+    at = end + 1;
+  }
+  QKV_CHECK(!texts.empty(), "bench decode: ", sources_path, " has no sentences");
+  char tmpl[] = "/tmp/qkv_bench_decode_XXXXXX";
+  const char* dir = mkdtemp(tmpl);
+  QKV_CHECK(dir, "bench decode: cannot make a temporary folder");
+  const std::string listed = std::string(dir) + "/sources.txt";
+  std::string joined;
+  for (const std::string& t : texts) joined += t + "\n";
+  write_file_atomic(listed, joined);
+  std::vector<std::vector<int64_t>> sources;
+  for (size_t i = 0; i < texts.size(); ++i)
+    sources.push_back(encode_source(m, texts[i], {.truncate = true}, "sentence " + std::to_string(i + 1)));
+  nlohmann::ordered_json rows = nlohmann::ordered_json::array();
+  std::vector<std::vector<int64_t>> first;  // qkv float32's first sentence: greedy, beam
+  auto qkv_rows = [&](const std::string& engine) {
+    if (progress) std::fprintf(stderr, "\rbench decode: %s ...          ", engine.c_str());
+    greedy_translate(*m.model, {sources.begin(), sources.begin() + std::min<size_t>(batch, sources.size())}, max_len,
+                     batch);  // warm up
+    for (const int64_t k : {int64_t(1), beam}) {
+      const auto t0 = std::chrono::steady_clock::now();
+      std::vector<std::vector<int64_t>> outs;
+      if (k == 1) {
+        outs = greedy_translate(*m.model, sources, max_len, batch);
+      } else {
+        for (auto& h : beam_translate(*m.model, sources, max_len, {.beam = k, .batch_size = batch}))
+          outs.push_back(h.tokens);
+      }
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      int64_t made = 0;
+      for (const auto& o : outs) made += (int64_t)o.size();
+      if (engine == "qkv f32") first.push_back(outs[0]);
+      rows.push_back({{"engine", engine},
+                      {"mode", k == 1 ? "greedy" : "beam " + std::to_string(k)},
+                      {"seconds", seconds},
+                      {"target_tokens", made},
+                      {"tokens_per_s", made / seconds}});
+    }
+  };
+  auto peer_rows = [&](const std::string& peer, const std::string& type) {
+    if (progress) std::fprintf(stderr, "\rbench decode: %s %s ...          ", peer.c_str(), type.c_str());
+    const nlohmann::json r =
+        run_peer(a.python + " scripts/bench_translate_peers.py --peer " + peer + (type.empty() ? "" : " --type " + type) +
+                 " --model '" + a.model + "' --sources '" + listed + "' --batch " + std::to_string(batch) +
+                 " --max-len " + std::to_string(max_len) + " --threads " + std::to_string(thread_count()));
+    if (!r.is_object() || !r.contains("rows")) {
+      if (!a.json)
+        std::fprintf(stderr, "\rbench decode: %s %s not run: %s\n", peer.c_str(), type.c_str(),
+                     r.is_object() ? r.value("error", std::string("no result")).c_str() : "no result (see --python)");
+      return;
+    }
+    for (size_t i = 0; i < r["rows"].size(); ++i) {
+      const nlohmann::json& row = r["rows"][i];
+      const std::vector<int64_t> theirs = row["first"].get<std::vector<int64_t>>();
+      int64_t same = 0;
+      for (size_t j = 0; i < first.size() && j < std::min(theirs.size(), first[i].size()) && theirs[j] == first[i][j]; ++j) ++same;
+      const double seconds = row["seconds"].get<double>();
+      rows.push_back({{"engine", r["peer"]},
+                      {"mode", row["mode"]},
+                      {"seconds", seconds},
+                      {"target_tokens", row["target_tokens"]},
+                      {"tokens_per_s", row["target_tokens"].get<double>() / seconds},
+                      {"same_first_tokens_as_qkv_f32", same},
+                      {"version", r.value("version", "")}});
+    }
+  };
+  qkv_rows("qkv f32");
+  peer_rows("ctranslate2", "float32");
+  peer_rows("transformers", "");
+  m.model->convert_linear_weights(DType::I8);
+  qkv_rows("qkv int8");
+  peer_rows("ctranslate2", "int8");
+  std::filesystem::remove_all(dir);
+  if (progress) std::fprintf(stderr, "\r%70s\r", "");
+  // Each peer beside the qkv row of its precision: float32 peers against qkv f32, int8 against qkv int8.
+  auto qkv_rate = [&](const std::string& engine, const std::string& mode) {
+    for (const auto& r : rows)
+      if (r["engine"] == engine && r["mode"] == mode) return r["tokens_per_s"].get<double>();
+    return 0.0;
+  };
+  for (auto& r : rows) {
+    const std::string engine = r["engine"].get<std::string>();
+    if (engine.rfind("qkv", 0) == 0) continue;
+    const bool int8 = engine.find("int8") != std::string::npos;
+    r["qkv_vs_peer"] = qkv_rate(int8 ? "qkv int8" : "qkv f32", r["mode"].get<std::string>()) / r["tokens_per_s"].get<double>();
+  }
+  nlohmann::ordered_json out = {{"suite", "decode"},   {"model", m.model->summary()}, {"sentences", texts.size()},
+                                {"batch", batch},      {"max_len", max_len},          {"threads", thread_count()},
+                                {"rows", rows}};
+  if (a.json) {
+    print_json(out);
+    return 0;
+  }
+  std::printf("qkv bench decode: %s\n  %zu sentences of %s, batches of %lld, up to %lld target tokens, %d threads\n\n",
+              m.model->summary().c_str(), texts.size(), sources_path.c_str(), (long long)batch, (long long)max_len,
+              thread_count());
+  std::printf("  %-22s %-8s %14s %12s\n", "engine", "mode", "target tok/s", "qkv vs it");
+  for (const auto& r : rows) {
+    std::printf("  %-22s %-8s %14.0f", r["engine"].get<std::string>().c_str(), r["mode"].get<std::string>().c_str(),
+                r["tokens_per_s"].get<double>());
+    if (r.contains("qkv_vs_peer")) std::printf(" %11.2fx", r["qkv_vs_peer"].get<double>());
+    std::printf("\n");
+  }
+  return 0;
+}
+
 int run_bench_decode(const BenchArgs& a) {
   TranslationModel m = load_translation_model(a.model, "bench decode");
   m.model->eval();
+  const std::string config = folder_config_path(a.model);
+  if (is_hf_config(read_file(config), config)) {
+    const bool own_test = a.test_option && a.test_option->count() > 0;
+    const std::string sources = own_test ? a.test : a.model + "/sources.txt";
+    QKV_CHECK(own_test || std::filesystem::exists(sources), "bench decode: ", a.model,
+              " is a Hugging Face folder without sources.txt: give --test FILE (one source sentence per line)");
+    return run_bench_decode_peers(a, m, sources);
+  }
   std::vector<SentencePair> pairs = read_parallel_tsv(a.test);
   if ((int64_t)pairs.size() > a.sentences) pairs.resize(a.sentences);
   std::vector<std::vector<int64_t>> sources;
@@ -981,7 +1112,11 @@ Run add_bench(CLI::App& app) {
                       "decode: a trained model folder; generate: a decoder folder (qkv or Hugging Face; without it, "
                       "random models of configs/lm-20m.json and lm-100m.json)")
           ->capture_default_str();
-  sub->add_option("--test", args->test, "decode: sentences to translate (TSV)")->capture_default_str();
+  args->test_option =
+      sub->add_option("--test", args->test,
+                      "decode: sentences to translate (TSV; for a Hugging Face folder one source per line, default "
+                      "DIR/sources.txt as scripts/make_bench_marian.py writes it)")
+          ->capture_default_str();
   sub->add_option("--sentences", args->sentences, "decode: how many")->capture_default_str();
   sub->add_option("--steps", args->steps, "train, vit: timed training steps")->capture_default_str();
   sub->add_option("--precision", args->precision,
