@@ -23,6 +23,21 @@ struct Hypothesis {
   double score = 0;
 };
 
+// The n best tokens of one row of log-probabilities, best first, those the
+// model never outputs left out. One pass with a small sorted buffer: most
+// values fall below its last entry and cost one comparison.
+void best_tokens(const float* row, int64_t vocab, size_t n, const DecodingIds& ids,
+                 std::vector<std::pair<float, int64_t>>& out) {
+  out.clear();
+  for (int64_t v = 0; v < vocab; ++v) {
+    if (out.size() == n && !(row[v] > out.back().first)) continue;
+    if (ids.never_output(v)) continue;
+    if (out.size() == n) out.pop_back();
+    auto at = std::upper_bound(out.begin(), out.end(), row[v], [](float x, const auto& e) { return x > e.first; });
+    out.insert(at, {row[v], v});
+  }
+}
+
 }  // namespace
 
 std::vector<BeamHypothesis> beam_translate(Seq2Seq& model, const std::vector<std::vector<int64_t>>& sources,
@@ -61,15 +76,16 @@ std::vector<BeamHypothesis> beam_translate(Seq2Seq& model, const std::vector<std
       const int64_t V = logp.size(-1);
       const float* lp = logp.data<float>();
       std::vector<int64_t> still_active, origin, next_last;
+      std::vector<std::pair<float, int64_t>> row_best;
       for (int64_t a = 0; a < A; ++a) {
         const int64_t s = active[a];
-        // The best 2K continuations are enough: at most K of them end with <eos>.
+        // The best 2K continuations are enough: at most K of them end with
+        // <eos>. They are among the best 2K tokens of each beam's row.
         std::vector<std::pair<double, int64_t>> cand;  // (score, beam * V + token)
         for (int64_t k = 0; k < K; ++k) {
           if (!std::isfinite(alive[s][k].score)) continue;
-          const float* row = lp + (a * K + k) * V;
-          for (int64_t v = 0; v < V; ++v)
-            if (!ids.never_output(v)) cand.push_back({alive[s][k].score + row[v], k * V + v});
+          best_tokens(lp + (a * K + k) * V, V, 2 * K, ids, row_best);
+          for (const auto& [logp_v, v] : row_best) cand.push_back({alive[s][k].score + logp_v, k * V + v});
         }
         const size_t keep = std::min<size_t>(cand.size(), 2 * K);
         std::partial_sort(cand.begin(), cand.begin() + keep, cand.end(),
