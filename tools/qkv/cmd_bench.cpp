@@ -1038,6 +1038,12 @@ int run_bench(const BenchArgs& a) {
       // The ViT recipe (configs/vit-fashion-mnist.json): 128 images x 16 patches, d_model 128, MLP 384.
       {"vit qkv", 1, 2048, 384, 128, true},
       {"vit mlp contract", 1, 2048, 128, 384, true},
+      // Decoding a batch: 32 sentences x 4 beams (the Marian bench), and 32 greedy rows.
+      {"beams ffn expand", 1, 128, 1024, 256, true},
+      {"beams ffn contract", 1, 128, 256, 1024, true},
+      {"beams vocab", 1, 128, 8000, 256, true},
+      {"greedy ffn expand", 1, 32, 1024, 256, true},
+      {"greedy vocab", 1, 32, 8000, 256, true},
   };
   nlohmann::ordered_json out;
   out["suite"] = "ops";
