@@ -52,7 +52,7 @@ new tokens at most, stopping at the folder's eos_token_id).
            here with sentencepiece, vocab.json, swish, Post-Norm,
            scale_embedding, a random final_logits_bias, decoding from <pad>;
            expected: teacher-forced logits of 5 sources, 16 greedy tokens
-           each, generate()'s text, and MarianTokenizer's ids and text for
+           each, generate()'s text (greedy and beam 4), and MarianTokenizer's ids and text for
            the 5,000 lines of the tokenizer fixtures (marian.tokens.expected)
 
 Usage: python3 scripts/make_hf_fixtures.py [--out tests/fixtures/hf]
@@ -283,12 +283,14 @@ def make_marian(out_dir):
             step[:, pad] = -float("inf")
             seq = torch.cat([seq, step.argmax(-1, keepdim=True)], dim=1)
         generated = model.generate(**batch, max_new_tokens=16, do_sample=False, num_beams=1)
+        beams = model.generate(**batch, max_new_tokens=16, do_sample=False, num_beams=4)
     save_file({"src": batch["input_ids"].contiguous(), "src_lengths": lengths.contiguous(),
                "decoder_in": decoder_in.contiguous(), "logits": logits.contiguous(),
                "greedy": seq[:, 1:].contiguous()}, os.path.join(out_dir, "marian.expected.safetensors"))
     with open(os.path.join(out_dir, "marian.expected.json"), "w") as f:
         json.dump({"sentences": MARIAN_SENTENCES, "source_ids": [tok(s)["input_ids"] for s in MARIAN_SENTENCES],
-                   "translations": tok.batch_decode(generated, skip_special_tokens=True)},
+                   "translations": tok.batch_decode(generated, skip_special_tokens=True),
+                   "translations_beam4": tok.batch_decode(beams, skip_special_tokens=True)},
                   f, ensure_ascii=False, indent=1)
         f.write("\n")
     # The tokenizer on the 5,000 lines of the tokenizer fixtures' text, as

@@ -2,7 +2,7 @@
 // scripts/make_hf_fixtures.py) as qkv's translation Transformer: teacher-forced
 // logits within 1e-4 of transformers', 16 greedy tokens through the KV cache
 // and the cached cross-attention K/V identical, the same source ids and the
-// same translated text as MarianTokenizer and generate(); the tokenizer
+// same translated text as MarianTokenizer and generate() (greedy, beam 4); the tokenizer
 // (source.spm with SentencePiece's nmt_nfkc table, vocab.json) gives
 // MarianTokenizer's ids and text on each of the 5,000 lines of the tokenizer
 // fixtures; a qkv folder written from it loads back the same, and so does one
@@ -70,6 +70,10 @@ TEST(HfMarian, LogitsGreedyTokensAndTextMatchTransformers) {
   std::vector<std::string> sentences;
   for (const auto& s : e["sentences"]) sentences.push_back(s.get<std::string>());
   EXPECT_EQ(translate_texts(m, sentences, 15), e["translations"].get<std::vector<std::string>>());
+  // Beam 4 as well. No hypothesis of this random model ends within the
+  // limit, so this checks the search's ranking of live hypotheses, not the
+  // length normalization of finished ones.
+  EXPECT_EQ(translate_texts(m, sentences, 15, 4), e["translations_beam4"].get<std::vector<std::string>>());
 }
 
 TEST(HfMarian, TokenizerMatchesMarianTokenizerOnEveryLine) {
