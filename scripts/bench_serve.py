@@ -13,7 +13,15 @@ parameters, SentencePiece BPE 4096) once in out/bench-serve/: a tokenizer
 trained on generated text and one training step, since only the shapes
 matter for speed.
 
+With --llama-server PATH (llama.cpp's server binary) and a Hugging Face
+--model folder, llama-server runs the same measurement at each stream count
+on the folder's GGUF (model-f32.gguf beside the weights, made once by
+llama.cpp's convert_hf_to_gguf.py at $QKV_CONVERT_HF_TO_GGUF, as `qkv bench
+generate` makes it): `--parallel N` slots sharing its continuous batch, a
+context of 512 per slot, the same threads, greedy, ignore_eos.
+
 usage: scripts/bench_serve.py [--qkv build/release/qkv] [--model DIR] [--streams 1,4,16]
+                              [--llama-server PATH]
 """
 import argparse
 import http.client
@@ -21,6 +29,7 @@ import json
 import os
 import random
 import re
+import socket
 import subprocess
 import sys
 import threading
@@ -56,6 +65,43 @@ def serve(qkv, model, parallel, threads):
     raise RuntimeError("qkv serve did not start")
 
 
+def serve_llama(binary, gguf, parallel, threads):
+    """llama.cpp's server on a free port, once its /health answers."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.Popen([binary, "-m", gguf, "--host", "127.0.0.1", "--port", str(port), "--parallel",
+                             str(parallel), "-c", str(512 * parallel), "--threads", str(threads),
+                             "--threads-batch", str(threads), "--no-webui"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(600):
+        if proc.poll() is not None:
+            raise RuntimeError(f"{binary} exited with {proc.returncode}")
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            c.request("GET", "/health")
+            if c.getresponse().status == 200:
+                return proc, "127.0.0.1", port
+        except OSError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError("llama-server did not start")
+
+
+def gguf_of(model):
+    """The folder's float32 GGUF, converted once by llama.cpp's own script."""
+    gguf = os.path.join(model, "model-f32.gguf")
+    if not os.path.exists(gguf):
+        convert = os.environ.get("QKV_CONVERT_HF_TO_GGUF", "")
+        if not os.path.isfile(convert):
+            raise RuntimeError("set QKV_CONVERT_HF_TO_GGUF to llama.cpp's convert_hf_to_gguf.py")
+        env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(convert), "gguf-py"))
+        subprocess.run([sys.executable, convert, model, "--outtype", "f32", "--outfile", gguf], env=env, check=True,
+                       capture_output=True)
+    return gguf
+
+
 def complete(host, port, body):
     c = http.client.HTTPConnection(host, port, timeout=600)
     c.request("POST", "/v1/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
@@ -81,12 +127,17 @@ def main():
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--prompt", default="the quick brown fox jumps over the lazy dog and runs far away")
     p.add_argument("--threads", type=int, default=os.cpu_count())
+    p.add_argument("--llama-server", help="llama.cpp's llama-server binary: the peer, on the folder's GGUF")
     p.add_argument("--json", action="store_true")
     a = p.parse_args()
     model = a.model or build_recipe_model(a.qkv, "out/bench-serve")
+    servers = [("qkv", lambda n: serve(a.qkv, model, n, a.threads))]
+    if a.llama_server:
+        gguf = gguf_of(model)
+        servers.append(("llama-server", lambda n: serve_llama(a.llama_server, gguf, n, a.threads)))
     rows = []
-    for n in [int(x) for x in a.streams.split(",")]:
-        proc, host, port = serve(a.qkv, model, n, a.threads)
+    for n, (server, start) in [(n, s) for n in [int(x) for x in a.streams.split(",")] for s in servers]:
+        proc, host, port = start(n)
         try:
             body = {"prompt": a.prompt, "max_tokens": a.max_tokens, "temperature": 0, "ignore_eos": True}
             complete(host, port, body)  # warm-up
@@ -115,21 +166,28 @@ def main():
             if errors:
                 raise RuntimeError(errors[0])
             latencies.sort()
-            rows.append({"streams": n, "requests": len(latencies), "completion_tokens": tokens[0],
+            rows.append({"server": server, "streams": n, "requests": len(latencies), "completion_tokens": tokens[0],
                          "seconds": seconds, "tokens_per_s": tokens[0] / seconds,
                          "latency_p50_s": latencies[len(latencies) // 2], "peak_rss_mib": peak_rss_mib(proc.pid)})
         finally:
             proc.terminate()
             proc.wait()
-    single = rows[0]["tokens_per_s"]
+    for r in rows:  # against the same server's first stream count, and qkv against the peer at the same count
+        r["x_first"] = r["tokens_per_s"] / next(q for q in rows if q["server"] == r["server"])["tokens_per_s"]
+        if r["server"] == "qkv":
+            peer = [q for q in rows if q["server"] != "qkv" and q["streams"] == r["streams"]]
+            if peer:
+                r["qkv_vs_llama_server"] = r["tokens_per_s"] / peer[0]["tokens_per_s"]
     if a.json:
         print(json.dumps({"model": model, "max_tokens": a.max_tokens, "threads": a.threads, "rows": rows}))
         return
-    print(f"qkv serve, {model}, {a.max_tokens} tokens per request (greedy, ignore_eos), {a.threads} threads")
-    print(f"{'streams':>8} {'requests':>9} {'tokens/s':>9} {'x first':>8} {'p50 latency':>12} {'peak RSS':>9}")
+    print(f"{model}, {a.max_tokens} tokens per request (greedy, ignore_eos), {a.threads} threads")
+    print(f"{'server':>13} {'streams':>8} {'requests':>9} {'tokens/s':>9} {'x first':>8} {'p50 latency':>12} "
+          f"{'peak RSS':>9} {'qkv vs it':>10}")
     for r in rows:
-        print(f"{r['streams']:>8} {r['requests']:>9} {r['tokens_per_s']:>9.1f} {r['tokens_per_s'] / single:>7.2f}x "
-              f"{r['latency_p50_s']:>11.2f}s {r['peak_rss_mib']:>7.0f}MB")
+        vs = f"{r['qkv_vs_llama_server']:>9.2f}x" if "qkv_vs_llama_server" in r else ""
+        print(f"{r['server']:>13} {r['streams']:>8} {r['requests']:>9} {r['tokens_per_s']:>9.1f} "
+              f"{r['x_first']:>7.2f}x {r['latency_p50_s']:>11.2f}s {r['peak_rss_mib']:>7.0f}MB {vs}")
 
 
 if __name__ == "__main__":

@@ -38,9 +38,13 @@ U+FFFD). For each tokenizer, NAME.expected has one line per text line:
 (ids as 4 little-endian bytes each; the decoded text is decode(ids,
 skip_special_tokens=True), as UTF-8). The C++ test recomputes all three.
 
+  llama2-spm  a folder with Llama 2's kind of tokenizer.model and no
+          tokenizer.json (make_sentencepiece_folder), expected from the
+          sentencepiece package itself
+
 Usage: python3 scripts/make_tokenizer_fixtures.py [--out DIR] [--only NAME ...]   (--only: just those, text.txt kept)
        python3 scripts/make_tokenizer_fixtures.py --show NAME LINE   (the ids of one line, for a failing test)
-Needs: tokenizers (pip install tokenizers).
+Needs: tokenizers and sentencepiece (pip install tokenizers sentencepiece).
 """
 import argparse
 import json
@@ -212,6 +216,36 @@ def build(name, corpus):
     return tok
 
 
+def make_sentencepiece_folder(out, corpus, text):
+    """llama2-spm/: a tokenizer.model as Llama 2's (SentencePiece BPE, byte fallback, digits split, <unk> 0,
+    <s> 1, </s> 2, the dummy-prefix space) with its tokenizer_config.json, no tokenizer.json. The expected
+    ids are SentencePiece's own with <s> first (as the slow LlamaTokenizer and llama.cpp give them); the
+    text is SentencePiece's decoding of the ids other than <s>, </s> and <unk>."""
+    import sentencepiece as spm
+    folder = os.path.join(out, "llama2-spm")
+    os.makedirs(folder, exist_ok=True)
+    spm.SentencePieceTrainer.train(sentence_iterator=iter([c for c in corpus if c]),
+                                   model_prefix=os.path.join(folder, "tokenizer"), vocab_size=VOCAB,
+                                   model_type="bpe", byte_fallback=True, split_digits=True,
+                                   normalization_rule_name="identity", remove_extra_whitespaces=False,
+                                   allow_whitespace_only_pieces=True, character_coverage=0.9995,
+                                   num_threads=1, minloglevel=2)
+    os.remove(os.path.join(folder, "tokenizer.vocab"))
+    with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
+        json.dump({"tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
+                   "add_bos_token": True, "add_eos_token": False}, f, indent=1)
+    sp = spm.SentencePieceProcessor(model_file=os.path.join(folder, "tokenizer.model"))
+    rows = []
+    for line in text:
+        s = line.decode("utf-8", errors="replace")
+        ids = [sp.bos_id()] + sp.encode(s)
+        decoded = sp.decode([i for i in ids if i not in (sp.bos_id(), sp.eos_id(), sp.unk_id())])
+        rows.append(f"{len(ids)} {fnv(struct.pack(f'<{len(ids)}I', *ids)):08x} {fnv(decoded.encode()):08x}")
+    with open(os.path.join(out, "llama2-spm.expected"), "w") as f:
+        f.write("\n".join(rows) + "\n")
+    print(f"llama2-spm: {sp.get_piece_size()} pieces")
+
+
 def fnv(data):
     h = 0x811C9DC5
     for b in data:
@@ -238,7 +272,10 @@ def main():
     if not args.only:
         with open(os.path.join(args.out, "text.txt"), "wb") as f:
             f.write(b"\n".join(text))
-    for name in args.only or ("gpt2", "llama3", "qwen2", "llama2", "spm", "bert", "unigram"):
+    for name in args.only or ("gpt2", "llama3", "qwen2", "llama2", "spm", "bert", "unigram", "llama2-spm"):
+        if name == "llama2-spm":
+            make_sentencepiece_folder(args.out, corpus, text)
+            continue
         tok = build(name, corpus)
         tok.save(os.path.join(args.out, name + ".json"))
         rows = []

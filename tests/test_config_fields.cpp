@@ -47,7 +47,8 @@ TEST(ConfigFields, ErrorsNameTheFileTheKeyAndWhatIsAllowed) {
   EXPECT_EQ(error_of([] { VitTrainOptions::from_json(R"({"train": []})", "t.json"); }),
             "t.json: 'train' must be an object");
   EXPECT_EQ(error_of([] { TokenizerConfig::from_json(R"({"type": "words"})", "t.json"); }),
-            "t.json: 'tokenizer.type' is 'words', expected one of: char, sentencepiece, bytes, huggingface, marian");
+            "t.json: 'tokenizer.type' is 'words', expected one of: char, sentencepiece, bytes, huggingface, marian, "
+            "huggingface_sentencepiece");
   EXPECT_EQ(error_of([] { ViTConfig::from_json(R"({"image_size": 131072, "patch_size": 2})", "v.json"); }),
             "v.json: 'image_size' must be at most 65536, got 131072");
 }

@@ -13,10 +13,12 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "qkv/checkpoint.h"
 #include "qkv/infer.h"
 #include "qkv/io.h"
 #include "qkv/lm.h"
 #include "qkv/position.h"
+#include "qkv/registry.h"
 #include "qkv/utf8.h"
 #include "src/infer/sampling.h"
 #include "tests/test_util.h"
@@ -107,6 +109,27 @@ TEST(Hf, TheEosIdsComeFromGenerationConfig) {
   dir = with_config("llama", {{"eos_token_id", "end"}});
   std::filesystem::copy_file(hf("llama") + "/tokenizer.json", dir + "/tokenizer.json");
   EXPECT_EQ(error_of([&] { load_language_model(dir); }), dir + "/config.json: eos_token_id must be an id or a list of ids");
+}
+
+// A folder with tokenizer.model and no tokenizer.json (Llama 2's kind):
+// SentencePiece's ids with <s> first, the folder's eos_token_id; a qkv folder
+// written from it keeps the file and reads the same.
+TEST(Hf, ATokenizerModelAloneIsTheFoldersTokenizer) {
+  const std::string dir = with_config("llama", {{"eos_token_id", 2}});
+  const std::string spm = std::string(QKV_FIXTURES_DIR) + "/tokenizers/llama2-spm";
+  for (const char* f : {"tokenizer.model", "tokenizer_config.json"})
+    std::filesystem::copy_file(spm + "/" + f, dir + "/" + f);
+  const LanguageModel m = load_language_model(dir);
+  ASSERT_TRUE(m.tokenizer);
+  EXPECT_EQ(m.tokenizer->specials().eos, std::vector<int64_t>{2});
+  const std::vector<int64_t> prompt = m.tokenizer->encode_prompt("我是中国人 -> 私は");
+  EXPECT_EQ(prompt.front(), 1);
+  const std::string out = testing::temp_dir("hf");
+  save_model_folder(out, family_of_folder(dir), *m.model, m.tokenizer.get(), "");
+  const LanguageModel back = load_language_model(out);
+  EXPECT_EQ(back.tokenizer->encode_prompt("我是中国人 -> 私は"), prompt);
+  EXPECT_EQ(back.tokenizer->specials().eos, std::vector<int64_t>{2});
+  EXPECT_EQ(read_file(out + "/tokenizer.model"), read_file(spm + "/tokenizer.model"));
 }
 
 TEST(Hf, TheConfigMapsOntoTheDecoderFields) {

@@ -54,8 +54,10 @@ public:
 //     Hugging Face folder has it (written by qkv convert); eos ends generation
 //   {"type": "marian"}: the folder's vocab.json, source.spm and target.spm
 //     (load_marian_tokenizer)
+//   {"type": "huggingface_sentencepiece", "eos": [ids]}: the folder's
+//     tokenizer.model (load_sentencepiece_folder_tokenizer)
 // Unknown keys and values are errors naming `source`.
-enum class TokenizerKind { Char, Bytes, SentencePiece, HuggingFace, Marian };
+enum class TokenizerKind { Char, Bytes, SentencePiece, HuggingFace, Marian, HuggingFaceSentencePiece };
 enum class SentencePieceModel { Unigram, Bpe };
 
 struct TokenizerConfig {
@@ -88,6 +90,16 @@ std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::string& path, std::vecto
 // The model appends </s> to a source (TransformerConfig::ids.source_eos).
 bool is_marian_tokenizer_folder(const std::string& dir);
 std::unique_ptr<Tokenizer> load_marian_tokenizer(const std::string& dir);
+
+// A folder's tokenizer.model without tokenizer.json (Llama 2 and the other
+// SentencePiece folders; src/data/sentencepiece_folder.cpp), as the slow
+// LlamaTokenizer and llama.cpp run it: SentencePiece's library encodes and
+// decodes, its ids are the model's; <s> first unless tokenizer_config.json's
+// add_bos_token is false, </s> last if its add_eos_token is true; the eos,
+// bos, unk and pad tokens written in a text are those tokens. `eos` ends
+// generation (the folder's eos_token_id; empty: the model's </s>).
+bool is_sentencepiece_tokenizer_folder(const std::string& dir);
+std::unique_ptr<Tokenizer> load_sentencepiece_folder_tokenizer(const std::string& dir, std::vector<int64_t> eos);
 
 // A character vocabulary: the specials, then every character of the
 // training text, most frequent first (ties by code point order).

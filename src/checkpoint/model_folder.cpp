@@ -95,7 +95,7 @@ HfWeights hf_weights(const std::string& dir) {
 
 // A Hugging Face folder: the family's import of its config.json, and the
 // weights under their qkv names, converted to F32 as they load; its
-// tokenizer.json when there is one (m.tokenizer stays null without).
+// tokenizer.json, else Marian's files, else a tokenizer.model, when there is one (m.tokenizer stays null without).
 ModelFolder load_hf(const std::string& dir, const std::string& config_path, const std::string& text, ModelFolder m) {
   const HfImport hf = m.family->from_hf(text, config_path);
   Rng rng(0);
@@ -129,6 +129,10 @@ ModelFolder load_hf(const std::string& dir, const std::string& config_path, cons
     m.tokenizer = load_marian_tokenizer(dir);
     QKV_CHECK(!vocab.is_number_integer() || m.tokenizer->size() == vocab.get<int64_t>(), dir, "/vocab.json: ",
               m.tokenizer->size(), " pieces, the model's vocab_size is ", vocab.dump());
+  } else if (is_sentencepiece_tokenizer_folder(dir)) {
+    m.tokenizer = load_sentencepiece_folder_tokenizer(dir, hf_eos(dir, config, config_path));
+    QKV_CHECK(!vocab.is_number_integer() || m.tokenizer->size() <= vocab.get<int64_t>(), dir, "/tokenizer.model: ",
+              m.tokenizer->size(), " pieces, more than the model's vocab_size ", vocab.dump());
   }
   return m;
 }
@@ -148,7 +152,8 @@ ModelFolder load(const std::string& dir, const Task* task, const std::string& co
     m.tokenizer = load_tokenizer(config["tokenizer"].dump(), dir);
     // A Hugging Face tokenizer may have fewer tokens than the model's
     // embedding has rows (vocabularies padded to a multiple of 64 or so).
-    const bool at_most = config["tokenizer"].is_object() && config["tokenizer"].value("type", "") == "huggingface";
+    const bool at_most = config["tokenizer"].is_object() && (config["tokenizer"].value("type", "") == "huggingface" ||
+                                                              config["tokenizer"].value("type", "") == "huggingface_sentencepiece");
     config.erase("tokenizer");
     const nlohmann::json vocab = config.value("vocab_size", nlohmann::json(-1));
     QKV_CHECK(vocab.is_number_integer() && (vocab.get<int64_t>() == m.tokenizer->size() ||

@@ -22,6 +22,7 @@
 #include "qkv/tokenizer.h"
 #include "qkv/utf8.h"
 #include "src/core/json.h"
+#include "src/data/sentencepiece_files.h"
 
 namespace qkv {
 
@@ -77,13 +78,6 @@ public:
     }
     QKV_CHECK(!config.value("separate_vocabs", false), config_path,
               ": 'separate_vocabs': true is not supported yet (a different tokenizer would run)");
-    auto token = [&](const char* key, const char* fallback) {
-      const nlohmann::json v = config.value(key, nlohmann::json(fallback));
-      // transformers writes a special token as a string or as {"content": ...}.
-      const nlohmann::json s = v.is_object() ? v.value("content", nlohmann::json()) : v;
-      QKV_CHECK(s.is_string(), config_path, ": '", key, "' must be a string");
-      return s.get<std::string>();
-    };
     vocab_text_ = read_file(vocab_path);
     const nlohmann::json vocab = parse_json(vocab_text_, vocab_path);
     QKV_CHECK(vocab.is_object() && !vocab.empty(), vocab_path, ": expected an object of pieces and their ids");
@@ -97,7 +91,7 @@ public:
     size_ = (int64_t)vocab.size();
     for (const auto& [key, fallback, out] : {std::tuple{"eos_token", "</s>", &eos_}, std::tuple{"unk_token", "<unk>", &unk_},
                                              std::tuple{"pad_token", "<pad>", &pad_}}) {
-      const std::string t = token(key, fallback);
+      const std::string t = config_token(config, key, fallback, config_path);
       const auto it = ids_.find(t);
       QKV_CHECK(it != ids_.end(), vocab_path, ": the ", key, " '", t, "' is not in the vocabulary");
       *out = it->second;
@@ -111,35 +105,16 @@ public:
       const std::string path = dir + "/" + side + ".spm";
       std::string& proto = side[0] == 's' ? source_proto_ : target_proto_;
       proto = read_file(path);
-      sentencepiece::util::Status status;
-      try {
-        status = (side[0] == 's' ? source_ : target_).LoadFromSerializedProto(proto);
-      } catch (const std::exception& e) {  // its trie builder throws on some broken models
-        fail(path, ": not a SentencePiece model (", e.what(), ")");
-      }
-      QKV_CHECK(status.ok(), path, ": not a SentencePiece model (", status.ToString(), ")");
+      load_sentencepiece_model(side[0] == 's' ? source_ : target_, proto, path);  // target.spm: checked, kept
     }
   }
 
   std::vector<int64_t> encode(const std::string& raw) const override {
     const std::string text = replace_invalid_utf8(raw);  // as Python reads bytes with errors="replace"
     std::vector<int64_t> ids;
-    // The specials written in the text are tokens of their own (leftmost,
-    // longest first), as transformers splits them out before the model runs.
-    size_t at = 0;
-    while (at <= text.size()) {
-      size_t next = std::string::npos, length = 0;
-      int64_t id = -1;
-      for (const auto& [t, i] : specials_by_text_) {
-        const size_t found = text.find(t, at);
-        if (found < next || (found == next && found != std::string::npos && t.size() > length))
-          next = found, length = t.size(), id = i;
-      }
-      encode_chunk(text.substr(at, next == std::string::npos ? std::string::npos : next - at), ids);
-      if (next == std::string::npos) break;
-      ids.push_back(id);
-      at = next + length;
-    }
+    split_at_specials(
+        text, specials_by_text_, [&](const std::string& chunk) { encode_chunk(chunk, ids); },
+        [&](int64_t id) { ids.push_back(id); });
     return ids;
   }
 

@@ -19,7 +19,8 @@ template <>
 struct qkv::config::EnumNames<qkv::TokenizerKind> {
   static constexpr std::pair<TokenizerKind, const char*> values[] = {
       {TokenizerKind::Char, "char"}, {TokenizerKind::SentencePiece, "sentencepiece"}, {TokenizerKind::Bytes, "bytes"},
-      {TokenizerKind::HuggingFace, "huggingface"}, {TokenizerKind::Marian, "marian"}};
+      {TokenizerKind::HuggingFace, "huggingface"}, {TokenizerKind::Marian, "marian"},
+      {TokenizerKind::HuggingFaceSentencePiece, "huggingface_sentencepiece"}};
 };
 
 template <>
@@ -246,13 +247,14 @@ TokenizerConfig TokenizerConfig::from_json(const std::string& text, const std::s
   const nlohmann::json eos = j.contains("eos") ? j["eos"] : nlohmann::json::array();
   j.erase("eos");
   fields.read(j, c, source);
-  QKV_CHECK(eos.is_array() && (eos.empty() || c.type == TokenizerKind::HuggingFace), source,
-            ": tokenizer.eos must be a list of ids, and only for type huggingface");
+  const bool hf = c.type == TokenizerKind::HuggingFace || c.type == TokenizerKind::HuggingFaceSentencePiece;
+  QKV_CHECK(eos.is_array() && (eos.empty() || hf), source,
+            ": tokenizer.eos must be a list of ids, and only for types huggingface and huggingface_sentencepiece");
   for (const nlohmann::json& id : eos) {
     QKV_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0, source, ": tokenizer.eos must be a list of ids");
     c.eos.push_back(id.get<int64_t>());
   }
-  QKV_CHECK((c.type != TokenizerKind::HuggingFace && c.type != TokenizerKind::Marian) || !j.contains("vocab_size"),
+  QKV_CHECK((!hf && c.type != TokenizerKind::Marian) || !j.contains("vocab_size"),
             source, ": a ", config::name_of(c.type),
             " tokenizer's vocabulary is in its files; tokenizer.vocab_size does not apply");
   return c;
@@ -298,7 +300,9 @@ private:
 
 std::unique_ptr<Tokenizer> train_tokenizer(const TokenizerConfig& config, const std::vector<std::string>& texts) {
   if (config.type == TokenizerKind::Bytes) return std::make_unique<ByteTokenizer>();
-  QKV_CHECK(config.type != TokenizerKind::HuggingFace && config.type != TokenizerKind::Marian, "a ",
+  QKV_CHECK(config.type != TokenizerKind::HuggingFace && config.type != TokenizerKind::Marian &&
+                config.type != TokenizerKind::HuggingFaceSentencePiece,
+            "a ",
             config::name_of(config.type),
             " tokenizer is read from a model folder's files, not learnt: choose char, bytes or sentencepiece");
   QKV_CHECK(!texts.empty(), "cannot build a tokenizer from no text");
@@ -332,6 +336,7 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& config_json, const 
   }
   if (c.type == TokenizerKind::HuggingFace) return load_hf_tokenizer(dir + "/tokenizer.json", c.eos);
   if (c.type == TokenizerKind::Marian) return load_marian_tokenizer(dir);
+  if (c.type == TokenizerKind::HuggingFaceSentencePiece) return load_sentencepiece_folder_tokenizer(dir, c.eos);
   std::string path = dir + "/tokenizer.model";
   return std::make_unique<SentencePieceTokenizer>(read_file(path), config::name_of(c.model_type), path);
 }
