@@ -48,6 +48,8 @@ new tokens at most, stopping at the folder's eos_token_id).
            expected: two 16x16 PNG images (vit.image0.png, vit.image1.png),
            the pixel values the processor makes of them and the logits
 
+  llama-linear  the llama folder with "linear" rotary scaling (factor 4) in
+           its config: transformers' logits (make_llama_linear)
   marian   MarianMTModel (make_marian): source.spm and target.spm trained
            here with sentencepiece, vocab.json, swish, Post-Norm,
            scale_embedding, a random final_logits_bias, decoding from <pad>;
@@ -202,6 +204,22 @@ def make_bert(out_dir):
     print(f"bert: {sum(p.numel() for p in model.parameters())} parameters; embeddings {tuple(embeddings.shape)}")
 
 
+def make_llama_linear(out_dir):
+    """llama-linear.expected.safetensors: the llama fixture's weights with "linear" rotary scaling
+    (factor 4: every frequency divided by 4) in place of llama3's, and transformers' logits for the
+    llama fixture's ids; the test loads the llama folder with that config."""
+    from transformers import AutoConfig
+    folder = os.path.join(out_dir, "llama")
+    config = AutoConfig.from_pretrained(folder)
+    config.rope_parameters = {"rope_type": "linear", "factor": 4.0, "rope_theta": 500000.0}
+    model = LlamaForCausalLM.from_pretrained(folder, config=config, dtype=torch.float32).eval()
+    ids = torch.tensor([[1, 17, 5, 63, 40, 8, 95, 22, 3, 51, 11, 70]])
+    with torch.no_grad():
+        logits = model(ids).logits
+    save_file({"ids": ids, "logits": logits.contiguous()}, os.path.join(out_dir, "llama-linear.expected.safetensors"))
+    print("llama-linear: logits with linear rotary scaling")
+
+
 MARIAN_SENTENCES = ["我是中国人", "The quick brown fox jumps over the lazy dog.", "私は中国人です。", "",
                     ">>jpn<< 他吃苹果"]
 
@@ -347,11 +365,14 @@ def main():
     ap.add_argument("--only", nargs="+", metavar="NAME", help="write only these fixtures")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    for name in args.only or ("llama", "qwen2", "qwen3", "mistral", "mixtral", "gpt2", "bert", "vit", "marian"):
+    for name in args.only or ("llama", "llama-linear", "qwen2", "qwen3", "mistral", "mixtral", "gpt2", "bert", "vit",
+                                 "marian"):
         if name == "bert":
             make_bert(args.out)
         elif name == "marian":
             make_marian(args.out)
+        elif name == "llama-linear":
+            make_llama_linear(args.out)
         elif name == "vit":
             make_vit(args.out)
         else:

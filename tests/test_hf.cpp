@@ -180,6 +180,31 @@ TEST(Hf, Llama3FrequencyScaling) {
   EXPECT_EQ(rope_frequencies(8, 500000.0f)[1], plain1);  // no scaling
 }
 
+// "linear" rotary scaling (position interpolation): every frequency divided
+// by the factor. The llama fixture's weights with it in place of llama3's give
+// transformers' logits (llama-linear.expected.safetensors), and the llama3
+// ones would not.
+TEST(Hf, LinearFrequencyScaling) {
+  const std::vector<double> f = rope_frequencies(8, 500000.0f, {.kind = RopeScalingKind::Linear, .factor = 4});
+  for (int i = 0; i < 4; ++i) EXPECT_DOUBLE_EQ(f[i], std::pow(500000.0, -0.25 * i) / 4) << i;
+  const nlohmann::json linear = {{"rope_type", "linear"}, {"factor", 4.0}, {"rope_theta", 500000.0},
+                                 {"low_freq_factor", nullptr}, {"high_freq_factor", nullptr},
+                                 {"original_max_position_embeddings", nullptr}};
+  const LanguageModel m = load_language_model(with_config("llama", {{"rope_parameters", linear}}));
+  EXPECT_EQ(m.model->config().rope_scaling.kind, RopeScalingKind::Linear);
+  SafetensorsFile expected = load_safetensors(hf("llama-linear.expected.safetensors"));
+  NoGradGuard no_grad;
+  const Tensor logits = m.model->forward(*expected.find("ids"));
+  EXPECT_TRUE(testing::all_close(logits, *expected.find("logits"), 1e-4f, 1e-4f));
+  EXPECT_FALSE(testing::all_close(load_language_model(hf("llama")).model->forward(*expected.find("ids")),
+                                  *expected.find("logits"), 1e-4f, 1e-4f));
+  // Its config.json names the kind and the factor only.
+  const nlohmann::json written = nlohmann::json::parse(m.model->config().to_json());
+  EXPECT_EQ(written["rope_scaling_type"], "linear");
+  EXPECT_EQ(written["rope_scaling_factor"], 4.0);
+  EXPECT_FALSE(written.contains("rope_low_freq_factor"));
+}
+
 // What would silently change the model is refused, naming the field.
 TEST(Hf, OptionsQkvDoesNotImplementAreOneErrorNamingTheField) {
   auto error_with = [](const nlohmann::json& changes) {

@@ -277,8 +277,8 @@ struct BlockConfig {
   float qk_norm_eps = 1e-6f;
   PositionKind positions = PositionKind::Sinusoidal;  // Sinusoidal | SinusoidalHalves | Learned | Rope
   float rope_theta = 10000.0f;
-  RopeScaling rope_scaling;   // rope_scaling_factor, rope_low_freq_factor, rope_high_freq_factor,
-                              // rope_original_context (written when the factor is not 1)
+  RopeScaling rope_scaling;   // rope_scaling_type, rope_scaling_factor (written when the factor is not 1);
+                              // llama3: rope_low_freq_factor, rope_high_freq_factor, rope_original_context
   ProjectionBias bias;        // q_bias, k_bias, v_bias, out_bias
   QkvLayout qkv_layout = QkvLayout::Fused;
   bool tie_output = true;     // output projection = embedding^T
@@ -287,6 +287,7 @@ struct BlockConfig {
   int64_t kv_heads() const { return num_kv_heads > 0 ? num_kv_heads : nhead; }
   bool is_moe() const { return mlp == MLPKind::MoE; }
   bool is_rope_scaled() const { return rope_scaling.active(); }
+  bool is_llama3_scaled() const { return rope_scaling.active() && rope_scaling.kind == RopeScalingKind::Llama3; }
   TransformerLayerOptions layer_options() const;
   // The cross-field rules (d_model and nhead, heads and key/value heads, MoE
   // top_k), as errors naming `source`.

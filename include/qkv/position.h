@@ -40,7 +40,13 @@ Tensor sinusoidal_encoding_2d(int64_t grid_h, int64_t grid_w, int64_t dim);
 // times slower; one shorter than L / high_freq_factor is kept; between the
 // two, with s = (L f_i / 2 pi - low_freq_factor) / (high_freq_factor -
 // low_freq_factor), f_i becomes (1 - s) f_i / factor + s f_i.
+// How the rotary frequencies are scaled for a longer context:
+//   llama3  Llama 3.1's bands (below: kept, blended, divided by the factor)
+//   linear  every frequency divided by the factor (position interpolation,
+//           Chen et al. 2023: position p is rotated as p / factor was)
+enum class RopeScalingKind { Llama3, Linear };
 struct RopeScaling {
+  RopeScalingKind kind = RopeScalingKind::Llama3;
   float factor = 1.0f;  // 1: no scaling
   float low_freq_factor = 1.0f;
   float high_freq_factor = 4.0f;

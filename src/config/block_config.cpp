@@ -27,13 +27,14 @@ const Fields<BlockConfig>& block_fields() {
           .add("positions", &C::positions)
           .only({PositionKind::Sinusoidal, PositionKind::SinusoidalHalves, PositionKind::Learned, PositionKind::Rope})
           .add("rope_theta", &C::rope_theta).positive()
+          .add("rope_scaling_type", &C::rope_scaling, &RopeScaling::kind).written_if(&C::is_rope_scaled)
           .add("rope_scaling_factor", &C::rope_scaling, &RopeScaling::factor).positive().written_if(&C::is_rope_scaled)
           .add("rope_low_freq_factor", &C::rope_scaling, &RopeScaling::low_freq_factor).positive()
-          .written_if(&C::is_rope_scaled)
+          .written_if(&C::is_llama3_scaled)
           .add("rope_high_freq_factor", &C::rope_scaling, &RopeScaling::high_freq_factor).positive()
-          .written_if(&C::is_rope_scaled)
+          .written_if(&C::is_llama3_scaled)
           .add("rope_original_context", &C::rope_scaling, &RopeScaling::original_context).at_least(1)
-          .at_most(limits::kPositions).written_if(&C::is_rope_scaled)
+          .at_most(limits::kPositions).written_if(&C::is_llama3_scaled)
           .add("qkv_layout", &C::qkv_layout)
           .add("q_bias", &C::bias, &ProjectionBias::q)
           .add("k_bias", &C::bias, &ProjectionBias::k)
@@ -77,7 +78,9 @@ void BlockConfig::check(const std::string& source) const {
   QKV_CHECK(nhead % kv_heads() == 0, source, ": nhead ", nhead, " must be a multiple of num_kv_heads ", kv_heads());
   QKV_CHECK(positions != PositionKind::Rope || (head_dim > 0 ? head_dim : d_model / nhead) % 2 == 0, source,
             ": RoPE needs an even head dimension");
-  QKV_CHECK(!rope_scaling.active() || rope_scaling.low_freq_factor < rope_scaling.high_freq_factor, source,
+  QKV_CHECK(!rope_scaling.active() || rope_scaling.kind != RopeScalingKind::Llama3 ||
+                rope_scaling.low_freq_factor < rope_scaling.high_freq_factor,
+            source,
             ": rope_low_freq_factor ", rope_scaling.low_freq_factor, " must be below rope_high_freq_factor ",
             rope_scaling.high_freq_factor);
   QKV_CHECK(mlp != MLPKind::MoE || moe.top_k <= moe.num_experts, source, ": top_k ", moe.top_k,

@@ -31,6 +31,12 @@ struct EnumNames<MLPKind> {
 };
 
 template <>
+struct EnumNames<RopeScalingKind> {
+  static constexpr std::pair<RopeScalingKind, const char*> values[] = {{RopeScalingKind::Llama3, "llama3"},
+                                                                       {RopeScalingKind::Linear, "linear"}};
+};
+
+template <>
 struct EnumNames<PositionKind> {
   static constexpr std::pair<PositionKind, const char*> values[] = {{PositionKind::Sinusoidal, "sinusoidal"},
                                                                     {PositionKind::Learned, "learned"},

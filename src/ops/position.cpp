@@ -49,6 +49,11 @@ std::vector<double> rope_frequencies(int64_t dh, float theta, const RopeScaling&
   std::vector<double> f(dh / 2);
   for (int64_t i = 0; i < dh / 2; ++i) f[i] = std::pow((double)theta, -2.0 * (double)i / (double)dh);
   if (!s.active()) return f;
+  if (s.kind == RopeScalingKind::Linear) {
+    QKV_CHECK(s.factor > 0.0f, "rope: linear scaling needs factor > 0");
+    for (double& fi : f) fi /= s.factor;
+    return f;
+  }
   QKV_CHECK(s.factor > 0.0f && s.original_context > 0 && s.low_freq_factor < s.high_freq_factor,
             "rope: scaling needs factor > 0, original_context > 0 and low_freq_factor < high_freq_factor");
   const double L = (double)s.original_context, pi = 3.14159265358979323846;

@@ -161,8 +161,11 @@ HfImport import(const std::string& text, const std::string& source) {
     if (!r.is_object()) unsupported(std::string("'") + key + "' " + r.dump());
     const std::string kind = field(r, "rope_type", field(r, "type", "default")).get<std::string>();
     const std::string where = source + ": '" + key + "'";
-    if (kind == "llama3") {
-      scaling = {{"rope_scaling_factor", required(r, "factor", where)},
+    if (kind == "linear") {
+      scaling = {{"rope_scaling_type", "linear"}, {"rope_scaling_factor", required(r, "factor", where)}};
+    } else if (kind == "llama3") {
+      scaling = {{"rope_scaling_type", "llama3"},
+                 {"rope_scaling_factor", required(r, "factor", where)},
                  {"rope_low_freq_factor", required(r, "low_freq_factor", where)},
                  {"rope_high_freq_factor", required(r, "high_freq_factor", where)},
                  {"rope_original_context", required(r, "original_max_position_embeddings", where)}};
