@@ -46,7 +46,9 @@ new tokens at most, stopping at the folder's eos_token_id).
            separate q/k/v with bias, layer_norm_eps 1e-12, 5 labels
            (id2label), a ViTImageProcessor (mean and std 0.5, size 16);
            expected: two 16x16 PNG images (vit.image0.png, vit.image1.png),
-           the pixel values the processor makes of them and the logits
+           the pixel values the processor makes of them and the logits; and
+           the logits under ImageNet's mean and std and without normalization
+           (vit.processors.expected.safetensors)
 
   llama-linear  the llama folder with "linear" rotary scaling (factor 4) in
            its config: transformers' logits (make_llama_linear)
@@ -356,6 +358,14 @@ def make_vit(out_dir):
         logits = model(pixel_values=pixels).logits
     save_file({"pixels": pixels.contiguous(), "logits": logits.contiguous()},
               os.path.join(out_dir, "vit.expected.safetensors"))
+    # The same model and images under other processors: ImageNet's mean and std, and no normalization.
+    imagenet = ViTImageProcessor(size={"height": 16, "width": 16}, image_mean=[0.485, 0.456, 0.406],
+                                 image_std=[0.229, 0.224, 0.225])
+    plain = ViTImageProcessor(size={"height": 16, "width": 16}, do_normalize=False)
+    with torch.no_grad():
+        other = {"logits_imagenet": model(pixel_values=imagenet(images=images, return_tensors="pt")["pixel_values"]).logits,
+                 "logits_unnormalized": model(pixel_values=plain(images=images, return_tensors="pt")["pixel_values"]).logits}
+    save_file({k: v.contiguous() for k, v in other.items()}, os.path.join(out_dir, "vit.processors.expected.safetensors"))
     print(f"vit: {sum(p.numel() for p in model.parameters())} parameters; top classes {logits.argmax(-1).tolist()}")
 
 

@@ -2,8 +2,9 @@
 // from scripts/make_hf_fixtures.py) as a qkv vit: the logits of the pixels
 // ViTImageProcessor made match transformers' to 1e-4, and so do those of the
 // same two PNG files read and normalized by qkv; the top classes are the same,
-// named by id2label; a preprocessing or option qkv does not implement is one
-// error naming the field.
+// named by id2label; other processor normalizations fold into the patch
+// embedding; a preprocessing or option qkv does not implement is one error
+// naming the field.
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
@@ -49,6 +50,38 @@ TEST(HfVit, LogitsMatchTransformersFromItsPixelsAndFromTheFiles) {
   }
 }
 
+// The same folder under other processors: ImageNet's mean and std per
+// channel, and no normalization. qkv folds the processor's normalization
+// into the patch embedding as it loads (its inputs stay (p/255 - 0.5)/0.5);
+// the logits of the PNG files are transformers' to 1e-4, and are not those of
+// the 0.5 processor.
+TEST(HfVit, OtherPixelNormalizationsFoldIntoThePatchEmbedding) {
+  const std::string dir = testing::temp_dir("hfvit");
+  for (const char* f : {"config.json", "model.safetensors"})
+    std::filesystem::copy_file(vit_fixture(std::string("vit/") + f), dir + "/" + f);
+  ImageSet set;
+  set.channels = 3, set.height = 16, set.width = 16;
+  for (const char* f : {"vit.image0.png", "vit.image1.png"}) {
+    const std::vector<uint8_t> im = read_image(vit_fixture(f), 3, 16);
+    set.pixels.insert(set.pixels.end(), im.begin(), im.end());
+    ++set.count;
+  }
+  SafetensorsFile expected = load_safetensors(vit_fixture("vit.processors.expected.safetensors"));
+  const Tensor plain_logits = *load_safetensors(vit_fixture("vit.expected.safetensors")).find("logits");
+  NoGradGuard no_grad;
+  for (const auto& [processor, name] :
+       {std::pair{nlohmann::json{{"image_mean", {0.485, 0.456, 0.406}}, {"image_std", {0.229, 0.224, 0.225}}},
+                  "logits_imagenet"},
+        std::pair{nlohmann::json{{"do_normalize", false}}, "logits_unnormalized"}}) {
+    nlohmann::json p = nlohmann::json::parse(read_file(vit_fixture("vit/preprocessor_config.json")));
+    p.merge_patch(processor);
+    write_file_atomic(dir + "/preprocessor_config.json", p.dump());
+    const Tensor ours = load_vit_model(dir)->forward(image_batch(set, {0, 1}));
+    EXPECT_TRUE(testing::all_close(ours, *expected.find(name), 1e-4f, 1e-4f)) << name;
+    EXPECT_FALSE(testing::all_close(ours, plain_logits, 1e-4f, 1e-4f)) << name;
+  }
+}
+
 TEST(HfVit, WhatQkvDoesNotImplementIsOneErrorNamingTheField) {
   const std::string dir = testing::temp_dir("hfvit");
   for (const char* f : {"config.json", "model.safetensors", "preprocessor_config.json"})
@@ -61,9 +94,10 @@ TEST(HfVit, WhatQkvDoesNotImplementIsOneErrorNamingTheField) {
     write_file_atomic(dir + "/" + file, read_file(vit_fixture(std::string("vit/") + file)));
     return e;
   };
-  EXPECT_EQ(with("preprocessor_config.json", {{"image_mean", {0.485, 0.456, 0.406}}}),
-            dir + "/preprocessor_config.json: \"image_mean\": [0.485,0.456,0.406] (qkv normalizes pixels with mean "
-                  "and std 0.5) is not supported yet (a different model would run)");
+  EXPECT_EQ(with("preprocessor_config.json", {{"do_center_crop", true}}),
+            dir + "/preprocessor_config.json: \"do_center_crop\": true is not supported yet (a different model would run)");
+  EXPECT_EQ(with("preprocessor_config.json", {{"image_std", {0.5, 0.5}}}),
+            dir + "/preprocessor_config.json: \"image_std\" [0.5,0.5] must be one number or one per channel (3)");
   EXPECT_EQ(with("preprocessor_config.json", {{"size", {{"height", 32}, {"width", 32}}}}),
             dir + "/preprocessor_config.json: \"size\" {\"height\":32,\"width\":32} differs from the model's "
                   "image_size 16");

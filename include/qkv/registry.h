@@ -49,6 +49,9 @@ struct HfImport {
   std::string config_json;
   std::function<std::string(const std::string& hf_name)> weight_name;
   std::function<Tensor(const std::string& hf_name, const Tensor& t)> convert;
+  // When set, called on the whole state (qkv names, after convert) before it
+  // loads: for changes that need several tensors at once.
+  std::function<void(StateDict& state)> finish;
 };
 
 struct Family {

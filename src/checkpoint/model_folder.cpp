@@ -112,6 +112,13 @@ ModelFolder load_hf(const std::string& dir, const std::string& config_path, cons
     QKV_CHECK(!state.count(to), weights.source, ": tensor '", name, "' is a second copy of ", to);
     state[to] = hf.convert ? hf.convert(name, t) : t;
   }
+  if (hf.finish) {
+    try {
+      hf.finish(state);
+    } catch (const Error& e) {
+      fail(weights.source, ": ", e.what());
+    }
+  }
   try {
     m.model->load_state_dict(state);
   } catch (const Error& e) {

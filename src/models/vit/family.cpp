@@ -3,9 +3,10 @@
 // the class token pooled, the patch convolution as a matrix (its [D, C, p, p]
 // weight is the [D, C*p*p] matrix of patches flattened channel by channel,
 // row by row, as patchify lays them out), id2label as the class names, and
-// preprocessor_config.json's normalization, which must be qkv's (mean and
-// std 0.5). An option that changes the math and that qkv does not implement
-// is an error naming the field.
+// preprocessor_config.json's normalization (any mean and std per channel,
+// folded into the patch embedding: fold_normalization). An option that
+// changes the math and that qkv does not implement is an error naming the
+// field.
 #include <cmath>
 #include <filesystem>
 #include <map>
@@ -61,32 +62,81 @@ Tensor vit_convert(const std::string& hf, const Tensor& t) {
   return t;
 }
 
-// A number, or a list of one value per channel that must all be `want`.
-void require_each(const Json& v, double want, const std::string& source, const std::string& key) {
+// A number, or a list of one value per channel: `channels` values.
+std::vector<double> per_channel(const Json& v, int64_t channels, const std::string& source, const std::string& key) {
   const Json list = v.is_array() ? v : Json::array({v});
-  for (const Json& x : list)
-    if (!x.is_number() || std::abs(x.get<double>() - want) > 1e-6)
-      unsupported(source, "\"" + key + "\": " + v.dump() + " (qkv normalizes pixels with mean and std 0.5)");
+  QKV_CHECK(list.size() == 1 || (int64_t)list.size() == channels, source, ": \"", key, "\" ", v.dump(),
+            " must be one number or one per channel (", channels, ")");
+  std::vector<double> out;
+  for (int64_t c = 0; c < channels; ++c) {
+    const Json& x = list[list.size() == 1 ? 0 : (size_t)c];
+    QKV_CHECK(x.is_number(), source, ": \"", key, "\" ", v.dump(), " must hold numbers");
+    out.push_back(x.get<double>());
+  }
+  return out;
 }
 
-void read_preprocessor(const std::filesystem::path& dir, int64_t image_size) {
+// What ViTImageProcessor does to the pixels p: (p * rescale_factor - mean) /
+// std per channel, or p * rescale_factor without do_normalize.
+struct PixelNormalization {
+  std::vector<double> mean, std;
+  bool is_qkvs() const {  // qkv's own inputs: (p / 255 - 0.5) / 0.5
+    for (size_t c = 0; c < mean.size(); ++c)
+      if (std::abs(mean[c] - 0.5) > 1e-9 || std::abs(std[c] - 0.5) > 1e-9) return false;
+    return true;
+  }
+};
+
+PixelNormalization read_preprocessor(const std::filesystem::path& dir, int64_t image_size, int64_t channels) {
   const std::string source = (dir / "preprocessor_config.json").string();
+  PixelNormalization n{std::vector<double>(channels, 0.5), std::vector<double>(channels, 0.5)};
   const Json p = folder_json(source);
-  if (p.is_null()) return;
+  if (p.is_null()) return n;
   QKV_CHECK(p.is_object(), source, ": expected a JSON object");
   if (p.value("do_normalize", true)) {
-    require_each(p.value("image_mean", Json(0.5)), 0.5, source, "image_mean");
-    require_each(p.value("image_std", Json(0.5)), 0.5, source, "image_std");
+    n.mean = per_channel(p.value("image_mean", Json(0.5)), channels, source, "image_mean");
+    n.std = per_channel(p.value("image_std", Json(0.5)), channels, source, "image_std");
+    for (double s : n.std) QKV_CHECK(s > 0, source, ": \"image_std\" must be positive");
+  } else {
+    n.mean.assign(channels, 0.0), n.std.assign(channels, 1.0);
   }
   if (!p.value("do_rescale", true)) unsupported(source, "\"do_rescale\": false");
   const double rescale = p.value("rescale_factor", 1.0 / 255);
   if (std::abs(rescale - 1.0 / 255) > 1e-9) unsupported(source, "\"rescale_factor\": " + std::to_string(rescale));
+  if (p.value("do_center_crop", false)) unsupported(source, "\"do_center_crop\": true");
   const Json size = p.value("size", Json());
   if (size.is_object()) {
     const int64_t h = size.value("height", image_size), w = size.value("width", image_size);
     QKV_CHECK(h == image_size && w == image_size, source, ": \"size\" ", size.dump(),
               " differs from the model's image_size ", image_size);
   }
+  return n;
+}
+
+// qkv feeds a ViT x = (p / 255 - 0.5) / 0.5; the folder's model was trained on
+// (p / 255 - mean_c) / std_c = x * 0.5 / std_c + (0.5 - mean_c) / std_c. The
+// patch embedding is linear, so that per-channel scale and shift go into its
+// weight and bias once, at load: W'[:, c, .] = W[:, c, .] * 0.5 / std_c and
+// b' = b + sum over c and the patch of W[:, c, .] * (0.5 - mean_c) / std_c.
+void fold_normalization(StateDict& state, const PixelNormalization& n) {
+  Tensor& w = state.at("patch_embed.weight");  // [D, C*p*p], channel-major (patchify's order)
+  Tensor& b = state.at("patch_embed.bias");
+  const int64_t D = w.size(0), C = (int64_t)n.mean.size(), per = w.size(1) / C;
+  QKV_CHECK(w.dim() == 2 && w.size(1) == C * per && b.numel() == D, "patch_embed: shape ", shape_str(w.shape()),
+            " does not fit ", C, " channels");
+  std::vector<float> wv = w.to(DType::F32).contiguous().to_vector(), bv = b.to(DType::F32).contiguous().to_vector();
+  for (int64_t d = 0; d < D; ++d) {
+    double shift = bv[(size_t)d];
+    for (int64_t c = 0; c < C; ++c)
+      for (int64_t k = 0; k < per; ++k) {
+        float& x = wv[(size_t)(d * C * per + c * per + k)];
+        shift += (double)x * (0.5 - n.mean[c]) / n.std[c];
+        x = (float)((double)x * 0.5 / n.std[c]);
+      }
+    bv[(size_t)d] = (float)shift;
+  }
+  w = Tensor::from_vector(wv, w.shape());
+  b = Tensor::from_vector(bv, b.shape());
 }
 
 HfImport import_hf_vit(const std::string& text, const std::string& source) {
@@ -126,8 +176,11 @@ HfImport import_hf_vit(const std::string& text, const std::string& source) {
   c["class_names"] = names;
   QKV_CHECK((int64_t)std::llround(c["mlp_ratio"].get<double>() * (double)d) == ff, source,
             ": intermediate_size ", ff, " is not a whole multiple qkv's mlp_ratio keeps");
-  read_preprocessor(std::filesystem::path(source).parent_path(), image_size);
-  return {.config_json = c.dump(), .weight_name = vit_weight_name, .convert = vit_convert};
+  const PixelNormalization pixels =
+      read_preprocessor(std::filesystem::path(source).parent_path(), image_size, c["channels"].get<int64_t>());
+  HfImport import{.config_json = c.dump(), .weight_name = vit_weight_name, .convert = vit_convert};
+  if (!pixels.is_qkvs()) import.finish = [pixels](StateDict& state) { fold_normalization(state, pixels); };
+  return import;
 }
 
 }  // namespace
