@@ -69,8 +69,12 @@ TEST(Cpu, GemmKernelFollowsTheLevel) {
 }
 
 // Each level the CPU runs against the reference on a few kernels in one
-// process: the GEMM through BLAS and through the streaming GEMV, softmax,
-// layer norm and GELU (the vectorized exp and erf).
+// process: the GEMM through BLAS, through the streaming GEMV and (avx512)
+// through the register tiles of a few dozen rows (13 rows: tiles of 4 with
+// one left over; 45 columns: one left over; k 130: a masked tail of 2), on
+// one thread and (37 x 301 x 203) split between two; softmax, layer norm and
+// GELU (the vectorized exp and erf). Dropping the masked tail of the tiles'
+// k loop failed both tiled cases.
 TEST(Cpu, EveryLevelMatchesTheReference) {
   omp_set_num_threads(2);
   Rng rng(5);
@@ -80,7 +84,7 @@ TEST(Cpu, EveryLevelMatchesTheReference) {
   for (CpuIsa isa : kLevels) {
     if (!isa_supported(isa)) continue;
     const Kernels& fast = cpu::kernels(isa);
-    for (int64_t rows : {m, (int64_t)3}) {  // BLAS, and the few-row GEMV path
+    for (int64_t rows : {m, (int64_t)3, (int64_t)13}) {  // BLAS, the few-row GEMV path, the tiles
       GemmArgs g;
       g.trans_b = true, g.m = rows, g.n = n, g.k = k;
       g.a = a.data<float>(), g.lda = k, g.b = w.data<float>(), g.ldb = k, g.bias = bias.data<float>(), g.ldc = n;
@@ -90,6 +94,18 @@ TEST(Cpu, EveryLevelMatchesTheReference) {
       g.c = c_ref.data<float>();
       ref::gemm(g);
       EXPECT_TRUE(testing::gemm_close(c_fast, c_ref, a.slice(0, 0, rows), w, bias)) << isa_name(isa) << " gemm " << rows;
+    }
+    {  // large enough for the tiles to split W's rows between the threads; alpha and beta too
+      Tensor a2 = Tensor::randn({37, 203}, rng), w2 = Tensor::randn({301, 203}, rng);
+      GemmArgs g;
+      g.trans_b = true, g.m = 37, g.n = 301, g.k = 203, g.alpha = 0.5f, g.beta = 0.0f;
+      g.a = a2.data<float>(), g.lda = 203, g.b = w2.data<float>(), g.ldb = 203, g.ldc = 301;
+      Tensor c_fast = Tensor::full({37, 301}, NAN), c_ref = Tensor::full({37, 301}, NAN);
+      g.c = c_fast.data<float>();
+      fast.gemm(g);
+      g.c = c_ref.data<float>();
+      ref::gemm(g);
+      EXPECT_TRUE(testing::gemm_close(g, Tensor::zeros({37, 301}), c_fast, c_ref)) << isa_name(isa) << " gemm 37";
     }
     const int64_t r = x.size(0), cols = x.size(1);
     Tensor y_fast = Tensor::empty(x.shape()), y_ref = Tensor::empty(x.shape());

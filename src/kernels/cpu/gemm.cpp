@@ -92,6 +92,124 @@ void gemv(const GemmArgs& g) {
   }
 }
 
+#if defined(__AVX512F__)
+// Up to this many rows of A (a batch of decoding steps: the streams of `qkv
+// serve`, the sentences of a greedy batch), W's rows are read in place by
+// register tiles instead of going to BLAS, which first copies (packs) all of
+// W on every call: with 16 rows that copy took 40% of a serving step.
+constexpr int64_t kMaxTiledRows = 64;
+// Rows of W a thread's tiles sweep over every row of A before moving on (kept in L2).
+constexpr int64_t kTiledBlock = 64;
+
+// The sums of the 16 lanes of a, b, c and d, as [sum a, sum b, sum c, sum d]:
+// unpacks pair them up within each 128-bit lane (no lane-crossing shuffle),
+// then the four lanes are added.
+inline __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {
+  // (The masked forms: GCC 12 warns falsely on the plain ones' undefined source.)
+  const __m512 ab = _mm512_add_ps(_mm512_maskz_unpacklo_ps(0xFFFF, a, b), _mm512_maskz_unpackhi_ps(0xFFFF, a, b));
+  const __m512 cd = _mm512_add_ps(_mm512_maskz_unpacklo_ps(0xFFFF, c, d), _mm512_maskz_unpackhi_ps(0xFFFF, c, d));
+  const __m512d abd = _mm512_castps_pd(ab), cdd = _mm512_castps_pd(cd);
+  const __m512 abcd = _mm512_add_ps(_mm512_castpd_ps(_mm512_maskz_unpacklo_pd(0xFF, abd, cdd)),
+                                    _mm512_castpd_ps(_mm512_maskz_unpackhi_pd(0xFF, abd, cdd)));
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, abcd);  // per 128-bit lane: its part of each of the four sums
+  return _mm_add_ps(_mm_add_ps(_mm_load_ps(lanes), _mm_load_ps(lanes + 4)),
+                    _mm_add_ps(_mm_load_ps(lanes + 8), _mm_load_ps(lanes + 12)));
+}
+
+// C[i0 .. i0+MR) x [j0 .. j0+NR): MR x NR dot products over k in 16-lane
+// accumulators (kept in registers: the loops unroll), each row of A and of
+// W read once, in place.
+template <int MR, int NR>
+void tile(const GemmArgs& g, int64_t i0, int64_t j0) {
+  __m512 acc[MR][NR];
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
+  const float* a = g.a + i0 * g.lda;
+  const float* w = g.b + j0 * g.ldb;
+  const int64_t lda = g.lda, ldb = g.ldb, k = g.k;
+  int64_t p = 0;
+  for (; p + 16 <= k; p += 16) {
+    __m512 wv[NR];
+#pragma GCC unroll 4
+    for (int j = 0; j < NR; ++j) wv[j] = _mm512_loadu_ps(w + j * ldb + p);
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; ++i) {
+      const __m512 av = _mm512_loadu_ps(a + i * lda + p);
+#pragma GCC unroll 4
+      for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(av, wv[j], acc[i][j]);
+    }
+  }
+  if (p < k) {
+    const __mmask16 lanes = (__mmask16)((1u << (k - p)) - 1);
+    __m512 wv[NR];
+#pragma GCC unroll 4
+    for (int j = 0; j < NR; ++j) wv[j] = _mm512_maskz_loadu_ps(lanes, w + j * ldb + p);
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; ++i) {
+      const __m512 av = _mm512_maskz_loadu_ps(lanes, a + i * lda + p);
+#pragma GCC unroll 4
+      for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(av, wv[j], acc[i][j]);
+    }
+  }
+  for (int i = 0; i < MR; ++i) {
+    float sums[NR];
+    if constexpr (NR == 4) {
+      _mm_storeu_ps(sums, hsum4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]));
+    } else {
+      for (int j = 0; j < NR; ++j) sums[j] = hsum(acc[i][j]);
+    }
+    for (int j = 0; j < NR; ++j)
+      store(g.c + (i0 + i) * g.ldc + j0 + j, sums[j], g.alpha, g.beta, g.bias ? g.bias[j0 + j] : 0.0f);
+  }
+}
+
+// The tile of MR rows for the last 1 to 4 columns.
+template <int MR>
+void tile_cols(const GemmArgs& g, int64_t i0, int64_t j0, int64_t cols) {
+  switch (cols) {
+    case 1: return tile<MR, 1>(g, i0, j0);
+    case 2: return tile<MR, 2>(g, i0, j0);
+    case 3: return tile<MR, 3>(g, i0, j0);
+    default: return tile<MR, 4>(g, i0, j0);
+  }
+}
+
+// Columns [j0, j1) of C, all its rows: W in blocks of kTiledBlock rows, each
+// swept by every row of A while it is in this core's cache.
+void tiled_cols(const GemmArgs& g, int64_t j0, int64_t j1) {
+  for (int64_t jb = j0; jb < j1; jb += kTiledBlock) {
+    const int64_t je = std::min(j1, jb + kTiledBlock);
+    for (int64_t i = 0; i < g.m; i += 4) {
+      const int64_t rows = std::min<int64_t>(4, g.m - i);
+      for (int64_t j = jb; j < je; j += 4) {
+        const int64_t cols = std::min<int64_t>(4, je - j);
+        switch (rows) {
+          case 1: tile_cols<1>(g, i, j, cols); break;
+          case 2: tile_cols<2>(g, i, j, cols); break;
+          case 3: tile_cols<3>(g, i, j, cols); break;
+          default: tile_cols<4>(g, i, j, cols); break;
+        }
+      }
+    }
+  }
+}
+
+// C = alpha * A W^T + beta * C + bias, W's columns split between the threads.
+void tiled(const GemmArgs& g) {
+  if (g.m * g.n * g.k < (1 << 18) || omp_get_max_threads() == 1 || omp_in_parallel()) return tiled_cols(g, 0, g.n);
+#pragma omp parallel
+  {
+    const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
+    // Whole groups of 4 columns per thread.
+    const int64_t groups = (g.n + 3) / 4;
+    tiled_cols(g, std::min(g.n, 4 * (groups * t / threads)), std::min(g.n, 4 * (groups * (t + 1) / threads)));
+  }
+}
+#endif
+
 }  // namespace
 #endif
 
@@ -135,6 +253,13 @@ void gemm(const GemmArgs& g) {
     if (g.act_out) activate_rows(g);
     return;
   }
+#if defined(__AVX512F__)
+  if (!g.trans_a && g.trans_b && g.m <= kMaxTiledRows && g.k >= 16) {
+    tiled(g);  // bias included
+    if (g.act_out) activate_rows(g);
+    return;
+  }
+#endif
 #endif
   const int64_t threads = omp_in_parallel() ? 1 : omp_get_max_threads();
   if (threads > 1 && std::max(g.m, g.n) >= 64 * threads && g.m * g.n * g.k >= (1 << 20)) {
