@@ -86,7 +86,7 @@ TEST(Cpu, EveryLevelMatchesTheReference) {
     const Kernels& fast = cpu::kernels(isa);
     for (int64_t rows : {m, (int64_t)3, (int64_t)13}) {  // BLAS, the few-row GEMV path, the tiles
       GemmArgs g;
-      g.trans_b = true, g.m = rows, g.n = n, g.k = k;
+      g.trans_b = true, g.m = rows, g.n = n, g.k = k, g.inference = true;
       g.a = a.data<float>(), g.lda = k, g.b = w.data<float>(), g.ldb = k, g.bias = bias.data<float>(), g.ldc = n;
       Tensor c_fast = Tensor::zeros({rows, n}), c_ref = Tensor::zeros({rows, n});
       g.c = c_fast.data<float>();
@@ -98,7 +98,7 @@ TEST(Cpu, EveryLevelMatchesTheReference) {
     {  // large enough for the tiles to split W's rows between the threads; alpha and beta too
       Tensor a2 = Tensor::randn({37, 203}, rng), w2 = Tensor::randn({301, 203}, rng);
       GemmArgs g;
-      g.trans_b = true, g.m = 37, g.n = 301, g.k = 203, g.alpha = 0.5f, g.beta = 0.0f;
+      g.trans_b = true, g.m = 37, g.n = 301, g.k = 203, g.alpha = 0.5f, g.beta = 0.0f, g.inference = true;
       g.a = a2.data<float>(), g.lda = 203, g.b = w2.data<float>(), g.ldb = 203, g.ldc = 301;
       Tensor c_fast = Tensor::full({37, 301}, NAN), c_ref = Tensor::full({37, 301}, NAN);
       g.c = c_fast.data<float>();

@@ -47,6 +47,12 @@ struct GemmArgs {
   UnaryOp act = UnaryOp::Relu;
   float* act_out = nullptr;
   int64_t ld_act = 0;
+  // Nothing will be differentiated through C (decoding, serving): a product of
+  // 5 to 64 rows may then take the avx512 register tiles, whose sums are
+  // rounded in another order than BLAS's. Training keeps one kernel for
+  // every row count, so that a batch split between processes sums as the
+  // whole batch does.
+  bool inference = false;
 };
 
 // The bfloat16 GEMM: C[M,N] = alpha * A B^T + beta * C + bias, A [M,K] and

@@ -232,6 +232,7 @@ Tensor linear_impl(const Tensor& x, const Tensor& weight, const Tensor& bias, co
   g.b = w.data<float>(), g.ldb = std::max<int64_t>(in, 1);
   g.c = pre.defined() ? pre.data<float>() : y.data<float>(), g.ldc = std::max<int64_t>(out_features, 1);
   g.bias = b.defined() ? b.data<float>() : nullptr;
+  g.inference = !any_requires_grad({x, weight, bias});
   if (bf16) {
     gemm_in(true, g);  // then the activation over the whole product
     if (act) QKV_KERNEL(unary_forward)(*act, g.c, y.data<float>(), y.numel());

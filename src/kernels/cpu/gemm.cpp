@@ -94,9 +94,10 @@ void gemv(const GemmArgs& g) {
 
 #if defined(__AVX512F__)
 // Up to this many rows of A (a batch of decoding steps: the streams of `qkv
-// serve`, the sentences of a greedy batch), W's rows are read in place by
-// register tiles instead of going to BLAS, which first copies (packs) all of
-// W on every call: with 16 rows that copy took 40% of a serving step.
+// serve`, the sentences of a greedy batch; GemmArgs::inference), W's rows are
+// read in place by register tiles instead of going to BLAS, which first
+// copies (packs) all of W on every call: with 16 rows that copy took 40% of a
+// serving step.
 constexpr int64_t kMaxTiledRows = 64;
 // Rows of W a thread's tiles sweep over every row of A before moving on (kept in L2).
 constexpr int64_t kTiledBlock = 64;
@@ -254,7 +255,7 @@ void gemm(const GemmArgs& g) {
     return;
   }
 #if defined(__AVX512F__)
-  if (!g.trans_a && g.trans_b && g.m <= kMaxTiledRows && g.k >= 16) {
+  if (g.inference && !g.trans_a && g.trans_b && g.m <= kMaxTiledRows && g.k >= 16) {
     tiled(g);  // bias included
     if (g.act_out) activate_rows(g);
     return;
