@@ -21,6 +21,18 @@ using testing::error_of;
 
 std::string vit_fixture(const std::string& name) { return std::string(QKV_FIXTURES_DIR) + "/hf/" + name; }
 
+// The fixture's two 16x16 PNG files, read by qkv.
+ImageSet fixture_images() {
+  ImageSet set;
+  set.channels = 3, set.height = 16, set.width = 16;
+  for (const char* f : {"vit.image0.png", "vit.image1.png"}) {
+    const std::vector<uint8_t> im = read_image(vit_fixture(f), 3, 16);
+    set.pixels.insert(set.pixels.end(), im.begin(), im.end());
+    ++set.count;
+  }
+  return set;
+}
+
 TEST(HfVit, LogitsMatchTransformersFromItsPixelsAndFromTheFiles) {
   std::shared_ptr<VisionTransformer> m = load_vit_model(vit_fixture("vit"));
   const ViTConfig& c = m->config();
@@ -31,14 +43,7 @@ TEST(HfVit, LogitsMatchTransformersFromItsPixelsAndFromTheFiles) {
   const Tensor& logits = *expected.find("logits");
   NoGradGuard no_grad;
   EXPECT_TRUE(testing::all_close(m->forward(*expected.find("pixels")), logits, 1e-4f, 1e-4f));
-  ImageSet set;
-  set.channels = 3, set.height = 16, set.width = 16;
-  for (const char* f : {"vit.image0.png", "vit.image1.png"}) {
-    const std::vector<uint8_t> im = read_image(vit_fixture(f), 3, 16);
-    set.pixels.insert(set.pixels.end(), im.begin(), im.end());
-    ++set.count;
-  }
-  const Tensor ours = m->forward(image_batch(set, {0, 1}));
+  const Tensor ours = m->forward(image_batch(fixture_images(), {0, 1}));
   EXPECT_TRUE(testing::all_close(ours, logits, 1e-4f, 1e-4f));
   for (int64_t b = 0; b < 2; ++b) {  // the same classes in the same order
     std::vector<int64_t> a(5), t(5);
@@ -59,13 +64,7 @@ TEST(HfVit, OtherPixelNormalizationsFoldIntoThePatchEmbedding) {
   const std::string dir = testing::temp_dir("hfvit");
   for (const char* f : {"config.json", "model.safetensors"})
     std::filesystem::copy_file(vit_fixture(std::string("vit/") + f), dir + "/" + f);
-  ImageSet set;
-  set.channels = 3, set.height = 16, set.width = 16;
-  for (const char* f : {"vit.image0.png", "vit.image1.png"}) {
-    const std::vector<uint8_t> im = read_image(vit_fixture(f), 3, 16);
-    set.pixels.insert(set.pixels.end(), im.begin(), im.end());
-    ++set.count;
-  }
+  const ImageSet set = fixture_images();
   SafetensorsFile expected = load_safetensors(vit_fixture("vit.processors.expected.safetensors"));
   const Tensor plain_logits = *load_safetensors(vit_fixture("vit.expected.safetensors")).find("logits");
   NoGradGuard no_grad;

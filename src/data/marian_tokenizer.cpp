@@ -28,8 +28,6 @@ namespace qkv {
 
 namespace {
 
-const std::string kBoundary = "\xE2\x96\x81";  // U+2581, SentencePiece's word boundary
-
 // Python's str.isspace() code points, which str.strip() removes.
 bool python_space(char32_t c) {
   return (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20) || c == 0x85 || c == 0xA0 || c == 0x1680 ||
@@ -52,17 +50,6 @@ std::string python_strip(const std::string& s) {
   while (last > first && python_space(code_point_of(chars[last - 1]))) --last;
   std::string out;
   for (size_t i = first; i < last; ++i) out += chars[i];
-  return out;
-}
-
-// Every U+2581 as ' '.
-std::string boundaries_as_spaces(const std::string& s) {
-  std::string out;
-  for (size_t at = 0; at < s.size();) {
-    const bool boundary = s.compare(at, kBoundary.size(), kBoundary) == 0;
-    out += boundary ? ' ' : s[at];
-    at += boundary ? kBoundary.size() : 1;
-  }
   return out;
 }
 
@@ -89,7 +76,8 @@ public:
       ids_[piece] = id.get<int64_t>();
     }
     size_ = (int64_t)vocab.size();
-    for (const auto& [key, fallback, out] : {std::tuple{"eos_token", "</s>", &eos_}, std::tuple{"unk_token", "<unk>", &unk_},
+    for (const auto& [key, fallback, out] : {std::tuple{"eos_token", "</s>", &eos_},
+                                             std::tuple{"unk_token", "<unk>", &unk_},
                                              std::tuple{"pad_token", "<pad>", &pad_}}) {
       const std::string t = config_token(config, key, fallback, config_path);
       const auto it = ids_.find(t);

@@ -26,6 +26,15 @@ void split_at_specials(const std::string& text, const std::vector<std::pair<std:
                        const std::function<void(const std::string&)>& on_text,
                        const std::function<void(int64_t)>& on_special);
 
+// A SentencePiece piece (or text) with its word boundaries, U+2581, as spaces.
+std::string boundaries_as_spaces(const std::string& piece);
+
+// SentencePiece's text of `ids` (ids of the model); an error if it cannot.
+std::string sentencepiece_decode(const sentencepiece::SentencePieceProcessor& sp, const std::vector<int>& ids);
+// Each id's piece, boundaries as spaces ("<unk>" for an id outside the model): labels for pictures.
+std::vector<std::string> sentencepiece_pieces(const sentencepiece::SentencePieceProcessor& sp,
+                                              const std::vector<int64_t>& ids);
+
 // A string field of tokenizer_config.json (transformers writes a special
 // token as a string or as {"content": ...}); `fallback` when absent.
 std::string config_token(const nlohmann::json& config, const char* key, const std::string& fallback,

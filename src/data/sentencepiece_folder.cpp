@@ -50,6 +50,32 @@ void split_at_specials(const std::string& text, const std::vector<std::pair<std:
   }
 }
 
+std::string boundaries_as_spaces(const std::string& s) {
+  static const std::string kBoundary = "\xE2\x96\x81";  // U+2581
+  std::string out;
+  for (size_t at = 0; at < s.size();) {
+    const bool boundary = s.compare(at, kBoundary.size(), kBoundary) == 0;
+    out += boundary ? ' ' : s[at];
+    at += boundary ? kBoundary.size() : 1;
+  }
+  return out;
+}
+
+std::string sentencepiece_decode(const sentencepiece::SentencePieceProcessor& sp, const std::vector<int>& ids) {
+  std::string text;
+  const auto status = sp.Decode(ids, &text);
+  QKV_CHECK(status.ok(), "SentencePiece cannot decode: ", status.ToString());
+  return text;
+}
+
+std::vector<std::string> sentencepiece_pieces(const sentencepiece::SentencePieceProcessor& sp,
+                                              const std::vector<int64_t>& ids) {
+  std::vector<std::string> out;
+  for (int64_t id : ids)
+    out.push_back(boundaries_as_spaces(id >= 0 && id < sp.GetPieceSize() ? sp.IdToPiece((int)id) : "<unk>"));
+  return out;
+}
+
 std::string config_token(const nlohmann::json& config, const char* key, const std::string& fallback,
                          const std::string& source) {
   if (!config.is_object() || !config.contains(key) || config[key].is_null()) return fallback;
@@ -120,26 +146,11 @@ public:
     for (int64_t id : ids)
       if (id >= 0 && id < size() && std::find(special_ids_.begin(), special_ids_.end(), id) == special_ids_.end())
         kept.push_back((int)id);
-    std::string text;
-    const auto status = sp_.Decode(kept, &text);
-    QKV_CHECK(status.ok(), "SentencePiece cannot decode: ", status.ToString());
-    return text;
+    return sentencepiece_decode(sp_, kept);
   }
 
   std::vector<std::string> pieces(const std::vector<int64_t>& ids) const override {
-    static const std::string kBoundary = "\xE2\x96\x81";  // U+2581
-    std::vector<std::string> out;
-    for (int64_t id : ids) {
-      const std::string p = id >= 0 && id < size() ? sp_.IdToPiece((int)id) : "<unk>";
-      std::string shown;
-      for (size_t at = 0; at < p.size();) {
-        const bool boundary = p.compare(at, kBoundary.size(), kBoundary) == 0;
-        shown += boundary ? ' ' : p[at];
-        at += boundary ? kBoundary.size() : 1;
-      }
-      out.push_back(shown);
-    }
-    return out;
+    return sentencepiece_pieces(sp_, ids);
   }
 
   int64_t size() const override { return sp_.GetPieceSize(); }

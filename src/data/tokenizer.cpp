@@ -14,6 +14,7 @@
 #include "qkv/io.h"
 #include "qkv/utf8.h"
 #include "src/config/fields.h"
+#include "src/data/sentencepiece_files.h"
 
 template <>
 struct qkv::config::EnumNames<qkv::TokenizerKind> {
@@ -129,13 +130,7 @@ class SentencePieceTokenizer final : public Tokenizer {
 public:
   SentencePieceTokenizer(const std::string& model_proto, std::string model_type, const std::string& source)
       : proto_(model_proto), model_type_(std::move(model_type)) {
-    sentencepiece::util::Status status;
-    try {
-      status = sp_.LoadFromSerializedProto(proto_);
-    } catch (const std::exception& e) {  // its trie builder throws on some broken models (found by fuzzing)
-      fail(source, ": not a SentencePiece model (", e.what(), ")");
-    }
-    QKV_CHECK(status.ok(), source, ": not a SentencePiece model (", status.ToString(), ")");
+    load_sentencepiece_model(sp_, proto_, source);
     QKV_CHECK(sp_.pad_id() == kPad && sp_.bos_id() == kBos && sp_.eos_id() == kEos && sp_.unk_id() == kUnk, source,
               ": a SentencePiece model for qkv numbers <pad>, <bos>, <eos>, <unk> as 0, 1, 2, 3; this one has ",
               sp_.pad_id(), ", ", sp_.bos_id(), ", ", sp_.eos_id(), ", ", sp_.unk_id());
@@ -157,26 +152,11 @@ public:
       if (id == kPad || id == kBos) continue;
       kept.push_back(id >= 0 && id < size() ? (int)id : (int)kUnk);
     }
-    std::string out;
-    auto status = sp_.Decode(kept, &out);
-    QKV_CHECK(status.ok(), "SentencePiece cannot decode: ", status.ToString());
-    return out;
+    return sentencepiece_decode(sp_, kept);
   }
 
   std::vector<std::string> pieces(const std::vector<int64_t>& ids) const override {
-    static const std::string kSpace = "\xE2\x96\x81";  // U+2581, SentencePiece's word boundary
-    std::vector<std::string> out;
-    for (int64_t id : ids) {
-      const std::string p = id >= 0 && id < size() ? sp_.IdToPiece((int)id) : "<unk>";
-      std::string shown;
-      for (size_t at = 0; at < p.size();) {
-        const bool space = p.compare(at, kSpace.size(), kSpace) == 0;
-        shown += space ? ' ' : p[at];
-        at += space ? kSpace.size() : 1;
-      }
-      out.push_back(shown);
-    }
-    return out;
+    return sentencepiece_pieces(sp_, ids);
   }
 
   int64_t size() const override { return sp_.GetPieceSize(); }
