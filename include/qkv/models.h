@@ -30,6 +30,8 @@ struct DecodingIds {
   int64_t pad = Tokenizer::kPad;
   bool source_eos = false;
   bool never_output(int64_t id) const { return id == pad || id == start; }
+  // The most likely next token of a row of logits (the first of equals), never_output ids left out.
+  int64_t best_output(const float* logits, int64_t vocab) const;
   // The source as the encoder reads it: the ids, then eos if source_eos.
   std::vector<int64_t> source(std::vector<int64_t> ids) const;
 };

@@ -13,6 +13,9 @@ size_t invalid_utf8_offset(const std::string& s);
 // valid start) or a byte that starts none, as Python's errors="replace" and
 // Rust's from_utf8_lossy do (Unicode's "maximal subpart" practice).
 std::string replace_invalid_utf8(const std::string& s);
+// The code point of the character of valid UTF-8 text that starts at s[i],
+// and its length in bytes.
+char32_t utf8_code_point(const std::string& s, size_t i, int* len);
 // The code points of valid UTF-8 text, each as its own string.
 std::vector<std::string> utf8_chars(const std::string& s);
 

@@ -34,6 +34,14 @@ static int sequence_length(const std::string& s, size_t i) {
   return whole ? (int)k : 0;
 }
 
+char32_t utf8_code_point(const std::string& s, size_t i, int* len) {
+  const unsigned char c = (unsigned char)s[i];
+  *len = c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
+  char32_t cp = *len == 1 ? c : *len == 2 ? (c & 0x1F) : *len == 3 ? (c & 0x0F) : (c & 0x07);
+  for (int k = 1; k < *len; ++k) cp = (cp << 6) | ((unsigned char)s[i + k] & 0x3F);
+  return cp;
+}
+
 size_t invalid_utf8_offset(const std::string& s) {
   for (size_t i = 0; i < s.size();) {
     int len = sequence_length(s, i);

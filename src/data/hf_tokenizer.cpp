@@ -41,15 +41,6 @@ using Json = nlohmann::json;
 
 // ---------------------------------------------------------------- Unicode --
 
-// The code point at s[i] (s is valid UTF-8) and its length in bytes.
-uint32_t code_point(const std::string& s, size_t i, int* len) {
-  const uint8_t c = (uint8_t)s[i];
-  *len = c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
-  uint32_t cp = *len == 1 ? c : *len == 2 ? (c & 0x1F) : *len == 3 ? (c & 0x0F) : (c & 0x07);
-  for (int k = 1; k < *len; ++k) cp = (cp << 6) | ((uint8_t)s[i + k] & 0x3F);
-  return cp;
-}
-
 // The length in bytes of the character that ends at s[i - 1] (s is valid UTF-8, i > 0).
 size_t char_before(const std::string& s, size_t i) {
   size_t k = 1;
@@ -191,7 +182,7 @@ public:
         at = v[1];
       } else {  // an empty match: step over one character
         int len = 1;
-        if (at < s.size()) code_point(s, at, &len);
+        if (at < s.size()) utf8_code_point(s, at, &len);
         at += (size_t)len;
       }
     }
@@ -340,7 +331,7 @@ private:
     out.reserve(s.size());
     for (size_t i = 0; i < s.size();) {
       int len = 1;
-      const uint32_t cp = code_point(s, i, &len);
+      const uint32_t cp = utf8_code_point(s, i, &len);
       f(cp, out);
       i += (size_t)len;
     }
@@ -495,7 +486,7 @@ private:
     };
     for (size_t i = 0; i < p.size();) {
       int len = 1;
-      const uint32_t cp = code_point(p, i, &len);
+      const uint32_t cp = utf8_code_point(p, i, &len);
       if (is_white_space(cp)) {
         flush();
       } else if (is_punctuation(cp)) {
@@ -741,7 +732,7 @@ public:
     const double unk_score = min_score_ - 10.0;
     for (size_t s = 0; s < n;) {
       int len = 1;
-      code_point(word, s, &len);
+      utf8_code_point(word, s, &len);
       bool single = false;
       for (size_t k = 1; k <= longest_ && s + k <= n; ++k) {
         auto it = vocab_.find(word.substr(s, k));
@@ -845,7 +836,7 @@ public:
     std::vector<Symbol> sym;
     for (size_t i = 0; i < word.size();) {
       int len = 1;
-      code_point(word, i, &len);
+      utf8_code_point(word, i, &len);
       const std::string ch = word.substr(i, (size_t)len);
       i += (size_t)len;
       if (auto it = vocab_.find(ch); it != vocab_.end()) {
@@ -969,21 +960,21 @@ public:
 private:
   static size_t char_at(const std::string& s, size_t i) {
     int len = 1;
-    code_point(s, i, &len);
+    utf8_code_point(s, i, &len);
     return (size_t)len;
   }
   static bool space_at(const std::string& s, size_t i) {
     int len;
-    return is_white_space(code_point(s, i, &len));
+    return is_white_space(utf8_code_point(s, i, &len));
   }
   static bool space_before(const std::string& s, size_t i) {
     int len;
-    return is_white_space(code_point(s, i - char_before(s, i), &len));
+    return is_white_space(utf8_code_point(s, i - char_before(s, i), &len));
   }
   static bool alone(const std::string& s, size_t b, size_t n) {
     int len;
-    if (b > 0 && is_alphanumeric(code_point(s, b - char_before(s, b), &len))) return false;
-    return b + n >= s.size() || !is_alphanumeric(code_point(s, b + n, &len));
+    if (b > 0 && is_alphanumeric(utf8_code_point(s, b - char_before(s, b), &len))) return false;
+    return b + n >= s.size() || !is_alphanumeric(utf8_code_point(s, b + n, &len));
   }
   std::vector<const AddedToken*> by_first_[256];
 };
@@ -1108,7 +1099,7 @@ private:
     std::string mapped;
     for (size_t i = 0; i < t.size();) {
       int len = 1;
-      auto it = table.to_byte.find(code_point(t, i, &len));
+      auto it = table.to_byte.find(utf8_code_point(t, i, &len));
       if (it == table.to_byte.end()) return t;
       mapped += (char)it->second;
       i += (size_t)len;

@@ -34,20 +34,13 @@ bool python_space(char32_t c) {
          (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
 }
 
-char32_t code_point_of(const std::string& ch) {
-  const auto* b = reinterpret_cast<const unsigned char*>(ch.data());
-  if (ch.size() == 1) return b[0];
-  if (ch.size() == 2) return (char32_t)(b[0] & 0x1F) << 6 | (b[1] & 0x3F);
-  if (ch.size() == 3) return (char32_t)(b[0] & 0x0F) << 12 | (char32_t)(b[1] & 0x3F) << 6 | (b[2] & 0x3F);
-  return (char32_t)(b[0] & 0x07) << 18 | (char32_t)(b[1] & 0x3F) << 12 | (char32_t)(b[2] & 0x3F) << 6 | (b[3] & 0x3F);
-}
-
 // str.strip() of valid UTF-8.
 std::string python_strip(const std::string& s) {
   const std::vector<std::string> chars = utf8_chars(s);
   size_t first = 0, last = chars.size();
-  while (first < last && python_space(code_point_of(chars[first]))) ++first;
-  while (last > first && python_space(code_point_of(chars[last - 1]))) --last;
+  int len = 0;
+  while (first < last && python_space(utf8_code_point(chars[first], 0, &len))) ++first;
+  while (last > first && python_space(utf8_code_point(chars[last - 1], 0, &len))) --last;
   std::string out;
   for (size_t i = first; i < last; ++i) out += chars[i];
   return out;
@@ -57,12 +50,7 @@ class MarianTokenizer final : public Tokenizer {
 public:
   explicit MarianTokenizer(const std::string& dir) {
     const std::string vocab_path = dir + "/vocab.json", config_path = dir + "/tokenizer_config.json";
-    nlohmann::json config = nlohmann::json::object();
-    if (std::filesystem::exists(config_path)) {
-      config_text_ = read_file(config_path);
-      config = parse_json(config_text_, config_path);
-      QKV_CHECK(config.is_object(), config_path, ": expected a JSON object");
-    }
+    const nlohmann::json config = read_tokenizer_config(dir, &config_text_);
     QKV_CHECK(!config.value("separate_vocabs", false), config_path,
               ": 'separate_vocabs': true is not supported yet (a different tokenizer would run)");
     vocab_text_ = read_file(vocab_path);

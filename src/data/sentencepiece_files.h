@@ -35,6 +35,10 @@ std::string sentencepiece_decode(const sentencepiece::SentencePieceProcessor& sp
 std::vector<std::string> sentencepiece_pieces(const sentencepiece::SentencePieceProcessor& sp,
                                               const std::vector<int64_t>& ids);
 
+// dir/tokenizer_config.json as an object, its text in *text; an empty object
+// and "" when the folder has none. Not an object: an error naming the file.
+nlohmann::json read_tokenizer_config(const std::string& dir, std::string* text);
+
 // A string field of tokenizer_config.json (transformers writes a special
 // token as a string or as {"content": ...}); `fallback` when absent.
 std::string config_token(const nlohmann::json& config, const char* key, const std::string& fallback,

@@ -76,6 +76,16 @@ std::vector<std::string> sentencepiece_pieces(const sentencepiece::SentencePiece
   return out;
 }
 
+nlohmann::json read_tokenizer_config(const std::string& dir, std::string* text) {
+  const std::string path = dir + "/tokenizer_config.json";
+  text->clear();
+  if (!std::filesystem::exists(path)) return nlohmann::json::object();
+  *text = read_file(path);
+  nlohmann::json config = parse_json(*text, path);
+  QKV_CHECK(config.is_object(), path, ": expected a JSON object");
+  return config;
+}
+
 std::string config_token(const nlohmann::json& config, const char* key, const std::string& fallback,
                          const std::string& source) {
   if (!config.is_object() || !config.contains(key) || config[key].is_null()) return fallback;
@@ -93,12 +103,7 @@ public:
     const std::string path = dir + "/tokenizer.model", config_path = dir + "/tokenizer_config.json";
     proto_ = read_file(path);
     load_sentencepiece_model(sp_, proto_, path);
-    nlohmann::json config = nlohmann::json::object();
-    if (std::filesystem::exists(config_path)) {
-      config_text_ = read_file(config_path);
-      config = parse_json(config_text_, config_path);
-      QKV_CHECK(config.is_object(), config_path, ": expected a JSON object");
-    }
+    const nlohmann::json config = read_tokenizer_config(dir, &config_text_);
     auto flag = [&](const char* key, bool fallback) {
       const nlohmann::json v = config.value(key, nlohmann::json(fallback));
       QKV_CHECK(v.is_boolean(), config_path, ": '", key, "' must be true or false");

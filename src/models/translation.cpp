@@ -75,11 +75,10 @@ Tensor translation_loss(Seq2Seq& model, const Batch& b, float label_smoothing) {
   return aux.defined() ? add(loss, aux) : loss;
 }
 
-// The most likely next token; <pad> and the start token are never outputs.
-static int64_t best_token(const float* logits, int64_t vocab, const DecodingIds& ids) {
+int64_t DecodingIds::best_output(const float* logits, int64_t vocab) const {
   int64_t best = -1;
   for (int64_t v = 0; v < vocab; ++v)
-    if (!ids.never_output(v) && (best < 0 || logits[v] > logits[best])) best = v;
+    if (!never_output(v) && (best < 0 || logits[v] > logits[best])) best = v;
   return best;
 }
 
@@ -120,7 +119,7 @@ std::vector<std::vector<int64_t>> greedy_translate(Seq2Seq& model,
       const int64_t V = logits.size(-1);
       for (int64_t r = 0; r < R; ++r) {
         const int64_t s = rows[r];
-        next[r] = done[s] ? ids.pad : best_token(logits.data<float>() + r * V, V, ids);
+        next[r] = done[s] ? ids.pad : ids.best_output(logits.data<float>() + r * V, V);
         if (done[s]) continue;
         if (next[r] == ids.eos) {
           done[s] = true, ++finished_rows;
@@ -159,7 +158,7 @@ AlignedTranslation translate_with_attention(Seq2Seq& model, const std::vector<in
       out.layers = h.size(0), out.nheads = h.size(1);
       by_step.push_back(h.contiguous().to_vector());
     }
-    next = best_token(logits.data<float>(), logits.size(-1), ids);
+    next = ids.best_output(logits.data<float>(), logits.size(-1));
     out.tokens.push_back(next);
     if (next == ids.eos) break;
   }

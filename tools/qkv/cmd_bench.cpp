@@ -405,9 +405,7 @@ std::vector<std::vector<int64_t>> greedy_uncached(Seq2Seq& model, const std::vec
     bool all = true;
     for (int64_t r = 0; r < B; ++r) {
       const float* row = last.data<float>() + r * V;
-      int64_t next = ids.pad;
-      for (int64_t v = 0; v < V && !done[r]; ++v)
-        if (!ids.never_output(v) && (next == ids.pad || row[v] > row[next])) next = v;
+      const int64_t next = done[r] ? ids.pad : ids.best_output(row, V);
       prefix[r].push_back(next);
       if (!done[r] && next == ids.eos) done[r] = true;
       if (!done[r]) out[r].push_back(next), all = false;

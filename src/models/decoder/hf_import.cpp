@@ -141,7 +141,11 @@ HfImport import_gpt2(const nlohmann::json& hf, const std::string& source) {
   return {c.dump(2), gpt2_weight_name, gpt2_convert};
 }
 
-HfImport import(const std::string& text, const std::string& source) {
+}  // namespace
+
+// The values are checked by the decoder's own config reader afterwards; a field
+// of the wrong JSON type is load_hf's one-line error.
+HfImport import_hf_causal_lm(const std::string& text, const std::string& source) {
   const nlohmann::json hf = parse_json(text, source);
   QKV_CHECK(hf.is_object(), source, ": expected a JSON object");
   const std::string type = field(hf, "model_type", "").get<std::string>();
@@ -227,18 +231,6 @@ HfImport import(const std::string& text, const std::string& source) {
   }
   c.update(scaling);
   return {c.dump(2), decoder_weight_name};
-}
-
-}  // namespace
-
-// The values are checked by the decoder's own config reader afterwards; a
-// value of the wrong JSON type is caught here, as one line.
-HfImport import_hf_causal_lm(const std::string& text, const std::string& source) {
-  try {
-    return import(text, source);
-  } catch (const nlohmann::json::exception& e) {
-    fail(source, ": a field has the wrong type (", e.what(), ")");
-  }
 }
 
 }  // namespace qkv::builtin

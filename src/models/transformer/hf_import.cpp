@@ -71,7 +71,11 @@ Tensor marian_convert(const std::string& hf_name, const Tensor& t) {
   return t.reshape({t.size(1)});
 }
 
-HfImport import(const std::string& text, const std::string& source) {
+}  // namespace
+
+// The values are checked by the transformer's own config reader afterwards; a field
+// of the wrong JSON type is load_hf's one-line error.
+HfImport import_hf_marian(const std::string& text, const std::string& source) {
   const nlohmann::json hf = parse_json(text, source);
   QKV_CHECK(hf.is_object(), source, ": expected a JSON object");
   auto unsupported = [&](const std::string& what) { qkv::builtin::unsupported(source, what); };
@@ -129,18 +133,6 @@ HfImport import(const std::string& text, const std::string& source) {
       {"source_eos", true},
   };
   return {c.dump(2), marian_weight_name, marian_convert};
-}
-
-}  // namespace
-
-// The values are checked by the transformer's own config reader afterwards;
-// a value of the wrong JSON type is caught here, as one line.
-HfImport import_hf_marian(const std::string& text, const std::string& source) {
-  try {
-    return import(text, source);
-  } catch (const nlohmann::json::exception& e) {
-    fail(source, ": a field has the wrong type (", e.what(), ")");
-  }
 }
 
 }  // namespace qkv::builtin
