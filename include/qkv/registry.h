@@ -73,6 +73,9 @@ struct Family {
   std::function<HfImport(const std::string& hf_config, const std::string& source)> from_hf;
 
   bool serves(Task task) const;
+  // from_hf, with a field of the wrong JSON type (in any family's import) as
+  // one error line naming `source`: what callers use.
+  HfImport import_hf(const std::string& hf_config, const std::string& source) const;
 };
 
 // Every family, built-in first, in registration order.

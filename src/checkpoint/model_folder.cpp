@@ -97,14 +97,7 @@ HfWeights hf_weights(const std::string& dir) {
 // weights under their qkv names, converted to F32 as they load; its
 // tokenizer.json, else Marian's files, else a tokenizer.model, when there is one (m.tokenizer stays null without).
 ModelFolder load_hf(const std::string& dir, const std::string& config_path, const std::string& text, ModelFolder m) {
-  // A field of the wrong JSON type, in any family's import, is one line.
-  const HfImport hf = [&] {
-    try {
-      return m.family->from_hf(text, config_path);
-    } catch (const nlohmann::json::exception& e) {
-      fail(config_path, ": a field has the wrong type (", e.what(), ")");
-    }
-  }();
+  const HfImport hf = m.family->import_hf(text, config_path);
   Rng rng(0);
   {
     SkipInitGuard uninitialized;  // every weight is loaded below

@@ -54,6 +54,15 @@ bool Family::serves(Task task) const {
   return false;
 }
 
+HfImport Family::import_hf(const std::string& hf_config, const std::string& source) const {
+  QKV_CHECK(from_hf, source, ": ", description, " does not read Hugging Face configs");
+  try {
+    return from_hf(hf_config, source);
+  } catch (const nlohmann::json::exception& e) {
+    fail(source, ": a field has the wrong type (", e.what(), ")");
+  }
+}
+
 const std::deque<Family>& families() { return registry(); }
 
 const Family& find_family(const std::string& arch, const std::string& source) {

@@ -18,9 +18,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using qkv::fuzz::expect_clean;
   expect_clean([&] { qkv::family_of_config(text, "config.json"); });
   expect_clean([&] {  // a Hugging Face config.json, as the decoder family imports it, then reads the result
-    const qkv::HfImport hf = qkv::find_family("decoder", "c").from_hf(text, "config.json");
+    const qkv::HfImport hf = qkv::find_family("decoder", "c").import_hf(text, "config.json");
     qkv::DecoderConfig::from_json(hf.config_json, "config.json");
   });
+  for (const qkv::Family& f : qkv::families())  // every family's import of a Hugging Face config
+    if (f.from_hf) expect_clean([&] { f.import_hf(text, "config.json"); });
   expect_clean([&] { qkv::TransformerConfig::from_json(text, "config.json"); });
   expect_clean([&] { qkv::RnnAttentionConfig::from_json(text, "config.json"); });
   expect_clean([&] { qkv::ConvSeq2SeqConfig::from_json(text, "config.json"); });
