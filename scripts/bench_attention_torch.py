@@ -3,10 +3,12 @@
 
 For each N: q, k, v [1, H, N, Dh] float32; forward time, forward + backward
 time (best of several runs), and peak extra memory (the process's peak RSS
-growth, measured in a fresh subprocess per N). Prints one JSON object:
+growth, measured in a fresh subprocess per N); with --autocast, under
+torch.autocast("cpu", dtype=torch.bfloat16) (q, k, v stay float32 leaves, as
+in a mixed-precision training step). Prints one JSON object:
 {"torch": "<version>", "impl": "...", "rows": [{"n", "fwd_ms", "fwd_bwd_ms", "peak_extra_bytes"}]}
 
-Usage: bench_attention_torch.py --n 256 512 ... [--heads 8] [--head-dim 64] [--threads 2] [--causal]
+Usage: bench_attention_torch.py --n 256 512 ... [--heads 8] [--head-dim 64] [--threads 2] [--causal] [--autocast]
 """
 import argparse
 import json
@@ -20,7 +22,7 @@ def rss_bytes():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def one(n, heads, head_dim, threads, causal, seconds):
+def one(n, heads, head_dim, threads, causal, seconds, autocast=False):
     import torch
     import torch.nn.functional as F
 
@@ -28,6 +30,12 @@ def one(n, heads, head_dim, threads, causal, seconds):
     sdpa = getattr(F, "scaled_dot_product_attention", None)
 
     def attend(q, k, v):
+        if autocast:  # mixed precision as a training step runs it: bf16 products, float32 leaves
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return attend_f32(q, k, v)
+        return attend_f32(q, k, v)
+
+    def attend_f32(q, k, v):
         if sdpa is not None:
             return sdpa(q, k, v, is_causal=causal)
         s = q @ k.transpose(-1, -2) / head_dim ** 0.5  # the core of nn.MultiheadAttention
@@ -81,17 +89,19 @@ def main():
     ap.add_argument("--head-dim", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--autocast", action="store_true", help="under torch.autocast('cpu', dtype=torch.bfloat16)")
     ap.add_argument("--seconds", type=float, default=0.5)
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.one:
-        print(json.dumps(one(a.n[0], a.heads, a.head_dim, a.threads, a.causal, a.seconds)))
+        print(json.dumps(one(a.n[0], a.heads, a.head_dim, a.threads, a.causal, a.seconds, a.autocast)))
         return 0
     import torch
     rows = []
     for n in a.n:
         cmd = [sys.executable, __file__, "--one", "--n", str(n), "--heads", str(a.heads), "--head-dim",
-               str(a.head_dim), "--threads", str(a.threads), "--seconds", str(a.seconds)] + (["--causal"] if a.causal else [])
+               str(a.head_dim), "--threads", str(a.threads), "--seconds", str(a.seconds)] + (["--causal"] if a.causal else []) + \
+              (["--autocast"] if a.autocast else [])
         rows.append(json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout))
     print(json.dumps({"torch": torch.__version__, "impl": rows[0]["impl"] if rows else "", "rows": rows}))
     return 0

@@ -523,3 +523,154 @@ TEST(Kernels, FlashAttentionMatchesTheReference) {
 
 }  // namespace
 }  // namespace qkv
+
+namespace qkv {
+namespace {
+
+double bf16_round(float x) { return bf16_to_float(float_to_bf16(x)); }
+
+// The flash pair with bfloat16 products (FlashShape::bf16) against its twin,
+// which rounds the same factors. They differ by where p is rounded (the fast
+// forward rounds exp(s - m) before dividing by the row's sum; the backward's
+// p and ds are float32 values against the twin's float64 ones, and may round
+// to the other neighbour). bfloat16 keeps 8 significant bits, so a rounding
+// moves a value by at most 2^-8 of itself, and a product term of one side by
+// 2^-7 against the other's. So each element's bound is 2^-7 (plus float32
+// summation, plus the scores'
+// float32 error carried into p) times the sum of its terms' magnitudes,
+// computed here in float64 from the rounded factors, plus, for dq and dk, the
+// float32 error of dp - D (which can cancel) times |k| or |q|. Dropping a key
+// tile, a rescale or a term of ds moves an element by a whole term, far past
+// 2^-7 of the sum (checked by hand on the fast kernel).
+TEST(Kernels, FlashAttentionInBfloat16MatchesItsTwinWithinTheRoundingBound) {
+  omp_set_num_threads(2);
+  struct Case {
+    int64_t batch, heads, kv_heads, t, s, dh;
+    bool causal;
+    std::vector<int64_t> lengths;
+  };
+  const std::vector<Case> cases = {
+      {2, 4, 2, 40, 150, 32, false, {150, 7}},
+      {1, 2, 1, 200, 50, 16, true, {}},
+      {1, 2, 2, 130, 130, 64, true, {}},
+  };
+  for (const Kernels* kt : levels()) {
+    for (const Case& c : cases) {
+      Rng rng(37);
+      FlashShape f{c.batch, c.heads, c.kv_heads, c.t, c.s, c.dh, c.dh};
+      f.scale = 1.0f / std::sqrt((float)c.dh), f.causal = c.causal, f.bf16 = true;
+      f.key_lengths = c.lengths.empty() ? nullptr : c.lengths.data();
+      const int64_t B = c.batch, H = c.heads, Hk = c.kv_heads, T = c.t, S = c.s, D = c.dh, G = H / Hk;
+      Tensor q = Tensor::randn({B * H * T * D}, rng), k = Tensor::randn({B * Hk * S * D}, rng);
+      Tensor v = Tensor::randn({B * Hk * S * D}, rng), dout = Tensor::randn({B * H * T * D}, rng);
+      const float *qp = q.data<float>(), *kp = k.data<float>(), *vp = v.data<float>(), *dp = dout.data<float>();
+      Tensor out_f = Tensor::empty({B * H * T * D}), out_r = Tensor::empty({B * H * T * D});
+      Tensor lse_f = Tensor::empty({B * H * T}), lse_r = Tensor::empty({B * H * T});
+      kt->flash_attention_forward(f, qp, kp, vp, out_f.data<float>(), lse_f.data<float>());
+      ref::flash_attention_forward(f, qp, kp, vp, out_r.data<float>(), lse_r.data<float>());
+      Tensor dq_f = Tensor::full({B * H * T * D}, NAN), dk_f = Tensor::full({B * Hk * S * D}, NAN),
+             dv_f = Tensor::full({B * Hk * S * D}, NAN);
+      Tensor dq_r = Tensor::empty({B * H * T * D}), dk_r = Tensor::empty({B * Hk * S * D}),
+             dv_r = Tensor::empty({B * Hk * S * D});
+      kt->flash_attention_backward(f, qp, kp, vp, out_r.data<float>(), dp, lse_r.data<float>(), dq_f.data<float>(),
+                                   dk_f.data<float>(), dv_f.data<float>());
+      ref::flash_attention_backward(f, qp, kp, vp, out_r.data<float>(), dp, lse_r.data<float>(), dq_r.data<float>(),
+                                    dk_r.data<float>(), dv_r.data<float>());
+      // The bounds: M (times u) and E (as it is), by element of out, dq, dk, dv.
+      std::vector<double> m_out(B * H * T * D), m_q(B * H * T * D), e_q(B * H * T * D), m_k(B * Hk * S * D),
+          e_k(B * Hk * S * D), m_v(B * Hk * S * D);
+      const double ulp24 = std::ldexp(1.0, -24);
+      double eta = 0;  // the largest relative error of a p from its score's float32 sum
+      const float* o = out_r.data<float>();
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t h = 0; h < H; ++h)
+          for (int64_t i = 0; i < T; ++i) {
+            const int64_t hk = h / G, qi = ((b * H + h) * T + i) * D;
+            int64_t n = f.key_lengths ? std::clamp<int64_t>(c.lengths[b], 0, S) : S;
+            if (c.causal) n = std::min(n, i + S - T + 1);
+            if (n <= 0) continue;
+            std::vector<double> s(n), p(n);
+            double mx = -INFINITY, l = 0;
+            for (int64_t j = 0; j < n; ++j) {
+              double dot = 0, mag = 0;
+              for (int64_t d = 0; d < D; ++d) {
+                const double t = bf16_round(qp[qi + d]) * bf16_round(kp[((b * Hk + hk) * S + j) * D + d]);
+                dot += t, mag += std::fabs(t);
+              }
+              s[j] = f.scale * dot, mx = std::max(mx, s[j]);
+              eta = std::max(eta, 2 * f.scale * (D + 2) * ulp24 * mag);
+            }
+            for (int64_t j = 0; j < n; ++j) l += std::exp(s[j] - mx);
+            double Dsum = 0, Dmag = 0;
+            for (int64_t d = 0; d < D; ++d) Dsum += (double)dp[qi + d] * o[qi + d], Dmag += std::fabs(dp[qi + d] * o[qi + d]);
+            for (int64_t j = 0; j < n; ++j) {
+              const int64_t kj = ((b * Hk + hk) * S + j) * D;
+              const double pj = std::exp(s[j] - mx) / l;
+              double dpj = 0, dpmag = 0;
+              for (int64_t d = 0; d < D; ++d) {
+                const double t = bf16_round(dp[qi + d]) * bf16_round(vp[kj + d]);
+                dpj += t, dpmag += std::fabs(t);
+              }
+              const double ds = std::fabs(pj * (dpj - Dsum));
+              const double ds_err = pj * (2 * D + 4) * ulp24 * (dpmag + Dmag) + ds * eta;
+              for (int64_t d = 0; d < D; ++d) {
+                m_out[qi + d] += pj * std::fabs(bf16_round(vp[kj + d]));
+                m_v[kj + d] += pj * std::fabs(bf16_round(dp[qi + d]));
+                m_q[qi + d] += f.scale * ds * std::fabs(bf16_round(kp[kj + d]));
+                e_q[qi + d] += f.scale * ds_err * std::fabs(bf16_round(kp[kj + d]));
+                m_k[kj + d] += f.scale * ds * std::fabs(bf16_round(qp[qi + d]));
+                e_k[kj + d] += f.scale * ds_err * std::fabs(bf16_round(qp[qi + d]));
+              }
+            }
+          }
+      const double u = std::ldexp(1.0, -7) + 2 * eta + (S + T + 2 * D + 8) * ulp24;
+      const std::string what = std::string(kt->name) + " t " + std::to_string(T) + " dh " + std::to_string(D);
+      auto within = [&](const Tensor& fast, const Tensor& twin, const std::vector<double>& m,
+                        const std::vector<double>* e, const char* name) {
+        const std::vector<float> a = fast.to_vector(), r = twin.to_vector();
+        int64_t bad = 0;
+        for (size_t x = 0; x < a.size(); ++x) {
+          const double bound = u * m[x] + (e ? (*e)[x] : 0.0) + 1e-30;
+          if (!(std::fabs((double)a[x] - r[x]) <= bound) && bad++ < 3)
+            ADD_FAILURE() << what << " " << name << "[" << x << "]: " << a[x] << " vs " << r[x] << ", bound " << bound;
+        }
+        EXPECT_EQ(bad, 0) << what << " " << name;
+      };
+      within(out_f, out_r, m_out, nullptr, "out");
+      within(dv_f, dv_r, m_v, nullptr, "dv");
+      within(dq_f, dq_r, m_q, &e_q, "dq");
+      within(dk_f, dk_r, m_k, &e_k, "dk");
+      const std::vector<float> lf = lse_f.to_vector(), lr = lse_r.to_vector();
+      for (size_t i = 0; i < lf.size(); ++i) {
+        if (std::isinf(lr[i])) EXPECT_EQ(lf[i], lr[i]) << what << " lse " << i;  // a row that sees no key
+        else EXPECT_NEAR(lf[i], lr[i], (T + S) * 4 * ulp24 * (1 + std::fabs(lr[i]))) << what << " lse " << i;
+      }
+    }
+  }
+}
+
+// The rounding itself, exactly: with q = 0 every key weighs 1/S, and each
+// exp(0) = 1 is exact, so the output is v as rounded to bfloat16: 1 + 2^-12
+// becomes 1 (it lies halfway below 1 + 2^-7 and rounds to even), on every
+// level, where the float32 kernels keep it.
+TEST(Kernels, FlashAttentionInBfloat16RoundsTheValues) {
+  const int64_t S = 70, D = 16;
+  Tensor q = Tensor::zeros({D}), k = Tensor::randn({S * D}, *std::make_unique<Rng>(5)),
+         v = Tensor::full({S * D}, 1.0f + std::ldexp(1.0f, -12));
+  for (const Kernels* kt : levels()) {
+    for (bool bf16 : {false, true}) {
+      FlashShape f{1, 1, 1, 1, S, D, D};
+      f.scale = 0.25f, f.bf16 = bf16;
+      Tensor out = Tensor::empty({D}), lse = Tensor::empty({1});
+      kt->flash_attention_forward(f, q.data<float>(), k.data<float>(), v.data<float>(), out.data<float>(),
+                                  lse.data<float>());
+      for (float x : out.to_vector()) {
+        if (bf16) EXPECT_EQ(x, 1.0f) << kt->name;
+        else EXPECT_NEAR(x, 1.0f + std::ldexp(1.0f, -12), 1e-6f) << kt->name;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace qkv

@@ -153,6 +153,10 @@ struct FlashShape {
   float scale = 1.0f;
   bool causal = false;
   const int64_t* key_lengths = nullptr;  // [B] or null
+  // Products in bfloat16 (gemm_bf16: each operand rounded to bfloat16 as it is
+  // packed, float32 sums), as under torch.autocast; the softmax, its
+  // statistics (max, sum, lse), the rescaling and dout . out stay float32.
+  bool bf16 = false;
 };
 
 // dst = src element by element, both walking `shape` row-major through their

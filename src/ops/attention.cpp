@@ -78,6 +78,7 @@ FlashShape flash_shape(const Dims& d, const AttentionOptions& o, const Tensor& l
   FlashShape f{d.batch, d.heads, d.kv_heads, d.t, d.s, d.dh, d.dv};
   f.scale = scale_of(o, d), f.causal = o.causal;
   f.key_lengths = lengths.defined() ? lengths.data<int64_t>() : nullptr;
+  f.bf16 = bf16_autocast();  // recorded with the op: its backward multiplies the same way
   return f;
 }
 

@@ -229,7 +229,9 @@ struct AttentionRow {
   uint64_t peak_extra_bytes;
 };
 
-AttentionRow bench_attention_impl(AttentionImpl impl, int64_t n, bool causal, double seconds) {
+// bf16: under Bf16AutocastGuard, as a mixed-precision training step runs it
+// (the flash kernels' products in bfloat16; the naive path stays float32).
+AttentionRow bench_attention_impl(AttentionImpl impl, int64_t n, bool causal, bool bf16, double seconds) {
   const int64_t heads = 8, dh = 64;
   Rng rng(0);
   Tensor q = Tensor::randn({1, heads, n, dh}, rng).set_requires_grad(true);
@@ -239,13 +241,19 @@ AttentionRow bench_attention_impl(AttentionImpl impl, int64_t n, bool causal, do
   AttentionOptions o{.causal = causal, .impl = impl};
   auto fwd = [&] {
     NoGradGuard no_grad;
+    Bf16AutocastGuard mixed(bf16);
     scaled_dot_product_attention(q, k, v, o);
   };
   auto fwd_bwd = [&] {
     q.zero_grad(), k.zero_grad(), v.zero_grad();
-    sum(mul(scaled_dot_product_attention(q, k, v, o), r)).backward();
+    Tensor loss;
+    {
+      Bf16AutocastGuard mixed(bf16);
+      loss = sum(mul(scaled_dot_product_attention(q, k, v, o), r));
+    }
+    loss.backward();
   };
-  AttentionRow row{impl == AttentionImpl::Flash ? "flash" : "naive", n, 0, 0, 0};
+  AttentionRow row{impl == AttentionImpl::Flash ? (bf16 ? "flash-bf16" : "flash") : "naive", n, 0, 0, 0};
   row.fwd_ms = seconds_per_call(fwd, seconds) * 1e3;
   row.fwd_bwd_ms = seconds_per_call(fwd_bwd, seconds) * 1e3;
   q.zero_grad(), k.zero_grad(), v.zero_grad();
@@ -283,9 +291,10 @@ nlohmann::json run_peer(const std::string& cmd_in) {
   }
 }
 
-nlohmann::json bench_attention_torch(const BenchArgs& a, const std::vector<int64_t>& lengths) {
+nlohmann::json bench_attention_torch(const BenchArgs& a, const std::vector<int64_t>& lengths, bool autocast) {
   std::string cmd = a.python + " scripts/bench_attention_torch.py --threads " + std::to_string(thread_count()) +
-                    " --seconds " + std::to_string(a.seconds) + (a.causal ? " --causal" : "") + " --n";
+                    " --seconds " + std::to_string(a.seconds) + (a.causal ? " --causal" : "") +
+                    (autocast ? " --autocast" : "") + " --n";
   for (int64_t n : lengths) cmd.append(" ").append(std::to_string(n));  // not " " + ...: GCC 12's -Wrestrict false alarm
   return run_peer(cmd);
 }
@@ -601,20 +610,24 @@ int run_bench_decode(const BenchArgs& a) {
 
 int run_bench_attention(const BenchArgs& a) {
   std::vector<AttentionRow> rows;
+  const bool bf16 = a.precision == "bf16";
   const bool progress = !a.json && isatty(STDERR_FILENO);
   for (int64_t n : a.lengths) {
     QKV_CHECK(n > 0, "bench attention: lengths must be positive");
     if (progress) std::fprintf(stderr, "\rbench attention: n = %lld ...   ", (long long)n);
-    rows.push_back(bench_attention_impl(AttentionImpl::Flash, n, a.causal, a.seconds));
-    if (n <= a.max_naive) rows.push_back(bench_attention_impl(AttentionImpl::Naive, n, a.causal, a.seconds));
+    rows.push_back(bench_attention_impl(AttentionImpl::Flash, n, a.causal, false, a.seconds));
+    if (bf16) rows.push_back(bench_attention_impl(AttentionImpl::Flash, n, a.causal, true, a.seconds));
+    if (n <= a.max_naive) rows.push_back(bench_attention_impl(AttentionImpl::Naive, n, a.causal, false, a.seconds));
   }
   if (progress) std::fprintf(stderr, "\rbench attention: PyTorch (scripts/bench_attention_torch.py) ...   ");
-  nlohmann::json torch = bench_attention_torch(a, a.lengths);
+  nlohmann::json torch = bench_attention_torch(a, a.lengths, false);
+  nlohmann::json torch_bf16 = bf16 ? bench_attention_torch(a, a.lengths, true) : nlohmann::json();
   if (progress) std::fprintf(stderr, "\r%70s\r", "");
-  if (torch.contains("rows"))
-    for (auto& t : torch["rows"])
-      rows.push_back({"torch", t["n"].get<int64_t>(), t["fwd_ms"].get<double>(), t["fwd_bwd_ms"].get<double>(),
-                      t["peak_extra_bytes"].get<uint64_t>()});
+  for (const auto& [impl, peer] : {std::pair<const char*, const nlohmann::json*>{"torch", &torch}, {"torch-bf16", &torch_bf16}})
+    if (peer->contains("rows"))
+      for (auto& t : (*peer)["rows"])
+        rows.push_back({impl, t["n"].get<int64_t>(), t["fwd_ms"].get<double>(), t["fwd_bwd_ms"].get<double>(),
+                        t["peak_extra_bytes"].get<uint64_t>()});
   // FLOPs of the two products forward (QK^T, PV) and the four of the backward's
   // gradients (dV, dP, dQ, dK); the flash backward's recomputation of QK^T is not counted.
   auto flops = [&](int64_t n, bool with_backward) {
@@ -632,6 +645,8 @@ int run_bench_attention(const BenchArgs& a) {
   out["head_dim"] = 64;
   out["batch"] = 1;
   out["causal"] = a.causal;
+  out["precision"] = a.precision;
+  out["gemm_bf16"] = bf16 ? nlohmann::json(gemm_bf16_path()) : nlohmann::json(nullptr);
   out["threads"] = thread_count();
   out["torch"] = torch.contains("torch") ? torch["torch"] : nlohmann::json(nullptr);
   // The machine's sgemm rate in this run, the ceiling for attention's products.
@@ -643,26 +658,39 @@ int run_bench_attention(const BenchArgs& a) {
                                 {"peak_extra_bytes", r.peak_extra_bytes},
                                 {"fwd_gflops", flops(r.n, false) / r.fwd_ms / 1e6},
                                 {"fwd_bwd_gflops", flops(r.n, true) / r.fwd_bwd_ms / 1e6}};
-    if (const AttentionRow* t = find("torch", r.n); t && r.impl == "flash")
+    const bool flash = r.impl.rfind("flash", 0) == 0;
+    if (const AttentionRow* t = find("torch", r.n); t && flash) {
+      j["fwd_speedup_vs_torch"] = t->fwd_ms / r.fwd_ms;
       j["fwd_bwd_speedup_vs_torch"] = t->fwd_bwd_ms / r.fwd_bwd_ms;
+    }
+    if (const AttentionRow* t = find("torch-bf16", r.n); t && r.impl == "flash-bf16") {
+      j["fwd_speedup_vs_torch_bf16"] = t->fwd_ms / r.fwd_ms;
+      j["fwd_bwd_speedup_vs_torch_bf16"] = t->fwd_bwd_ms / r.fwd_bwd_ms;
+    }
     out["rows"].push_back(j);
   }
   if (a.json) {
     print_json(out);
     return 0;
   }
-  std::printf("qkv bench attention: batch 1, H = 8, Dh = 64, %s, %d threads; PyTorch %s\n\n",
+  std::printf("qkv bench attention: batch 1, H = 8, Dh = 64, %s, %d threads; PyTorch %s\n",
               a.causal ? "causal" : "no mask", thread_count(),
               torch.contains("torch") ? torch["torch"].get<std::string>().c_str() : "not available");
-  std::printf("%6s  %-6s %10s %12s %10s %14s %12s\n", "n", "impl", "fwd ms", "fwd+bwd ms", "GFLOP/s", "peak extra MB",
-              "vs torch");
+  if (bf16)
+    std::printf("bf16: qkv's flash products in bfloat16 (%s), PyTorch under torch.autocast(\"cpu\", bfloat16)\n",
+                out["gemm_bf16"].get<std::string>().c_str());
+  std::printf("\n%6s  %-10s %10s %12s %10s %14s %10s%s\n", "n", "impl", "fwd ms", "fwd+bwd ms", "GFLOP/s",
+              "peak extra MB", "vs torch", bf16 ? "  vs torch bf16" : "");
+  auto ratio = [](const nlohmann::ordered_json& j, const char* key) {
+    return j.contains(key) ? std::to_string(j[key].get<double>()).substr(0, 4) + "x" : std::string();
+  };
   for (auto& j : out["rows"]) {
-    std::string ratio = j.contains("fwd_bwd_speedup_vs_torch")
-                            ? std::to_string(j["fwd_bwd_speedup_vs_torch"].get<double>()).substr(0, 4) + "x"
-                            : "";
-    std::printf("%6lld  %-6s %10.2f %12.2f %10.1f %14.1f %12s\n", (long long)j["n"].get<int64_t>(),
+    std::printf("%6lld  %-10s %10.2f %12.2f %10.1f %14.1f %10s", (long long)j["n"].get<int64_t>(),
                 j["impl"].get<std::string>().c_str(), j["fwd_ms"].get<double>(), j["fwd_bwd_ms"].get<double>(),
-                j["fwd_bwd_gflops"].get<double>(), j["peak_extra_bytes"].get<double>() / 1e6, ratio.c_str());
+                j["fwd_bwd_gflops"].get<double>(), j["peak_extra_bytes"].get<double>() / 1e6,
+                ratio(j, "fwd_bwd_speedup_vs_torch").c_str());
+    if (bf16) std::printf("  %14s", ratio(j, "fwd_bwd_speedup_vs_torch_bf16").c_str());
+    std::printf("\n");
   }
   std::printf("\nGFLOP/s: forward + backward, counting 6 products of 2 n^2 Dh FLOPs per head%s;\n"
               "raw sgemm on 1024 x 1024 in this run: %.1f GFLOP/s.\n",
@@ -1124,7 +1152,8 @@ Run add_bench(CLI::App& app) {
   sub->add_option("--sentences", args->sentences, "decode: how many")->capture_default_str();
   sub->add_option("--steps", args->steps, "train, vit: timed training steps")->capture_default_str();
   sub->add_option("--precision", args->precision,
-                  "train, vit: f32, or bf16 (mixed precision: qkv's Bf16AutocastGuard, PyTorch's autocast)")
+                  "train, vit, attention: f32, or bf16 (mixed precision: qkv's Bf16AutocastGuard, PyTorch's "
+                  "autocast; attention adds bf16 rows beside the float32 ones)")
       ->check(CLI::IsMember({"f32", "bf16"}))
       ->capture_default_str();
   sub->add_option("--n", args->lengths, "attention: sequence lengths")->capture_default_str();

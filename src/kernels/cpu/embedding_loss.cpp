@@ -33,12 +33,10 @@ void cross_entropy_forward(const float* logits, const int64_t* targets, float* l
 #pragma omp parallel for schedule(static) if (rows * vocab >= 16384 && rows > 1)
   for (int64_t r = 0; r < rows; ++r) {
     const float* x = logits + r * vocab;
-    float mx = -INFINITY, sum_x = 0;
-#pragma omp simd reduction(max : mx) reduction(+ : sum_x)
-    for (int64_t j = 0; j < vocab; ++j) {
-      mx = std::max(mx, x[j]);
-      sum_x += x[j];
-    }
+    const float mx = max_of(x, vocab);
+    float sum_x = 0;
+#pragma omp simd reduction(+ : sum_x)
+    for (int64_t j = 0; j < vocab; ++j) sum_x += x[j];
     float s = 0;
 #pragma omp simd reduction(+ : s)
     for (int64_t j = 0; j < vocab; ++j) s += fast_exp(x[j] - mx);

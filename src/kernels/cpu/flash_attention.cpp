@@ -56,9 +56,17 @@ struct Layouts {
 // The first row of head h of batch b.
 inline int64_t at(const FlashLayout& l, int64_t b, int64_t h) { return b * l.batch + h * l.head; }
 
-// C[m,n] (+)= alpha * op(A) op(B) on raw row-major pointers.
-void small_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
-                const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+// C[m,n] (+)= alpha * op(A) op(B) on raw row-major pointers; in bfloat16
+// (operands rounded as packed, float32 sums) when f.bf16.
+void small_gemm(const FlashShape& f, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (f.bf16) {
+    GemmBf16Args g;  // C = A B^T with B [N, K]: op(B) = B^T is B as it lies
+    g.m = m, g.n = n, g.k = k, g.alpha = alpha, g.beta = beta, g.c = c, g.ldc = ldc;
+    g.a_f32 = a, g.lda = lda, g.a_transposed = ta;
+    g.b_f32 = b, g.ldb = ldb, g.b_transposed = !tb;
+    return gemm_bf16(g);
+  }
   GemmArgs g;
   g.trans_a = ta, g.trans_b = tb, g.m = m, g.n = n, g.k = k, g.alpha = alpha;
   g.a = a, g.lda = lda, g.b = b, g.ldb = ldb, g.beta = beta, g.c = c, g.ldc = ldc;
@@ -93,13 +101,11 @@ void flash_attention_forward(const FlashShape& f, const float* q, const float* k
       std::fill(O, O + rows * f.dv, 0.0f);
       for (int64_t k0 = 0; k0 < tile_hi; k0 += Bc) {
         const int64_t cols = std::min(Bc, tile_hi - k0);
-        small_gemm(false, true, rows, cols, f.dh, f.scale, Q, L.q.row, K + k0 * L.k.row, L.k.row, 0.0f, S, Bc);
+        small_gemm(f, false, true, rows, cols, f.dh, f.scale, Q, L.q.row, K + k0 * L.k.row, L.k.row, 0.0f, S, Bc);
         for (int64_t r = 0; r < rows; ++r) {
           float* s = S + r * Bc;
           const int64_t vis = std::clamp<int64_t>(visible_keys(f, b, q0 + r) - k0, 0, cols);
-          float mx = -INFINITY;
-#pragma omp simd reduction(max : mx)
-          for (int64_t j = 0; j < vis; ++j) mx = std::max(mx, s[j]);
+          const float mx = max_of(s, vis);
           std::fill(s + vis, s + cols, 0.0f);
           if (vis == 0) continue;
           const float m_new = std::max(m[r], mx);
@@ -115,7 +121,7 @@ void flash_attention_forward(const FlashShape& f, const float* q, const float* k
           float* o = O + r * f.dv;
           for (int64_t d = 0; d < f.dv; ++d) o[d] *= alpha;
         }
-        small_gemm(false, false, rows, f.dv, cols, 1.0f, S, Bc, V + k0 * L.v.row, L.v.row, 1.0f, O, f.dv);
+        small_gemm(f, false, false, rows, f.dv, cols, 1.0f, S, Bc, V + k0 * L.v.row, L.v.row, 1.0f, O, f.dv);
       }
       for (int64_t r = 0; r < rows; ++r) {
         float* dst = out + at(L.o, b, h) + (q0 + r) * L.o.row;
@@ -173,7 +179,7 @@ void flash_attention_backward(const FlashShape& f, const float* q, const float* 
           const int64_t first_q = f.causal ? std::max<int64_t>(0, k0 - (f.s - f.t)) : 0;
           for (int64_t q0 = first_q / Br * Br; q0 < f.t; q0 += Br) {
             const int64_t rows = std::min(Br, f.t - q0);
-            small_gemm(false, true, rows, cols, f.dh, f.scale, Q + q0 * qr, qr, K + k0 * kr, kr, 0.0f, P, Bc);
+            small_gemm(f, false, true, rows, cols, f.dh, f.scale, Q + q0 * qr, qr, K + k0 * kr, kr, 0.0f, P, Bc);
             for (int64_t r = 0; r < rows; ++r) {
               float* p = P + r * Bc;
               const float row_lse = lse_row[q0 + r];
@@ -182,16 +188,16 @@ void flash_attention_backward(const FlashShape& f, const float* q, const float* 
               for (int64_t j = 0; j < vis; ++j) p[j] = fast_exp(p[j] - row_lse);
               std::fill(p + vis, p + cols, 0.0f);
             }
-            small_gemm(true, false, cols, f.dv, rows, 1.0f, P, Bc, dO + q0 * orow, orow, 1.0f, dV + k0 * vr, vr);
-            small_gemm(false, true, rows, cols, f.dv, 1.0f, dO + q0 * orow, orow, V + k0 * vr, vr, 0.0f, dP, Bc);
+            small_gemm(f, true, false, cols, f.dv, rows, 1.0f, P, Bc, dO + q0 * orow, orow, 1.0f, dV + k0 * vr, vr);
+            small_gemm(f, false, true, rows, cols, f.dv, 1.0f, dO + q0 * orow, orow, V + k0 * vr, vr, 0.0f, dP, Bc);
             for (int64_t r = 0; r < rows; ++r) {
               const float di = D[q0 + r];
               float* dp = dP + r * Bc;
               const float* p = P + r * Bc;
               for (int64_t j = 0; j < cols; ++j) dp[j] = p[j] * (dp[j] - di);
             }
-            small_gemm(false, false, rows, f.dh, cols, f.scale, dP, Bc, K + k0 * kr, kr, 1.0f, dQ + q0 * qr, qr);
-            small_gemm(true, false, cols, f.dh, rows, f.scale, dP, Bc, Q + q0 * qr, qr, 1.0f, dK + k0 * kr, kr);
+            small_gemm(f, false, false, rows, f.dh, cols, f.scale, dP, Bc, K + k0 * kr, kr, 1.0f, dQ + q0 * qr, qr);
+            small_gemm(f, true, false, cols, f.dh, rows, f.scale, dP, Bc, Q + q0 * qr, qr, 1.0f, dK + k0 * kr, kr);
           }
         }
       }

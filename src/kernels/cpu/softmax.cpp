@@ -7,19 +7,12 @@
 
 namespace qkv::cpu::QKV_CPU_NS {
 
-static inline float row_max(const float* x, int64_t n) {
-  float m = -INFINITY;
-#pragma omp simd reduction(max : m)
-  for (int64_t j = 0; j < n; ++j) m = std::max(m, x[j]);
-  return m;
-}
-
 void softmax_forward(const float* x, float* y, int64_t rows, int64_t cols) {
 #pragma omp parallel for schedule(static) if (rows * cols >= 16384 && rows > 1)
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * cols;
     float* yr = y + r * cols;
-    float mx = row_max(xr, cols);
+    float mx = max_of(xr, cols);
     if (mx == -INFINITY) {  // fully masked row: zeros, never NaN
       std::fill(yr, yr + cols, 0.0f);
       continue;
@@ -51,7 +44,7 @@ void log_softmax_forward(const float* x, float* y, int64_t rows, int64_t cols) {
 #pragma omp parallel for schedule(static) if (rows * cols >= 16384 && rows > 1)
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * cols;
-    float mx = row_max(xr, cols);
+    float mx = max_of(xr, cols);
     float s = 0;
 #pragma omp simd reduction(+ : s)
     for (int64_t j = 0; j < cols; ++j) s += fast_exp(xr[j] - mx);

@@ -3,10 +3,16 @@
 // backward from the same probabilities, recomputed from the saved lse.
 //   s_j = scale q.k_j;  p_j = exp(s_j - lse);  lse = log sum_j exp(s_j);  out = sum_j p_j v_j
 //   D = dout.out;  dv_j += p_j dout;  ds_j = p_j (dout.v_j - D);  dq += scale ds_j k_j;  dk_j += scale ds_j q
+// With f.bf16, each factor of a product is rounded to bfloat16 where it
+// enters one, as the fast kernel's GEMMs round their operands: q, k, v and
+// dout, and p and ds (the fast forward rounds p before it divides by the
+// row's sum, this twin after: the two differ by a rounding of p, which is
+// the tests' bound). D and the softmax stay unrounded.
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
+#include "qkv/dtype.h"
 #include "src/kernels/kernels.h"
 
 namespace qkv::ref {
@@ -30,9 +36,12 @@ int64_t visible(const FlashShape& f, int64_t b, int64_t i) {
   return std::max<int64_t>(hi, 0);
 }
 
-double dot(const float* a, const float* b, int64_t n) {
+// x as a factor of a product: rounded to bfloat16 when f.bf16.
+double factor(const FlashShape& f, double x) { return f.bf16 ? bf16_to_float(float_to_bf16((float)x)) : x; }
+
+double dot(const FlashShape& f, const float* a, const float* b, int64_t n) {
   double s = 0;
-  for (int64_t c = 0; c < n; ++c) s += (double)a[c] * b[c];
+  for (int64_t c = 0; c < n; ++c) s += factor(f, a[c]) * factor(f, b[c]);
   return s;
 }
 
@@ -51,17 +60,17 @@ void flash_attention_forward(const FlashShape& f, const float* q, const float* k
         float* o = out + O.at(b, h, i);
         double m = -INFINITY;
         for (int64_t j = 0; j < n; ++j) {
-          score[j] = f.scale * dot(q + Q.at(b, h, i), k + K.at(b, hk, j), f.dh);
+          score[j] = f.scale * dot(f, q + Q.at(b, h, i), k + K.at(b, hk, j), f.dh);
           m = std::max(m, score[j]);
         }
         double l = 0;
+        for (int64_t j = 0; j < n; ++j) l += std::exp(score[j] - m);
         std::fill(acc.begin(), acc.end(), 0.0);
         for (int64_t j = 0; j < n; ++j) {
-          const double p = std::exp(score[j] - m);
-          l += p;
-          for (int64_t c = 0; c < f.dv; ++c) acc[c] += p * v[V.at(b, hk, j) + c];
+          const double p = factor(f, std::exp(score[j] - m) / l);
+          for (int64_t c = 0; c < f.dv; ++c) acc[c] += p * factor(f, v[V.at(b, hk, j) + c]);
         }
-        for (int64_t c = 0; c < f.dv; ++c) o[c] = n ? (float)(acc[c] / l) : 0.0f;
+        for (int64_t c = 0; c < f.dv; ++c) o[c] = n ? (float)acc[c] : 0.0f;
         lse[(b * f.heads + h) * f.t + i] = n ? (float)(m + std::log(l)) : -INFINITY;
       }
 }
@@ -80,19 +89,23 @@ void flash_attention_backward(const FlashShape& f, const float* q, const float* 
         const int64_t hk = h / group, n = visible(f, b, i);
         const float* qi = q + Q.at(b, h, i);
         const float* doi = dout + O.at(b, h, i);
-        const double D = dot(doi, out + O.at(b, h, i), f.dv), row_lse = lse[(b * f.heads + h) * f.t + i];
+        FlashShape unrounded = f;  // D = dout . out is no product of the GEMMs
+        unrounded.bf16 = false;
+        const double D = dot(unrounded, doi, out + O.at(b, h, i), f.dv);
+        const double row_lse = lse[(b * f.heads + h) * f.t + i];
         for (int64_t j = 0; j < n; ++j) {
           const float* kj = k + K.at(b, hk, j);
           const float* vj = v + V.at(b, hk, j);
-          const double p = std::exp(f.scale * dot(qi, kj, f.dh) - row_lse);
-          const double ds = p * (dot(doi, vj, f.dv) - D);
+          const double p = std::exp(f.scale * dot(f, qi, kj, f.dh) - row_lse);
+          const double ds = factor(f, p * (dot(f, doi, vj, f.dv) - D));
+          const double pf = factor(f, p);
           double* gvj = &gv[((b * f.kv_heads + hk) * f.s + j) * f.dv];
-          for (int64_t c = 0; c < f.dv; ++c) gvj[c] += p * doi[c];
+          for (int64_t c = 0; c < f.dv; ++c) gvj[c] += pf * factor(f, doi[c]);
           double* gqi = &gq[((b * f.heads + h) * f.t + i) * f.dh];
           double* gkj = &gk[((b * f.kv_heads + hk) * f.s + j) * f.dh];
           for (int64_t c = 0; c < f.dh; ++c) {
-            gqi[c] += f.scale * ds * kj[c];
-            gkj[c] += f.scale * ds * qi[c];
+            gqi[c] += f.scale * ds * factor(f, kj[c]);
+            gkj[c] += f.scale * ds * factor(f, qi[c]);
           }
         }
       }
