@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "qkv/allocator.h"
+#include "src/kernels/cpu/gemm_bf16_packed.h"
 #include "src/kernels/cpu/vec_math.h"
 #include "src/kernels/kernels.h"
 
@@ -73,6 +74,62 @@ void small_gemm(const FlashShape& f, bool ta, bool tb, int64_t m, int64_t n, int
   gemm(g);
 }
 
+// The bfloat16 forward's operands, packed for gemm_bf16's kernels (AMX or
+// AVX512-BF16; the avx512 level where the CPU has either): each K/V head's K
+// and V^T once per call (bfloat16 copies, O(S D) words in all), each query
+// tile's Q once, and each tile of probabilities as it is made, where
+// small_gemm would pack Q, K and V again for every tile.
+struct PackedHeads {
+#if defined(__AVX512F__)
+  int64_t k_words = 0, v_words = 0;  // per K/V head
+  uint32_t* k = nullptr;              // [B * Hkv][K as B: n = S keys, k = Dh]
+  uint32_t* v = nullptr;              // [B * Hkv][V^T as B: n = Dv, k = S keys]
+#endif
+  bool on = false;
+};
+
+#if defined(__AVX512F__)
+
+void pack_heads(const FlashShape& f, const Layouts& L, const float* k, const float* v, PackedHeads& p) {
+  const int64_t heads = f.batch * f.kv_heads;
+#pragma omp parallel for schedule(static) if (heads > 1)
+  for (int64_t bh = 0; bh < heads; ++bh) {
+    const int64_t b = bh / f.kv_heads, hk = bh % f.kv_heads;
+    GemmBf16Args gk;  // B = K [S, Dh]
+    gk.m = 1, gk.n = f.s, gk.k = f.dh, gk.b_f32 = k + at(L.k, b, hk), gk.ldb = L.k.row;
+    pack_bf16_b(gk, p.k + bh * p.k_words);
+    GemmBf16Args gv;  // B = V^T [Dv, S], held as V [S, Dv]: transposed
+    gv.m = 1, gv.n = f.dv, gv.k = f.s, gv.b_f32 = v + at(L.v, b, hk), gv.ldb = L.v.row, gv.b_transposed = true;
+    pack_bf16_b(gv, p.v + bh * p.v_words);
+  }
+}
+
+// S = scale Q K^T for keys [k0, k0 + cols) of K/V head bh, Q packed in qp.
+void packed_scores(const FlashShape& f, const PackedHeads& p, int64_t bh, const uint32_t* qp, int64_t rows,
+                   int64_t k0, int64_t cols, float* S) {
+  GemmBf16Args g;
+  g.m = rows, g.n = cols, g.k = f.dh, g.alpha = f.scale, g.c = S, g.ldc = kFlashKeyTile;
+  const int64_t kb = bf16_chunks(f.dh);
+  gemm_bf16_packed(g, {.kb = kb, .nb = bf16_blocks(cols), .a = qp, .a_stride = kb * 256,
+                       .b = p.k + bh * p.k_words + k0 / 16 * kb * 256, .b_stride = kb * 256});
+}
+
+// O += P V for keys [k0, k0 + cols) of K/V head bh (k0 a multiple of 32), P
+// packed into pp from the scores tile.
+void packed_mix(const FlashShape& f, const PackedHeads& p, int64_t bh, const float* P, uint32_t* pp, int64_t rows,
+                int64_t k0, int64_t cols, float* O) {
+  GemmBf16Args a;
+  a.m = rows, a.k = cols, a.a_f32 = P, a.lda = kFlashKeyTile;
+  pack_bf16_a(a, pp);
+  GemmBf16Args g;
+  g.m = rows, g.n = f.dv, g.k = cols, g.beta = 1.0f, g.c = O, g.ldc = f.dv;
+  const int64_t kb = bf16_chunks(cols);
+  gemm_bf16_packed(g, {.kb = kb, .nb = bf16_blocks(f.dv), .a = pp, .a_stride = kb * 256,
+                       .b = p.v + bh * p.v_words + k0 / 32 * 256, .b_stride = bf16_chunks(f.s) * 256});
+}
+
+#endif
+
 }  // namespace
 
 void flash_attention_forward(const FlashShape& f, const float* q, const float* k, const float* v, float* out,
@@ -81,6 +138,17 @@ void flash_attention_forward(const FlashShape& f, const float* q, const float* k
   const Layouts L(f);
   const int64_t q_tiles = (f.t + Br - 1) / Br;
   const int64_t tasks = f.batch * f.heads * q_tiles;
+  PackedHeads packed;
+#if defined(__AVX512F__)
+  packed.on = f.bf16 && bf16_packed_usable();
+  packed.k_words = bf16_packed_words(f.s, f.dh), packed.v_words = bf16_packed_words(f.dv, f.s);
+  Scratch heads(packed.on ? f.batch * f.kv_heads * (packed.k_words + packed.v_words) : 1);  // 32-bit words
+  if (packed.on) {
+    packed.k = reinterpret_cast<uint32_t*>(heads.data());
+    packed.v = packed.k + f.batch * f.kv_heads * packed.k_words;
+    pack_heads(f, L, k, v, packed);
+  }
+#endif
 #pragma omp parallel if (tasks > 1)
   {
     Scratch scores(Br * Bc), acc(Br * f.dv), row_max(Br), row_sum(Br);
@@ -88,6 +156,11 @@ void flash_attention_forward(const FlashShape& f, const float* q, const float* k
     float* O = acc.data();
     float* m = row_max.data();
     float* l = row_sum.data();
+#if defined(__AVX512F__)
+    Scratch q_words(packed.on ? bf16_packed_words(Br, f.dh) : 1), p_words(packed.on ? bf16_packed_words(Br, Bc) : 1);
+    uint32_t* qp = reinterpret_cast<uint32_t*>(q_words.data());
+    uint32_t* pp = reinterpret_cast<uint32_t*>(p_words.data());
+#endif
 #pragma omp for schedule(dynamic)
     for (int64_t task = 0; task < tasks; ++task) {
       const int64_t qt = task % q_tiles, bh = task / q_tiles, b = bh / f.heads, h = bh % f.heads;
@@ -99,9 +172,21 @@ void flash_attention_forward(const FlashShape& f, const float* q, const float* k
       std::fill(m, m + rows, -INFINITY);
       std::fill(l, l + rows, 0.0f);
       std::fill(O, O + rows * f.dv, 0.0f);
+#if defined(__AVX512F__)
+      const int64_t bh_kv = b * f.kv_heads + h / G;
+      if (packed.on) {
+        GemmBf16Args a;
+        a.m = rows, a.k = f.dh, a.a_f32 = Q, a.lda = L.q.row;
+        pack_bf16_a(a, qp);
+      }
+#endif
       for (int64_t k0 = 0; k0 < tile_hi; k0 += Bc) {
         const int64_t cols = std::min(Bc, tile_hi - k0);
-        small_gemm(f, false, true, rows, cols, f.dh, f.scale, Q, L.q.row, K + k0 * L.k.row, L.k.row, 0.0f, S, Bc);
+#if defined(__AVX512F__)
+        if (packed.on) packed_scores(f, packed, bh_kv, qp, rows, k0, cols, S);
+        else
+#endif
+          small_gemm(f, false, true, rows, cols, f.dh, f.scale, Q, L.q.row, K + k0 * L.k.row, L.k.row, 0.0f, S, Bc);
         for (int64_t r = 0; r < rows; ++r) {
           float* s = S + r * Bc;
           const int64_t vis = std::clamp<int64_t>(visible_keys(f, b, q0 + r) - k0, 0, cols);
@@ -121,7 +206,11 @@ void flash_attention_forward(const FlashShape& f, const float* q, const float* k
           float* o = O + r * f.dv;
           for (int64_t d = 0; d < f.dv; ++d) o[d] *= alpha;
         }
-        small_gemm(f, false, false, rows, f.dv, cols, 1.0f, S, Bc, V + k0 * L.v.row, L.v.row, 1.0f, O, f.dv);
+#if defined(__AVX512F__)
+        if (packed.on) packed_mix(f, packed, bh_kv, S, pp, rows, k0, cols, O);
+        else
+#endif
+          small_gemm(f, false, false, rows, f.dv, cols, 1.0f, S, Bc, V + k0 * L.v.row, L.v.row, 1.0f, O, f.dv);
       }
       for (int64_t r = 0; r < rows; ++r) {
         float* dst = out + at(L.o, b, h) + (q0 + r) * L.o.row;

@@ -36,6 +36,7 @@
 #include <cstring>
 
 #include "src/kernels/cpu/float_copies.h"
+#include "src/kernels/cpu/gemm_bf16_packed.h"
 #include "src/kernels/cpu/scratch.h"
 #include "src/kernels/cpu/simd.h"
 #include "src/kernels/kernels.h"
@@ -95,16 +96,6 @@ void widened(const GemmBf16Args& g) {
 }
 
 #if defined(__AVX512F__)
-
-// The packed operands. kb: blocks of 32 along k; a "pair" is two bfloat16 of
-// consecutive k in one 32-bit word, the lower k in the low half.
-struct Packed {
-  int64_t kb = 0;        // k / 32, rounded up
-  int64_t mb = 0;        // m / 16, rounded up to an even count (AMX takes 32 rows at a time)
-  int64_t nb = 0;        // n / 16, rounded up to even
-  uint32_t* a = nullptr;  // [mb][kb][16 rows][16 pairs]: one 16 x 32 tile per (mb, kb)
-  uint32_t* b = nullptr;  // [nb][kb * 16 pairs of k][16 columns]
-};
 
 // Elements p and p + 1 of row r as a pair (zeros past k).
 inline uint32_t pair(const Operand& x, int64_t r, int64_t p, int64_t k) {
@@ -186,25 +177,35 @@ void pack_b_chunk(const GemmBf16Args& g, const Operand& b, int64_t j0, int64_t k
     for (int64_t jj = 0; jj < 16; ++jj) out[kk * 16 + jj] = j0 + jj < g.n ? pair(b, j0 + jj, k0 + 2 * kk, g.k) : 0;
 }
 
-// Packs A and B into pk's buffers (with_packed sizes them).
-void pack(const GemmBf16Args& g, Packed& pk) {
-  const int64_t kb = pk.kb;
-  const bool threads = !omp_in_parallel() && g.m * g.n * g.k >= (1 << 20);
+// The products large enough to pack with threads (when not inside a parallel region).
+bool pack_with_threads(const GemmBf16Args& g) { return !omp_in_parallel() && g.m * g.n * g.k >= (1 << 20); }
+
+}  // namespace
+
+void pack_bf16_a(const GemmBf16Args& g, uint32_t* out) {
+  const int64_t kb = bf16_chunks(g.k), blocks = bf16_blocks(g.m);
   const bool vector_round = g.a_f32 && !g.a_transposed && avx512_bf16_usable();
-  const Operand a = operand_a(g), b = operand_b(g);
-#pragma omp parallel for schedule(static) if (threads)
-  for (int64_t blk = 0; blk < pk.mb * kb; ++blk) {
+  const Operand a = operand_a(g);
+#pragma omp parallel for schedule(static) if (pack_with_threads(g))
+  for (int64_t blk = 0; blk < blocks * kb; ++blk) {
     const int64_t m0 = blk / kb * 16, k0 = blk % kb * 32;
-    uint16_t* tile = reinterpret_cast<uint16_t*>(pk.a + blk * 256);
+    uint16_t* tile = reinterpret_cast<uint16_t*>(out + blk * 256);
     if (g.a_transposed) pack_a_transposed(g, a, m0, k0, tile);
     else for (int64_t r = 0; r < 16; ++r) pack_a_segment(g, a, m0 + r, k0, vector_round, tile + r * 32);
   }
-#pragma omp parallel for schedule(static) if (threads)
-  for (int64_t blk = 0; blk < pk.nb * kb; ++blk) {  // block nb holds its kb chunks one after another
+}
+
+void pack_bf16_b(const GemmBf16Args& g, uint32_t* out) {
+  const int64_t kb = bf16_chunks(g.k), blocks = bf16_blocks(g.n);
+  const Operand b = operand_b(g);
+#pragma omp parallel for schedule(static) if (pack_with_threads(g))
+  for (int64_t blk = 0; blk < blocks * kb; ++blk) {  // block nb holds its kb chunks one after another
     const int64_t nb = blk / kb, p = blk % kb;
-    pack_b_chunk(g, b, nb * 16, p * 32, pk.b + blk * 256);
+    pack_b_chunk(g, b, nb * 16, p * 32, out + blk * 256);
   }
 }
+
+namespace {
 
 // Writes a block of sums (rows x 16 columns per tile, row stride 16) into C,
 // only where it lies inside C.
@@ -224,15 +225,13 @@ void finish_tile(const GemmBf16Args& g, const float* sums, int64_t i0, int64_t j
 
 template <class Blocks>
 void with_packed(const GemmBf16Args& g, Blocks&& blocks) {
-  Packed pk;
-  pk.kb = (g.k + 31) / 32;
-  pk.mb = ((g.m + 15) / 16 + 1) / 2 * 2;
-  pk.nb = ((g.n + 15) / 16 + 1) / 2 * 2;
-  Scratch a(pk.mb * pk.kb * 256), b(pk.nb * pk.kb * 256);  // 32-bit words, as floats
-  pk.a = reinterpret_cast<uint32_t*>(a.data());
-  pk.b = reinterpret_cast<uint32_t*>(b.data());
-  pack(g, pk);
-  blocks(pk);
+  const int64_t kb = bf16_chunks(g.k);
+  Scratch a(bf16_blocks(g.m) * kb * 256), b(bf16_blocks(g.n) * kb * 256);  // 32-bit words, as floats
+  uint32_t* pa = reinterpret_cast<uint32_t*>(a.data());
+  uint32_t* pb = reinterpret_cast<uint32_t*>(b.data());
+  pack_bf16_a(g, pa);
+  pack_bf16_b(g, pb);
+  blocks(PackedBf16{.kb = kb, .nb = bf16_blocks(g.n), .a = pa, .a_stride = kb * 256, .b = pb, .b_stride = kb * 256});
 }
 
 // --- AMX ---
@@ -253,7 +252,7 @@ struct alignas(64) TileConfig {
 // Blocks [first, last) of 32 x 32, on this thread. (The target attribute is
 // on the thread's body, not on a function holding the OpenMP region: the
 // region's outlined function would not inherit it.)
-__attribute__((target("amx-tile,amx-bf16"))) void amx_range(const GemmBf16Args& g, const Packed& pk, int64_t first,
+__attribute__((target("amx-tile,amx-bf16"))) void amx_range(const GemmBf16Args& g, const PackedBf16& pk, int64_t first,
                                                              int64_t last) {
   const int64_t nb2 = pk.nb / 2, kb = pk.kb;
   TileConfig cfg;
@@ -262,10 +261,10 @@ __attribute__((target("amx-tile,amx-bf16"))) void amx_range(const GemmBf16Args& 
   alignas(64) float sums[4][256];
   for (int64_t blk = first; blk < last; ++blk) {
     const int64_t m2 = blk / nb2, n2 = blk % nb2;
-    const uint32_t* a0 = pk.a + (2 * m2) * kb * 256;
-    const uint32_t* a1 = a0 + kb * 256;
-    const uint32_t* b0 = pk.b + (2 * n2) * kb * 256;
-    const uint32_t* b1 = b0 + kb * 256;
+    const uint32_t* a0 = pk.a + (2 * m2) * pk.a_stride;
+    const uint32_t* a1 = a0 + pk.a_stride;
+    const uint32_t* b0 = pk.b + (2 * n2) * pk.b_stride;
+    const uint32_t* b1 = b0 + pk.b_stride;
     _tile_zero(0);
     _tile_zero(1);
     _tile_zero(2);
@@ -306,26 +305,26 @@ void split_blocks(const GemmBf16Args& g, int64_t count, Range&& range) {
   }
 }
 
-void amx_blocks(const GemmBf16Args& g, const Packed& pk) {
-  split_blocks(g, pk.mb / 2 * (pk.nb / 2), [&](int64_t first, int64_t last) { amx_range(g, pk, first, last); });
+void amx_blocks(const GemmBf16Args& g, const PackedBf16& pk) {
+  split_blocks(g, bf16_blocks(g.m) / 2 * (pk.nb / 2), [&](int64_t first, int64_t last) { amx_range(g, pk, first, last); });
 }
 
 // --- AVX512-BF16 ---
 
 // Blocks [first, last) of 16 rows x 32 columns, on this thread.
-__attribute__((target("avx512bf16"))) void dpbf16_range(const GemmBf16Args& g, const Packed& pk, int64_t first,
+__attribute__((target("avx512bf16"))) void dpbf16_range(const GemmBf16Args& g, const PackedBf16& pk, int64_t first,
                                                         int64_t last) {
   const int64_t kb = pk.kb, nb2 = pk.nb / 2;
   for (int64_t blk = first; blk < last; ++blk) {
     const int64_t mb = blk / nb2, n2 = blk % nb2;
-    const uint32_t* b0 = pk.b + (2 * n2) * kb * 256;
-    const uint32_t* b1 = b0 + kb * 256;
+    const uint32_t* b0 = pk.b + (2 * n2) * pk.b_stride;
+    const uint32_t* b1 = b0 + pk.b_stride;
     alignas(64) float sums[2][256];
     for (int64_t half = 0; half < 2; ++half) {  // rows 0-7, then 8-15, of this 16-row block
       __m512 acc[8][2];
       for (auto& r : acc) r[0] = r[1] = _mm512_setzero_ps();
       for (int64_t p = 0; p < kb; ++p) {
-        const uint32_t* a = pk.a + (mb * kb + p) * 256 + half * 8 * 16;
+        const uint32_t* a = pk.a + mb * pk.a_stride + p * 256 + half * 8 * 16;
         for (int64_t q = 0; q < 16; ++q) {
           const __m512bh v0 = (__m512bh)_mm512_loadu_si512(b0 + (p * 16 + q) * 16);
           const __m512bh v1 = (__m512bh)_mm512_loadu_si512(b1 + (p * 16 + q) * 16);
@@ -347,7 +346,7 @@ __attribute__((target("avx512bf16"))) void dpbf16_range(const GemmBf16Args& g, c
   }
 }
 
-void dpbf16_blocks(const GemmBf16Args& g, const Packed& pk) {
+void dpbf16_blocks(const GemmBf16Args& g, const PackedBf16& pk) {
   split_blocks(g, (g.m + 15) / 16 * (pk.nb / 2), [&](int64_t first, int64_t last) { dpbf16_range(g, pk, first, last); });
 }
 
@@ -433,13 +432,22 @@ bool avx512_bf16_usable() {
 
 void gemm_bf16_amx(const GemmBf16Args& g) {
   if (g.k == 0) return scale_only(g);
-  with_packed(g, [&](const Packed& pk) { amx_blocks(g, pk); });
+  with_packed(g, [&](const PackedBf16& pk) { amx_blocks(g, pk); });
 }
 void gemm_bf16_avx512_bf16(const GemmBf16Args& g) {
   if (g.k == 0) return scale_only(g);
   if (g.m <= kMaxGemvRows && g.b && !g.b_transposed) return gemv(g);  // B bfloat16, its rows in place
-  with_packed(g, [&](const Packed& pk) { dpbf16_blocks(g, pk); });
+  with_packed(g, [&](const PackedBf16& pk) { dpbf16_blocks(g, pk); });
 }
+bool bf16_packed_usable() { return amx_bf16_usable() || avx512_bf16_usable(); }
+
+void gemm_bf16_packed(const GemmBf16Args& g, const PackedBf16& pk) {
+  if (g.m == 0 || g.n == 0) return;
+  if (g.k == 0) return scale_only(g);
+  if (amx_bf16_usable() && g.m > kMaxGemvRows) return amx_blocks(g, pk);
+  dpbf16_blocks(g, pk);
+}
+
 void gemm_bf16_widened(const GemmBf16Args& g) {
   if (g.k == 0) return scale_only(g);
   widened(g);
