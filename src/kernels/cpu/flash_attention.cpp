@@ -74,61 +74,63 @@ void small_gemm(const FlashShape& f, bool ta, bool tb, int64_t m, int64_t n, int
   gemm(g);
 }
 
-// The bfloat16 forward's operands, packed for gemm_bf16's kernels (AMX or
-// AVX512-BF16; the avx512 level where the CPU has either): each K/V head's K
-// and V^T once per call (bfloat16 copies, O(S D) words in all), each query
-// tile's Q once, and each tile of probabilities as it is made, where
-// small_gemm would pack Q, K and V again for every tile.
-struct PackedHeads {
-#if defined(__AVX512F__)
-  int64_t k_words = 0, v_words = 0;  // per K/V head
-  uint32_t* k = nullptr;              // [B * Hkv][K as B: n = S keys, k = Dh]
-  uint32_t* v = nullptr;              // [B * Hkv][V^T as B: n = Dv, k = S keys]
-#endif
-  bool on = false;
+// The bfloat16 kernels' operands packed once for gemm_bf16's kernels (AMX or
+// AVX512-BF16: the avx512 level, where the CPU has either), where small_gemm
+// would pack both operands of every tile product again: the forward packs
+// each K/V head's K and V^T once per call (bfloat16 copies, O(S D) words in
+// all) and each query tile's Q once; the backward packs its K/V head's K,
+// K^T and V, and each query head's Q, Q^T, dO and dO^T, once per head. Only
+// the tiles made on the way (P, dS and their transposes) are packed per tile.
+//
+// A packed operand, `rows` by `depth` (its k), as A or as B: a slice of its
+// rows from r0 (a multiple of 16), or of its depth from k0 (a multiple of 32).
+struct Packed {
+  uint32_t* words = nullptr;
+  int64_t rows = 0, depth = 0;
+  int64_t stride() const { return bf16_chunks(depth) * 256; }
+  const uint32_t* rows_from(int64_t r0) const { return words + r0 / 16 * stride(); }
+  const uint32_t* depth_from(int64_t k0) const { return words + k0 / 32 * 256; }
 };
 
-#if defined(__AVX512F__)
-
-void pack_heads(const FlashShape& f, const Layouts& L, const float* k, const float* v, PackedHeads& p) {
-  const int64_t heads = f.batch * f.kv_heads;
-#pragma omp parallel for schedule(static) if (heads > 1)
-  for (int64_t bh = 0; bh < heads; ++bh) {
-    const int64_t b = bh / f.kv_heads, hk = bh % f.kv_heads;
-    GemmBf16Args gk;  // B = K [S, Dh]
-    gk.m = 1, gk.n = f.s, gk.k = f.dh, gk.b_f32 = k + at(L.k, b, hk), gk.ldb = L.k.row;
-    pack_bf16_b(gk, p.k + bh * p.k_words);
-    GemmBf16Args gv;  // B = V^T [Dv, S], held as V [S, Dv]: transposed
-    gv.m = 1, gv.n = f.dv, gv.k = f.s, gv.b_f32 = v + at(L.v, b, hk), gv.ldb = L.v.row, gv.b_transposed = true;
-    pack_bf16_b(gv, p.v + bh * p.v_words);
+// Words for packed operands, from the caching allocator.
+class PackBuffer {
+public:
+  explicit PackBuffer(int64_t words) : scratch_(words) {}
+  // The next `rows` x `depth` operand's place.
+  Packed take(int64_t rows, int64_t depth) {
+    Packed p{reinterpret_cast<uint32_t*>(scratch_.data()) + used_, rows, depth};
+    used_ += bf16_packed_words(rows, depth);
+    return p;
   }
-}
 
-// S = scale Q K^T for keys [k0, k0 + cols) of K/V head bh, Q packed in qp.
-void packed_scores(const FlashShape& f, const PackedHeads& p, int64_t bh, const uint32_t* qp, int64_t rows,
-                   int64_t k0, int64_t cols, float* S) {
+private:
+  Scratch scratch_;
+  int64_t used_ = 0;
+};
+
+// x as operand A (rows x depth) or B (its rows are C's columns): x holds it
+// row by row (row stride ld), or, when `transposed`, depth by depth (x is
+// [depth, rows]).
+void pack_a(const Packed& p, const float* x, int64_t ld, bool transposed) {
   GemmBf16Args g;
-  g.m = rows, g.n = cols, g.k = f.dh, g.alpha = f.scale, g.c = S, g.ldc = kFlashKeyTile;
-  const int64_t kb = bf16_chunks(f.dh);
-  gemm_bf16_packed(g, {.kb = kb, .nb = bf16_blocks(cols), .a = qp, .a_stride = kb * 256,
-                       .b = p.k + bh * p.k_words + k0 / 16 * kb * 256, .b_stride = kb * 256});
+  g.m = p.rows, g.n = 1, g.k = p.depth, g.a_f32 = x, g.lda = ld, g.a_transposed = transposed;
+  pack_bf16_a(g, p.words);
 }
-
-// O += P V for keys [k0, k0 + cols) of K/V head bh (k0 a multiple of 32), P
-// packed into pp from the scores tile.
-void packed_mix(const FlashShape& f, const PackedHeads& p, int64_t bh, const float* P, uint32_t* pp, int64_t rows,
-                int64_t k0, int64_t cols, float* O) {
-  GemmBf16Args a;
-  a.m = rows, a.k = cols, a.a_f32 = P, a.lda = kFlashKeyTile;
-  pack_bf16_a(a, pp);
+void pack_b(const Packed& p, const float* x, int64_t ld, bool transposed) {
   GemmBf16Args g;
-  g.m = rows, g.n = f.dv, g.k = cols, g.beta = 1.0f, g.c = O, g.ldc = f.dv;
-  const int64_t kb = bf16_chunks(cols);
-  gemm_bf16_packed(g, {.kb = kb, .nb = bf16_blocks(f.dv), .a = pp, .a_stride = kb * 256,
-                       .b = p.v + bh * p.v_words + k0 / 32 * 256, .b_stride = bf16_chunks(f.s) * 256});
+  g.m = 1, g.n = p.rows, g.k = p.depth, g.b_f32 = x, g.ldb = ld, g.b_transposed = transposed;
+  pack_bf16_b(g, p.words);
 }
 
-#endif
+// C[m, n] = alpha A B^T + beta C over depth k, A and B given as slices (a
+// pointer into a packed operand and that operand's stride).
+void packed_product(int64_t m, int64_t n, int64_t k, float alpha, const uint32_t* a, int64_t a_stride,
+                    const uint32_t* b, int64_t b_stride, float beta, float* c, int64_t ldc) {
+  GemmBf16Args g;
+  g.m = m, g.n = n, g.k = k, g.alpha = alpha, g.beta = beta, g.c = c, g.ldc = ldc;
+  gemm_bf16_packed(g, {.kb = bf16_chunks(k), .nb = bf16_blocks(n), .a = a, .a_stride = a_stride, .b = b,
+                       .b_stride = b_stride});
+}
 
 }  // namespace
 
@@ -138,17 +140,18 @@ void flash_attention_forward(const FlashShape& f, const float* q, const float* k
   const Layouts L(f);
   const int64_t q_tiles = (f.t + Br - 1) / Br;
   const int64_t tasks = f.batch * f.heads * q_tiles;
-  PackedHeads packed;
-#if defined(__AVX512F__)
-  packed.on = f.bf16 && bf16_packed_usable();
-  packed.k_words = bf16_packed_words(f.s, f.dh), packed.v_words = bf16_packed_words(f.dv, f.s);
-  Scratch heads(packed.on ? f.batch * f.kv_heads * (packed.k_words + packed.v_words) : 1);  // 32-bit words
-  if (packed.on) {
-    packed.k = reinterpret_cast<uint32_t*>(heads.data());
-    packed.v = packed.k + f.batch * f.kv_heads * packed.k_words;
-    pack_heads(f, L, k, v, packed);
+  // Packed (f.bf16 where the CPU multiplies bfloat16): each K/V head's K [S, Dh] and V^T [Dv, S], once.
+  const bool packed = f.bf16 && bf16_packed_usable();
+  const int64_t kv_heads = f.batch * f.kv_heads;
+  PackBuffer head_words(packed ? kv_heads * (bf16_packed_words(f.s, f.dh) + bf16_packed_words(f.dv, f.s)) : 0);
+  std::vector<Packed> Kp(packed ? kv_heads : 0), Vt(packed ? kv_heads : 0);
+  for (int64_t bh = 0; bh < (int64_t)Kp.size(); ++bh) Kp[bh] = head_words.take(f.s, f.dh), Vt[bh] = head_words.take(f.dv, f.s);
+#pragma omp parallel for schedule(static) if (packed && kv_heads > 1)
+  for (int64_t bh = 0; bh < (int64_t)Kp.size(); ++bh) {
+    const int64_t b = bh / f.kv_heads, hk = bh % f.kv_heads;
+    pack_b(Kp[bh], k + at(L.k, b, hk), L.k.row, false);
+    pack_b(Vt[bh], v + at(L.v, b, hk), L.v.row, true);
   }
-#endif
 #pragma omp parallel if (tasks > 1)
   {
     Scratch scores(Br * Bc), acc(Br * f.dv), row_max(Br), row_sum(Br);
@@ -156,11 +159,8 @@ void flash_attention_forward(const FlashShape& f, const float* q, const float* k
     float* O = acc.data();
     float* m = row_max.data();
     float* l = row_sum.data();
-#if defined(__AVX512F__)
-    Scratch q_words(packed.on ? bf16_packed_words(Br, f.dh) : 1), p_words(packed.on ? bf16_packed_words(Br, Bc) : 1);
-    uint32_t* qp = reinterpret_cast<uint32_t*>(q_words.data());
-    uint32_t* pp = reinterpret_cast<uint32_t*>(p_words.data());
-#endif
+    PackBuffer tile_words(packed ? bf16_packed_words(Br, f.dh) + bf16_packed_words(Br, Bc) : 0);
+    const Packed Qp = packed ? tile_words.take(Br, f.dh) : Packed{}, Pp = packed ? tile_words.take(Br, Bc) : Packed{};
 #pragma omp for schedule(dynamic)
     for (int64_t task = 0; task < tasks; ++task) {
       const int64_t qt = task % q_tiles, bh = task / q_tiles, b = bh / f.heads, h = bh % f.heads;
@@ -172,20 +172,14 @@ void flash_attention_forward(const FlashShape& f, const float* q, const float* k
       std::fill(m, m + rows, -INFINITY);
       std::fill(l, l + rows, 0.0f);
       std::fill(O, O + rows * f.dv, 0.0f);
-#if defined(__AVX512F__)
       const int64_t bh_kv = b * f.kv_heads + h / G;
-      if (packed.on) {
-        GemmBf16Args a;
-        a.m = rows, a.k = f.dh, a.a_f32 = Q, a.lda = L.q.row;
-        pack_bf16_a(a, qp);
-      }
-#endif
+      if (packed) pack_a({Qp.words, rows, f.dh}, Q, L.q.row, false);
       for (int64_t k0 = 0; k0 < tile_hi; k0 += Bc) {
         const int64_t cols = std::min(Bc, tile_hi - k0);
-#if defined(__AVX512F__)
-        if (packed.on) packed_scores(f, packed, bh_kv, qp, rows, k0, cols, S);
+        if (packed)
+          packed_product(rows, cols, f.dh, f.scale, Qp.words, Qp.stride(), Kp[bh_kv].rows_from(k0), Kp[bh_kv].stride(),
+                         0.0f, S, Bc);
         else
-#endif
           small_gemm(f, false, true, rows, cols, f.dh, f.scale, Q, L.q.row, K + k0 * L.k.row, L.k.row, 0.0f, S, Bc);
         for (int64_t r = 0; r < rows; ++r) {
           float* s = S + r * Bc;
@@ -206,11 +200,14 @@ void flash_attention_forward(const FlashShape& f, const float* q, const float* k
           float* o = O + r * f.dv;
           for (int64_t d = 0; d < f.dv; ++d) o[d] *= alpha;
         }
-#if defined(__AVX512F__)
-        if (packed.on) packed_mix(f, packed, bh_kv, S, pp, rows, k0, cols, O);
-        else
-#endif
+        if (packed) {
+          const Packed P{Pp.words, rows, cols};
+          pack_a(P, S, Bc, false);
+          packed_product(rows, f.dv, cols, 1.0f, P.words, P.stride(), Vt[bh_kv].depth_from(k0), Vt[bh_kv].stride(),
+                         1.0f, O, f.dv);
+        } else {
           small_gemm(f, false, false, rows, f.dv, cols, 1.0f, S, Bc, V + k0 * L.v.row, L.v.row, 1.0f, O, f.dv);
+        }
       }
       for (int64_t r = 0; r < rows; ++r) {
         float* dst = out + at(L.o, b, h) + (q0 + r) * L.o.row;
@@ -229,12 +226,26 @@ void flash_attention_backward(const FlashShape& f, const float* q, const float* 
   const int64_t G = f.heads / f.kv_heads;
   const Layouts L(f);
   const int64_t tasks = f.batch * f.kv_heads;
+  // Packed (f.bf16 where the CPU multiplies bfloat16): per thread, its K/V
+  // head's K, K^T and V, each query head's Q, Q^T, dO and dO^T, and the
+  // tiles P^T, dS and dS^T.
+  const bool packed = f.bf16 && bf16_packed_usable();
 #pragma omp parallel if (tasks > 1)
   {
     Scratch probs(Br * Bc), dprobs(Br * Bc), rowdot(f.t);
     float* P = probs.data();
     float* dP = dprobs.data();
     float* D = rowdot.data();
+    PackBuffer words(packed ? 2 * bf16_packed_words(f.s, f.dh) + bf16_packed_words(f.s, f.dv) +
+                                  2 * bf16_packed_words(f.t, f.dh) + 2 * bf16_packed_words(f.t, f.dv) +
+                                  3 * bf16_packed_words(Bc, Br)
+                            : 0);
+    Packed Kp, Kt, Vp, Qp, Qt, dOp, dOt, Pt, dSp, dSt;
+    if (packed) {
+      Kp = words.take(f.s, f.dh), Kt = words.take(f.dh, f.s), Vp = words.take(f.s, f.dv);
+      Qp = words.take(f.t, f.dh), Qt = words.take(f.dh, f.t), dOp = words.take(f.t, f.dv), dOt = words.take(f.dv, f.t);
+      Pt = words.take(Bc, Br), dSp = words.take(Bc, Br), dSt = words.take(Bc, Br);  // each at most Br x Bc either way
+    }
 #pragma omp for schedule(dynamic)
     for (int64_t task = 0; task < tasks; ++task) {
       const int64_t b = task / f.kv_heads, hk = task % f.kv_heads;
@@ -247,6 +258,11 @@ void flash_attention_backward(const FlashShape& f, const float* q, const float* 
       for (int64_t j = 0; j < f.s; ++j) {  // keys past key_hi (padding) keep these zeros
         std::fill_n(dK + j * kr, f.dh, 0.0f);
         std::fill_n(dV + j * vr, f.dv, 0.0f);
+      }
+      if (packed) {
+        pack_b(Kp, K, kr, false);
+        pack_b(Kt, K, kr, true);
+        pack_b(Vp, V, vr, false);
       }
       for (int64_t g = 0; g < G; ++g) {
         const int64_t h = hk * G + g, bh = b * f.heads + h;
@@ -262,13 +278,23 @@ void flash_attention_backward(const FlashShape& f, const float* q, const float* 
           for (int64_t d = 0; d < f.dv; ++d) s += dO[i * orow + d] * O[i * orow + d];
           D[i] = s;
         }
+        if (packed) {
+          pack_a(Qp, Q, qr, false);
+          pack_b(Qt, Q, qr, true);
+          pack_a(dOp, dO, orow, false);
+          pack_b(dOt, dO, orow, true);
+        }
         for (int64_t k0 = 0; k0 < key_hi; k0 += Bc) {
           const int64_t cols = std::min(Bc, key_hi - k0);
           // The first query that can see key k0 (causal: i + S - T >= k0).
           const int64_t first_q = f.causal ? std::max<int64_t>(0, k0 - (f.s - f.t)) : 0;
           for (int64_t q0 = first_q / Br * Br; q0 < f.t; q0 += Br) {
             const int64_t rows = std::min(Br, f.t - q0);
-            small_gemm(f, false, true, rows, cols, f.dh, f.scale, Q + q0 * qr, qr, K + k0 * kr, kr, 0.0f, P, Bc);
+            if (packed)
+              packed_product(rows, cols, f.dh, f.scale, Qp.rows_from(q0), Qp.stride(), Kp.rows_from(k0), Kp.stride(),
+                             0.0f, P, Bc);
+            else
+              small_gemm(f, false, true, rows, cols, f.dh, f.scale, Q + q0 * qr, qr, K + k0 * kr, kr, 0.0f, P, Bc);
             for (int64_t r = 0; r < rows; ++r) {
               float* p = P + r * Bc;
               const float row_lse = lse_row[q0 + r];
@@ -277,16 +303,35 @@ void flash_attention_backward(const FlashShape& f, const float* q, const float* 
               for (int64_t j = 0; j < vis; ++j) p[j] = fast_exp(p[j] - row_lse);
               std::fill(p + vis, p + cols, 0.0f);
             }
-            small_gemm(f, true, false, cols, f.dv, rows, 1.0f, P, Bc, dO + q0 * orow, orow, 1.0f, dV + k0 * vr, vr);
-            small_gemm(f, false, true, rows, cols, f.dv, 1.0f, dO + q0 * orow, orow, V + k0 * vr, vr, 0.0f, dP, Bc);
+            if (packed) {  // dV += P^T dO;  dP = dO V^T
+              const Packed p_t{Pt.words, cols, rows};
+              pack_a(p_t, P, Bc, true);
+              packed_product(cols, f.dv, rows, 1.0f, p_t.words, p_t.stride(), dOt.depth_from(q0), dOt.stride(), 1.0f,
+                             dV + k0 * vr, vr);
+              packed_product(rows, cols, f.dv, 1.0f, dOp.rows_from(q0), dOp.stride(), Vp.rows_from(k0), Vp.stride(),
+                             0.0f, dP, Bc);
+            } else {
+              small_gemm(f, true, false, cols, f.dv, rows, 1.0f, P, Bc, dO + q0 * orow, orow, 1.0f, dV + k0 * vr, vr);
+              small_gemm(f, false, true, rows, cols, f.dv, 1.0f, dO + q0 * orow, orow, V + k0 * vr, vr, 0.0f, dP, Bc);
+            }
             for (int64_t r = 0; r < rows; ++r) {
               const float di = D[q0 + r];
               float* dp = dP + r * Bc;
               const float* p = P + r * Bc;
               for (int64_t j = 0; j < cols; ++j) dp[j] = p[j] * (dp[j] - di);
             }
-            small_gemm(f, false, false, rows, f.dh, cols, f.scale, dP, Bc, K + k0 * kr, kr, 1.0f, dQ + q0 * qr, qr);
-            small_gemm(f, true, false, cols, f.dh, rows, f.scale, dP, Bc, Q + q0 * qr, qr, 1.0f, dK + k0 * kr, kr);
+            if (packed) {  // dQ += scale dS K;  dK += scale dS^T Q
+              const Packed ds{dSp.words, rows, cols}, ds_t{dSt.words, cols, rows};
+              pack_a(ds, dP, Bc, false);
+              pack_a(ds_t, dP, Bc, true);
+              packed_product(rows, f.dh, cols, f.scale, ds.words, ds.stride(), Kt.depth_from(k0), Kt.stride(), 1.0f,
+                             dQ + q0 * qr, qr);
+              packed_product(cols, f.dh, rows, f.scale, ds_t.words, ds_t.stride(), Qt.depth_from(q0), Qt.stride(),
+                             1.0f, dK + k0 * kr, kr);
+            } else {
+              small_gemm(f, false, false, rows, f.dh, cols, f.scale, dP, Bc, K + k0 * kr, kr, 1.0f, dQ + q0 * qr, qr);
+              small_gemm(f, true, false, cols, f.dh, rows, f.scale, dP, Bc, Q + q0 * qr, qr, 1.0f, dK + k0 * kr, kr);
+            }
           }
         }
       }

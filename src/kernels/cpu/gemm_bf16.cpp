@@ -33,6 +33,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include "src/kernels/cpu/float_copies.h"
@@ -467,6 +468,11 @@ const char* gemm_bf16_path() {
 }
 
 #else
+
+bool bf16_packed_usable() { return false; }
+void pack_bf16_a(const GemmBf16Args&, uint32_t*) { std::abort(); }  // callers ask bf16_packed_usable() first
+void pack_bf16_b(const GemmBf16Args&, uint32_t*) { std::abort(); }
+void gemm_bf16_packed(const GemmBf16Args&, const PackedBf16&) { std::abort(); }
 
 void gemm_bf16(const GemmBf16Args& g) {
   if (g.m == 0 || g.n == 0) return;

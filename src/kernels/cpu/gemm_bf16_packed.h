@@ -1,4 +1,4 @@
-// Internal to the avx512 level: gemm_bf16's packed operands, for a caller
+// Internal to the kernel levels: gemm_bf16's packed operands (avx512 only), for a caller
 // that multiplies by one operand many times and packs it once (flash
 // attention packs each head's K and V once per call, not once per tile).
 //
@@ -23,8 +23,6 @@
 
 namespace qkv::cpu::QKV_CPU_NS {
 
-#if defined(__AVX512F__)
-
 // Chunks of 32 along k, and blocks of 16 rows (rounded up to even).
 constexpr int64_t bf16_chunks(int64_t k) { return (k + 31) / 32; }
 constexpr int64_t bf16_blocks(int64_t rows) { return ((rows + 15) / 16 + 1) / 2 * 2; }
@@ -47,10 +45,10 @@ void pack_bf16_a(const GemmBf16Args& g, uint32_t* out);
 void pack_bf16_b(const GemmBf16Args& g, uint32_t* out);
 // C = alpha * A B^T + beta * C + bias with g's m, n, k, alpha, beta, c, ldc
 // and bias, and A and B from pk (g's operand fields are not read): AMX tiles
-// where usable (above 4 rows), else AVX512-BF16. Only where bf16_packed_usable().
+// where usable (above 4 rows), else AVX512-BF16.
 void gemm_bf16_packed(const GemmBf16Args& g, const PackedBf16& pk);
+// Whether the three above run here: on the avx512 level of a CPU with AMX-BF16
+// or AVX512-BF16. (The lower levels define them only to fail: callers ask first.)
 bool bf16_packed_usable();
-
-#endif
 
 }  // namespace qkv::cpu::QKV_CPU_NS
