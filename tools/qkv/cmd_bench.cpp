@@ -377,7 +377,7 @@ int run_bench_train(const BenchArgs& a) {
               "  %lld parameters, 64 x (32 + 32) tokens per step, AdamW, %d threads; tokens = source + target;\n"
               "  %s\n\n",
               (long long)model.parameter_count(), thread_count(),
-              bf16 ? "bf16 mixed precision: qkv's linear layers in bfloat16 (float32 sums), PyTorch under autocast"
+              bf16 ? "bf16 mixed precision: qkv's linear layers in bfloat16 (float32 sums; attention, with dropout, on the float32 naive path), PyTorch under autocast"
                    : "float32");
   std::printf("  qkv      %8.0f tokens/s  (%.3f s/step, %.1f system allocations per warm step)\n", qkv_tps, per_step,
               out["qkv_system_allocs_per_step"].get<double>());
@@ -783,7 +783,7 @@ int run_bench_vit(const BenchArgs& a) {
   std::printf("qkv bench vit: %s\n  training: batches of 128 (AdamW, label smoothing 0.1); inference: batches of 256; "
               "%d threads;\n  %s\n\n",
               model.summary().c_str(), thread_count(),
-              bf16 ? "bf16 mixed precision: qkv's linear layers in bfloat16 (float32 sums), PyTorch under autocast"
+              bf16 ? "bf16 mixed precision: qkv's linear and flash attention products in bfloat16 (float32 sums), PyTorch under autocast"
                    : "float32");
   std::printf("  %-8s %14s %14s\n", "", "train img/s", "infer img/s");
   std::printf("  %-8s %14.0f %14.0f\n", "qkv", 128 / train_s, 256 / infer_s);

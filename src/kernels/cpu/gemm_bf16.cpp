@@ -119,7 +119,23 @@ void pack_a_segment(const GemmBf16Args& g, const Operand& a, int64_t i, int64_t 
     if (g.a) return (void)std::memcpy(out, g.a + i * g.lda + k0, 64);
     if (vector_round) return round32(g.a_f32 + i * g.lda + k0, out);
   }
+  if (vector_round) {  // the last, partial segment: zero-padded, then rounded as a whole one
+    alignas(64) float staged[32] = {};
+    std::memcpy(staged, g.a_f32 + i * g.lda + k0, sizeof(float) * (g.k - k0));
+    return round32(staged, out);
+  }
   for (int64_t q = 0; q < 32; ++q) out[q] = k0 + q < g.k ? a.at(i, k0 + q) : 0;
+}
+
+// A partial 16 x 32 block of float32 x (rows [r0, r0 + 16), k [k0, k0 + 32),
+// element (r, p) at x.f32[r * row_stride + p * k_stride]), zero-padded past
+// `rows` and `k` into staged[16][32]: the edge tiles then take the vector
+// rounding, not one scalar rounding per element.
+void stage_block(const Operand& x, int64_t r0, int64_t rows, int64_t k0, int64_t k, float* staged) {
+  std::memset(staged, 0, sizeof(float) * 16 * 32);
+  const int64_t re = std::min<int64_t>(16, rows - r0), pe = std::min<int64_t>(32, k - k0);
+  for (int64_t r = 0; r < re; ++r)
+    for (int64_t p = 0; p < pe; ++p) staged[r * 32 + p] = x.f32[(r0 + r) * x.row_stride + (k0 + p) * x.k_stride];
 }
 
 // 16 x 16 words, [16][16] in `in`, turned round into `out` (row stride 16).
@@ -155,6 +171,12 @@ void pack_a_transposed(const GemmBf16Args& g, const Operand& a, int64_t m0, int6
     pairs_of_transposed(a, m0, k0, by_k);
     return transpose_words(by_k, reinterpret_cast<uint32_t*>(tile));
   }
+  if (a.f32 && avx512_bf16_usable()) {  // an edge tile
+    alignas(64) float staged[16 * 32];
+    stage_block(a, m0, g.m, k0, g.k, staged);
+    for (int64_t r = 0; r < 16; ++r) round32(staged + r * 32, tile + r * 32);
+    return;
+  }
   const int64_t rows = std::clamp<int64_t>(g.m - m0, 0, 16);
   std::memset(tile, 0, 1024);
   for (int64_t q = 0; q < 32 && k0 + q < g.k; ++q)
@@ -172,6 +194,13 @@ void pack_b_chunk(const GemmBf16Args& g, const Operand& b, int64_t j0, int64_t k
       if (g.b) std::memcpy(row, g.b + (j0 + jj) * g.ldb + k0, 64);
       else round32(g.b_f32 + (j0 + jj) * g.ldb + k0, row);
     }
+    return transpose_words(by_column, out);
+  }
+  if (b.f32 && avx512_bf16_usable()) {  // an edge chunk: each column's 32 k zero-padded, rounded, turned round
+    alignas(64) float staged[16 * 32];
+    alignas(64) uint32_t by_column[256];
+    stage_block(b, j0, g.n, k0, g.k, staged);
+    for (int64_t jj = 0; jj < 16; ++jj) round32(staged + jj * 32, reinterpret_cast<uint16_t*>(by_column + jj * 16));
     return transpose_words(by_column, out);
   }
   for (int64_t kk = 0; kk < 16; ++kk)
