@@ -52,6 +52,8 @@ new tokens at most, stopping at the folder's eos_token_id).
 
   llama-linear  the llama folder with "linear" rotary scaling (factor 4) in
            its config: transformers' logits (make_llama_linear)
+  llama-yarn  the same with "yarn" scaling: logits, inv_freq and the
+           attention scaling (make_llama_yarn)
   marian   MarianMTModel (make_marian): source.spm and target.spm trained
            here with sentencepiece, vocab.json, swish, Post-Norm,
            scale_embedding, a random final_logits_bias, decoding from <pad>;
@@ -222,6 +224,29 @@ def make_llama_linear(out_dir):
     print("llama-linear: logits with linear rotary scaling")
 
 
+def make_llama_yarn(out_dir):
+    """llama-yarn.expected.safetensors: the llama fixture's weights with "yarn" rotary scaling (factor 4,
+    original context 4096, so that with Dh 8 one frequency is kept, one blended half and half and two
+    divided by 4; attention factor 0.1 ln 4 + 1 on cos and sin) and transformers' logits for the llama
+    fixture's ids; the test loads the llama folder with that config."""
+    from transformers import AutoConfig
+    folder = os.path.join(out_dir, "llama")
+    config = AutoConfig.from_pretrained(folder)
+    config.max_position_embeddings = 16384
+    config.rope_parameters = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096,
+                              "rope_theta": 500000.0}
+    model = LlamaForCausalLM.from_pretrained(folder, config=config, dtype=torch.float32).eval()
+    ids = torch.tensor([[1, 17, 5, 63, 40, 8, 95, 22, 3, 51, 11, 70]])
+    with torch.no_grad():
+        logits = model(ids).logits
+    rotary = model.model.rotary_emb
+    save_file({"ids": ids, "logits": logits.contiguous(), "inv_freq": rotary.inv_freq.float().contiguous(),
+               "attention_scaling": torch.tensor([float(rotary.attention_scaling)], dtype=torch.float32)},
+              os.path.join(out_dir, "llama-yarn.expected.safetensors"))
+    print(f"llama-yarn: logits with yarn rotary scaling; inv_freq {rotary.inv_freq.tolist()}, "
+          f"attention scaling {rotary.attention_scaling}")
+
+
 MARIAN_SENTENCES = ["我是中国人", "The quick brown fox jumps over the lazy dog.", "私は中国人です。", "",
                     ">>jpn<< 他吃苹果"]
 
@@ -375,7 +400,7 @@ def main():
     ap.add_argument("--only", nargs="+", metavar="NAME", help="write only these fixtures")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    for name in args.only or ("llama", "llama-linear", "qwen2", "qwen3", "mistral", "mixtral", "gpt2", "bert", "vit",
+    for name in args.only or ("llama", "llama-linear", "llama-yarn", "qwen2", "qwen3", "mistral", "mixtral", "gpt2", "bert", "vit",
                                  "marian"):
         if name == "bert":
             make_bert(args.out)
@@ -383,6 +408,8 @@ def main():
             make_marian(args.out)
         elif name == "llama-linear":
             make_llama_linear(args.out)
+        elif name == "llama-yarn":
+            make_llama_yarn(args.out)
         elif name == "vit":
             make_vit(args.out)
         else:

@@ -205,14 +205,63 @@ TEST(Hf, LinearFrequencyScaling) {
   EXPECT_FALSE(written.contains("rope_low_freq_factor"));
 }
 
+// "yarn" rotary scaling: the frequencies transformers computes (kept, blended
+// half and half, divided by 4, for the fixture's 4 pairs), the attention
+// factor 0.1 ln 4 + 1 on q and k, and so transformers' logits
+// (llama-yarn.expected.safetensors). The config round trip keeps every field.
+TEST(Hf, YarnFrequencyScaling) {
+  SafetensorsFile expected = load_safetensors(hf("llama-yarn.expected.safetensors"));
+  const nlohmann::json yarn = {{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 4096},
+                               {"rope_theta", 500000.0}};
+  const LanguageModel m =
+      load_language_model(with_config("llama", {{"rope_parameters", yarn}, {"max_position_embeddings", 16384}}));
+  const RopeScaling& s = m.model->config().rope_scaling;
+  EXPECT_EQ(s.kind, RopeScalingKind::Yarn);
+  EXPECT_EQ(s.original_context, 4096);
+  EXPECT_NEAR(s.attention_factor, expected.find("attention_scaling")->to_vector()[0], 1e-6);
+  const std::vector<double> f = rope_frequencies(8, 500000.0f, s);
+  const std::vector<float> inv_freq = expected.find("inv_freq")->to_vector();
+  ASSERT_EQ(f.size(), inv_freq.size());
+  for (size_t i = 0; i < f.size(); ++i) EXPECT_NEAR(f[i], inv_freq[i], 1e-6 * inv_freq[i]) << i;  // theirs: float32
+  EXPECT_DOUBLE_EQ(f[1], 0.5 * std::pow(500000.0, -0.25) + 0.5 * std::pow(500000.0, -0.25) / 4);  // the blended pair
+  NoGradGuard no_grad;
+  const Tensor logits = m.model->forward(*expected.find("ids"));
+  EXPECT_TRUE(testing::all_close(logits, *expected.find("logits"), 1e-4f, 1e-4f));
+  nlohmann::json written = nlohmann::json::parse(m.model->config().to_json());
+  EXPECT_EQ(written["rope_scaling_type"], "yarn");
+  EXPECT_EQ(written["rope_beta_fast"], 32.0);
+  EXPECT_EQ(written["rope_truncate"], true);
+  EXPECT_FALSE(written.contains("rope_low_freq_factor"));
+  // The attention factor multiplies the rotated vector (q and k alike).
+  const Tensor x = Tensor::randn({1, 1, 3, 8}, *std::make_unique<Rng>(1));
+  RopeScaling plain = s;
+  plain.attention_factor = 1.0f;
+  EXPECT_TRUE(testing::all_close(rope(x, {.theta = 500000.0f, .scaling = s}),
+                                 scale(rope(x, {.theta = 500000.0f, .scaling = plain}), s.attention_factor), 1e-6f, 1e-6f));
+  // transformers' other readings: mscale over mscale_all_dim, no factor (max_position_embeddings / L), truncate false.
+  const nlohmann::json variant = {{"rope_type", "yarn"},       {"factor", nullptr},      {"mscale", 0.707},
+                                  {"mscale_all_dim", 0.707},  {"truncate", false},      {"beta_fast", 16.0},
+                                  {"original_max_position_embeddings", 4096}, {"rope_theta", 500000.0}};
+  const RopeScaling v = load_language_model(with_config("llama", {{"rope_parameters", variant},
+                                                                  {"max_position_embeddings", 32768}}))
+                            .model->config()
+                            .rope_scaling;
+  EXPECT_EQ(v.factor, 8.0f);
+  EXPECT_EQ(v.attention_factor, 1.0f);
+  EXPECT_EQ(v.beta_fast, 16.0f);
+  EXPECT_FALSE(v.truncate);
+}
+
 // What would silently change the model is refused, naming the field.
 TEST(Hf, OptionsQkvDoesNotImplementAreOneErrorNamingTheField) {
   auto error_with = [](const nlohmann::json& changes) {
     const std::string dir = with_config("llama", changes);
     return error_of([&] { load_language_model(dir); }).substr(dir.size() + 1);
   };
-  EXPECT_EQ(error_with({{"rope_parameters", {{"rope_type", "yarn"}, {"factor", 8.0}}}}),
-            "config.json: 'rope_parameters' of type 'yarn' is not supported yet (a different model would run)");
+  EXPECT_EQ(error_with({{"rope_parameters", {{"rope_type", "dynamic"}, {"factor", 8.0}}}}),
+            "config.json: 'rope_parameters' of type 'dynamic' is not supported yet (a different model would run)");
+  EXPECT_EQ(error_with({{"rope_parameters", {{"rope_type", "yarn"}, {"factor", 8.0}, {"original_max_position_embeddings", nullptr}}}}),
+            "config.json: 'rope_parameters': 'original_max_position_embeddings' is missing");
   EXPECT_EQ(error_with({{"rope_parameters", {{"low_freq_factor", nullptr}}}}),
             "config.json: 'rope_parameters': 'low_freq_factor' is missing");
   EXPECT_EQ(error_with({{"rope_parameters", {{"low_freq_factor", 40.0}}}}),

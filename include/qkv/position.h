@@ -44,13 +44,26 @@ Tensor sinusoidal_encoding_2d(int64_t grid_h, int64_t grid_w, int64_t dim);
 //   llama3  Llama 3.1's bands (below: kept, blended, divided by the factor)
 //   linear  every frequency divided by the factor (position interpolation,
 //           Chen et al. 2023: position p is rotated as p / factor was)
-enum class RopeScalingKind { Llama3, Linear };
+//   yarn    YaRN (Peng et al. 2023): pair i of Dh/2 makes r_i = L f_i / 2 pi
+//           turns over the original context L. Pairs of many turns are kept,
+//           pairs of few are divided by the factor, and between them a ramp
+//           in i: with lo = d(beta_fast), hi = d(beta_slow), where d(b) =
+//           Dh ln(L / (2 pi b)) / (2 ln theta) is the pair that makes b
+//           turns (floored and ceiled when truncate), w_i = clamp((i - lo) /
+//           (hi - lo), 0, 1) and f_i becomes (1 - w_i) f_i + w_i f_i /
+//           factor. The rotated q and k are also multiplied by
+//           attention_factor (0.1 ln factor + 1 by default), so the scores
+//           by its square.
+enum class RopeScalingKind { Llama3, Linear, Yarn };
 struct RopeScaling {
   RopeScalingKind kind = RopeScalingKind::Llama3;
   float factor = 1.0f;  // 1: no scaling
   float low_freq_factor = 1.0f;
   float high_freq_factor = 4.0f;
-  int64_t original_context = 8192;
+  int64_t original_context = 8192;  // llama3 and yarn
+  float beta_fast = 32.0f, beta_slow = 1.0f;  // yarn
+  float attention_factor = 1.0f;              // yarn
+  bool truncate = true;                       // yarn
 
   bool active() const { return factor != 1.0f; }
 };

@@ -33,7 +33,8 @@ struct EnumNames<MLPKind> {
 template <>
 struct EnumNames<RopeScalingKind> {
   static constexpr std::pair<RopeScalingKind, const char*> values[] = {{RopeScalingKind::Llama3, "llama3"},
-                                                                       {RopeScalingKind::Linear, "linear"}};
+                                                                       {RopeScalingKind::Linear, "linear"},
+                                                                       {RopeScalingKind::Yarn, "yarn"}};
 };
 
 template <>

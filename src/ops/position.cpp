@@ -54,6 +54,21 @@ std::vector<double> rope_frequencies(int64_t dh, float theta, const RopeScaling&
     for (double& fi : f) fi /= s.factor;
     return f;
   }
+  if (s.kind == RopeScalingKind::Yarn) {
+    QKV_CHECK(s.factor > 0.0f && s.original_context > 0 && s.beta_fast > 0.0f && s.beta_slow > 0.0f,
+              "rope: yarn scaling needs factor, original_context, beta_fast and beta_slow > 0");
+    const double pi = 3.14159265358979323846, L = (double)s.original_context;
+    auto pair_of_turns = [&](double turns) { return dh * std::log(L / (turns * 2 * pi)) / (2 * std::log((double)theta)); };
+    double lo = pair_of_turns(s.beta_fast), hi = pair_of_turns(s.beta_slow);
+    if (s.truncate) lo = std::floor(lo), hi = std::ceil(hi);
+    lo = std::max(lo, 0.0), hi = std::min(hi, (double)dh - 1);
+    if (lo == hi) hi += 0.001;  // one pair at the boundary: a step, not 0 / 0
+    for (int64_t i = 0; i < dh / 2; ++i) {
+      const double w = std::clamp(((double)i - lo) / (hi - lo), 0.0, 1.0);  // 0: kept, 1: divided by the factor
+      f[i] = (1 - w) * f[i] + w * f[i] / s.factor;
+    }
+    return f;
+  }
   QKV_CHECK(s.factor > 0.0f && s.original_context > 0 && s.low_freq_factor < s.high_freq_factor,
             "rope: scaling needs factor > 0, original_context > 0 and low_freq_factor < high_freq_factor");
   const double L = (double)s.original_context, pi = 3.14159265358979323846;
@@ -77,12 +92,21 @@ Tensor rope(const Tensor& x_in, RopeOptions o) {
   Tensor x = contiguous_values(x_in);
   const int64_t dh = x.size(-1), t_len = x.size(-2), rows = x.numel() / std::max<int64_t>(dh * t_len, 1);
   auto freq = std::make_shared<const std::vector<double>>(rope_frequencies(dh, o.theta, o.scaling));
+  // YaRN's attention factor multiplies the rotated vector (q and k: the scores by its square).
+  const float gain = o.scaling.active() && o.scaling.kind == RopeScalingKind::Yarn ? o.scaling.attention_factor : 1.0f;
+  auto times_gain = [gain](Tensor& t) {
+    if (gain == 1.0f) return;
+    float* p = t.data<float>();
+    for (int64_t i = 0; i < t.numel(); ++i) p[i] *= gain;
+  };
   Tensor y = Tensor::empty(x.shape());
   QKV_KERNEL(rope)(x.data<float>(), y.data<float>(), rows, t_len, dh, o.offset, freq->data(), 1.0f);
-  record_op(y, "rope", {x_in}, [o, rows, t_len, dh, freq](const BackwardArgs& a) -> std::vector<Tensor> {
+  times_gain(y);
+  record_op(y, "rope", {x_in}, [o, rows, t_len, dh, freq, times_gain](const BackwardArgs& a) -> std::vector<Tensor> {
     Tensor g = a.grad_out.contiguous();
     Tensor dx = Tensor::empty(g.shape());
     QKV_KERNEL(rope)(g.data<float>(), dx.data<float>(), rows, t_len, dh, o.offset, freq->data(), -1.0f);  // R^T = R(-a)
+    times_gain(dx);
     return {dx};
   });
   return y;

@@ -173,6 +173,29 @@ HfImport import_hf_causal_lm(const std::string& text, const std::string& source)
                  {"rope_low_freq_factor", required(r, "low_freq_factor", where)},
                  {"rope_high_freq_factor", required(r, "high_freq_factor", where)},
                  {"rope_original_context", required(r, "original_max_position_embeddings", where)}};
+    } else if (kind == "yarn") {
+      // transformers' reading: factor, else max_position_embeddings over the
+      // original context; attention_factor, else from factor (and mscale and
+      // mscale_all_dim when both are set): 0.1 m ln(factor) + 1.
+      const nlohmann::json original = required(r, "original_max_position_embeddings", where);
+      const nlohmann::json given = field(r, "factor", nullptr);
+      const double factor = given.is_null() ? field(hf, "max_position_embeddings", 2048).get<double>() /
+                                                  original.get<double>()
+                                            : given.get<double>();
+      auto mscale = [&](double m) { return factor <= 1 ? 1.0 : 0.1 * m * std::log(factor) + 1.0; };
+      const nlohmann::json m = field(r, "mscale", nullptr), m_all = field(r, "mscale_all_dim", nullptr);
+      double attention = mscale(1.0);
+      if (!field(r, "attention_factor", nullptr).is_null()) attention = r["attention_factor"].get<double>();
+      else if (!m.is_null() && !m_all.is_null() && m.get<double>() != 0 && m_all.get<double>() != 0)
+        attention = mscale(m.get<double>()) / mscale(m_all.get<double>());
+      const nlohmann::json fast = field(r, "beta_fast", nullptr), slow = field(r, "beta_slow", nullptr);
+      scaling = {{"rope_scaling_type", "yarn"},
+                 {"rope_scaling_factor", factor},
+                 {"rope_original_context", original},
+                 {"rope_beta_fast", fast.is_null() ? 32.0 : fast.get<double>()},
+                 {"rope_beta_slow", slow.is_null() ? 1.0 : slow.get<double>()},
+                 {"rope_attention_factor", attention},
+                 {"rope_truncate", field(r, "truncate", true)}};
     } else if (kind != "default") {
       unsupported(std::string("'") + key + "' of type '" + kind + "'");
     }
