@@ -200,60 +200,60 @@ TEST(Attention, FlashMemoryGrowsLinearly) {
 // bfloat16 (FlashShape::bf16), forward and, after the guard has gone, the
 // backward the op recorded: the op's values are the kernel's, called directly
 // with the flag, and differ from the float32 kernel's. Both the unpacked and
-// the packed entry. Below 128 queries or keys the products stay float32
-// (packing would cost more than it saves there). (The kernels' own bound:
+// the packed entry; short (rounded copies) and long (packed operands where
+// the CPU has bfloat16 products). (The kernels' own bound:
 // tests/test_kernels.cpp.)
 TEST(Attention, FlashUnderBf16AutocastMultipliesInBfloat16) {
-  {
-    Rng rng(9);
-    Tensor x = Tensor::randn({1, 1, 127, 16}, rng), y32 = scaled_dot_product_attention(x, x, x, {.causal = true});
-    Bf16AutocastGuard mixed;
-    EXPECT_TRUE(all_close(scaled_dot_product_attention(x, x, x, {.causal = true}), y32, 0, 0));
+  for (const int64_t T : {9, 130}) {
+    SCOPED_TRACE(T);
+    const int64_t H = 2, D = 16;
+    Rng rng(8);
+    Tensor q = Tensor::randn({1, H, T, D}, rng), k = Tensor::randn({1, H, T, D}, rng),
+           v = Tensor::randn({1, H, T, D}, rng);
+    Tensor r = Tensor::randn({1, H, T, D}, rng);
+    auto kernel = [&](bool bf16, Tensor& out, Tensor& dq) {
+      FlashShape f{1, H, H, T, T, D, D};
+      f.scale = 0.25f, f.causal = true, f.bf16 = bf16;
+      out = Tensor::empty({1, H, T, D}), dq = Tensor::empty({1, H, T, D});
+      Tensor lse = Tensor::empty({1, H, T}), dk = Tensor::empty({1, H, T, D}), dv = Tensor::empty({1, H, T, D});
+      kernels_for(Device::Cpu)
+          .flash_attention_forward(f, q.data<float>(), k.data<float>(), v.data<float>(), out.data<float>(),
+                                   lse.data<float>());
+      kernels_for(Device::Cpu)
+          .flash_attention_backward(f, q.data<float>(), k.data<float>(), v.data<float>(), out.data<float>(),
+                                    r.data<float>(), lse.data<float>(), dq.data<float>(), dk.data<float>(),
+                                    dv.data<float>());
+    };
+    Tensor out16, dq16, out32, dq32;
+    kernel(true, out16, dq16);
+    kernel(false, out32, dq32);
+    EXPECT_FALSE(all_close(out16, out32, 1e-5f, 1e-5f));
+    Tensor qg = q.clone().set_requires_grad(true);
+    Tensor y;
+    {
+      Bf16AutocastGuard mixed;
+      y = scaled_dot_product_attention(qg, k, v, {.causal = true, .impl = AttentionImpl::Flash});
+    }
+    sum(mul(y, r)).backward();
+    EXPECT_TRUE(all_close(y, out16, 0, 0));
+    EXPECT_TRUE(all_close(qg.grad(), dq16, 0, 0));
+    // Packed: [1, T, 3 H D] with q, k, v side by side on each row.
+    std::vector<float> rows(T * 3 * H * D);
+    const std::vector<float> qv = q.to_vector(), kv = k.to_vector(), vv = v.to_vector();
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t d = 0; d < D; ++d) {
+          const int64_t from = (h * T + t) * D + d, to = t * 3 * H * D + h * D + d;
+          rows[to] = qv[from], rows[to + H * D] = kv[from], rows[to + 2 * H * D] = vv[from];
+        }
+    Tensor packed = Tensor::from_vector(rows, {1, T, 3 * H * D});
+    Tensor yp;
+    {
+      Bf16AutocastGuard mixed;
+      yp = packed_self_attention(packed, H, H, {.causal = true, .impl = AttentionImpl::Flash});
+    }
+    EXPECT_TRUE(all_close(yp, out16.permute({0, 2, 1, 3}).reshape({1, T, H * D}), 0, 0));
   }
-  const int64_t H = 2, T = 130, D = 16;
-  Rng rng(8);
-  Tensor q = Tensor::randn({1, H, T, D}, rng), k = Tensor::randn({1, H, T, D}, rng), v = Tensor::randn({1, H, T, D}, rng);
-  Tensor r = Tensor::randn({1, H, T, D}, rng);
-  auto kernel = [&](bool bf16, Tensor& out, Tensor& dq) {
-    FlashShape f{1, H, H, T, T, D, D};
-    f.scale = 0.25f, f.causal = true, f.bf16 = bf16;
-    out = Tensor::empty({1, H, T, D}), dq = Tensor::empty({1, H, T, D});
-    Tensor lse = Tensor::empty({1, H, T}), dk = Tensor::empty({1, H, T, D}), dv = Tensor::empty({1, H, T, D});
-    kernels_for(Device::Cpu).flash_attention_forward(f, q.data<float>(), k.data<float>(), v.data<float>(), out.data<float>(),
-                                        lse.data<float>());
-    kernels_for(Device::Cpu).flash_attention_backward(f, q.data<float>(), k.data<float>(), v.data<float>(), out.data<float>(),
-                                         r.data<float>(), lse.data<float>(), dq.data<float>(), dk.data<float>(),
-                                         dv.data<float>());
-  };
-  Tensor out16, dq16, out32, dq32;
-  kernel(true, out16, dq16);
-  kernel(false, out32, dq32);
-  EXPECT_FALSE(all_close(out16, out32, 1e-5f, 1e-5f));
-  Tensor qg = q.clone().set_requires_grad(true);
-  Tensor y;
-  {
-    Bf16AutocastGuard mixed;
-    y = scaled_dot_product_attention(qg, k, v, {.causal = true, .impl = AttentionImpl::Flash});
-  }
-  sum(mul(y, r)).backward();
-  EXPECT_TRUE(all_close(y, out16, 0, 0));
-  EXPECT_TRUE(all_close(qg.grad(), dq16, 0, 0));
-  // Packed: [1, T, 3 H D] with q, k, v side by side on each row.
-  std::vector<float> rows(T * 3 * H * D);
-  const std::vector<float> qv = q.to_vector(), kv = k.to_vector(), vv = v.to_vector();
-  for (int64_t h = 0; h < H; ++h)
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t d = 0; d < D; ++d) {
-        const int64_t from = (h * T + t) * D + d, to = t * 3 * H * D + h * D + d;
-        rows[to] = qv[from], rows[to + H * D] = kv[from], rows[to + 2 * H * D] = vv[from];
-      }
-  Tensor packed = Tensor::from_vector(rows, {1, T, 3 * H * D});
-  Tensor yp;
-  {
-    Bf16AutocastGuard mixed;
-    yp = packed_self_attention(packed, H, H, {.causal = true, .impl = AttentionImpl::Flash});
-  }
-  EXPECT_TRUE(all_close(yp, out16.permute({0, 2, 1, 3}).reshape({1, T, H * D}), 0, 0));
 }
 
 }  // namespace

@@ -73,19 +73,12 @@ std::optional<FlashLayout> readable_layout(const Tensor& t) {
   return FlashLayout{st[0], st[1], st[2]};
 }
 
-constexpr int64_t kBf16MinTokens = 128;
-
 // The kernel's shape for contiguous operands; `lengths` (I64, or undefined) must outlive its use.
 FlashShape flash_shape(const Dims& d, const AttentionOptions& o, const Tensor& lengths) {
   FlashShape f{d.batch, d.heads, d.kv_heads, d.t, d.s, d.dh, d.dv};
   f.scale = scale_of(o, d), f.causal = o.causal;
   f.key_lengths = lengths.defined() ? lengths.data<int64_t>() : nullptr;
-  // Under Bf16AutocastGuard, bfloat16 products from one full key tile up: on
-  // shorter sequences packing the operands costs more than the faster
-  // products save (Zen 4, forward + backward, 32 x 4 heads, Dh 32: 1.8x
-  // slower at 32 tokens, 1.08x at 64, even at 128), so they stay float32.
-  // Recorded with the op: its backward multiplies the same way.
-  f.bf16 = bf16_autocast() && d.t >= kBf16MinTokens && d.s >= kBf16MinTokens;
+  f.bf16 = bf16_autocast();  // recorded with the op: its backward multiplies the same way
   return f;
 }
 

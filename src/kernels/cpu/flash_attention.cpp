@@ -14,6 +14,8 @@
 #include "src/kernels/cpu/flash_attention.h"
 #include "src/kernels/cpu/scratch.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -57,17 +59,9 @@ struct Layouts {
 // The first row of head h of batch b.
 inline int64_t at(const FlashLayout& l, int64_t b, int64_t h) { return b * l.batch + h * l.head; }
 
-// C[m,n] (+)= alpha * op(A) op(B) on raw row-major pointers; in bfloat16
-// (operands rounded as packed, float32 sums) when f.bf16.
-void small_gemm(const FlashShape& f, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-                int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  if (f.bf16) {
-    GemmBf16Args g;  // C = A B^T with B [N, K]: op(B) = B^T is B as it lies
-    g.m = m, g.n = n, g.k = k, g.alpha = alpha, g.beta = beta, g.c = c, g.ldc = ldc;
-    g.a_f32 = a, g.lda = lda, g.a_transposed = ta;
-    g.b_f32 = b, g.ldb = ldb, g.b_transposed = !tb;
-    return gemm_bf16(g);
-  }
+// C[m,n] (+)= alpha * op(A) op(B) on raw row-major pointers, in float32.
+void small_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+                const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   GemmArgs g;
   g.trans_a = ta, g.trans_b = tb, g.m = m, g.n = n, g.k = k, g.alpha = alpha;
   g.a = a, g.lda = lda, g.b = b, g.ldb = ldb, g.beta = beta, g.c = c, g.ldc = ldc;
@@ -132,16 +126,58 @@ void packed_product(int64_t m, int64_t n, int64_t k, float alpha, const uint32_t
                        .b_stride = b_stride});
 }
 
-}  // namespace
+// How the tile products multiply. With f.bf16: Packed where the CPU
+// multiplies bfloat16 and the sequences are long enough for packing to pay
+// (from one full key tile, 128, of queries and of keys: shorter ones ran
+// slower than float32, 1.8x at 32 tokens on Zen 4); otherwise Rounded:
+// float32 GEMMs on operands rounded to bfloat16 (copies of q, k, v and dout
+// once per call, P and dS per tile), which is gemm_bf16's arithmetic, since a
+// product of two bfloat16 values is exact in float32.
+enum class Products { F32, Rounded, Packed };
 
-void flash_attention_forward(const FlashShape& f, const float* q, const float* k, const float* v, float* out,
-                             float* lse) {
+Products products_of(const FlashShape& f) {
+  if (!f.bf16) return Products::F32;
+  return bf16_packed_usable() && f.t >= kFlashKeyTile && f.s >= kFlashKeyTile ? Products::Packed : Products::Rounded;
+}
+
+// x[0, n) rounded to bfloat16, into out (which may be x): a tile's row.
+inline void round_row(const float* x, int64_t n, float* out) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) out[i] = round_to_bf16(x[i]);
+}
+
+// The same for a whole operand, split between threads when it is large.
+void round_all(const float* x, int64_t n, float* out) {
+  constexpr int64_t kChunk = 1 << 16;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static) if (chunks > 1 && !omp_in_parallel())
+  for (int64_t c = 0; c < chunks; ++c) round_row(x + c * kChunk, std::min(kChunk, n - c * kChunk), out + c * kChunk);
+}
+
+// A rounded copy of an operand, in its own layout: every element its rows
+// reach from the first (so any index into x reads the copy the same way).
+class RoundedCopy {
+public:
+  RoundedCopy(const float* x, const FlashLayout& l, int64_t batch, int64_t heads, int64_t rows, int64_t d)
+      : n_(batch * heads * rows == 0 ? 0 : (batch - 1) * l.batch + (heads - 1) * l.head + (rows - 1) * l.row + d),
+        data_(n_) {
+    round_all(x, n_, data_.data());
+  }
+  const float* data() const { return data_.data(); }
+
+private:
+  int64_t n_;
+  Scratch data_;
+};
+
+void forward_tiles(const FlashShape& f, const float* q, const float* k, const float* v, float* out, float* lse,
+                   Products mode) {
   const int64_t G = f.heads / f.kv_heads;
   const Layouts L(f);
   const int64_t q_tiles = (f.t + Br - 1) / Br;
   const int64_t tasks = f.batch * f.heads * q_tiles;
-  // Packed (f.bf16 where the CPU multiplies bfloat16): each K/V head's K [S, Dh] and V^T [Dv, S], once.
-  const bool packed = f.bf16 && bf16_packed_usable();
+  const bool packed = mode == Products::Packed, rounded = mode == Products::Rounded;
+  // Packed: each K/V head's K [S, Dh] and V^T [Dv, S], once.
   const int64_t kv_heads = f.batch * f.kv_heads;
   PackBuffer head_words(packed ? kv_heads * (bf16_packed_words(f.s, f.dh) + bf16_packed_words(f.dv, f.s)) : 0);
   std::vector<Packed> Kp(packed ? kv_heads : 0), Vt(packed ? kv_heads : 0);
@@ -180,7 +216,7 @@ void flash_attention_forward(const FlashShape& f, const float* q, const float* k
           packed_product(rows, cols, f.dh, f.scale, Qp.words, Qp.stride(), Kp[bh_kv].rows_from(k0), Kp[bh_kv].stride(),
                          0.0f, S, Bc);
         else
-          small_gemm(f, false, true, rows, cols, f.dh, f.scale, Q, L.q.row, K + k0 * L.k.row, L.k.row, 0.0f, S, Bc);
+          small_gemm(false, true, rows, cols, f.dh, f.scale, Q, L.q.row, K + k0 * L.k.row, L.k.row, 0.0f, S, Bc);
         for (int64_t r = 0; r < rows; ++r) {
           float* s = S + r * Bc;
           const int64_t vis = std::clamp<int64_t>(visible_keys(f, b, q0 + r) - k0, 0, cols);
@@ -206,7 +242,9 @@ void flash_attention_forward(const FlashShape& f, const float* q, const float* k
           packed_product(rows, f.dv, cols, 1.0f, P.words, P.stride(), Vt[bh_kv].depth_from(k0), Vt[bh_kv].stride(),
                          1.0f, O, f.dv);
         } else {
-          small_gemm(f, false, false, rows, f.dv, cols, 1.0f, S, Bc, V + k0 * L.v.row, L.v.row, 1.0f, O, f.dv);
+          if (rounded)
+            for (int64_t r = 0; r < rows; ++r) round_row(S + r * Bc, cols, S + r * Bc);  // after l summed them
+          small_gemm(false, false, rows, f.dv, cols, 1.0f, S, Bc, V + k0 * L.v.row, L.v.row, 1.0f, O, f.dv);
         }
       }
       for (int64_t r = 0; r < rows; ++r) {
@@ -221,19 +259,22 @@ void flash_attention_forward(const FlashShape& f, const float* q, const float* k
 
 // One task per (batch, key/value head): it owns dK and dV of that head and
 // dQ of the G query heads that share it, so no two threads write one element.
-void flash_attention_backward(const FlashShape& f, const float* q, const float* k, const float* v, const float* out,
-                              const float* dout, const float* lse, float* dq, float* dk, float* dv) {
+// dout_r is dout as the products take it (rounded when Rounded); D = dO . O
+// reads dout itself.
+void backward_tiles(const FlashShape& f, const float* q, const float* k, const float* v, const float* out,
+                    const float* dout, const float* dout_r, const float* lse, float* dq, float* dk, float* dv,
+                    Products mode) {
   const int64_t G = f.heads / f.kv_heads;
   const Layouts L(f);
   const int64_t tasks = f.batch * f.kv_heads;
-  // Packed (f.bf16 where the CPU multiplies bfloat16): per thread, its K/V
-  // head's K, K^T and V, each query head's Q, Q^T, dO and dO^T, and the
-  // tiles P^T, dS and dS^T.
-  const bool packed = f.bf16 && bf16_packed_usable();
+  // Packed: per thread, its K/V head's K, K^T and V, each query head's Q,
+  // Q^T, dO and dO^T, and the tiles P^T, dS and dS^T.
+  const bool packed = mode == Products::Packed, rounded = mode == Products::Rounded;
 #pragma omp parallel if (tasks > 1)
   {
-    Scratch probs(Br * Bc), dprobs(Br * Bc), rowdot(f.t);
+    Scratch probs(Br * Bc), dprobs(Br * Bc), rowdot(f.t), rounded_probs(rounded ? Br * Bc : 1);
     float* P = probs.data();
+    float* Pr = rounded ? rounded_probs.data() : P;  // P as dV's product takes it
     float* dP = dprobs.data();
     float* D = rowdot.data();
     PackBuffer words(packed ? 2 * bf16_packed_words(f.s, f.dh) + bf16_packed_words(f.s, f.dv) +
@@ -269,6 +310,7 @@ void flash_attention_backward(const FlashShape& f, const float* q, const float* 
         const float* Q = q + at(L.q, b, h);
         const float* O = out + at(L.o, b, h);
         const float* dO = dout + at(L.o, b, h);
+        const float* dOr = dout_r + at(L.o, b, h);
         const float* lse_row = lse + bh * f.t;
         float* dQ = dq + at(L.q, b, h);
         for (int64_t i = 0; i < f.t; ++i) std::fill_n(dQ + i * qr, f.dh, 0.0f);
@@ -294,7 +336,7 @@ void flash_attention_backward(const FlashShape& f, const float* q, const float* 
               packed_product(rows, cols, f.dh, f.scale, Qp.rows_from(q0), Qp.stride(), Kp.rows_from(k0), Kp.stride(),
                              0.0f, P, Bc);
             else
-              small_gemm(f, false, true, rows, cols, f.dh, f.scale, Q + q0 * qr, qr, K + k0 * kr, kr, 0.0f, P, Bc);
+              small_gemm(false, true, rows, cols, f.dh, f.scale, Q + q0 * qr, qr, K + k0 * kr, kr, 0.0f, P, Bc);
             for (int64_t r = 0; r < rows; ++r) {
               float* p = P + r * Bc;
               const float row_lse = lse_row[q0 + r];
@@ -311,8 +353,10 @@ void flash_attention_backward(const FlashShape& f, const float* q, const float* 
               packed_product(rows, cols, f.dv, 1.0f, dOp.rows_from(q0), dOp.stride(), Vp.rows_from(k0), Vp.stride(),
                              0.0f, dP, Bc);
             } else {
-              small_gemm(f, true, false, cols, f.dv, rows, 1.0f, P, Bc, dO + q0 * orow, orow, 1.0f, dV + k0 * vr, vr);
-              small_gemm(f, false, true, rows, cols, f.dv, 1.0f, dO + q0 * orow, orow, V + k0 * vr, vr, 0.0f, dP, Bc);
+              if (rounded)
+                for (int64_t r = 0; r < rows; ++r) round_row(P + r * Bc, cols, Pr + r * Bc);
+              small_gemm(true, false, cols, f.dv, rows, 1.0f, Pr, Bc, dOr + q0 * orow, orow, 1.0f, dV + k0 * vr, vr);
+              small_gemm(false, true, rows, cols, f.dv, 1.0f, dOr + q0 * orow, orow, V + k0 * vr, vr, 0.0f, dP, Bc);
             }
             for (int64_t r = 0; r < rows; ++r) {
               const float di = D[q0 + r];
@@ -329,14 +373,38 @@ void flash_attention_backward(const FlashShape& f, const float* q, const float* 
               packed_product(cols, f.dh, rows, f.scale, ds_t.words, ds_t.stride(), Qt.depth_from(q0), Qt.stride(),
                              1.0f, dK + k0 * kr, kr);
             } else {
-              small_gemm(f, false, false, rows, f.dh, cols, f.scale, dP, Bc, K + k0 * kr, kr, 1.0f, dQ + q0 * qr, qr);
-              small_gemm(f, true, false, cols, f.dh, rows, f.scale, dP, Bc, Q + q0 * qr, qr, 1.0f, dK + k0 * kr, kr);
+              if (rounded)
+                for (int64_t r = 0; r < rows; ++r) round_row(dP + r * Bc, cols, dP + r * Bc);
+              small_gemm(false, false, rows, f.dh, cols, f.scale, dP, Bc, K + k0 * kr, kr, 1.0f, dQ + q0 * qr, qr);
+              small_gemm(true, false, cols, f.dh, rows, f.scale, dP, Bc, Q + q0 * qr, qr, 1.0f, dK + k0 * kr, kr);
             }
           }
         }
       }
     }
   }
+}
+
+}  // namespace
+
+void flash_attention_forward(const FlashShape& f, const float* q, const float* k, const float* v, float* out,
+                             float* lse) {
+  const Products mode = products_of(f);
+  if (mode != Products::Rounded) return forward_tiles(f, q, k, v, out, lse, mode);
+  const Layouts L(f);
+  const RoundedCopy qr(q, L.q, f.batch, f.heads, f.t, f.dh), kr(k, L.k, f.batch, f.kv_heads, f.s, f.dh),
+      vr(v, L.v, f.batch, f.kv_heads, f.s, f.dv);
+  forward_tiles(f, qr.data(), kr.data(), vr.data(), out, lse, mode);
+}
+
+void flash_attention_backward(const FlashShape& f, const float* q, const float* k, const float* v, const float* out,
+                              const float* dout, const float* lse, float* dq, float* dk, float* dv) {
+  const Products mode = products_of(f);
+  if (mode != Products::Rounded) return backward_tiles(f, q, k, v, out, dout, dout, lse, dq, dk, dv, mode);
+  const Layouts L(f);
+  const RoundedCopy qr(q, L.q, f.batch, f.heads, f.t, f.dh), kr(k, L.k, f.batch, f.kv_heads, f.s, f.dh),
+      vr(v, L.v, f.batch, f.kv_heads, f.s, f.dv), dr(dout, L.o, f.batch, f.heads, f.t, f.dv);
+  backward_tiles(f, qr.data(), kr.data(), vr.data(), out, dout, dr.data(), lse, dq, dk, dv, mode);
 }
 
 }  // namespace qkv::cpu::QKV_CPU_NS
