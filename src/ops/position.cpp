@@ -95,9 +95,7 @@ Tensor rope(const Tensor& x_in, RopeOptions o) {
   // YaRN's attention factor multiplies the rotated vector (q and k: the scores by its square).
   const float gain = o.scaling.active() && o.scaling.kind == RopeScalingKind::Yarn ? o.scaling.attention_factor : 1.0f;
   auto times_gain = [gain](Tensor& t) {
-    if (gain == 1.0f) return;
-    float* p = t.data<float>();
-    for (int64_t i = 0; i < t.numel(); ++i) p[i] *= gain;
+    if (gain != 1.0f) QKV_KERNEL(scale_spans)({{t.data<float>(), t.numel()}}, gain);
   };
   Tensor y = Tensor::empty(x.shape());
   QKV_KERNEL(rope)(x.data<float>(), y.data<float>(), rows, t_len, dh, o.offset, freq->data(), 1.0f);

@@ -40,6 +40,7 @@
 #include "src/kernels/cpu/gemm_bf16_packed.h"
 #include "src/kernels/cpu/scratch.h"
 #include "src/kernels/cpu/simd.h"
+#include "src/kernels/cpu/vec_math.h"
 #include "src/kernels/kernels.h"
 
 #if defined(__AVX512F__)
@@ -50,9 +51,9 @@ namespace qkv::cpu::QKV_CPU_NS {
 namespace {
 
 // bfloat16 <-> float32 as qkv::bf16_to_float and float_to_bf16 do them
-// (rounding to nearest with ties to even; NaN stays NaN), written again here
-// so they inline in this level's loops: an inline function shared with the
-// library could be kept by the linker in another level's copy.
+// (rounding as vec_math.h's round_to_bf16), written again here so they
+// inline in this level's loops: an inline function shared with the library
+// could be kept by the linker in another level's copy.
 inline float widen(uint16_t b) {
   const uint32_t u = (uint32_t)b << 16;
   float f;
@@ -60,12 +61,7 @@ inline float widen(uint16_t b) {
   return f;
 }
 
-inline uint16_t round_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-  return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
+inline uint16_t round_bf16(float f) { return (uint16_t)(std::bit_cast<uint32_t>(round_to_bf16(f)) >> 16); }
 
 // One operand's elements as bfloat16, rounding them when it is float32:
 // at(r, p) is row r (of A, or of B), element p along k, wherever the

@@ -39,14 +39,16 @@ inline float max_of(const float* x, int64_t n) {
   return m;
 }
 
-// x rounded to the nearest bfloat16 (ties to even; NaN stays NaN), as a
-// float: what gemm_bf16 does to an operand, for the float32 kernels that
-// multiply rounded copies instead (products of bfloat16 values are exact in
-// float32). Integer operations only, so loops of it vectorize.
+// x rounded to the nearest bfloat16 (ties to even; a NaN stays NaN, made
+// quiet so that its top 16 bits are one too), as a float, as
+// qkv::float_to_bf16 rounds: gemm_bf16 packs its operands with it, and the
+// float32 kernels that multiply rounded copies instead (products of bfloat16
+// values are exact in float32) make them with it. Integer operations only,
+// so loops of it vectorize.
 inline float round_to_bf16(float x) {
   const uint32_t u = std::bit_cast<uint32_t>(x);
   const uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-  return (u & 0x7fffffffu) > 0x7f800000u ? x : std::bit_cast<float>(r);
+  return std::bit_cast<float>((u & 0x7fffffffu) > 0x7f800000u ? u | 0x00400000u : r);
 }
 
 // exp(x) = 2^n exp(r), n = round(x / ln 2), r = x - n ln 2 in [-ln2/2, ln2/2]

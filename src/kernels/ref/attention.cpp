@@ -80,6 +80,8 @@ void flash_attention_backward(const FlashShape& f, const float* q, const float* 
   const Rows Q(f.q, f.heads, f.t, f.dh), K(f.k, f.kv_heads, f.s, f.dh), V(f.v, f.kv_heads, f.s, f.dv),
       O(f.o, f.heads, f.t, f.dv);
   const int64_t group = f.heads / f.kv_heads;
+  FlashShape unrounded = f;  // D = dout . out is no product of the GEMMs
+  unrounded.bf16 = false;
   // Sums in double, by [b, head, row, c], written out at the end.
   std::vector<double> gq(f.batch * f.heads * f.t * f.dh, 0.0), gk(f.batch * f.kv_heads * f.s * f.dh, 0.0),
       gv(f.batch * f.kv_heads * f.s * f.dv, 0.0);
@@ -89,8 +91,6 @@ void flash_attention_backward(const FlashShape& f, const float* q, const float* 
         const int64_t hk = h / group, n = visible(f, b, i);
         const float* qi = q + Q.at(b, h, i);
         const float* doi = dout + O.at(b, h, i);
-        FlashShape unrounded = f;  // D = dout . out is no product of the GEMMs
-        unrounded.bf16 = false;
         const double D = dot(unrounded, doi, out + O.at(b, h, i), f.dv);
         const double row_lse = lse[(b * f.heads + h) * f.t + i];
         for (int64_t j = 0; j < n; ++j) {
