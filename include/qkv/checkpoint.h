@@ -25,6 +25,17 @@ struct ModelFolder {
   std::shared_ptr<const Tokenizer> tokenizer;  // text families; null for images and Hugging Face folders
 };
 
+// How load_model_folder builds the model it reads.
+struct LoadOptions {
+  // The dtype the Linear weights are to run in, as --dtype names it: "f32",
+  // "bf16", "f16" or "int8" (Module::convert_linear_weights), or "" for what
+  // the files hold (float32, or the bf16/int8 of a folder qkv convert wrote).
+  // The weights are built in it and filled from the files one tensor at a
+  // time, so a bfloat16 checkpoint loaded for bf16 never has a float32 copy
+  // of its Linear weights, and a checkpoint is never held twice.
+  std::string dtype;
+};
+
 // Reads `dir`: its family from config.json, the tokenizer (whose size must be
 // the config's vocab_size), the model, every weight (Linear weights that qkv
 // convert wrote in bf16 or int8 stay so). Each problem is one error
@@ -32,8 +43,8 @@ struct ModelFolder {
 // model.safetensors or its shards) of an architecture a family reads loads as
 // that family's model, its weights renamed and converted to F32, with its
 // tokenizer.json when it has one (else tokenizer null: the model runs on
-// token ids).
-ModelFolder load_model_folder(const std::string& dir);
+// token ids). An unknown options.dtype is an error listing the names.
+ModelFolder load_model_folder(const std::string& dir, const LoadOptions& options = {});
 
 // The weight files of a model folder: model.safetensors, or else the shards
 // model.safetensors.index.json lists (each once, by name); an index that is
@@ -41,7 +52,8 @@ ModelFolder load_model_folder(const std::string& dir);
 std::vector<std::string> weight_files(const std::string& dir);
 // Like load_model_folder, after family_for_task: a folder of the wrong kind is
 // the registry's error naming `command`.
-ModelFolder load_model_folder(const std::string& dir, Task task, const std::string& command);
+ModelFolder load_model_folder(const std::string& dir, Task task, const std::string& command,
+                              const LoadOptions& options = {});
 
 // Writes config.json (the family's config of `model`, plus the tokenizer's
 // config), the tokenizer's file, model.safetensors and, when not empty,

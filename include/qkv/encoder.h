@@ -71,7 +71,8 @@ struct EmbeddingModel {
 // A model folder of the encoder family (a qkv folder, or a Hugging Face
 // BertModel folder with sentence-transformers' pooling files); anything else
 // is the registry's error naming `command`.
-EmbeddingModel load_embedding_model(const std::string& dir, const std::string& command);
+// `dtype` as LoadOptions::dtype (qkv/checkpoint.h).
+EmbeddingModel load_embedding_model(const std::string& dir, const std::string& command, const std::string& dtype = "");
 
 // What an input longer than the model's context gets.
 struct EmbedLimit {

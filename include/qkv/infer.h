@@ -23,7 +23,10 @@ struct TranslationModel {
   std::shared_ptr<const Tokenizer> tokenizer;
   std::shared_ptr<Seq2Seq> model;  // any arch
 };
-TranslationModel load_translation_model(const std::string& dir, const std::string& command = "translate");
+// `dtype`: the Linear weights' dtype, as LoadOptions::dtype (qkv/checkpoint.h) has it; so for
+// the three loaders below.
+TranslationModel load_translation_model(const std::string& dir, const std::string& command = "translate",
+                                        const std::string& dtype = "");
 
 // How long a source may be, in tokens. The encoder's cost grows with the
 // square of the length: one line of 100k characters kept a translation busy
@@ -90,7 +93,8 @@ struct LanguageModel {
   std::shared_ptr<const Tokenizer> tokenizer;
   std::shared_ptr<DecoderLM> model;
 };
-LanguageModel load_language_model(const std::string& dir, const std::string& command = "generate");
+LanguageModel load_language_model(const std::string& dir, const std::string& command = "generate",
+                                  const std::string& dtype = "");
 // Documents are separated by blank lines. Each is encoded, followed by
 // <eos>, and all are concatenated into one token stream.
 std::vector<int64_t> pack_documents(const Tokenizer& tok, const std::string& text);
@@ -118,7 +122,8 @@ std::vector<int64_t> generate(LanguageModel& m, const std::string& prompt, const
 
 // --- images (arch vit) ---
 
-std::shared_ptr<VisionTransformer> load_vit_model(const std::string& dir, const std::string& command = "classify");
+std::shared_ptr<VisionTransformer> load_vit_model(const std::string& dir, const std::string& command = "classify",
+                                                  const std::string& dtype = "");
 // Softmax probabilities [B, classes] of images [B, C, H, W].
 Tensor classify_images(VisionTransformer& model, const Tensor& images);
 // The k most likely classes of one row of probabilities [classes], most likely

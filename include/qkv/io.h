@@ -6,6 +6,7 @@
 // packed without gaps in offset order.
 #pragma once
 
+#include <fstream>
 #include <map>
 #include <string>
 #include <utility>
@@ -26,7 +27,40 @@ struct SafetensorsFile {
 
 // Reads and validates a file. Any problem is a qkv::Error naming the file:
 // "safetensors: model.safetensors: tensor 'w' data_offsets [0,12] hold 12 bytes, shape [2,2] x F32 needs 16".
+// The file's bytes go straight into the tensors (SafetensorsReader): the
+// file is never held twice.
 SafetensorsFile load_safetensors(const std::string& path);
+
+// One tensor of a file's header: its data_offsets count from the end of the header.
+struct SafetensorsEntry {
+  std::string name;
+  DType dtype = DType::F32;
+  Shape shape;
+  uint64_t begin = 0, end = 0;
+};
+
+// A safetensors file read one tensor at a time: opening it reads and checks
+// the header (every check of load_safetensors), and read(i) reads the i-th
+// tensor's bytes into memory of its own. A model loads through it holding one
+// tensor of the file at a time instead of the whole file. A pipe is read into
+// memory once, to its end.
+class SafetensorsReader {
+public:
+  explicit SafetensorsReader(const std::string& path);
+  const std::vector<SafetensorsEntry>& entries() const { return entries_; }  // in the order of their data
+  const Metadata& metadata() const { return metadata_; }
+  const std::string& path() const { return path_; }
+  Tensor read(size_t i);
+
+private:
+  void read_at(uint64_t at, uint64_t n, char* to);
+  std::string path_;
+  std::ifstream file_;
+  std::string bytes_;  // the whole of a file that is not a regular one
+  uint64_t size_ = 0, data_at_ = 0;
+  std::vector<SafetensorsEntry> entries_;
+  Metadata metadata_;
+};
 // The same checks on bytes already in memory; `source` names them in errors.
 SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& source);
 

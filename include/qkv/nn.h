@@ -8,6 +8,7 @@
 #pragma once
 
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
 #include <utility>
@@ -94,12 +95,47 @@ private:
   bool training_ = true;
 };
 
+// Fills a module's parameters from tensors that arrive one at a time (a
+// checkpoint read tensor by tensor, so that the whole file is never held),
+// with load_state_dict's checks. A tensor of its parameter's dtype and shape,
+// contiguous, whose memory nothing else holds becomes the parameter's memory
+// (no copy; the parameter keeps its requires_grad); any other is copied in,
+// converted to the parameter's dtype, and a value past float16's range
+// headed for a float16 parameter is an error rather than an infinity.
+class StateLoader {
+public:
+  explicit StateLoader(Module& module);
+  // `name` must be a parameter not loaded before.
+  void load(const std::string& name, Tensor t);
+  // Every parameter was loaded, else an error naming the first that was not.
+  void finish() const;
+
+private:
+  std::map<std::string, Tensor> params_;
+  std::set<std::string> loaded_;
+};
+
 // --- initializers (in place, not recorded) ---
 // U(-bound, bound) with bound = sqrt(6 / (fan_in + fan_out)) (Glorot & Bengio 2010).
 void xavier_uniform_(Tensor& w, Rng& rng);
 // PyTorch's nn.Linear default: U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
 void uniform_fan_in_(Tensor& w, int64_t fan_in, Rng& rng);
 void normal_(Tensor& w, Rng& rng, float stddev);
+
+// While one is alive on this thread, Linear builds its weight in `dtype`
+// (BF16 or F16) instead of float32, with no values and no gradient. Only
+// inside a SkipInitGuard: for a model whose weights load next
+// (load_model_folder with a dtype), so that a bfloat16 checkpoint run in
+// bfloat16 never has a float32 copy of its Linear weights.
+class LinearDTypeGuard {
+public:
+  explicit LinearDTypeGuard(DType dtype);
+  ~LinearDTypeGuard();
+  LinearDTypeGuard(const LinearDTypeGuard&) = delete;
+  LinearDTypeGuard& operator=(const LinearDTypeGuard&) = delete;
+private:
+  DType previous_;
+};
 
 struct LinearOptions {
   int64_t in_features = 0;

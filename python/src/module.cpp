@@ -106,9 +106,6 @@ void check_threads(int threads) {
             kMaxThreads);
 }
 
-// `dtype` as load checked it: "" (as stored), "f32", "bf16", "f16" or "int8".
-void apply_dtype(Module& model, const std::string& dtype) { model.convert_linear_weights(dtype); }
-
 // --- tensors ---------------------------------------------------------------
 
 nb::dlpack::dtype to_dlpack(DType t) {
@@ -502,15 +499,15 @@ struct Classifier : ModelBase {
 };
 
 // A model object of type T for the folder `path`, its weights read by
-// `read(T&)` on the worker thread, then converted to `dtype`.
+// `read(T&)` on the worker thread (in the dtype the loader was given).
 template <class T, class Read>
-nb::object load_as(const std::string& path, const Family& family, const std::string& dtype, int threads, Read read) {
+nb::object load_as(const std::string& path, const Family& family, int threads, Read read) {
   auto model = std::make_shared<T>();
   model->path = path;
   model->family = &family;
   model->threads = threads;
   std::atomic<bool> cancel{false};
-  run_job([&] { apply_dtype(read(*model), dtype); }, cancel, threads);
+  run_job([&] { read(*model); }, cancel, threads);
   return nb::cast(model);
 }
 
@@ -521,24 +518,16 @@ nb::object load(const std::string& path, const std::string& dtype, int threads) 
   const Family& family = family_of_folder(path);
   switch (family.domain) {
     case Domain::Translation:
-      return load_as<Translator>(path, family, dtype, threads, [&](Translator& t) -> Module& {
-        t.m = load_translation_model(path, "load");
-        return *t.m.model;
+      return load_as<Translator>(path, family, threads, [&](Translator& t) { t.m = load_translation_model(path, "load", dtype);
       });
     case Domain::Language:
-      return load_as<Generator>(path, family, dtype, threads, [&](Generator& g) -> Module& {
-        g.m = load_language_model(path, "load");
-        return *g.m.model;
+      return load_as<Generator>(path, family, threads, [&](Generator& g) { g.m = load_language_model(path, "load", dtype);
       });
     case Domain::Vision:
-      return load_as<Classifier>(path, family, dtype, threads, [&](Classifier& c) -> Module& {
-        c.m = load_vit_model(path, "load");
-        return *c.m;
+      return load_as<Classifier>(path, family, threads, [&](Classifier& c) { c.m = load_vit_model(path, "load", dtype);
       });
     case Domain::Embedding:
-      return load_as<Embedder>(path, family, dtype, threads, [&](Embedder& e) -> Module& {
-        e.m = load_embedding_model(path, "load");
-        return *e.m.model;
+      return load_as<Embedder>(path, family, threads, [&](Embedder& e) { e.m = load_embedding_model(path, "load", dtype);
       });
   }
   fail("load: ", path, ": a family of an unknown domain");

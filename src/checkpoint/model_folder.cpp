@@ -35,12 +35,6 @@ std::vector<int64_t> hf_eos(const std::string& dir, const nlohmann::json& config
   return eos;
 }
 
-// The weights of a Hugging Face folder by their names in the files:
-// model.safetensors, or the shards model.safetensors.index.json lists
-// (its "weight_map" names each tensor's file, a file name in `dir`). Every
-// tensor the index names must be in its shard, and a shard holds no tensor
-// the index does not give it, so a mixed-up folder is an error, not a model
-// with weights from the wrong place.
 // model.safetensors.index.json: file -> the tensors its "weight_map" puts there.
 std::map<std::string, std::set<std::string>> read_shard_index(const std::string& index_path) {
   const nlohmann::json index = parse_json(read_file(index_path), index_path);
@@ -64,10 +58,16 @@ bool sharded(const std::string& dir) {
          std::filesystem::exists(dir + "/model.safetensors.index.json");
 }
 
-// `source` is the file errors about the whole set name.
+// The weight files of a Hugging Face folder, open (headers read and checked):
+// model.safetensors, or the shards model.safetensors.index.json lists (its
+// "weight_map" names each tensor's file, a file name in `dir`). Every tensor
+// the index names must be in its shard, and a shard holds no tensor the index
+// does not give it, so a mixed-up folder is an error before a byte of weights
+// is read, not a model with weights from the wrong place. `source` is the file
+// errors about the whole set name.
 struct HfWeights {
   std::string source;
-  std::vector<std::pair<std::string, Tensor>> tensors;
+  std::vector<std::unique_ptr<SafetensorsReader>> files;
 };
 
 HfWeights hf_weights(const std::string& dir) {
@@ -75,17 +75,17 @@ HfWeights hf_weights(const std::string& dir) {
   HfWeights out;
   if (!sharded(dir)) {
     out.source = single;
-    for (auto& [name, t] : load_safetensors(single).as_map()) out.tensors.emplace_back(name, t);
+    out.files.push_back(std::make_unique<SafetensorsReader>(single));
     return out;
   }
   out.source = index_path;
   for (const auto& [file, names] : read_shard_index(index_path)) {
     const std::string path = dir + "/" + file;
+    out.files.push_back(std::make_unique<SafetensorsReader>(path));
     std::set<std::string> seen;
-    for (auto& [name, t] : load_safetensors(path).as_map()) {
-      QKV_CHECK(names.count(name), path, ": tensor '", name, "' is not listed for this file in ", index_path);
-      seen.insert(name);
-      out.tensors.emplace_back(name, t);
+    for (const SafetensorsEntry& e : out.files.back()->entries()) {
+      QKV_CHECK(names.count(e.name), path, ": tensor '", e.name, "' is not listed for this file in ", index_path);
+      seen.insert(e.name);
     }
     for (const std::string& name : names)
       QKV_CHECK(seen.count(name), path, ": tensor '", name, "', which ", index_path, " places here, is missing");
@@ -93,37 +93,85 @@ HfWeights hf_weights(const std::string& dir) {
   return out;
 }
 
-// A Hugging Face folder: the family's import of its config.json, and the
-// weights under their qkv names, converted to F32 as they load; its
-// tokenizer.json, else Marian's files, else a tokenizer.model, when there is one (m.tokenizer stays null without).
-ModelFolder load_hf(const std::string& dir, const std::string& config_path, const std::string& text, ModelFolder m) {
-  const HfImport hf = m.family->import_hf(text, config_path);
+// The dtype the Linear weights are built in for the dtype asked for (the
+// --dtype names; "" keeps what the files hold): bf16 and f16 as asked, so
+// that weights stored so are taken as they are; for int8, which quantizes
+// after loading, the files' float dtype when they hold only bfloat16 or only
+// float16 (half the memory of float32, nothing lost); else float32.
+DType build_dtype(const std::string& requested, const std::vector<const SafetensorsReader*>& files) {
+  if (requested == "bf16") return DType::BF16;
+  if (requested == "f16") return DType::F16;
+  if (requested != "int8") return DType::F32;
+  std::set<DType> floats;
+  for (const SafetensorsReader* f : files)
+    for (const SafetensorsEntry& e : f->entries())
+      if (dtype_traits(e.dtype).is_float) floats.insert(e.dtype);
+  if (floats.size() == 1 && (*floats.begin() == DType::BF16 || *floats.begin() == DType::F16)) return *floats.begin();
+  return DType::F32;
+}
+
+// The model of `config_json`, its weights unset (every one loads next), its
+// Linear weights in `linear`.
+std::shared_ptr<Module> build_unset(const Family& family, const std::string& config_json, const std::string& source,
+                                    DType linear) {
   Rng rng(0);
-  {
-    SkipInitGuard uninitialized;  // every weight is loaded below
-    m.model = m.family->build(hf.config_json, config_path, rng);
-  }
+  SkipInitGuard uninitialized;
+  LinearDTypeGuard in(linear);
+  return family.build(config_json, source, rng);
+}
+
+// A Hugging Face folder: the family's import of its config.json, and the
+// weights under their qkv names, read one tensor at a time into the model
+// (converted to its dtypes: float32, and the Linear weights' dtype asked
+// for); its tokenizer.json, else Marian's files, else a tokenizer.model, when
+// there is one (m.tokenizer stays null without).
+ModelFolder load_hf(const std::string& dir, const std::string& config_path, const std::string& text, ModelFolder m,
+                    const LoadOptions& options) {
+  const HfImport hf = m.family->import_hf(text, config_path);
   HfWeights weights = hf_weights(dir);
-  StateDict state;
-  for (auto& [name, t] : weights.tensors) {
-    const std::string to = hf.weight_name(name);
-    QKV_CHECK(!to.empty(), weights.source, ": tensor '", name, "' has no place in ", m.family->description);
-    if (to == HfImport::kSkip) continue;
-    QKV_CHECK(!state.count(to), weights.source, ": tensor '", name, "' is a second copy of ", to);
-    state[to] = hf.convert ? hf.convert(name, t) : t;
-  }
-  if (hf.finish) {
+  std::vector<const SafetensorsReader*> files;
+  for (const auto& f : weights.files) files.push_back(f.get());
+  m.model = build_unset(*m.family, hf.config_json, config_path, build_dtype(options.dtype, files));
+  StateLoader loader(*m.model);
+  StateDict whole;  // for an import that finishes on the whole state
+  std::set<std::string> placed;
+  auto load = [&](const std::string& name, Tensor t) {
     try {
-      hf.finish(state);
+      loader.load(name, std::move(t));
     } catch (const Error& e) {
       fail(weights.source, ": ", e.what());
     }
+  };
+  for (const auto& file : weights.files) {
+    for (size_t i = 0; i < file->entries().size(); ++i) {
+      const std::string& name = file->entries()[i].name;
+      const std::string to = hf.weight_name(name);
+      QKV_CHECK(!to.empty(), weights.source, ": tensor '", name, "' has no place in ", m.family->description);
+      if (to == HfImport::kSkip) continue;
+      QKV_CHECK(placed.insert(to).second, weights.source, ": tensor '", name, "' is a second copy of ", to);
+      Tensor t = file->read(i);
+      if (hf.convert) t = hf.convert(name, t);
+      if (hf.finish) {
+        whole[to] = std::move(t);
+      } else {
+        load(to, std::move(t));
+      }
+    }
+  }
+  if (hf.finish) {
+    try {
+      hf.finish(whole);
+    } catch (const Error& e) {
+      fail(weights.source, ": ", e.what());
+    }
+    for (auto it = whole.begin(); it != whole.end(); it = whole.erase(it)) load(it->first, std::move(it->second));
   }
   try {
-    m.model->load_state_dict(state);
+    loader.finish();
   } catch (const Error& e) {
     fail(weights.source, ": ", e.what());
   }
+  m.model->convert_linear_weights(options.dtype);
   m.model->eval();
   const std::string tokenizer = dir + "/tokenizer.json";
   const nlohmann::json config = parse_json(text, config_path);
@@ -146,13 +194,16 @@ ModelFolder load_hf(const std::string& dir, const std::string& config_path, cons
 
 // config.json is read and parsed once; with a task, the family is checked
 // before anything is built.
-ModelFolder load(const std::string& dir, const Task* task, const std::string& command) {
+ModelFolder load(const std::string& dir, const Task* task, const std::string& command, const LoadOptions& options) {
+  const std::string& dtype = options.dtype;
+  QKV_CHECK(dtype.empty() || dtype == "f32" || dtype == "bf16" || dtype == "f16" || dtype == "int8", "dtype '", dtype,
+            "': expected f32, bf16, f16 or int8");
   const std::string config_path = folder_config_path(dir);
   const std::string text = read_file(config_path);
   ModelFolder m;
   m.family = &family_of_config(text, config_path);
   if (task) require_task(*m.family, dir, *task, command);
-  if (is_hf_config(text, config_path)) return load_hf(dir, config_path, text, std::move(m));
+  if (is_hf_config(text, config_path)) return load_hf(dir, config_path, text, std::move(m), options);
   nlohmann::json config = parse_json(text, config_path);
   if (m.family->domain != Domain::Vision) {
     QKV_CHECK(config.contains("tokenizer"), config_path, ": no \"tokenizer\" field");
@@ -167,18 +218,18 @@ ModelFolder load(const std::string& dir, const Task* task, const std::string& co
                                             (at_most && m.tokenizer->size() <= vocab.get<int64_t>())),
               dir, ": tokenizer has ", m.tokenizer->size(), " tokens, config.json says vocab_size ", vocab.dump());
   }
-  Rng rng(0);
-  {
-    SkipInitGuard uninitialized;  // every weight is loaded below
-    m.model = m.family->build(config.dump(), config_path, rng);
-  }
-  SafetensorsFile weights = load_safetensors(dir + "/model.safetensors");
+  SafetensorsReader file(dir + "/model.safetensors");
+  m.model = build_unset(*m.family, config.dump(), config_path, build_dtype(options.dtype, {&file}));
   try {
-    const StateDict state = weights.as_map();
+    StateDict state;
+    for (size_t i = 0; i < file.entries().size(); ++i) state.emplace(file.entries()[i].name, file.read(i));
     m.model->adopt_linear_dtypes(state);  // a folder qkv convert wrote: its bf16 or int8 Linear weights as they are
-    m.model->load_state_dict(state);
+    StateLoader loader(*m.model);
+    for (auto it = state.begin(); it != state.end(); it = state.erase(it)) loader.load(it->first, std::move(it->second));
+    loader.finish();
     // Then what a model converted in memory also has (a decoder's tied head in that dtype).
     if (m.model->linear_weight_dtype() != DType::F32) m.model->convert_linear_weights(m.model->linear_weight_dtype());
+    m.model->convert_linear_weights(options.dtype);
   } catch (const Error& e) {
     fail(dir, "/model.safetensors: ", e.what());
   }
@@ -188,7 +239,9 @@ ModelFolder load(const std::string& dir, const Task* task, const std::string& co
 
 }  // namespace
 
-ModelFolder load_model_folder(const std::string& dir) { return load(dir, nullptr, ""); }
+ModelFolder load_model_folder(const std::string& dir, const LoadOptions& options) {
+  return load(dir, nullptr, "", options);
+}
 
 std::vector<std::string> weight_files(const std::string& dir) {
   if (!sharded(dir)) return {dir + "/model.safetensors"};
@@ -198,8 +251,9 @@ std::vector<std::string> weight_files(const std::string& dir) {
   return files;
 }
 
-ModelFolder load_model_folder(const std::string& dir, Task task, const std::string& command) {
-  return load(dir, &task, command);
+ModelFolder load_model_folder(const std::string& dir, Task task, const std::string& command,
+                              const LoadOptions& options) {
+  return load(dir, &task, command, options);
 }
 
 void average_model_folders(const std::vector<std::string>& dirs, const std::string& out) {

@@ -45,8 +45,9 @@ VitEvaluation evaluate_vit(VisionTransformer& model, const ImageSet& set, int64_
   return e;
 }
 
-std::shared_ptr<VisionTransformer> load_vit_model(const std::string& dir, const std::string& command) {
-  return std::dynamic_pointer_cast<VisionTransformer>(load_model_folder(dir, Task::Classify, command).model);
+std::shared_ptr<VisionTransformer> load_vit_model(const std::string& dir, const std::string& command,
+                                                  const std::string& dtype) {
+  return std::dynamic_pointer_cast<VisionTransformer>(load_model_folder(dir, Task::Classify, command, {dtype}).model);
 }
 
 std::vector<int64_t> top_classes(const float* p, int64_t classes, int64_t k) {

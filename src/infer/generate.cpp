@@ -65,8 +65,8 @@ double language_model_loss(DecoderLM& model, const std::vector<int64_t>& tokens,
   return total / (double)count;
 }
 
-LanguageModel load_language_model(const std::string& dir, const std::string& command) {
-  ModelFolder f = load_model_folder(dir, Task::Generate, command);
+LanguageModel load_language_model(const std::string& dir, const std::string& command, const std::string& dtype) {
+  ModelFolder f = load_model_folder(dir, Task::Generate, command, {dtype});
   return {f.tokenizer, std::dynamic_pointer_cast<DecoderLM>(f.model)};
 }
 

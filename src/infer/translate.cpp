@@ -121,8 +121,8 @@ TranslationScores score_translation(TranslationModel& m, const std::vector<Sente
   return score_translation(m, sources, refs, max_len, beam);
 }
 
-TranslationModel load_translation_model(const std::string& dir, const std::string& command) {
-  ModelFolder f = load_model_folder(dir, Task::Translate, command);
+TranslationModel load_translation_model(const std::string& dir, const std::string& command, const std::string& dtype) {
+  ModelFolder f = load_model_folder(dir, Task::Translate, command, {dtype});
   return {f.tokenizer, std::dynamic_pointer_cast<Seq2Seq>(f.model)};
 }
 

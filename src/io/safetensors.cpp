@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
+#include <sys/stat.h>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -16,11 +17,11 @@ namespace {
 
 constexpr uint64_t kMaxHeaderBytes = 100ull * 1000 * 1000;
 
-struct Entry {
-  std::string name;
-  DType dtype;
-  Shape shape;
-  uint64_t begin, end;
+using Entry = SafetensorsEntry;
+
+struct Header {
+  std::vector<Entry> entries;  // in the order of their data
+  Metadata metadata;
 };
 
 // The parser keeps the last of two equal keys without a word; this pass over
@@ -72,17 +73,14 @@ const Tensor* SafetensorsFile::find(const std::string& name) const {
 
 std::map<std::string, Tensor> SafetensorsFile::as_map() const { return {tensors.begin(), tensors.end()}; }
 
-SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& source) {
+namespace {
+
+// The header's entries, checked against `data_size`, the bytes after it:
+// every check of load_safetensors but the reads themselves.
+Header parse_header(const std::string& header, uint64_t data_size, const std::string& source) {
   auto bad = [&](const auto&... what) { fail("safetensors: ", source, ": ", what...); };
-  if (bytes.size() < 8) bad("file is ", bytes.size(), " bytes, shorter than the 8-byte header length");
-  uint64_t n = 0;
-  std::memcpy(&n, bytes.data(), 8);
-  if (n > kMaxHeaderBytes) bad("header length ", n, " exceeds the limit of ", kMaxHeaderBytes, " bytes");
-  if (n > bytes.size() - 8) bad("header length ", n, " runs past the end of the file (", bytes.size(), " bytes)");
-  std::string header = bytes.substr(8, n);
   if (size_t at = invalid_utf8_offset(header); at != std::string::npos)
     bad("header is not valid UTF-8 (bad byte at header offset ", at, ")");
-
   std::string duplicate = first_duplicate_key(header);
   if (!duplicate.empty()) bad("key '", duplicate, "' appears twice in the header");
   nlohmann::json j;
@@ -93,9 +91,8 @@ SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& s
   }
   if (!j.is_object()) bad("header is not a JSON object");
 
-  SafetensorsFile out;
-  std::vector<Entry> entries;
-  const uint64_t data_size = bytes.size() - 8 - n;
+  Header out;
+  std::vector<Entry>& entries = out.entries;
   for (auto& [key, value] : j.items()) {
     if (key == "__metadata__") {
       if (!value.is_object()) bad("__metadata__ is not an object of strings");
@@ -157,23 +154,93 @@ SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& s
     at = e.end;
   }
   if (at != data_size) bad(data_size - at, " trailing bytes after the last tensor's data");
-  const char* data = bytes.data() + 8 + n;
-  for (const Entry& e : entries) {
+  return out;
+}
+
+// The header text of a file of `size` bytes, which `read(offset, n, to)` reads.
+template <class Read>
+std::string read_header(uint64_t size, const std::string& source, Read read) {
+  auto bad = [&](const auto&... what) { fail("safetensors: ", source, ": ", what...); };
+  if (size < 8) bad("file is ", size, " bytes, shorter than the 8-byte header length");
+  uint64_t n = 0;
+  read(0, 8, reinterpret_cast<char*>(&n));
+  if (n > kMaxHeaderBytes) bad("header length ", n, " exceeds the limit of ", kMaxHeaderBytes, " bytes");
+  if (n > size - 8) bad("header length ", n, " runs past the end of the file (", size, " bytes)");
+  std::string header(n, '\0');
+  read(8, n, header.data());
+  return header;
+}
+
+}  // namespace
+
+SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& source) {
+  auto read = [&](uint64_t at, uint64_t n, char* to) { std::memcpy(to, bytes.data() + at, n); };
+  const std::string header = read_header(bytes.size(), source, read);
+  const uint64_t data_at = 8 + header.size();
+  Header h = parse_header(header, bytes.size() - data_at, source);
+  SafetensorsFile out;
+  out.metadata = std::move(h.metadata);
+  for (const Entry& e : h.entries) {
     Tensor t = Tensor::empty(e.shape, e.dtype);
-    if (e.end > e.begin) std::memcpy(t.raw_data(), data + e.begin, e.end - e.begin);
+    if (e.end > e.begin) read(data_at + e.begin, e.end - e.begin, static_cast<char*>(t.raw_data()));
     out.tensors.emplace_back(e.name, t);
   }
   return out;
 }
 
-SafetensorsFile load_safetensors(const std::string& path) {
-  std::string bytes;
+SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
+  bool regular = true;
   try {
-    bytes = read_file(path);
+    refuse_devices_and_folders(path);
+    struct stat st;
+    if (stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+      bytes_ = read_file(path);  // a pipe: read once, to its end
+      regular = false;
+    }
   } catch (const Error& e) {
     fail("safetensors: ", e.what());
   }
-  return parse_safetensors(bytes, path);
+  if (regular) {
+    file_.open(path, std::ios::binary);
+    QKV_CHECK(file_.good(), "safetensors: ", path, ": cannot open: ", std::strerror(errno));
+    file_.seekg(0, std::ios::end);
+    size_ = (uint64_t)file_.tellg();
+  } else {
+    size_ = bytes_.size();
+  }
+  const std::string header = read_header(size_, path, [this](uint64_t at, uint64_t n, char* to) { read_at(at, n, to); });
+  data_at_ = 8 + header.size();
+  Header h = parse_header(header, size_ - data_at_, path);
+  entries_ = std::move(h.entries);
+  metadata_ = std::move(h.metadata);
+}
+
+void SafetensorsReader::read_at(uint64_t at, uint64_t n, char* to) {
+  if (!file_.is_open()) {
+    std::memcpy(to, bytes_.data() + at, n);
+    return;
+  }
+  file_.clear();
+  file_.seekg((std::streamoff)at);
+  file_.read(to, (std::streamsize)n);
+  QKV_CHECK(file_.good() && (uint64_t)file_.gcount() == n, "safetensors: ", path_, ": reading ", n, " bytes at ", at,
+            " failed (did the file change while it was read?)");
+}
+
+Tensor SafetensorsReader::read(size_t i) {
+  QKV_CHECK(i < entries_.size(), "safetensors: ", path_, ": no tensor ", i, " (the file has ", entries_.size(), ")");
+  const Entry& e = entries_[i];
+  Tensor t = Tensor::empty(e.shape, e.dtype);
+  if (e.end > e.begin) read_at(data_at_ + e.begin, e.end - e.begin, static_cast<char*>(t.raw_data()));
+  return t;
+}
+
+SafetensorsFile load_safetensors(const std::string& path) {
+  SafetensorsReader reader(path);
+  SafetensorsFile out;
+  out.metadata = reader.metadata();
+  for (size_t i = 0; i < reader.entries().size(); ++i) out.tensors.emplace_back(reader.entries()[i].name, reader.read(i));
+  return out;
 }
 
 std::string serialize_safetensors(const std::vector<std::pair<std::string, Tensor>>& tensors, const Metadata& metadata) {

@@ -8,7 +8,7 @@ namespace qkv {
 
 Tensor Module::register_parameter(const std::string& name, Tensor value) {
   for (auto& [n, p] : params_) QKV_CHECK(n != name, "module: parameter '", name, "' registered twice");
-  value.set_requires_grad(true);
+  if (value.dtype() == DType::F32) value.set_requires_grad(true);  // one built in BF16 or F16 is for inference
   params_.emplace_back(name, value);
   return value;
 }
@@ -118,22 +118,72 @@ StateDict Module::state_dict() const {
   return out;
 }
 
+namespace {
+
+// load_state_dict's checks of one tensor for its parameter.
+void check_loadable(const std::string& name, const Tensor& p, const Tensor& t) {
+  QKV_CHECK(t.shape() == p.shape(), "load_state_dict: tensor '", name, "' has shape ", shape_str(t.shape()),
+            ", model expects ", shape_str(p.shape()));
+  QKV_CHECK((t.dtype() == DType::I8) == (p.dtype() == DType::I8), "load_state_dict: tensor '", name, "' is ",
+            dtype_name(t.dtype()), ", model expects ", dtype_name(p.dtype()),
+            " (an int8 Linear weight loads into a model that adopt_linear_dtypes prepared)");
+}
+
+// The largest magnitude in `t`, a float tensor.
+float largest_magnitude(const Tensor& t) {
+  const Tensor f = t.to(DType::F32).contiguous();
+  const float* v = f.data<float>();
+  float largest = 0.0f;
+  for (int64_t i = 0; i < f.numel(); ++i) largest = std::max(largest, std::fabs(v[i]));
+  return largest;
+}
+
+constexpr float kFloat16Max = 65504.0f;
+
+}  // namespace
+
 void Module::load_state_dict(const StateDict& state) {
   std::set<std::string> used;
   for (auto& [name, p] : named_parameters()) {
     auto it = state.find(name);
     QKV_CHECK(it != state.end(), "load_state_dict: parameter '", name, "' is missing");
-    QKV_CHECK(it->second.shape() == p.shape(), "load_state_dict: tensor '", name, "' has shape ",
-              shape_str(it->second.shape()), ", model expects ", shape_str(p.shape()));
-    QKV_CHECK((it->second.dtype() == DType::I8) == (p.dtype() == DType::I8), "load_state_dict: tensor '", name,
-              "' is ", dtype_name(it->second.dtype()), ", model expects ", dtype_name(p.dtype()),
-              " (an int8 Linear weight loads into a model that adopt_linear_dtypes prepared)");
+    check_loadable(name, p, it->second);
     Tensor dst = p.detach();
     dst.copy_(it->second);
     used.insert(name);
   }
   for (auto& [name, t] : state)
     QKV_CHECK(used.count(name), "load_state_dict: unexpected tensor '", name, "' (the model has no such parameter)");
+}
+
+StateLoader::StateLoader(Module& module) {
+  for (auto& [name, p] : module.named_parameters()) params_.emplace(name, p);
+}
+
+void StateLoader::load(const std::string& name, Tensor t) {
+  auto it = params_.find(name);
+  QKV_CHECK(it != params_.end(), "load_state_dict: unexpected tensor '", name, "' (the model has no such parameter)");
+  QKV_CHECK(loaded_.insert(name).second, "load_state_dict: tensor '", name, "' is given twice");
+  Tensor& p = it->second;
+  check_loadable(name, p, t);
+  const bool sole_owner = t.impl_ptr().use_count() == 1 && t.impl().storage.use_count() == 1;
+  if (sole_owner && t.dtype() == p.dtype() && t.device() == p.device() && t.is_contiguous() && !t.requires_grad()) {
+    const bool requires_grad = p.requires_grad();
+    p.set_(t);
+    p.set_requires_grad(requires_grad);
+    return;
+  }
+  if (p.dtype() == DType::F16 && t.dtype() != DType::F16) {
+    const float largest = largest_magnitude(t);
+    QKV_CHECK(!(largest > kFloat16Max), "load_state_dict: tensor '", name, "' holds a value of magnitude ", largest,
+              ", which float16 cannot hold (largest finite value 65504); use bf16");
+  }
+  p.detach().copy_(t);
+}
+
+void StateLoader::finish() const {
+  for (auto& [name, p] : params_)
+    QKV_CHECK(loaded_.count(name), "load_state_dict: parameter '", name, "' is missing");
 }
 
 void xavier_uniform_(Tensor& w, Rng& rng) {
@@ -174,11 +224,8 @@ void Linear::convert_weight(DType dtype) {
     weight_scale = Tensor();
   }
   if (dtype == DType::F16) {  // a value past float16's range would become infinite: refuse instead
-    const Tensor w = weight.to(DType::F32);
-    const float* v = w.data<float>();
-    float largest = 0.0f;
-    for (int64_t i = 0; i < w.numel(); ++i) largest = std::max(largest, std::fabs(v[i]));
-    QKV_CHECK(!(largest > 65504.0f), "Linear: a weight of magnitude ", largest,
+    const float largest = largest_magnitude(weight);
+    QKV_CHECK(!(largest > kFloat16Max), "Linear: a weight of magnitude ", largest,
               " does not fit float16 (largest finite value 65504); use bf16");
   }
   if (dtype != DType::I8) {
@@ -191,10 +238,24 @@ void Linear::convert_weight(DType dtype) {
   weight_scale.set_requires_grad(false);
 }
 
+namespace {
+thread_local DType t_linear_dtype = DType::F32;
+}  // namespace
+
+LinearDTypeGuard::LinearDTypeGuard(DType dtype) : previous_(t_linear_dtype) {
+  QKV_CHECK(dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F16,
+            "LinearDTypeGuard: Linear weights are built in F32, BF16 or F16, not ", dtype_name(dtype));
+  QKV_CHECK(skipping_init(), "LinearDTypeGuard: only inside a SkipInitGuard (the weights load next)");
+  t_linear_dtype = dtype;
+}
+LinearDTypeGuard::~LinearDTypeGuard() { t_linear_dtype = previous_; }
+
 Linear::Linear(LinearOptions o, Rng& rng) {
   QKV_CHECK(o.in_features > 0 && o.out_features > 0, "Linear: in_features and out_features must be positive");
-  weight = register_parameter("weight", Tensor::empty({o.out_features, o.in_features}));
-  uniform_fan_in_(weight, o.in_features, rng);
+  const bool low_precision = t_linear_dtype != DType::F32 && skipping_init();
+  weight = register_parameter("weight",
+                              Tensor::empty({o.out_features, o.in_features}, low_precision ? t_linear_dtype : DType::F32));
+  uniform_fan_in_(weight, o.in_features, rng);  // without values under SkipInitGuard, but the same random stream
   if (o.bias) {
     bias = register_parameter("bias", Tensor::empty({o.out_features}));
     uniform_fan_in_(bias, o.in_features, rng);

@@ -97,8 +97,7 @@ Module& module_of(std::shared_ptr<VisionTransformer>& m) { return *m; }
 template <class Model, class Load, class Fresh>
 Model initial_model(const TrainRun& r, Load&& load, Fresh&& fresh) {
   if (r.init.empty()) return fresh();
-  Model m = load(r.init, "train --init");
-  module_of(m).convert_linear_weights(DType::F32);
+  Model m = load(r.init, "train --init", "f32");
   module_of(m).train();
   return m;
 }

@@ -28,8 +28,7 @@ void append_float(std::string& out, float v) {
 
 int run_embed(const EmbedArgs& a) {
   set_threads(a.threads);
-  EmbeddingModel m = load_embedding_model(a.model, "embed");
-  apply_dtype(*m.model, a.dtype);
+  EmbeddingModel m = load_embedding_model(a.model, "embed", a.dtype);
   std::vector<std::string> lines;
   for (std::string line; std::getline(std::cin, line);) {
     if (!line.empty() && line.back() == '\r') line.pop_back();

@@ -42,8 +42,7 @@ LmCallbacks lm_train_printers() {
 }
 
 int run_lm_eval(const std::string& model_dir, const std::string& test, bool json, const std::string& dtype) {
-  LanguageModel m = load_language_model(model_dir, "eval");
-  apply_dtype(*m.model, dtype);
+  LanguageModel m = load_language_model(model_dir, "eval", dtype);
   require_tokenizer(m, model_dir, "eval");
   std::vector<int64_t> tokens;
   try {
@@ -74,9 +73,8 @@ struct GenerateArgs {
 
 int run_generate(GenerateArgs a) {
   set_threads(a.threads);
-  LanguageModel m = load_language_model(a.model, "generate");
+  LanguageModel m = load_language_model(a.model, "generate", a.dtype);
   require_tokenizer(m, a.model, "generate");
-  apply_dtype(*m.model, a.dtype);
   QKV_CHECK(invalid_utf8_offset(a.prompt) == std::string::npos, "generate: the prompt is not valid UTF-8");
   std::fputs(a.prompt.c_str(), stdout);
   std::fflush(stdout);

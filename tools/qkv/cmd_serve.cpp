@@ -32,8 +32,7 @@ Run add_serve(CLI::App& app) {
   sub->add_option("--threads", a->options.threads, "Threads for the model (0: all cores)");
   return [a] {
     set_threads(a->options.threads);
-    ModelFolder folder = load_model_folder(a->model);
-    apply_dtype(*folder.model, a->dtype);
+    ModelFolder folder = load_model_folder(a->model, {a->dtype});
     return serve::run(std::move(folder), a->model, a->options);
   };
 }

@@ -111,8 +111,7 @@ struct TranslateArgs {
 };
 
 int run_translate(const TranslateArgs& a) {
-  TranslationModel m = load_translation_model(a.model, "translate");
-  apply_dtype(*m.model, a.dtype);
+  TranslationModel m = load_translation_model(a.model, "translate", a.dtype);
   std::string line;
   int64_t number = 0;
   std::vector<std::vector<int64_t>> batch;
@@ -158,8 +157,7 @@ int run_eval(const EvalArgs& a) {
   const Family& family = family_for_task(a.model, Task::Eval, "eval");
   if (family.domain == Domain::Vision) return run_vit_eval(a.model, a.test, a.json, a.dtype);
   if (family.domain == Domain::Language) return run_lm_eval(a.model, a.test, a.json, a.dtype);
-  TranslationModel m = load_translation_model(a.model, "eval");
-  apply_dtype(*m.model, a.dtype);
+  TranslationModel m = load_translation_model(a.model, "eval", a.dtype);
   std::vector<int64_t> lines;
   std::vector<std::string> categories;
   const std::vector<SentencePair> pairs =

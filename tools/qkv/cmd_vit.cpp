@@ -40,8 +40,7 @@ VitCallbacks vit_train_printers() {
 }
 
 int run_vit_eval(const std::string& model_dir, const std::string& test_dir, bool json, const std::string& dtype) {
-  std::shared_ptr<VisionTransformer> model = load_vit_model(model_dir, "eval");
-  apply_dtype(*model, dtype);
+  std::shared_ptr<VisionTransformer> model = load_vit_model(model_dir, "eval", dtype);
   ImageSet test = load_idx_folder(test_dir, "t10k");
   VitEvaluation e = evaluate_vit(*model, test);
   const ViTConfig& c = model->config();
@@ -86,8 +85,7 @@ struct ClassifyArgs {
 };
 
 int run_classify(const ClassifyArgs& a) {
-  std::shared_ptr<VisionTransformer> model = load_vit_model(a.model, "classify");
-  apply_dtype(*model, a.dtype);
+  std::shared_ptr<VisionTransformer> model = load_vit_model(a.model, "classify", a.dtype);
   const ViTConfig& c = model->config();
   const int64_t size = c.image_size, pixels = c.channels * size * size;
   std::vector<std::string> names;

@@ -100,11 +100,10 @@ void print_progress(int64_t step, int64_t total, const std::string& position, co
                     double eta_seconds, int64_t skipped, int64_t lines = 10);
 
 // --dtype f32|bf16|f16|int8 of the commands that run a model (generate,
-// translate, classify, embed, eval, serve); apply_dtype converts every Linear
-// weight of the loaded model (Module::convert_linear_weights), and without
-// the flag leaves them as the folder stores them.
+// translate, classify, embed, eval, serve): the loaders build every Linear
+// weight in it and fill it from the files (LoadOptions::dtype); without the
+// flag they stay as the folder stores them.
 void add_dtype_option(CLI::App* sub, std::string& dtype);
-void apply_dtype(Module& model, const std::string& dtype);
 
 // Sets the OpenMP (and so OpenBLAS) thread count; 0 keeps the default; a
 // negative count or one above 1024 is a qkv::Error.

@@ -63,14 +63,14 @@ int thread_count() { return omp_get_max_threads(); }
 
 void add_dtype_option(CLI::App* sub, std::string& dtype) {
   sub->add_option("--dtype", dtype,
-                  "Every Linear weight converted after loading: f32; bf16 (bfloat16, half the bytes to read); f16 "
+                  "Every Linear weight in this dtype, built so and filled from the files as they are read (a bf16 "
+                  "checkpoint loads without a float32 copy): f32; bf16 (bfloat16, half the bytes to read); f16 "
                   "(IEEE half, half the bytes); or int8 (blockwise int8, about a quarter). Sums stay float32; `qkv "
                   "info` shows the kernels. Default: as the folder stores them (qkv convert writes bf16, f16 and int8 "
                   "folders)")
       ->check(CLI::IsMember({"f32", "bf16", "f16", "int8"}));
 }
 
-void apply_dtype(Module& model, const std::string& dtype) { model.convert_linear_weights(dtype); }
 
 void print_progress(int64_t step, int64_t total, const std::string& position, const std::string& stats,
                     double eta_seconds, int64_t skipped, int64_t lines) {

@@ -103,8 +103,8 @@ std::string TextEncoder::summary() const {
          (c.normalize ? ", normalized" : "");
 }
 
-EmbeddingModel load_embedding_model(const std::string& dir, const std::string& command) {
-  ModelFolder f = load_model_folder(dir, Task::Embed, command);
+EmbeddingModel load_embedding_model(const std::string& dir, const std::string& command, const std::string& dtype) {
+  ModelFolder f = load_model_folder(dir, Task::Embed, command, {dtype});
   QKV_CHECK(f.tokenizer, command, ": ", dir, " has no tokenizer (tokenizer.json)");
   return {f.tokenizer, std::dynamic_pointer_cast<TextEncoder>(f.model)};
 }
