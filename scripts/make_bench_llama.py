@@ -8,7 +8,7 @@ own initializer from a fixed seed, saved as transformers saves it (config.json, 
 SentencePiece BPE tokenizer of the recipe's vocabulary size trained on a generated text (tokenizer.model, which
 llama.cpp's convert_hf_to_gguf.py reads). Speed does not depend on the weights' values.
 
-Usage: make_bench_llama.py --recipe configs/lm-20m.json --out DIR [--seed 0]
+Usage: make_bench_llama.py --recipe configs/lm-20m.json --out DIR [--seed 0] [--dtype bfloat16]
 Needs torch, transformers, safetensors and sentencepiece.
 """
 import argparse
@@ -37,6 +37,8 @@ def main():
     ap.add_argument("--recipe", required=True, help="a qkv decoder config (configs/lm-20m.json)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                    help="the dtype the weights are saved in (pretrained checkpoints ship in bfloat16)")
     args = ap.parse_args()
     recipe = json.load(open(args.recipe))
     vocab = recipe["tokenizer"]["vocab_size"]
@@ -48,7 +50,7 @@ def main():
                          tie_word_embeddings=recipe.get("tie_output", True), bos_token_id=1, eos_token_id=2,
                          pad_token_id=0)
     torch.manual_seed(args.seed)
-    model = LlamaForCausalLM(config).eval()
+    model = LlamaForCausalLM(config).eval().to(getattr(torch, args.dtype))
     os.makedirs(args.out, exist_ok=True)
     model.save_pretrained(args.out, safe_serialization=True)
     with tempfile.TemporaryDirectory() as tmp:

@@ -405,41 +405,85 @@ std::string random_llama(DType dtype) {
   return dir;
 }
 
+// Every parameter of `a` and `b`, in order: the same name, dtype and bytes.
+// Returns how many are in `dtype`.
+int64_t expect_same_parameters(const Module& a, const Module& b, DType dtype) {
+  const auto pa = a.named_parameters(), pb = b.named_parameters();
+  EXPECT_EQ(pa.size(), pb.size());
+  int64_t in_dtype = 0;
+  for (size_t i = 0; i < std::min(pa.size(), pb.size()); ++i) {
+    const auto& [name, t] = pa[i];
+    EXPECT_EQ(name, pb[i].first);
+    if (t.dtype() != pb[i].second.dtype() || t.shape() != pb[i].second.shape()) {
+      ADD_FAILURE() << name << ": " << dtype_name(t.dtype()) << " " << shape_str(t.shape()) << " vs "
+                    << dtype_name(pb[i].second.dtype()) << " " << shape_str(pb[i].second.shape());
+      continue;
+    }
+    const size_t bytes = (size_t)t.numel() * dtype_size(t.dtype());
+    EXPECT_EQ(std::memcmp(t.contiguous().raw_data(), pb[i].second.contiguous().raw_data(), bytes), 0) << name;
+    in_dtype += t.dtype() == dtype;
+  }
+  return in_dtype;
+}
+
 // A bfloat16 checkpoint loaded for bf16: its Linear weights are built in
-// bfloat16 and filled from the file, one tensor at a time. The model is the
-// one a float32 load converted afterwards gives (every parameter, bit for
-// bit), and the memory it took on the way is that model plus a few tensors:
-// 1.8 MB for a model of 1.6 MB, under the bound of 2.4 MB, where reading
-// the file whole before filling the model took 3.3 MB and building the Linear
-// weights in float32 3.5 MB (both mutations tried).
+// bfloat16 and filled from the file, one tensor at a time; for int8, each is
+// quantized as soon as it is in. The model is the one a float32 load
+// converted afterwards gives (every parameter, bit for bit), and the memory
+// it took on the way is that model plus two tensors at most (as float32).
+// Measured: bf16 1.63 MB, the model itself (bound 2.02 MB); int8 1.22 MB for
+// a model of 0.93 MB (bound 1.32 MB). Mutations tried: Linear weights built
+// in float32 took 3.51 and 3.38 MB; the int8 load reading the file whole
+// before filling the model in took 1.88 MB (for bf16 that costs nothing: the
+// file's tensors become the weights).
 TEST(Hf, Bfloat16CheckpointLoadsForBf16WithoutAFloat32Copy) {
   const std::string dir = random_llama(DType::BF16);
-  LanguageModel before = load_language_model(dir);
-  before.model->convert_linear_weights(DType::BF16);
   uint64_t largest = 0;
   const SafetensorsReader file(dir + "/model.safetensors");
   for (const SafetensorsEntry& e : file.entries())
     largest = std::max<uint64_t>(largest, (uint64_t)shape_numel(e.shape) * sizeof(float));
-  const uint64_t base = allocator_stats().bytes_in_use;
-  reset_peak_bytes();
-  LanguageModel m = load_language_model(dir, "generate", "bf16");
-  const uint64_t peak = allocator_stats().peak_bytes_in_use - base, model = m.model->parameter_bytes();
-  EXPECT_LE(peak, model + 4 * largest) << "peak " << peak << " bytes, model " << model << " bytes, largest tensor " << largest << " as float32";
-  EXPECT_EQ(m.model->linear_weight_dtype(), DType::BF16);
-  const auto expected = before.model->named_parameters();
-  const auto loaded = m.model->named_parameters();
-  ASSERT_EQ(loaded.size(), expected.size());
-  int64_t bf16 = 0;
-  for (size_t i = 0; i < loaded.size(); ++i) {
-    const auto& [name, t] = loaded[i];
-    ASSERT_EQ(name, expected[i].first);
-    ASSERT_EQ(t.dtype(), expected[i].second.dtype()) << name;
-    const size_t bytes = (size_t)t.numel() * dtype_size(t.dtype());
-    EXPECT_EQ(std::memcmp(t.contiguous().raw_data(), expected[i].second.contiguous().raw_data(), bytes), 0) << name;
-    bf16 += t.dtype() == DType::BF16;
+  for (const auto& [name, dtype] : {std::pair<std::string, DType>{"bf16", DType::BF16}, {"int8", DType::I8}}) {
+    LanguageModel before = load_language_model(dir);
+    before.model->convert_linear_weights(dtype);
+    const uint64_t base = allocator_stats().bytes_in_use;
+    reset_peak_bytes();
+    LanguageModel m = load_language_model(dir, "generate", name);
+    const uint64_t peak = allocator_stats().peak_bytes_in_use - base, model = m.model->parameter_bytes();
+    EXPECT_LE(peak, model + 2 * largest) << name << ": peak " << peak << " bytes, model " << model
+                                         << " bytes, largest tensor " << largest << " as float32";
+    EXPECT_EQ(m.model->linear_weight_dtype(), dtype) << name;
+    EXPECT_EQ(expect_same_parameters(*m.model, *before.model, dtype), 4 * 7 + 1) << name;  // every Linear weight
   }
-  EXPECT_EQ(bf16, 4 * 7 + 1);  // every Linear weight, the head's too
 }
+
+// Every family that reads Hugging Face folders, in every dtype: loading in
+// the dtype gives the model that loading and then converting gives, every
+// parameter bit for bit (float32, bfloat16 and float16 files, sharded too), and
+// for a decoder the same logits (its tied head's copy included).
+class HfDtypes : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(HfDtypes, LoadingInADtypeIsLoadingThenConverting) {
+  const std::string dir = hf(GetParam());
+  for (const auto& [name, dtype] : {std::pair<std::string, DType>{"f32", DType::F32}, {"bf16", DType::BF16},
+                                    {"f16", DType::F16}, {"int8", DType::I8}}) {
+    ModelFolder converted = load_model_folder(dir);
+    converted.model->convert_linear_weights(dtype);
+    ModelFolder direct = load_model_folder(dir, {name});
+    const int64_t in_dtype = expect_same_parameters(*direct.model, *converted.model, dtype);
+    EXPECT_GT(in_dtype, 0) << GetParam() << " " << name;
+    EXPECT_EQ(direct.model->linear_weight_dtype(), dtype) << GetParam() << " " << name;
+    if (auto lm = std::dynamic_pointer_cast<DecoderLM>(direct.model)) {
+      NoGradGuard no_grad;
+      const Tensor ids = Tensor::from_ints({1, 5, 9, 2}, {1, 4});
+      const Tensor a = lm->forward(ids), b = std::dynamic_pointer_cast<DecoderLM>(converted.model)->forward(ids);
+      EXPECT_EQ(a.to_vector(), b.to_vector()) << GetParam() << " " << name;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, HfDtypes,
+                         ::testing::Values("llama", "qwen2", "qwen3", "mistral", "mixtral", "gpt2", "marian", "vit",
+                                           "bert"));
 
 // Float32 weights loaded for f16 convert as they are filled in; a value
 // float16 cannot hold is an error naming the tensor, not an infinity.

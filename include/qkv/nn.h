@@ -10,10 +10,12 @@
 #include <map>
 #include <set>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "qkv/device.h"
 #include "qkv/ops.h"
 #include "qkv/rng.h"
 #include "qkv/tensor.h"
@@ -21,6 +23,8 @@
 namespace qkv {
 
 using StateDict = std::map<std::string, Tensor>;
+
+class Linear;
 
 class Module {
 public:
@@ -63,6 +67,9 @@ public:
   // weight `state` holds in BF16 or I8 (with its weight_scale, checked) takes
   // that dtype, so the weights load as they are stored.
   void adopt_linear_dtypes(const StateDict& state);
+  // The Linear whose weight has the parameter name `weight_name` here
+  // ("layers.0.attn.wq.weight"), or null when it is not a Linear weight.
+  Linear* linear_of(const std::string& weight_name);
 
   StateDict state_dict() const;
   // Copies values into the existing parameters (so optimizers keep their
@@ -100,8 +107,9 @@ private:
 // with load_state_dict's checks. A tensor of its parameter's dtype and shape,
 // contiguous, whose memory nothing else holds becomes the parameter's memory
 // (no copy; the parameter keeps its requires_grad); any other is copied in,
-// converted to the parameter's dtype, and a value past float16's range
-// headed for a float16 parameter is an error rather than an infinity.
+// converted to the parameter's dtype (a parameter on the meta device gets
+// memory of its own for it). A value past float16's range headed for a
+// float16 parameter is an error rather than an infinity.
 class StateLoader {
 public:
   explicit StateLoader(Module& module);
@@ -123,10 +131,11 @@ void uniform_fan_in_(Tensor& w, int64_t fan_in, Rng& rng);
 void normal_(Tensor& w, Rng& rng, float stddev);
 
 // While one is alive on this thread, Linear builds its weight in `dtype`
-// (BF16 or F16) instead of float32, with no values and no gradient. Only
-// inside a SkipInitGuard: for a model whose weights load next
-// (load_model_folder with a dtype), so that a bfloat16 checkpoint run in
-// bfloat16 never has a float32 copy of its Linear weights.
+// (F32, BF16 or F16) on the meta device: no memory, no values, and no
+// gradient unless F32. Only inside a SkipInitGuard: for a model whose weights
+// load next through a StateLoader (load_model_folder with a dtype), which
+// gives each its memory. So a bfloat16 checkpoint run in bfloat16 never has
+// a float32 copy of its Linear weights, nor memory set aside for one.
 class LinearDTypeGuard {
 public:
   explicit LinearDTypeGuard(DType dtype);
@@ -134,7 +143,7 @@ public:
   LinearDTypeGuard(const LinearDTypeGuard&) = delete;
   LinearDTypeGuard& operator=(const LinearDTypeGuard&) = delete;
 private:
-  DType previous_;
+  std::optional<DType> previous_;
 };
 
 struct LinearOptions {

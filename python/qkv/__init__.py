@@ -33,7 +33,7 @@ def load(path, *, dtype=None, threads=0):
     """The model in the folder `path`: a Translator, LanguageModel, ImageClassifier or Embedder, by its family.
 
     dtype None keeps the Linear weights as the folder stores them; "f32", "bf16", "f16" or "int8" (blockwise int8)
-    converts every one after loading. threads 0 uses every core.
+    loads every one in that dtype (a bfloat16 checkpoint without a float32 copy). threads 0 uses every core.
     """
     return _qkv.load(_os.fspath(path), dtype=dtype or "", threads=threads)
 

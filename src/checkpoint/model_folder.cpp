@@ -3,6 +3,7 @@
 
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <set>
 #include <nlohmann/json.hpp>
 
@@ -94,11 +95,13 @@ HfWeights hf_weights(const std::string& dir) {
 }
 
 // The dtype the Linear weights are built in for the dtype asked for (the
-// --dtype names; "" keeps what the files hold): bf16 and f16 as asked, so
-// that weights stored so are taken as they are; for int8, which quantizes
-// after loading, the files' float dtype when they hold only bfloat16 or only
-// float16 (half the memory of float32, nothing lost); else float32.
-DType build_dtype(const std::string& requested, const std::vector<const SafetensorsReader*>& files) {
+// --dtype names): none for "" (float32, converted as the folder says); bf16
+// and f16 as asked, so that weights stored so are taken as they are; for
+// int8, which quantizes each weight as it is filled in, the files' float
+// dtype when they hold only bfloat16 or only float16 (nothing is lost); else
+// float32.
+std::optional<DType> build_dtype(const std::string& requested, const std::vector<const SafetensorsReader*>& files) {
+  if (requested.empty()) return std::nullopt;
   if (requested == "bf16") return DType::BF16;
   if (requested == "f16") return DType::F16;
   if (requested != "int8") return DType::F32;
@@ -111,12 +114,13 @@ DType build_dtype(const std::string& requested, const std::vector<const Safetens
 }
 
 // The model of `config_json`, its weights unset (every one loads next), its
-// Linear weights in `linear`.
+// Linear weights without memory in `linear` when given.
 std::shared_ptr<Module> build_unset(const Family& family, const std::string& config_json, const std::string& source,
-                                    DType linear) {
+                                    std::optional<DType> linear) {
   Rng rng(0);
   SkipInitGuard uninitialized;
-  LinearDTypeGuard in(linear);
+  std::optional<LinearDTypeGuard> in;
+  if (linear) in.emplace(*linear);
   return family.build(config_json, source, rng);
 }
 
@@ -135,9 +139,13 @@ ModelFolder load_hf(const std::string& dir, const std::string& config_path, cons
   StateLoader loader(*m.model);
   StateDict whole;  // for an import that finishes on the whole state
   std::set<std::string> placed;
+  // For int8, each Linear weight is quantized as soon as it is in: the model
+  // never holds all its Linear weights in two dtypes.
+  const bool quantize = options.dtype == "int8";
   auto load = [&](const std::string& name, Tensor t) {
     try {
       loader.load(name, std::move(t));
+      if (Linear* linear = quantize ? m.model->linear_of(name) : nullptr) linear->convert_weight(DType::I8);
     } catch (const Error& e) {
       fail(weights.source, ": ", e.what());
     }
@@ -219,7 +227,9 @@ ModelFolder load(const std::string& dir, const Task* task, const std::string& co
               dir, ": tokenizer has ", m.tokenizer->size(), " tokens, config.json says vocab_size ", vocab.dump());
   }
   SafetensorsReader file(dir + "/model.safetensors");
-  m.model = build_unset(*m.family, config.dump(), config_path, build_dtype(options.dtype, {&file}));
+  // Built as always, and converted once loaded: a folder qkv convert wrote
+  // has its Linear weights in their own dtype already.
+  m.model = build_unset(*m.family, config.dump(), config_path, std::nullopt);
   try {
     StateDict state;
     for (size_t i = 0; i < file.entries().size(); ++i) state.emplace(file.entries()[i].name, file.read(i));

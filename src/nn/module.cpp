@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <optional>
 #include <cmath>
 #include <set>
 
@@ -78,6 +79,15 @@ void Module::adopt_linear_dtypes(const std::string& prefix, const StateDict& sta
       lin->convert_weight(it->second.dtype());
   }
   for (auto& [name, child] : children_) child->adopt_linear_dtypes(prefix + name + ".", state);
+}
+
+Linear* Module::linear_of(const std::string& weight_name) {
+  if (weight_name == "weight") return dynamic_cast<Linear*>(this);
+  for (auto& [name, child] : children_)
+    if (weight_name.size() > name.size() + 1 && weight_name.compare(0, name.size(), name) == 0 &&
+        weight_name[name.size()] == '.')
+      if (Linear* found = child->linear_of(weight_name.substr(name.size() + 1))) return found;
+  return nullptr;
 }
 
 std::vector<Tensor> Module::parameters() const {
@@ -166,17 +176,24 @@ void StateLoader::load(const std::string& name, Tensor t) {
   QKV_CHECK(loaded_.insert(name).second, "load_state_dict: tensor '", name, "' is given twice");
   Tensor& p = it->second;
   check_loadable(name, p, t);
-  const bool sole_owner = t.impl_ptr().use_count() == 1 && t.impl().storage.use_count() == 1;
-  if (sole_owner && t.dtype() == p.dtype() && t.device() == p.device() && t.is_contiguous() && !t.requires_grad()) {
-    const bool requires_grad = p.requires_grad();
-    p.set_(t);
-    p.set_requires_grad(requires_grad);
-    return;
-  }
   if (p.dtype() == DType::F16 && t.dtype() != DType::F16) {
     const float largest = largest_magnitude(t);
     QKV_CHECK(!(largest > kFloat16Max), "load_state_dict: tensor '", name, "' holds a value of magnitude ", largest,
               ", which float16 cannot hold (largest finite value 65504); use bf16");
+  }
+  const bool sole_owner = t.impl_ptr().use_count() == 1 && t.impl().storage.use_count() == 1;
+  const bool as_is = t.dtype() == p.dtype() && t.device() == Device::Cpu && t.is_contiguous() && !t.requires_grad();
+  if ((sole_owner && as_is) || p.device() == Device::Meta) {
+    Tensor memory = t;
+    if (!as_is || !sole_owner) {  // converted, or copied: the parameter's memory is its own
+      DefaultDeviceGuard cpu(Device::Cpu);
+      memory = Tensor::empty(p.shape(), p.dtype());
+      memory.copy_(t);
+    }
+    const bool requires_grad = p.requires_grad();
+    p.set_(memory);
+    if (requires_grad) p.set_requires_grad(true);
+    return;
   }
   p.detach().copy_(t);
 }
@@ -239,7 +256,7 @@ void Linear::convert_weight(DType dtype) {
 }
 
 namespace {
-thread_local DType t_linear_dtype = DType::F32;
+thread_local std::optional<DType> t_linear_dtype;  // set by a LinearDTypeGuard
 }  // namespace
 
 LinearDTypeGuard::LinearDTypeGuard(DType dtype) : previous_(t_linear_dtype) {
@@ -252,10 +269,12 @@ LinearDTypeGuard::~LinearDTypeGuard() { t_linear_dtype = previous_; }
 
 Linear::Linear(LinearOptions o, Rng& rng) {
   QKV_CHECK(o.in_features > 0 && o.out_features > 0, "Linear: in_features and out_features must be positive");
-  const bool low_precision = t_linear_dtype != DType::F32 && skipping_init();
-  weight = register_parameter("weight",
-                              Tensor::empty({o.out_features, o.in_features}, low_precision ? t_linear_dtype : DType::F32));
-  uniform_fan_in_(weight, o.in_features, rng);  // without values under SkipInitGuard, but the same random stream
+  {
+    std::optional<DefaultDeviceGuard> meta;
+    if (t_linear_dtype) meta.emplace(Device::Meta);
+    weight = register_parameter("weight", Tensor::empty({o.out_features, o.in_features}, t_linear_dtype.value_or(DType::F32)));
+    uniform_fan_in_(weight, o.in_features, rng);  // without values under SkipInitGuard, but the same random stream
+  }
   if (o.bias) {
     bias = register_parameter("bias", Tensor::empty({o.out_features}));
     uniform_fan_in_(bias, o.in_features, rng);
