@@ -50,6 +50,13 @@ new tokens at most, stopping at the folder's eos_token_id).
            the logits under ImageNet's mean and std and without normalization
            (vit.processors.expected.safetensors)
 
+  vit-resize  a 45x31 RGB picture (vit.resize.png: gradients, hard edges and
+           noise) and what Pillow's resize makes of it, the bytes of each
+           (vit.resize.expected.safetensors): bilinear and bicubic to 16x16
+           (shrinking) and to 80x80 (enlarging), and the pixels of a
+           DeiTImageProcessor (bicubic to 20x20, the centre 16x16, neither
+           rescaled nor normalized)
+
   llama-linear  the llama folder with "linear" rotary scaling (factor 4) in
            its config: transformers' logits (make_llama_linear)
   llama-yarn  the same with "yarn" scaling: logits, inv_freq and the
@@ -394,6 +401,30 @@ def make_vit(out_dir):
     print(f"vit: {sum(p.numel() for p in model.parameters())} parameters; top classes {logits.argmax(-1).tolist()}")
 
 
+def make_vit_resize(out_dir):
+    import numpy as np
+    from PIL import Image
+    from transformers import DeiTImageProcessor
+    h, w = 31, 45
+    y, x = np.mgrid[0:h, 0:w]
+    rng = np.random.default_rng(1)
+    picture = np.stack([x * 255 // (w - 1), y * 255 // (h - 1), ((x // 5 + y // 4) % 2) * 255], -1)
+    picture = np.clip(picture + rng.integers(-40, 41, (h, w, 3)), 0, 255).astype(np.uint8)
+    picture[10:14, :] = [255, 255, 255]  # a hard edge across, where bicubic overshoots and clips
+    image = Image.fromarray(picture)
+    image.save(os.path.join(out_dir, "vit.resize.png"))
+    expected = {}
+    for name, method in (("bilinear", Image.BILINEAR), ("bicubic", Image.BICUBIC)):
+        for size in (16, 80):
+            expected[f"{name}_{size}"] = torch.from_numpy(np.asarray(image.resize((size, size), resample=method)).copy())
+    deit = DeiTImageProcessor(size={"height": 20, "width": 20}, crop_size={"height": 16, "width": 16}, resample=3,
+                              do_rescale=False, do_normalize=False)
+    pixels = deit(images=[image], return_tensors="pt")["pixel_values"][0]  # [3, 16, 16], whole numbers
+    expected["deit"] = pixels.round().to(torch.uint8).permute(1, 2, 0).contiguous()
+    save_file(expected, os.path.join(out_dir, "vit.resize.expected.safetensors"))
+    print("vit-resize:", {k: list(v.shape) for k, v in expected.items()})
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures", "hf"))
@@ -401,7 +432,7 @@ def main():
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     for name in args.only or ("llama", "llama-linear", "llama-yarn", "qwen2", "qwen3", "mistral", "mixtral", "gpt2", "bert", "vit",
-                                 "marian"):
+                                 "vit-resize", "marian"):
         if name == "bert":
             make_bert(args.out)
         elif name == "marian":
@@ -412,6 +443,8 @@ def main():
             make_llama_yarn(args.out)
         elif name == "vit":
             make_vit(args.out)
+        elif name == "vit-resize":
+            make_vit_resize(args.out)
         else:
             make(name, args.out)
     return 0

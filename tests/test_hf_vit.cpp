@@ -3,8 +3,9 @@
 // ViTImageProcessor made match transformers' to 1e-4, and so do those of the
 // same two PNG files read and normalized by qkv; the top classes are the same,
 // named by id2label; other processor normalizations fold into the patch
-// embedding; a preprocessing or option qkv does not implement is one error
-// naming the field.
+// embedding; pictures of other sizes are resized and centre-cropped as the
+// processor (Pillow) does it, to the byte; a preprocessing or option qkv does
+// not implement is one error naming the field.
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
@@ -93,8 +94,12 @@ TEST(HfVit, WhatQkvDoesNotImplementIsOneErrorNamingTheField) {
     write_file_atomic(dir + "/" + file, read_file(vit_fixture(std::string("vit/") + file)));
     return e;
   };
-  EXPECT_EQ(with("preprocessor_config.json", {{"do_center_crop", true}}),
-            dir + "/preprocessor_config.json: \"do_center_crop\": true is not supported yet (a different model would run)");
+  EXPECT_EQ(with("preprocessor_config.json", {{"do_center_crop", true}, {"crop_size", {{"height", 12}, {"width", 12}}}}),
+            dir + "/preprocessor_config.json: \"crop_size\" 12 differs from the model's image_size 16");
+  EXPECT_EQ(with("preprocessor_config.json", {{"resample", 1}}),
+            dir + "/preprocessor_config.json: \"resample\": 1 is not supported yet (a different model would run)");
+  EXPECT_EQ(with("preprocessor_config.json", {{"size", {{"height", 20}, {"width", 24}}}}),
+            dir + "/preprocessor_config.json: \"size\" {\"height\":20,\"width\":24} is not square");
   EXPECT_EQ(with("preprocessor_config.json", {{"image_std", {0.5, 0.5}}}),
             dir + "/preprocessor_config.json: \"image_std\" [0.5,0.5] must be one number or one per channel (3)");
   EXPECT_EQ(with("preprocessor_config.json", {{"size", {{"height", 32}, {"width", 32}}}}),
@@ -105,6 +110,47 @@ TEST(HfVit, WhatQkvDoesNotImplementIsOneErrorNamingTheField) {
   EXPECT_EQ(with("config.json", {{"id2label", {{"7", "newt"}}}}),  // six names, one of them numbered 7
             dir + "/config.json: id2label: '7' is not one of the ids 0 to 5 with a name");
   EXPECT_NO_THROW(load_vit_model(dir));  // the files are back as they were
+}
+
+// A picture of another size (45x31) resized as Pillow resizes it, to the
+// byte: bilinear and bicubic, shrinking (to 16, the filter widened by the
+// scale) and enlarging (to 80, where bicubic overshoots at the white band and
+// clips); and as a DeiT processor makes it (bicubic to 20, the centre 16),
+// which a folder's preprocessor_config.json with a centre crop now asks for.
+// Without the filter widened when shrinking, the 16-pixel cases and the DeiT
+// one fail (mutation tried).
+TEST(HfVit, PicturesAreResizedAndCroppedAsPillowAndTheProcessorDoThem) {
+  const std::string png = read_file(vit_fixture("vit.resize.png"));
+  SafetensorsFile expected = load_safetensors(vit_fixture("vit.resize.expected.safetensors"));
+  auto as_hwc = [](const std::vector<uint8_t>& chw, int64_t size) {  // qkv's C x H x W as Pillow's H x W x C
+    std::vector<int64_t> out((size_t)(3 * size * size));
+    for (int64_t c = 0; c < 3; ++c)
+      for (int64_t i = 0; i < size * size; ++i) out[(size_t)(i * 3 + c)] = chw[(size_t)(c * size * size + i)];
+    return out;
+  };
+  for (const auto& [name, resample] : {std::pair<std::string, Resample>{"bilinear", Resample::Bilinear},
+                                       {"bicubic", Resample::Bicubic}})
+    for (int64_t size : {16, 80}) {
+      const std::string key = name + "_" + std::to_string(size);
+      const std::vector<uint8_t> ours = decode_image(png, "vit.resize.png", 3, {.size = size, .resample = resample});
+      EXPECT_EQ(as_hwc(ours, size), expected.find(key)->to(DType::I64).to_ints()) << key;
+    }
+  // The fixture model read under a DeiT processor.
+  const std::string dir = testing::temp_dir("hfvit");
+  for (const char* f : {"config.json", "model.safetensors"})
+    std::filesystem::copy_file(vit_fixture(std::string("vit/") + f), dir + "/" + f);
+  nlohmann::json p = nlohmann::json::parse(read_file(vit_fixture("vit/preprocessor_config.json")));
+  p.merge_patch({{"do_center_crop", true}, {"crop_size", {{"height", 16}, {"width", 16}}},
+                 {"size", {{"height", 20}, {"width", 20}}}, {"resample", 3}});
+  write_file_atomic(dir + "/preprocessor_config.json", p.dump());
+  const ViTConfig c = load_vit_model(dir)->config();
+  EXPECT_EQ(c.resize_to, 20);
+  EXPECT_EQ(c.resample, Resample::Bicubic);
+  EXPECT_EQ(as_hwc(decode_image(png, "vit.resize.png", 3, c.image_resize()), 16),
+            expected.find("deit")->to(DType::I64).to_ints());
+  const ViTConfig back = ViTConfig::from_json(c.to_json(), "config.json");  // a qkv folder keeps them
+  EXPECT_EQ(back.resize_to, 20);
+  EXPECT_EQ(back.resample, Resample::Bicubic);
 }
 
 }  // namespace

@@ -30,12 +30,37 @@ ImageSet load_idx(const std::string& images_path, const std::string& labels_path
 // SPLIT-images-idx3-ubyte[.gz] and SPLIT-labels-idx1-ubyte[.gz].
 ImageSet load_idx_folder(const std::string& dir, const std::string& split);
 
+// The resampling filters of Pillow's Image.resize, which Hugging Face's
+// image processors call ("resample": 2 and 3).
+enum class Resample { Bilinear, Bicubic };
+
+// How a picture of any size becomes a model's square input, as Hugging
+// Face's ViT and DeiT processors make it: resized to `resize` x `resize`
+// (0: `size`) with `resample`, then its centre `size` x `size` cut out.
+// The resize is Pillow's to the byte: each axis in turn (width first), every
+// output pixel a weighted sum of the input pixels under the filter, the
+// filter widened by the scale when shrinking (so every input pixel counts),
+// weights in 22-bit fixed point, each pass rounded and clipped to a byte.
+struct ImageResize {
+  int64_t size = 0;
+  int64_t resize = 0;
+  Resample resample = Resample::Bilinear;
+};
+
 // A PNG or JPEG file as bytes C x size x size: converted to `channels` (1:
-// luminance, 3: RGB) and resized (bilinear) to a square of `size`.
-std::vector<uint8_t> read_image(const std::string& path, int64_t channels, int64_t size);
+// luminance, 3: RGB) after it is resized and cropped as `how` says.
+std::vector<uint8_t> read_image(const std::string& path, int64_t channels, const ImageResize& how);
 // The same from the bytes of a PNG or JPEG file; `source` names it in errors.
 std::vector<uint8_t> decode_image(const std::string& bytes, const std::string& source, int64_t channels,
+                                  const ImageResize& how);
+// With a plain bilinear resize to `size` x `size`.
+std::vector<uint8_t> read_image(const std::string& path, int64_t channels, int64_t size);
+std::vector<uint8_t> decode_image(const std::string& bytes, const std::string& source, int64_t channels,
                                   int64_t size);
+// Pillow's resize (as ImageResize describes it) of an interleaved image of
+// `bands` bytes per pixel, w x h, to out_w x out_h.
+std::vector<uint8_t> resize_image(const std::vector<uint8_t>& pixels, int64_t w, int64_t h, int64_t bands,
+                                  int64_t out_w, int64_t out_h, Resample resample);
 
 // Pixels to model inputs: x = (p / 255 - 0.5) / 0.5, in [-1, 1].
 float pixel_to_input(uint8_t p);

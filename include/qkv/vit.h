@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "qkv/blocks.h"
+#include "qkv/vision.h"
 
 namespace qkv {
 
@@ -30,10 +31,15 @@ struct ViTConfig {
   PositionKind positions = PositionKind::Learned;  // Learned | Sinusoidal2d
   Pool pool = Pool::Mean;
   std::vector<std::string> class_names;  // shown by qkv classify; default "0", "1", ...
+  // How a picture of another size is brought to image_size (qkv/vision.h):
+  // resized to resize_to (0: image_size) with `resample`, then centre-cropped.
+  int64_t resize_to = 0;
+  Resample resample = Resample::Bilinear;
 
   int64_t grid() const { return image_size / patch_size; }
   int64_t patches() const { return grid() * grid(); }
   int64_t dim_feedforward() const { return (int64_t)(mlp_ratio * d_model + 0.5); }
+  ImageResize image_resize() const { return {.size = image_size, .resize = resize_to, .resample = resample}; }
   // Unknown keys and bad values are errors naming `source`; "train" is skipped.
   static ViTConfig from_json(const std::string& text, const std::string& source);
   std::string to_json() const;

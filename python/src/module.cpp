@@ -443,7 +443,7 @@ struct Classifier : ModelBase {
       for (nb::handle item : in) {
         QKV_CHECK(nb::isinstance<nb::str>(item), "classify: a list of images holds file paths (str), got ",
                   nb::type_name(item.type()).c_str());
-        const std::vector<uint8_t> im = read_image(nb::cast<std::string>(item), c.channels, size);
+        const std::vector<uint8_t> im = read_image(nb::cast<std::string>(item), c.channels, c.image_resize());
         set.pixels.insert(set.pixels.end(), im.begin(), im.end());
         ++set.count;
       }
@@ -518,17 +518,17 @@ nb::object load(const std::string& path, const std::string& dtype, int threads) 
   const Family& family = family_of_folder(path);
   switch (family.domain) {
     case Domain::Translation:
-      return load_as<Translator>(path, family, threads, [&](Translator& t) { t.m = load_translation_model(path, "load", dtype);
-      });
+      return load_as<Translator>(path, family, threads,
+                                 [&](Translator& t) { t.m = load_translation_model(path, "load", dtype); });
     case Domain::Language:
-      return load_as<Generator>(path, family, threads, [&](Generator& g) { g.m = load_language_model(path, "load", dtype);
-      });
+      return load_as<Generator>(path, family, threads,
+                                [&](Generator& g) { g.m = load_language_model(path, "load", dtype); });
     case Domain::Vision:
-      return load_as<Classifier>(path, family, threads, [&](Classifier& c) { c.m = load_vit_model(path, "load", dtype);
-      });
+      return load_as<Classifier>(path, family, threads,
+                                 [&](Classifier& c) { c.m = load_vit_model(path, "load", dtype); });
     case Domain::Embedding:
-      return load_as<Embedder>(path, family, threads, [&](Embedder& e) { e.m = load_embedding_model(path, "load", dtype);
-      });
+      return load_as<Embedder>(path, family, threads,
+                               [&](Embedder& e) { e.m = load_embedding_model(path, "load", dtype); });
   }
   fail("load: ", path, ": a family of an unknown domain");
 }

@@ -235,7 +235,8 @@ ModelFolder load(const std::string& dir, const Task* task, const std::string& co
     for (size_t i = 0; i < file.entries().size(); ++i) state.emplace(file.entries()[i].name, file.read(i));
     m.model->adopt_linear_dtypes(state);  // a folder qkv convert wrote: its bf16 or int8 Linear weights as they are
     StateLoader loader(*m.model);
-    for (auto it = state.begin(); it != state.end(); it = state.erase(it)) loader.load(it->first, std::move(it->second));
+    for (auto it = state.begin(); it != state.end(); it = state.erase(it))
+      loader.load(it->first, std::move(it->second));
     loader.finish();
     // Then what a model converted in memory also has (a decoder's tied head in that dtype).
     if (m.model->linear_weight_dtype() != DType::F32) m.model->convert_linear_weights(m.model->linear_weight_dtype());

@@ -147,39 +147,129 @@ ImageSet load_idx_folder(const std::string& dir, const std::string& split) {
   return load_idx(find(split + "-images-idx3-ubyte"), find(split + "-labels-idx1-ubyte"));
 }
 
+namespace {
+
+// Pillow's filters (libImaging/Resample.c): the triangle of bilinear and
+// Keys' cubic with a = -0.5 of bicubic, over their supports of 1 and 2.
+double filter_at(Resample r, double x) {
+  x = std::fabs(x);
+  if (r == Resample::Bilinear) return x < 1.0 ? 1.0 - x : 0.0;
+  constexpr double a = -0.5;
+  if (x < 1.0) return ((a + 2.0) * x - (a + 3.0)) * x * x + 1.0;
+  if (x < 2.0) return (((x - 5.0) * x + 8.0) * x - 4.0) * a;
+  return 0.0;
+}
+
+constexpr int kPrecisionBits = 32 - 8 - 2;  // Pillow's fixed point for 8-bit images
+
+// The weights of one axis resized from `in` to `out` pixels: for output i,
+// count[i] input pixels from first[i], their weights (summing to 1) in fixed
+// point at weights[i * width ...].
+struct Taps {
+  int64_t width = 0;
+  std::vector<int64_t> first, count;
+  std::vector<int32_t> weights;
+};
+
+Taps taps_for(int64_t in, int64_t out, Resample r) {
+  const double scale = (double)in / (double)out;
+  const double stretch = std::max(scale, 1.0);  // shrinking widens the filter: every input pixel counts
+  const double support = (r == Resample::Bilinear ? 1.0 : 2.0) * stretch;
+  Taps t;
+  t.width = (int64_t)std::ceil(support) * 2 + 1;
+  t.first.resize((size_t)out);
+  t.count.resize((size_t)out);
+  t.weights.assign((size_t)(out * t.width), 0);
+  std::vector<double> k((size_t)t.width);
+  for (int64_t o = 0; o < out; ++o) {
+    const double center = ((double)o + 0.5) * scale;
+    const int64_t lo = std::max<int64_t>((int64_t)(center - support + 0.5), 0);
+    const int64_t n = std::min<int64_t>((int64_t)(center + support + 0.5), in) - lo;
+    QKV_CHECK(n >= 0 && n <= t.width, "resize_image: ", n, " taps for a filter of ", t.width);
+    double sum = 0;
+    for (int64_t x = 0; x < n; ++x) sum += k[(size_t)x] = filter_at(r, ((double)(x + lo) - center + 0.5) / stretch);
+    for (int64_t x = 0; x < n; ++x) {
+      const double w = (sum != 0.0 ? k[(size_t)x] / sum : k[(size_t)x]) * (double)(1 << kPrecisionBits);
+      t.weights[(size_t)(o * t.width + x)] = (int32_t)(w < 0 ? w - 0.5 : w + 0.5);
+    }
+    t.first[(size_t)o] = lo;
+    t.count[(size_t)o] = n;
+  }
+  return t;
+}
+
+// A weighted sum in fixed point, rounded and clipped to a byte.
+uint8_t to_byte(int64_t sum) {
+  return (uint8_t)std::clamp<int64_t>(sum >> kPrecisionBits, 0, 255);
+}
+
+}  // namespace
+
+std::vector<uint8_t> resize_image(const std::vector<uint8_t>& pixels, int64_t w, int64_t h, int64_t bands,
+                                  int64_t out_w, int64_t out_h, Resample resample) {
+  QKV_CHECK(w > 0 && h > 0 && out_w > 0 && out_h > 0 && bands > 0 && (int64_t)pixels.size() == w * h * bands,
+            "resize_image: ", w, "x", h, "x", bands, " bytes expected, got ", pixels.size());
+  std::vector<uint8_t> wide = pixels;
+  if (out_w != w) {  // along each row
+    const Taps t = taps_for(w, out_w, resample);
+    wide.assign((size_t)(out_w * h * bands), 0);
+    for (int64_t y = 0; y < h; ++y)
+      for (int64_t x = 0; x < out_w; ++x)
+        for (int64_t c = 0; c < bands; ++c) {
+          int64_t sum = 1 << (kPrecisionBits - 1);
+          const int32_t* k = &t.weights[(size_t)(x * t.width)];
+          const uint8_t* in = &pixels[(size_t)((y * w + t.first[(size_t)x]) * bands + c)];
+          for (int64_t i = 0; i < t.count[(size_t)x]; ++i) sum += (int64_t)in[i * bands] * k[i];
+          wide[(size_t)((y * out_w + x) * bands + c)] = to_byte(sum);
+        }
+  }
+  if (out_h == h) return wide;
+  const Taps t = taps_for(h, out_h, resample);  // along each column
+  std::vector<uint8_t> out((size_t)(out_w * out_h * bands));
+  for (int64_t y = 0; y < out_h; ++y)
+    for (int64_t x = 0; x < out_w; ++x)
+      for (int64_t c = 0; c < bands; ++c) {
+        int64_t sum = 1 << (kPrecisionBits - 1);
+        const int32_t* k = &t.weights[(size_t)(y * t.width)];
+        const uint8_t* in = &wide[(size_t)((t.first[(size_t)y] * out_w + x) * bands + c)];
+        for (int64_t i = 0; i < t.count[(size_t)y]; ++i) sum += (int64_t)in[i * out_w * bands] * k[i];
+        out[(size_t)((y * out_w + x) * bands + c)] = to_byte(sum);
+      }
+  return out;
+}
+
+std::vector<uint8_t> read_image(const std::string& path, int64_t channels, const ImageResize& how) {
+  return decode_image(read_file(path), path, channels, how);
+}
+
 std::vector<uint8_t> read_image(const std::string& path, int64_t channels, int64_t size) {
-  return decode_image(read_file(path), path, channels, size);
+  return read_image(path, channels, ImageResize{.size = size});
 }
 
 std::vector<uint8_t> decode_image(const std::string& bytes, const std::string& source, int64_t channels,
                                   int64_t size) {
+  return decode_image(bytes, source, channels, ImageResize{.size = size});
+}
+
+std::vector<uint8_t> decode_image(const std::string& bytes, const std::string& source, int64_t channels,
+                                  const ImageResize& how) {
   QKV_CHECK(channels == 1 || channels == 3, "read_image: channels must be 1 or 3, not ", channels);
+  const int64_t size = how.size, resize = how.resize > 0 ? how.resize : how.size;
+  QKV_CHECK(size > 0 && resize >= size, "read_image: a crop of ", size, " from a resize to ", resize);
   const images::Rgb image = images::decode(bytes, source);
-  const int w = (int)image.width, h = (int)image.height;
-  const std::vector<uint8_t>& rgb = image.pixels;
-  // Bilinear resize to size x size, pixel centres aligned, then to the channels.
+  const std::vector<uint8_t> rgb =
+      resize_image(image.pixels, (int64_t)image.width, (int64_t)image.height, 3, resize, resize, how.resample);
+  const int64_t off = (resize - size) / 2;  // the centre crop, as transformers' center_crop places it
   std::vector<uint8_t> out((size_t)(channels * size * size));
-  for (int64_t y = 0; y < size; ++y) {
-    float sy = std::clamp((y + 0.5f) * h / size - 0.5f, 0.0f, (float)(h - 1));
-    int y0 = (int)sy, y1 = std::min(y0 + 1, h - 1);
-    float fy = sy - y0;
+  for (int64_t y = 0; y < size; ++y)
     for (int64_t x = 0; x < size; ++x) {
-      float sx = std::clamp((x + 0.5f) * w / size - 0.5f, 0.0f, (float)(w - 1));
-      int x0 = (int)sx, x1 = std::min(x0 + 1, w - 1);
-      float fx = sx - x0;
-      float c[3];
-      for (int k = 0; k < 3; ++k) {
-        auto at = [&](int yy, int xx) { return rgb[((size_t)yy * w + xx) * 3 + k]; };
-        c[k] = (1 - fy) * ((1 - fx) * at(y0, x0) + fx * at(y0, x1)) + fy * ((1 - fx) * at(y1, x0) + fx * at(y1, x1));
-      }
-      auto byte = [](float v) { return (uint8_t)std::clamp(std::lround(v), 0L, 255L); };
+      const uint8_t* c = &rgb[(size_t)(((y + off) * resize + x + off) * 3)];
       if (channels == 1) {
-        out[y * size + x] = byte(0.299f * c[0] + 0.587f * c[1] + 0.114f * c[2]);
+        out[(size_t)(y * size + x)] = (uint8_t)std::clamp(std::lround(0.299f * c[0] + 0.587f * c[1] + 0.114f * c[2]), 0L, 255L);
       } else {
-        for (int k = 0; k < 3; ++k) out[(k * size + y) * size + x] = byte(c[k]);
+        for (int64_t k = 0; k < 3; ++k) out[(size_t)((k * size + y) * size + x)] = c[k];
       }
     }
-  }
   return out;
 }
 

@@ -208,7 +208,8 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
   } else {
     size_ = bytes_.size();
   }
-  const std::string header = read_header(size_, path, [this](uint64_t at, uint64_t n, char* to) { read_at(at, n, to); });
+  const std::string header =
+      read_header(size_, path, [this](uint64_t at, uint64_t n, char* to) { read_at(at, n, to); });
   data_at_ = 8 + header.size();
   Header h = parse_header(header, size_ - data_at_, path);
   entries_ = std::move(h.entries);
@@ -239,7 +240,8 @@ SafetensorsFile load_safetensors(const std::string& path) {
   SafetensorsReader reader(path);
   SafetensorsFile out;
   out.metadata = reader.metadata();
-  for (size_t i = 0; i < reader.entries().size(); ++i) out.tensors.emplace_back(reader.entries()[i].name, reader.read(i));
+  for (size_t i = 0; i < reader.entries().size(); ++i)
+    out.tensors.emplace_back(reader.entries()[i].name, reader.read(i));
   return out;
 }
 

@@ -199,8 +199,7 @@ void StateLoader::load(const std::string& name, Tensor t) {
 }
 
 void StateLoader::finish() const {
-  for (auto& [name, p] : params_)
-    QKV_CHECK(loaded_.count(name), "load_state_dict: parameter '", name, "' is missing");
+  for (auto& [name, p] : params_) QKV_CHECK(loaded_.count(name), "load_state_dict: parameter '", name, "' is missing");
 }
 
 void xavier_uniform_(Tensor& w, Rng& rng) {
@@ -272,7 +271,8 @@ Linear::Linear(LinearOptions o, Rng& rng) {
   {
     std::optional<DefaultDeviceGuard> meta;
     if (t_linear_dtype) meta.emplace(Device::Meta);
-    weight = register_parameter("weight", Tensor::empty({o.out_features, o.in_features}, t_linear_dtype.value_or(DType::F32)));
+    weight = register_parameter("weight",
+                                Tensor::empty({o.out_features, o.in_features}, t_linear_dtype.value_or(DType::F32)));
     uniform_fan_in_(weight, o.in_features, rng);  // without values under SkipInitGuard, but the same random stream
   }
   if (o.bias) {

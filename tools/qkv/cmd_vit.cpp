@@ -90,7 +90,7 @@ int run_classify(const ClassifyArgs& a) {
   const int64_t size = c.image_size, pixels = c.channels * size * size;
   std::vector<std::string> names;
   std::vector<std::vector<uint8_t>> images;
-  for (auto& path : a.images) names.push_back(path), images.push_back(read_image(path, c.channels, size));
+  for (auto& path : a.images) names.push_back(path), images.push_back(read_image(path, c.channels, c.image_resize()));
   if (!a.indices.empty()) {
     QKV_CHECK(!a.test.empty(), "classify: --index needs --test FOLDER");
     ImageSet test = load_idx_folder(a.test, "t10k");

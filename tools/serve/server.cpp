@@ -884,7 +884,7 @@ private:
       const std::string param = body["image"].is_string() ? "image" : "image[" + std::to_string(i) + "]";
       std::vector<uint8_t> pixels;
       try {
-        pixels = decode_image(from_base64(encoded[i], param), param, c.channels, c.image_size);
+        pixels = decode_image(from_base64(encoded[i], param), param, c.channels, c.image_resize());
       } catch (const Error& e) {
         bad(param, e.what());
       }

@@ -87,11 +87,35 @@ struct PixelNormalization {
   }
 };
 
-PixelNormalization read_preprocessor(const std::filesystem::path& dir, int64_t image_size, int64_t channels) {
+// A square side in a processor's "size" or "crop_size": a number, or
+// {"height": h, "width": w} with h == w; `fallback` when absent.
+int64_t square_side(const Json& p, const char* key, int64_t fallback, const std::string& source) {
+  const Json v = p.value(key, Json());
+  if (v.is_null()) return fallback;
+  if (v.is_number_integer()) return v.get<int64_t>();
+  QKV_CHECK(v.is_object() && v.contains("height") && v.contains("width") && v["height"].is_number_integer() &&
+                v["width"].is_number_integer(),
+            source, ": \"", key, "\" ", v.dump(), " is not a number or {\"height\", \"width\"}");
+  QKV_CHECK(v["height"] == v["width"], source, ": \"", key, "\" ", v.dump(), " is not square");
+  return v["height"].get<int64_t>();
+}
+
+// What a folder's preprocessor_config.json asks of the pixels: their
+// normalization, and how a picture is brought to image_size (the resize and
+// crop of ViTImageProcessor and DeiTImageProcessor).
+struct Preprocessor {
+  PixelNormalization pixels;
+  int64_t resize_to = 0;
+  std::string resample = "bilinear";
+};
+
+Preprocessor read_preprocessor(const std::filesystem::path& dir, int64_t image_size, int64_t channels) {
   const std::string source = (dir / "preprocessor_config.json").string();
-  PixelNormalization n{std::vector<double>(channels, 0.5), std::vector<double>(channels, 0.5)};
+  Preprocessor out;
+  PixelNormalization& n = out.pixels;
+  n = {std::vector<double>(channels, 0.5), std::vector<double>(channels, 0.5)};
   const Json p = folder_json(source);
-  if (p.is_null()) return n;
+  if (p.is_null()) return out;
   QKV_CHECK(p.is_object(), source, ": expected a JSON object");
   if (p.value("do_normalize", true)) {
     n.mean = per_channel(p.value("image_mean", Json(0.5)), channels, source, "image_mean");
@@ -103,14 +127,25 @@ PixelNormalization read_preprocessor(const std::filesystem::path& dir, int64_t i
   if (!p.value("do_rescale", true)) unsupported(source, "\"do_rescale\": false");
   const double rescale = p.value("rescale_factor", 1.0 / 255);
   if (std::abs(rescale - 1.0 / 255) > 1e-9) unsupported(source, "\"rescale_factor\": " + std::to_string(rescale));
-  if (p.value("do_center_crop", false)) unsupported(source, "\"do_center_crop\": true");
-  const Json size = p.value("size", Json());
-  if (size.is_object()) {
-    const int64_t h = size.value("height", image_size), w = size.value("width", image_size);
-    QKV_CHECK(h == image_size && w == image_size, source, ": \"size\" ", size.dump(),
-              " differs from the model's image_size ", image_size);
+  if (!p.value("do_resize", true)) unsupported(source, "\"do_resize\": false");
+  const Json resample = p.value("resample", Json(2));  // PIL's codes: 2 bilinear, 3 bicubic
+  if (resample == Json(3)) {
+    out.resample = "bicubic";
+  } else if (resample != Json(2)) {
+    unsupported(source, "\"resample\": " + resample.dump());
   }
-  return n;
+  const int64_t size = square_side(p, "size", image_size, source);
+  if (p.value("do_center_crop", false)) {
+    const int64_t crop = square_side(p, "crop_size", size, source);
+    QKV_CHECK(crop == image_size, source, ": \"crop_size\" ", crop, " differs from the model's image_size ",
+              image_size);
+    QKV_CHECK(size >= crop, source, ": \"size\" ", size, " is smaller than \"crop_size\" ", crop);
+    if (size != image_size) out.resize_to = size;
+  } else {
+    QKV_CHECK(size == image_size, source, ": \"size\" ", p.value("size", Json()).dump(), " differs from the model's image_size ",
+              image_size);
+  }
+  return out;
 }
 
 // qkv feeds a ViT x = (p / 255 - 0.5) / 0.5; the folder's model was trained on
@@ -176,8 +211,11 @@ HfImport import_hf_vit(const std::string& text, const std::string& source) {
   c["class_names"] = names;
   QKV_CHECK((int64_t)std::llround(c["mlp_ratio"].get<double>() * (double)d) == ff, source,
             ": intermediate_size ", ff, " is not a whole multiple qkv's mlp_ratio keeps");
-  const PixelNormalization pixels =
+  const Preprocessor pre =
       read_preprocessor(std::filesystem::path(source).parent_path(), image_size, c["channels"].get<int64_t>());
+  c["resize_to"] = pre.resize_to;
+  c["resample"] = pre.resample;
+  const PixelNormalization& pixels = pre.pixels;
   HfImport import{.config_json = c.dump(), .weight_name = vit_weight_name, .convert = vit_convert};
   if (!pixels.is_qkvs()) import.finish = [pixels](StateDict& state) { fold_normalization(state, pixels); };
   return import;

@@ -9,6 +9,12 @@ struct qkv::config::EnumNames<qkv::Pool> {
   static constexpr std::pair<Pool, const char*> values[] = {{Pool::Mean, "mean"}, {Pool::Cls, "cls"}};
 };
 
+template <>
+struct qkv::config::EnumNames<qkv::Resample> {
+  static constexpr std::pair<Resample, const char*> values[] = {{Resample::Bilinear, "bilinear"},
+                                                                {Resample::Bicubic, "bicubic"}};
+};
+
 namespace qkv {
 
 static const config::Fields<ViTConfig>& vit_fields() {
@@ -31,6 +37,10 @@ static const config::Fields<ViTConfig>& vit_fields() {
           .add("positions", &C::positions).only({PositionKind::Learned, PositionKind::Sinusoidal2d})
           .add("pool", &C::pool)
           .add("class_names", &C::class_names)
+          .add("resize_to", &C::resize_to).at_least(0).at_most(1 << 16)
+          .written_if([](const C& c) { return c.resize_to != 0; })
+          .add("resample", &C::resample)
+          .written_if([](const C& c) { return c.resample != Resample::Bilinear; })
           .skip("train");
   return fields;
 }
@@ -40,6 +50,8 @@ ViTConfig ViTConfig::from_json(const std::string& text, const std::string& sourc
   QKV_CHECK(c.image_size % c.patch_size == 0, source, ": image_size ", c.image_size,
             " must be a positive multiple of patch_size ", c.patch_size);
   QKV_CHECK(c.channels == 1 || c.channels == 3, source, ": channels must be 1 or 3");
+  QKV_CHECK(c.resize_to == 0 || c.resize_to >= c.image_size, source, ": resize_to ", c.resize_to,
+            " is smaller than image_size ", c.image_size, " (the centre crop would not fit)");
   QKV_CHECK(c.d_model % c.nhead == 0, source, ": d_model ", c.d_model, " must be a positive multiple of nhead ", c.nhead);
   QKV_CHECK(c.positions != PositionKind::Sinusoidal2d || c.d_model % 4 == 0, source,
             ": 2-D sinusoidal positions need d_model divisible by 4");
