@@ -13,6 +13,12 @@ parameters, SentencePiece BPE 4096) once in out/bench-serve/: a tokenizer
 trained on generated text and one training step, since only the shapes
 matter for speed.
 
+With --translate and a translation --model (a qkv folder, or a Marian one
+from scripts/make_bench_marian.py), each request is one sentence to
+/v1/translate (greedy, max_len --max-tokens; the sentences of DIR/sources.txt
+in turn when it exists): concurrent requests share batches
+(tools/serve/merged_runs.h), and the rate is sentences per second.
+
 With --llama-server PATH (llama.cpp's server binary) and a Hugging Face
 --model folder, llama-server runs the same measurement at each stream count
 on the folder's GGUF (model-f32.gguf beside the weights, made once by
@@ -21,7 +27,7 @@ generate` makes it): `--parallel N` slots sharing its continuous batch, a
 context of 512 per slot, the same threads, greedy, ignore_eos.
 
 usage: scripts/bench_serve.py [--qkv build/release/qkv] [--model DIR] [--streams 1,4,16]
-                              [--llama-server PATH]
+                              [--llama-server PATH] [--translate]
 """
 import argparse
 import http.client
@@ -102,9 +108,9 @@ def gguf_of(model):
     return gguf
 
 
-def complete(host, port, body):
+def complete(host, port, body, path="/v1/completions"):
     c = http.client.HTTPConnection(host, port, timeout=600)
-    c.request("POST", "/v1/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
+    c.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"})
     r = c.getresponse()
     data = json.loads(r.read())
     c.close()
@@ -128,8 +134,15 @@ def main():
     p.add_argument("--prompt", default="the quick brown fox jumps over the lazy dog and runs far away")
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--llama-server", help="llama.cpp's llama-server binary: the peer, on the folder's GGUF")
+    p.add_argument("--translate", action="store_true", help="one-sentence /v1/translate requests to a translation model")
     p.add_argument("--json", action="store_true")
     a = p.parse_args()
+    if a.translate and (not a.model or a.llama_server):
+        p.error("--translate needs a translation --model and no --llama-server")
+    sentences = ["我是中国人"]
+    if a.translate and os.path.exists(os.path.join(a.model, "sources.txt")):
+        with open(os.path.join(a.model, "sources.txt"), encoding="utf-8") as f:
+            sentences = [line.rstrip("\n") for line in f if line.strip()]
     model = a.model or build_recipe_model(a.qkv, "out/bench-serve")
     servers = [("qkv", lambda n: serve(a.qkv, model, n, a.threads))]
     if a.llama_server:
@@ -140,24 +153,31 @@ def main():
         proc, host, port = start(n)
         try:
             body = {"prompt": a.prompt, "max_tokens": a.max_tokens, "temperature": 0, "ignore_eos": True}
-            complete(host, port, body)  # warm-up
+            if a.translate:
+                complete(host, port, {"text": sentences[:1], "max_len": a.max_tokens}, "/v1/translate")  # warm-up
+            else:
+                complete(host, port, body)  # warm-up
             latencies, tokens, errors = [], [0], []
             lock = threading.Lock()
 
-            def client():
-                for _ in range(a.requests):
+            def client(k):
+                for i in range(a.requests):
                     t0 = time.monotonic()
                     try:
-                        r = complete(host, port, body)
+                        if a.translate:
+                            sentence = sentences[(k * a.requests + i) % len(sentences)]
+                            complete(host, port, {"text": [sentence], "max_len": a.max_tokens}, "/v1/translate")
+                        else:
+                            r = complete(host, port, body)
                     except Exception as e:  # noqa: BLE001 (reported below)
                         errors.append(repr(e))
                         return
                     with lock:
                         latencies.append(time.monotonic() - t0)
-                        tokens[0] += r["usage"]["completion_tokens"]
+                        tokens[0] += 1 if a.translate else r["usage"]["completion_tokens"]
 
             t0 = time.monotonic()
-            threads = [threading.Thread(target=client) for _ in range(n)]
+            threads = [threading.Thread(target=client, args=(k,)) for k in range(n)]
             for t in threads:
                 t.start()
             for t in threads:
@@ -181,12 +201,16 @@ def main():
     if a.json:
         print(json.dumps({"model": model, "max_tokens": a.max_tokens, "threads": a.threads, "rows": rows}))
         return
-    print(f"{model}, {a.max_tokens} tokens per request (greedy, ignore_eos), {a.threads} threads")
-    print(f"{'server':>13} {'streams':>8} {'requests':>9} {'tokens/s':>9} {'x first':>8} {'p50 latency':>12} "
+    if a.translate:
+        print(f"{model}, one sentence per request to /v1/translate (greedy, max_len {a.max_tokens}), {a.threads} threads")
+    else:
+        print(f"{model}, {a.max_tokens} tokens per request (greedy, ignore_eos), {a.threads} threads")
+    rate = "sentences/s" if a.translate else "tokens/s"
+    print(f"{'server':>13} {'streams':>8} {'requests':>9} {rate:>11} {'x first':>8} {'p50 latency':>12} "
           f"{'peak RSS':>9} {'qkv vs it':>10}")
     for r in rows:
         vs = f"{r['qkv_vs_llama_server']:>9.2f}x" if "qkv_vs_llama_server" in r else ""
-        print(f"{r['server']:>13} {r['streams']:>8} {r['requests']:>9} {r['tokens_per_s']:>9.1f} "
+        print(f"{r['server']:>13} {r['streams']:>8} {r['requests']:>9} {r['tokens_per_s']:>11.1f} "
               f"{r['x_first']:>7.2f}x {r['latency_p50_s']:>11.2f}s {r['peak_rss_mib']:>7.0f}MB {vs}")
 
 

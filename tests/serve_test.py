@@ -662,6 +662,52 @@ class Translation(unittest.TestCase):
         finally:
             self.assertEqual(s.stop(), 0)
 
+    def test_concurrent_translations_share_batches(self):
+        """Eight one-sentence requests at once translate as the CLI translates them, in fewer model runs than
+        requests: those that arrive while a batch runs share the next one (tools/serve/merged_runs.h)."""
+        model = os.path.join(FIXTURES, "folders", "transformer")
+        texts = ["我是中国人", "这本书很有意思", "我是学生", "他是中国人", "这是书", "我很好", "你是谁", "中国很大"]
+        cli = subprocess.run([QKV, "translate", "--model", model, "--max-len", "32"], input="\n".join(texts) + "\n",
+                             capture_output=True, text=True, check=True).stdout.split("\n")[:len(texts)]
+        s = Server(model)
+
+        def runs():
+            _, text = s.request("GET", "/metrics")
+            return int(re.search(r'^qkv_model_runs_total\{endpoint="/v1/translate"\} (\d+)$', text, re.M).group(1))
+
+        def together():
+            """The eight requests at once; returns the model runs they took."""
+            before = runs()
+            results, errors = {}, []
+            barrier = threading.Barrier(len(texts))
+
+            def client(i):
+                try:
+                    barrier.wait()
+                    status, body = s.request("POST", "/v1/translate", {"text": [texts[i]], "max_len": 32})
+                    results[i] = body["translations"][0] if status == 200 else body
+                except Exception as e:  # noqa: BLE001 (reported below)
+                    errors.append(repr(e))
+
+            threads = [threading.Thread(target=client, args=(i,)) for i in range(len(texts))]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            self.assertEqual(errors, [])
+            self.assertEqual([results[i] for i in range(len(texts))], cli)
+            return runs() - before
+
+        try:
+            # A translation of this model takes milliseconds, so on a busy machine the requests may still arrive
+            # one after another; the translations are checked on every try, the sharing must show in one.
+            counts = [together()]
+            while counts[-1] >= len(texts) and len(counts) < 5:
+                counts.append(together())
+            self.assertLess(min(counts), len(texts), counts)
+        finally:
+            self.assertEqual(s.stop(), 0)
+
 
 if __name__ == "__main__":
     result = unittest.main(argv=[sys.argv[0], "-v"], exit=False).result

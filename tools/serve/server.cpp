@@ -25,6 +25,7 @@
 #include "qkv/registry.h"
 #include "qkv/utf8.h"
 #include "tools/serve/explorer_html.h"
+#include "tools/serve/merged_runs.h"
 
 namespace qkv::serve {
 
@@ -409,7 +410,12 @@ private:
     handle("GET", "/metrics", [this](const httplib::Request&, httplib::Response& res, const InFlightToken&) {
       BatchStats s;
       if (generator_) s = generator_->stats();
-      res.set_content(metrics_.text(generator_ ? &s : nullptr), "text/plain; version=0.0.4");
+      std::string text = metrics_.text(generator_ ? &s : nullptr);
+      text += "# HELP qkv_model_runs_total Batches run for /v1/translate and /v1/classify (concurrent requests share one).\n";
+      text += "# TYPE qkv_model_runs_total counter\n";
+      text += "qkv_model_runs_total{endpoint=\"/v1/translate\"} " + std::to_string(translation_runs_.runs()) + "\n";
+      text += "qkv_model_runs_total{endpoint=\"/v1/classify\"} " + std::to_string(image_runs_.runs()) + "\n";
+      res.set_content(text, "text/plain; version=0.0.4");
     });
     handle("GET", "/v1/models", [this](const httplib::Request&, httplib::Response& res, const InFlightToken&) {
       json model = {{"id", name_}, {"object", "model"}, {"created", created_}, {"owned_by", "qkv"},
@@ -707,12 +713,14 @@ private:
         bad("text", e.what());
       }
     }
-    std::vector<std::string> out;
-    {
-      std::lock_guard<std::mutex> lock(model_mutex_);  // one batch at a time
+    // Concurrent requests with the same beam and max_len translate as one batch.
+    const TranslationRuns::Run run = [this, max_len, beam](const std::vector<std::vector<int64_t>>& batch) {
+      std::lock_guard<std::mutex> lock(model_mutex_);
       if (o_.threads > 0) omp_set_num_threads(o_.threads);
-      out = translate_ids(translation_, sources, max_len, beam);
-    }
+      return translate_ids(translation_, batch, max_len, beam);
+    };
+    const std::vector<std::string> out =
+        translation_runs_.submit(std::to_string(beam) + "/" + std::to_string(max_len), std::move(sources), run);
     send_json(res, 200, {{"model", name_}, {"translations", out}});
   }
 
@@ -890,27 +898,42 @@ private:
       }
       set.pixels.insert(set.pixels.end(), pixels.begin(), pixels.end());
     }
-    std::vector<int64_t> all((size_t)set.count);
-    for (size_t i = 0; i < all.size(); ++i) all[i] = (int64_t)i;
-    Tensor probs, rollout;
-    {
+    // Concurrent requests classify as one batch.
+    const ImageRuns::Run run = [this](const std::vector<std::vector<uint8_t>>& images) {
+      const ViTConfig& c = vit_->config();
+      ImageSet batch;
+      batch.count = (int64_t)images.size(), batch.channels = c.channels;
+      batch.height = batch.width = c.image_size;
+      for (const std::vector<uint8_t>& im : images) batch.pixels.insert(batch.pixels.end(), im.begin(), im.end());
+      std::vector<int64_t> all((size_t)batch.count);
+      for (size_t i = 0; i < all.size(); ++i) all[i] = (int64_t)i;
       std::lock_guard<std::mutex> lock(model_mutex_);
       if (o_.threads > 0) omp_set_num_threads(o_.threads);
       NoGradGuard no_grad;
-      probs = softmax(vit_->forward(image_batch(set, all), /*need_weights=*/true));
-      rollout = vit_->rollout();  // [B, grid, grid]
-    }
+      const Tensor probs = softmax(vit_->forward(image_batch(batch, all), /*need_weights=*/true));
+      const Tensor rollout = vit_->rollout();  // [B, grid, grid]
+      const int64_t C = c.num_classes, cells = c.grid() * c.grid();
+      std::vector<ImageResult> out;
+      for (int64_t i = 0; i < batch.count; ++i)
+        out.push_back({std::vector<float>(probs.data<float>() + i * C, probs.data<float>() + (i + 1) * C),
+                       std::vector<float>(rollout.data<float>() + i * cells, rollout.data<float>() + (i + 1) * cells)});
+      return out;
+    };
+    std::vector<std::vector<uint8_t>> images;
+    for (int64_t i = 0; i < set.count; ++i)
+      images.emplace_back(set.image(i), set.image(i) + c.channels * c.image_size * c.image_size);
+    const std::vector<ImageResult> classified = image_runs_.submit("", std::move(images), run);
     const int64_t C = c.num_classes, g = c.grid();
     json results = json::array();
     for (int64_t i = 0; i < set.count; ++i) {
-      const float* p = probs.data<float>() + i * C;
+      const float* p = classified[(size_t)i].probabilities.data();
       const std::vector<int64_t> order = top_classes(p, C, top_k);
       json top = json::array();
       for (int64_t j = 0; j < top_k; ++j)
         top.push_back({{"label", c.class_names[(size_t)order[(size_t)j]]}, {"probability", p[order[(size_t)j]]}});
       json grid = json::array();
       for (int64_t y = 0; y < g; ++y) {
-        const float* row = rollout.data<float>() + (i * g + y) * g;
+        const float* row = classified[(size_t)i].rollout.data() + y * g;
         grid.push_back(std::vector<float>(row, row + g));
       }
       results.push_back({{"top", top}, {"rollout", grid}});
@@ -930,6 +953,14 @@ private:
   std::shared_ptr<VisionTransformer> vit_;
   EmbeddingModel embedder_;
   std::mutex model_mutex_;
+  // Concurrent translation and image requests, merged into shared batches.
+  using TranslationRuns = MergedRuns<std::vector<int64_t>, std::string>;
+  struct ImageResult {
+    std::vector<float> probabilities, rollout;  // [classes], [grid * grid]
+  };
+  using ImageRuns = MergedRuns<std::vector<uint8_t>, ImageResult>;
+  TranslationRuns translation_runs_{64};
+  ImageRuns image_runs_{64};
   std::atomic<uint64_t> ids_{0}, seeds_{0};
   std::atomic<int64_t> in_flight_{0};
   std::atomic<bool> draining_{false};
