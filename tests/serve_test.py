@@ -589,6 +589,57 @@ class HuggingFace(unittest.TestCase):
 
 
 class Embeddings(unittest.TestCase):
+    def test_concurrent_embeddings_share_batches(self):
+        """Six one-text requests at once get qkv embed's vectors and their own token counts, and in one of up to
+        five tries take fewer model runs than requests (tools/serve/merged_runs.h; a bad input among merged ones
+        is tests/test_serve_merge.cpp's)."""
+        model = os.path.join(FIXTURES, "hf", "bert")
+        texts = ["我是中国人", "The quick brown fox.", "a", "猫が好きです", "the lazy dog", "空"]
+        cli = [json.loads(line) for line in subprocess.run(
+            [QKV, "embed", "--model", model], input="\n".join(texts) + "\n", capture_output=True, text=True,
+            check=True).stdout.splitlines()]
+        s = Server(model)
+
+        def runs():
+            _, text = s.request("GET", "/metrics")
+            return int(re.search(r'^qkv_model_runs_total\{endpoint="/v1/embeddings"\} (\d+)$', text, re.M).group(1))
+
+        alone = {i: s.request("POST", "/v1/embeddings", {"input": [texts[i]], "encoding_format": "float"})[1]
+                 for i in range(len(texts))}
+
+        def together():
+            before = runs()
+            results, errors = {}, []
+            barrier = threading.Barrier(len(texts))
+
+            def client(i):
+                try:
+                    barrier.wait()
+                    results[i] = s.request("POST", "/v1/embeddings", {"input": [texts[i]], "encoding_format": "float"})
+                except Exception as e:  # noqa: BLE001 (reported below)
+                    errors.append(repr(e))
+
+            threads = [threading.Thread(target=client, args=(i,)) for i in range(len(texts))]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            self.assertEqual(errors, [])
+            for i in range(len(texts)):
+                status, body = results[i]
+                self.assertEqual(status, 200, body)
+                self.assertLess(max(abs(a - b) for a, b in zip(body["data"][0]["embedding"], cli[i])), 1e-5)
+                self.assertEqual(body["usage"], alone[i]["usage"])
+            return runs() - before
+
+        try:
+            counts = [together()]
+            while counts[-1] >= len(texts) and len(counts) < 5:
+                counts.append(together())
+            self.assertLess(min(counts), len(texts), counts)
+        finally:
+            self.assertEqual(s.stop(), 0)
+
     def test_embeddings_are_what_the_cli_gives(self):
         """The bert fixture (a sentence-transformers folder): the OpenAI client's embeddings (it asks for
         base64) and encoding_format "float" both give qkv embed's vectors; a text past max_seq_length is a 400."""

@@ -82,10 +82,11 @@ struct EmbedLimit {
 // One embedding per text, [N, D] as rows, computed in batches of similar
 // lengths; `normalize` or the model's own setting makes them unit length.
 // `where(i)` names text i in errors (a line of a file); `tokens`, when
-// given, receives how many tokens the model read, special ones included.
+// given, receives how many tokens the model read of each text, special ones
+// included.
 std::vector<std::vector<float>> embed_texts(EmbeddingModel& m, const std::vector<std::string>& texts, bool normalize,
                                             EmbedLimit limit = {},
                                             const std::function<std::string(size_t)>& where = {},
-                                            int64_t* tokens = nullptr);
+                                            std::vector<int64_t>* tokens = nullptr);
 
 }  // namespace qkv

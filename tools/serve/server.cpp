@@ -411,10 +411,12 @@ private:
       BatchStats s;
       if (generator_) s = generator_->stats();
       std::string text = metrics_.text(generator_ ? &s : nullptr);
-      text += "# HELP qkv_model_runs_total Batches run for /v1/translate and /v1/classify (concurrent requests share one).\n";
+      text += "# HELP qkv_model_runs_total Batches run for /v1/translate, /v1/classify and /v1/embeddings (concurrent "
+              "requests share one).\n";
       text += "# TYPE qkv_model_runs_total counter\n";
       text += "qkv_model_runs_total{endpoint=\"/v1/translate\"} " + std::to_string(translation_runs_.runs()) + "\n";
       text += "qkv_model_runs_total{endpoint=\"/v1/classify\"} " + std::to_string(image_runs_.runs()) + "\n";
+      text += "qkv_model_runs_total{endpoint=\"/v1/embeddings\"} " + std::to_string(embedding_runs_.runs()) + "\n";
       res.set_content(text, "text/plain; version=0.0.4");
     });
     handle("GET", "/v1/models", [this](const httplib::Request&, httplib::Response& res, const InFlightToken&) {
@@ -847,27 +849,37 @@ private:
     for (size_t i = 0; i < inputs.size(); ++i)
       if (size_t at = invalid_utf8_offset(inputs[i]); at != std::string::npos)
         bad("input", "input[" + std::to_string(i) + "] is not UTF-8 at byte " + std::to_string(at + 1));
-    std::vector<std::vector<float>> vectors;
-    int64_t tokens = 0;
-    {
+    // Concurrent requests embed as one batch; a merged batch that fails (a
+    // text past the context) runs again request by request, so that the
+    // error names the input of the request that sent it.
+    const EmbeddingRuns::Run run = [this](const std::vector<std::string>& texts) {
       std::lock_guard<std::mutex> lock(model_mutex_);
       if (o_.threads > 0) omp_set_num_threads(o_.threads);
+      std::vector<int64_t> tokens;
+      std::vector<std::vector<float>> vectors;
       try {
-        vectors = embed_texts(embedder_, inputs, false, {},
+        vectors = embed_texts(embedder_, texts, false, {},
                               [](size_t i) { return "input[" + std::to_string(i) + "]"; }, &tokens);
       } catch (const Error& e) {
         bad("input", e.what());
       }
-    }
+      std::vector<Embedded> out;
+      for (size_t i = 0; i < vectors.size(); ++i) out.push_back({std::move(vectors[i]), tokens[i]});
+      return out;
+    };
+    const std::vector<Embedded> embedded = embedding_runs_.submit("", inputs, run);
+    int64_t tokens = 0;
     json data = json::array();
-    for (size_t i = 0; i < vectors.size(); ++i) {
+    for (size_t i = 0; i < embedded.size(); ++i) {
+      const std::vector<float>& vector = embedded[i].vector;
+      tokens += embedded[i].tokens;
       json e = {{"object", "embedding"}, {"index", i}};
       if (format == "base64") {
-        std::string bytes(vectors[i].size() * sizeof(float), '\0');
-        std::memcpy(bytes.data(), vectors[i].data(), bytes.size());  // x86-64: little-endian already
+        std::string bytes(vector.size() * sizeof(float), '\0');
+        std::memcpy(bytes.data(), vector.data(), bytes.size());  // x86-64: little-endian already
         e["embedding"] = to_base64(bytes);
       } else {
-        e["embedding"] = vectors[i];
+        e["embedding"] = vector;
       }
       data.push_back(std::move(e));
     }
@@ -959,8 +971,14 @@ private:
     std::vector<float> probabilities, rollout;  // [classes], [grid * grid]
   };
   using ImageRuns = MergedRuns<std::vector<uint8_t>, ImageResult>;
+  struct Embedded {
+    std::vector<float> vector;
+    int64_t tokens = 0;  // the model read, specials included
+  };
+  using EmbeddingRuns = MergedRuns<std::string, Embedded>;
   TranslationRuns translation_runs_{64};
   ImageRuns image_runs_{64};
+  EmbeddingRuns embedding_runs_{256};
   std::atomic<uint64_t> ids_{0}, seeds_{0};
   std::atomic<int64_t> in_flight_{0};
   std::atomic<bool> draining_{false};

@@ -111,7 +111,7 @@ EmbeddingModel load_embedding_model(const std::string& dir, const std::string& c
 
 std::vector<std::vector<float>> embed_texts(EmbeddingModel& m, const std::vector<std::string>& texts, bool normalize,
                                             EmbedLimit limit, const std::function<std::string(size_t)>& where,
-                                            int64_t* tokens) {
+                                            std::vector<int64_t>* tokens) {
   const Tokenizer& tok = *m.tokenizer;
   const std::vector<int64_t>& prefix = tok.specials().prefix;
   const std::vector<int64_t>& suffix = tok.specials().suffix;
@@ -120,7 +120,7 @@ std::vector<std::vector<float>> embed_texts(EmbeddingModel& m, const std::vector
   const int64_t room = context - (int64_t)(prefix.size() + suffix.size());
   QKV_CHECK(room >= 1, "embed: the context of ", context, " tokens leaves no room between the special tokens");
   std::vector<std::vector<int64_t>> inputs;
-  if (tokens) *tokens = 0;
+  if (tokens) tokens->clear();
   for (size_t i = 0; i < texts.size(); ++i) {
     std::vector<int64_t> body = tok.encode(texts[i]);
     if ((int64_t)body.size() > room) {
@@ -132,7 +132,7 @@ std::vector<std::vector<float>> embed_texts(EmbeddingModel& m, const std::vector
     std::vector<int64_t> ids = prefix;
     ids.insert(ids.end(), body.begin(), body.end());
     ids.insert(ids.end(), suffix.begin(), suffix.end());
-    if (tokens) *tokens += (int64_t)ids.size();
+    if (tokens) tokens->push_back((int64_t)ids.size());
     inputs.push_back(std::move(ids));
   }
   // Batches of similar lengths, so that little is padding.
