@@ -28,6 +28,22 @@ public:
   std::shared_ptr<Linear> head;
 };
 
+// A Linear weight converted for inference (bf16, f16, int8) and back to
+// float32 is a trainable parameter again: `qkv train --init` of a folder qkv
+// convert wrote converts every weight back and trains it.
+TEST(Module, LinearWeightsConvertedBackToFloat32TrainAgain) {
+  for (DType dtype : {DType::BF16, DType::F16, DType::I8}) {
+    Rng rng(0);
+    Linear l({.in_features = 3, .out_features = 4}, rng);
+    l.convert_weight(dtype);
+    EXPECT_FALSE(l.weight.requires_grad()) << dtype_name(dtype);
+    l.convert_weight(DType::F32);
+    ASSERT_TRUE(l.weight.requires_grad()) << dtype_name(dtype);
+    sum(l.forward(Tensor::full({2, 3}, 1.0f))).backward();
+    EXPECT_TRUE(l.weight.grad().defined()) << dtype_name(dtype);
+  }
+}
+
 TEST(Module, HierarchicalNamesAndStateDict) {
   Rng rng(0);
   TwoLayer m(rng);

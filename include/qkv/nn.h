@@ -53,7 +53,8 @@ public:
   // int8, Linear::convert_weight). Embeddings, norms and biases stay float32
   // (a module may keep a converted copy of one: linear_weights_converted).
   // Returns how many weights were converted. In BF16, F16 or I8 the module runs
-  // only without gradients (linear refuses them).
+  // only without gradients (linear refuses them); back in F32 the weights
+  // are trainable parameters again.
   int64_t convert_linear_weights(DType dtype);
   // The same by the name the commands take (--dtype): "f32", "bf16", "f16"
   // or "int8"; "" converts nothing (the weights stay as loaded). Any other name

@@ -246,6 +246,7 @@ void Linear::convert_weight(DType dtype) {
   }
   if (dtype != DType::I8) {
     weight.convert_(dtype);
+    if (dtype == DType::F32) weight.set_requires_grad(true);  // a trainable parameter again, as built
     return;
   }
   Int8Weight q = quantize_int8(weight);
