@@ -451,6 +451,46 @@ class Slow(unittest.TestCase):
         del first
 
 
+def at_once(server, path, bodies):
+    """POSTs the bodies to `path` together (a barrier), one client thread each; their (status, body) in order."""
+    results, errors = [None] * len(bodies), []
+    barrier = threading.Barrier(len(bodies))
+
+    def client(i):
+        try:
+            barrier.wait()
+            results[i] = server.request("POST", path, bodies[i])
+        except Exception as e:  # noqa: BLE001 (raised below)
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(bodies))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise AssertionError(errors)
+    return results
+
+
+def shares_batches(test, together, requests):
+    """Runs together() (the requests at once; returns the model runs they took) until the requests took fewer runs
+    than there were requests, at most five times. A request of these small models takes milliseconds, so on a busy
+    machine they may still arrive one after another; the results are checked on every try, the sharing must show in
+    one."""
+    counts = [together()]
+    while counts[-1] >= requests and len(counts) < 5:
+        counts.append(together())
+    test.assertLess(min(counts), requests, counts)
+
+
+def model_runs(server, endpoint):
+    """qkv_model_runs_total of the endpoint: the batches it ran (concurrent requests share one)."""
+    _, text = server.request("GET", "/metrics")
+    return int(re.search(r'^qkv_model_runs_total\{endpoint="' + re.escape(endpoint) + r'"\} (\d+)$', text,
+                         re.M).group(1))
+
+
 def chromium(*args):
     """Headless Chromium (Debian's chromium, installed by scripts/install-deps.sh); root needs --no-sandbox."""
     return subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=20000",
@@ -600,43 +640,20 @@ class Embeddings(unittest.TestCase):
             check=True).stdout.splitlines()]
         s = Server(model)
 
-        def runs():
-            _, text = s.request("GET", "/metrics")
-            return int(re.search(r'^qkv_model_runs_total\{endpoint="/v1/embeddings"\} (\d+)$', text, re.M).group(1))
-
-        alone = {i: s.request("POST", "/v1/embeddings", {"input": [texts[i]], "encoding_format": "float"})[1]
-                 for i in range(len(texts))}
-
         def together():
-            before = runs()
-            results, errors = {}, []
-            barrier = threading.Barrier(len(texts))
-
-            def client(i):
-                try:
-                    barrier.wait()
-                    results[i] = s.request("POST", "/v1/embeddings", {"input": [texts[i]], "encoding_format": "float"})
-                except Exception as e:  # noqa: BLE001 (reported below)
-                    errors.append(repr(e))
-
-            threads = [threading.Thread(target=client, args=(i,)) for i in range(len(texts))]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-            self.assertEqual(errors, [])
-            for i in range(len(texts)):
-                status, body = results[i]
+            """The requests at once; returns the model runs they took."""
+            before = model_runs(s, "/v1/embeddings")
+            results = at_once(s, "/v1/embeddings", [{"input": [t], "encoding_format": "float"} for t in texts])
+            for i, (status, body) in enumerate(results):
                 self.assertEqual(status, 200, body)
                 self.assertLess(max(abs(a - b) for a, b in zip(body["data"][0]["embedding"], cli[i])), 1e-5)
                 self.assertEqual(body["usage"], alone[i]["usage"])
-            return runs() - before
+            return model_runs(s, "/v1/embeddings") - before
 
         try:
-            counts = [together()]
-            while counts[-1] >= len(texts) and len(counts) < 5:
-                counts.append(together())
-            self.assertLess(min(counts), len(texts), counts)
+            alone = {i: s.request("POST", "/v1/embeddings", {"input": [texts[i]], "encoding_format": "float"})[1]
+                     for i in range(len(texts))}
+            shares_batches(self, together, len(texts))
         finally:
             self.assertEqual(s.stop(), 0)
 
@@ -722,40 +739,17 @@ class Translation(unittest.TestCase):
                              capture_output=True, text=True, check=True).stdout.split("\n")[:len(texts)]
         s = Server(model)
 
-        def runs():
-            _, text = s.request("GET", "/metrics")
-            return int(re.search(r'^qkv_model_runs_total\{endpoint="/v1/translate"\} (\d+)$', text, re.M).group(1))
-
         def together():
             """The eight requests at once; returns the model runs they took."""
-            before = runs()
-            results, errors = {}, []
-            barrier = threading.Barrier(len(texts))
-
-            def client(i):
-                try:
-                    barrier.wait()
-                    status, body = s.request("POST", "/v1/translate", {"text": [texts[i]], "max_len": 32})
-                    results[i] = body["translations"][0] if status == 200 else body
-                except Exception as e:  # noqa: BLE001 (reported below)
-                    errors.append(repr(e))
-
-            threads = [threading.Thread(target=client, args=(i,)) for i in range(len(texts))]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-            self.assertEqual(errors, [])
-            self.assertEqual([results[i] for i in range(len(texts))], cli)
-            return runs() - before
+            before = model_runs(s, "/v1/translate")
+            results = at_once(s, "/v1/translate", [{"text": [t], "max_len": 32} for t in texts])
+            for status, body in results:
+                self.assertEqual(status, 200, body)
+            self.assertEqual([body["translations"][0] for _, body in results], cli)
+            return model_runs(s, "/v1/translate") - before
 
         try:
-            # A translation of this model takes milliseconds, so on a busy machine the requests may still arrive
-            # one after another; the translations are checked on every try, the sharing must show in one.
-            counts = [together()]
-            while counts[-1] >= len(texts) and len(counts) < 5:
-                counts.append(together())
-            self.assertLess(min(counts), len(texts), counts)
+            shares_batches(self, together, len(texts))
         finally:
             self.assertEqual(s.stop(), 0)
 
