@@ -22,15 +22,18 @@ int run_convert(const ConvertArgs& a) {
   QKV_CHECK(!fs::exists(a.out) || fs::weakly_canonical(a.out) != fs::weakly_canonical(a.model),
             "convert: --out ", a.out, " is the model folder itself; write the converted model to another folder");
   NoGradGuard no_grad;
-  ModelFolder m = load_model_folder(a.model);
-  const uint64_t before = m.model->parameter_bytes();
+  // Loaded in the dtype (a bf16 checkpoint without a float32 copy), so the
+  // conversion below only counts the Linear weights.
+  ModelFolder m = load_model_folder(a.model, {a.dtype});
+  uint64_t before = 0;  // the weights as the folder stores them
+  for (const std::string& file : weight_files(a.model)) before += fs::file_size(file);
   const int64_t converted = m.model->convert_linear_weights(a.dtype);
   QKV_CHECK(converted > 0, "convert: ", a.model, " has no Linear weights to convert");
   const nlohmann::ordered_json note = {{"converted_from", a.model}, {"linear_weights", a.dtype}};
   save_model_folder(a.out, *m.family, *m.model, m.tokenizer.get(), note.dump(2) + "\n");
   copy_chat_template(a.model, a.out);
   const uint64_t after = m.model->parameter_bytes();
-  std::printf("%s: %lld Linear weights in %s; weights %.2f MB -> %.2f MB, written to %s\n", a.model.c_str(),
+  std::printf("%s: %lld Linear weights in %s; weight files %.2f MB -> weights %.2f MB, written to %s\n", a.model.c_str(),
               (long long)converted, a.dtype.c_str(), before / 1e6, after / 1e6, a.out.c_str());
   return 0;
 }
