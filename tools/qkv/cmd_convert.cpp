@@ -33,8 +33,8 @@ int run_convert(const ConvertArgs& a) {
   save_model_folder(a.out, *m.family, *m.model, m.tokenizer.get(), note.dump(2) + "\n");
   copy_chat_template(a.model, a.out);
   const uint64_t after = m.model->parameter_bytes();
-  std::printf("%s: %lld Linear weights in %s; weight files %.2f MB -> weights %.2f MB, written to %s\n", a.model.c_str(),
-              (long long)converted, a.dtype.c_str(), before / 1e6, after / 1e6, a.out.c_str());
+  std::printf("%s: %lld Linear weights in %s; weight files %.2f MB -> weights %.2f MB, written to %s\n",
+              a.model.c_str(), (long long)converted, a.dtype.c_str(), before / 1e6, after / 1e6, a.out.c_str());
   return 0;
 }
 
