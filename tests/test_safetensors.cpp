@@ -176,6 +176,33 @@ TEST(Safetensors, FailedSaveLeavesPreviousFileIntact) {
   EXPECT_THROW(save_safetensors(dir + "/no/such/dir/m.safetensors", std::map<std::string, Tensor>{{"a", a}}), Error);
 }
 
+// save_safetensors writes the header and then each tensor straight into the
+// file (never the whole file in memory): the bytes are serialize_safetensors'
+// exactly, strided tensors included; and a write that fails part way (here a
+// meta tensor, which has no values to write) leaves the file as it was and no
+// temporary file beside it.
+TEST(Safetensors, SavingStreamsTheSameBytesAndAFailureLeavesTheFile) {
+  const std::string dir = testing::temp_dir("test"), path = dir + "/m.safetensors";
+  Rng rng(3);
+  const Tensor strided = Tensor::randn({4, 6}, rng).transpose(0, 1);
+  const std::vector<std::pair<std::string, Tensor>> tensors = {
+      {"w", strided}, {"b", Tensor::randn({5}, rng).to(DType::BF16)}, {"ids", Tensor::from_ints({1, 2, 3}, {3})}};
+  save_safetensors(path, tensors, {{"format", "qkv"}});
+  EXPECT_EQ(read_file(path), serialize_safetensors(tensors, {{"format", "qkv"}}));
+  const std::string before = read_file(path);
+  Tensor meta;
+  {
+    DefaultDeviceGuard on_meta(Device::Meta);
+    meta = Tensor::empty({2});
+  }
+  EXPECT_THROW(save_safetensors(path, std::vector<std::pair<std::string, Tensor>>{{"a", Tensor::ones({2})}, {"m", meta}}),
+               Error);
+  EXPECT_EQ(read_file(path), before);
+  int files = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) files += entry.is_regular_file();
+  EXPECT_EQ(files, 1) << "a temporary file was left behind";
+}
+
 TEST(Safetensors, WrittenHeaderIsAligned) {
   std::string bytes = serialize_safetensors({{"x", Tensor::ones({3})}}, {});
   uint64_t n;

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <fstream>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -65,7 +66,8 @@ private:
 SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& source);
 
 // Writes atomically: a temporary file in the same folder, flushed and renamed
-// into place. Tensors of any layout are written contiguous.
+// into place. Tensors of any layout are written contiguous, one at a time:
+// the file is never assembled in memory.
 void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
                       const Metadata& metadata = {});
 void save_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors,
@@ -82,6 +84,11 @@ std::string attention_svg(const std::vector<std::string>& rows, const std::vecto
 
 // Replaces `path` with `bytes` atomically (temporary file, fsync, rename).
 void write_file_atomic(const std::string& path, const std::string& bytes);
+// The same with the bytes made as they are written: `produce` calls its
+// argument with each piece in order. If it throws, the temporary file is
+// removed and `path` is left as it was.
+using WriteBytes = std::function<void(const char* data, size_t n)>;
+void write_file_atomic(const std::string& path, const std::function<void(const WriteBytes& write)>& produce);
 // A folder or a device (/dev/zero, a terminal) given as a file is a qkv::Error
 // naming it: /dev/zero would be read until memory runs out. Pipes pass; a
 // missing path is left to the open that follows.

@@ -70,6 +70,10 @@ void remove_stale_temporaries(const std::string& path, const std::string& host) 
 }  // namespace
 
 void write_file_atomic(const std::string& path, const std::string& bytes) {
+  write_file_atomic(path, [&](const WriteBytes& write) { write(bytes.data(), bytes.size()); });
+}
+
+void write_file_atomic(const std::string& path, const std::function<void(const WriteBytes& write)>& produce) {
   const std::string host = host_name();
   remove_stale_temporaries(path, host);
   std::string tmpl = path + ".tmp-" + host + "-" + std::to_string(getpid()) + "-XXXXXX";
@@ -78,20 +82,33 @@ void write_file_atomic(const std::string& path, const std::string& bytes) {
   int fd = mkstemp(name.data());
   QKV_CHECK(fd >= 0, path, ": cannot create a temporary file beside it: ", std::strerror(errno));
   std::string tmp(name.data());
+  bool open_here = true;  // the temporary file is still to be closed and removed on failure
   auto fail_with = [&](const char* what) {
     int err = errno;
     close(fd);
     unlink(tmp.c_str());
+    open_here = false;
     fail(path, ": ", what, ": ", std::strerror(err));
   };
-  size_t done = 0;
-  while (done < bytes.size()) {
-    ssize_t n = write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      fail_with("write failed");
+  const WriteBytes write_all = [&](const char* data, size_t size) {
+    size_t done = 0;
+    while (done < size) {
+      ssize_t n = write(fd, data + done, size - done);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        fail_with("write failed");
+      }
+      done += (size_t)n;
     }
-    done += (size_t)n;
+  };
+  try {
+    produce(write_all);
+  } catch (...) {
+    if (open_here) {  // else a failed write has closed and removed it already
+      close(fd);
+      unlink(tmp.c_str());
+    }
+    throw;
   }
   if (fchmod(fd, 0644) != 0) fail_with("chmod failed");
   if (fsync(fd) != 0) fail_with("fsync failed");

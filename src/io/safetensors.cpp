@@ -245,7 +245,11 @@ SafetensorsFile load_safetensors(const std::string& path) {
   return out;
 }
 
-std::string serialize_safetensors(const std::vector<std::pair<std::string, Tensor>>& tensors, const Metadata& metadata) {
+namespace {
+
+// The 8-byte length and the header of `tensors` as they are written
+// (contiguous, one after another), every name and metadata entry checked.
+std::string safetensors_header(const std::vector<std::pair<std::string, Tensor>>& tensors, const Metadata& metadata) {
   // The header is written as text, entry by entry: an ordered_json object
   // finds each new key by a linear search, quadratic in the tensor count.
   for (auto& [key, value] : metadata)
@@ -255,36 +259,52 @@ std::string serialize_safetensors(const std::vector<std::pair<std::string, Tenso
   if (!metadata.empty()) h += "\"__metadata__\":" + nlohmann::json(metadata).dump();
   std::set<std::string> names;
   uint64_t at = 0;
-  std::vector<Tensor> contiguous;
   for (auto& [name, t] : tensors) {
     QKV_CHECK(name != "__metadata__", "safetensors: '__metadata__' cannot name a tensor");
     QKV_CHECK(names.insert(name).second, "safetensors: tensor name '", name, "' given twice");
     QKV_CHECK(invalid_utf8_offset(name) == std::string::npos, "safetensors: tensor name '", replace_invalid_utf8(name),
               "' is not valid UTF-8");
-    Tensor c = t.contiguous();
-    uint64_t nbytes = (uint64_t)c.numel() * dtype_size(c.dtype());
+    const uint64_t nbytes = (uint64_t)t.numel() * dtype_size(t.dtype());
     if (h.size() > 1) h += ',';
     h += nlohmann::json(name).dump() + ":" +
-         nlohmann::ordered_json{{"dtype", dtype_name(c.dtype())}, {"shape", c.shape()}, {"data_offsets", {at, at + nbytes}}}
+         nlohmann::ordered_json{{"dtype", dtype_name(t.dtype())}, {"shape", t.shape()}, {"data_offsets", {at, at + nbytes}}}
              .dump();
     at += nbytes;
-    contiguous.push_back(c);
   }
   h += '}';
   while ((8 + h.size()) % 8 != 0) h.push_back(' ');  // align the data to 8 bytes, as the Python writer does
   std::string out(8, '\0');
-  uint64_t hn = h.size();
+  const uint64_t hn = h.size();
   std::memcpy(out.data(), &hn, 8);
-  out += h;
-  out.reserve(out.size() + at);
-  for (const Tensor& c : contiguous)
-    out.append(static_cast<const char*>(c.raw_data()), (size_t)c.numel() * dtype_size(c.dtype()));
+  return out + h;
+}
+
+// Each tensor's bytes in order, one contiguous tensor at a time.
+void write_tensor_data(const std::vector<std::pair<std::string, Tensor>>& tensors, const WriteBytes& write) {
+  for (auto& [name, t] : tensors) {
+    const Tensor c = t.contiguous();
+    write(static_cast<const char*>(c.raw_data()), (size_t)c.numel() * dtype_size(c.dtype()));
+  }
+}
+
+}  // namespace
+
+std::string serialize_safetensors(const std::vector<std::pair<std::string, Tensor>>& tensors, const Metadata& metadata) {
+  std::string out = safetensors_header(tensors, metadata);
+  size_t total = out.size();
+  for (auto& [name, t] : tensors) total += (size_t)t.numel() * dtype_size(t.dtype());
+  out.reserve(total);
+  write_tensor_data(tensors, [&](const char* data, size_t n) { out.append(data, n); });
   return out;
 }
 
 void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
                       const Metadata& metadata) {
-  write_file_atomic(path, serialize_safetensors(tensors, metadata));
+  const std::string header = safetensors_header(tensors, metadata);  // its errors before any file is made
+  write_file_atomic(path, [&](const WriteBytes& write) {
+    write(header.data(), header.size());
+    write_tensor_data(tensors, write);
+  });
 }
 
 void save_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors, const Metadata& metadata) {
