@@ -77,7 +77,9 @@ TEST(MergedRuns, ConcurrentRequestsShareBatchesAndKeepTheirOwnResults) {
   std::sort(sizes.begin(), sizes.end());
   EXPECT_EQ(sizes, (std::vector<size_t>{3, 3, 18}));
   for (const std::vector<int>& b : a.batches)
-    if (b.size() == 18) EXPECT_EQ(std::count_if(b.begin(), b.end(), [](int x) { return x >= 70; }), 0);
+    if (b.size() == 18) {
+      EXPECT_EQ(std::count_if(b.begin(), b.end(), [](int x) { return x >= 70; }), 0);
+    }
 }
 
 TEST(MergedRuns, ABadInputFailsOnlyItsOwnRequest) {

@@ -24,6 +24,11 @@ namespace qkv {
 
 using StateDict = std::map<std::string, Tensor>;
 
+// A Linear weight dtype by the name the commands take (--dtype): "f32",
+// "bf16", "f16" or "int8"; none for "" (as stored). Any other name is an error
+// listing these.
+std::optional<DType> linear_dtype_named(const std::string& name);
+
 class Linear;
 
 class Module {
@@ -56,9 +61,8 @@ public:
   // only without gradients (linear refuses them); back in F32 the weights
   // are trainable parameters again.
   int64_t convert_linear_weights(DType dtype);
-  // The same by the name the commands take (--dtype): "f32", "bf16", "f16"
-  // or "int8"; "" converts nothing (the weights stay as loaded). Any other name
-  // is an error listing these.
+  // The same by the name the commands take (--dtype, linear_dtype_named);
+  // "" converts nothing (the weights stay as loaded).
   int64_t convert_linear_weights(const std::string& dtype);
   // The dtype of the first Linear weight (in registration order) that is not
   // F32, else F32: what convert_linear_weights last made of the model.

@@ -100,13 +100,11 @@ HfWeights hf_weights(const std::string& dir) {
 // int8, which quantizes each weight as it is filled in, the files' float
 // dtype when they hold only bfloat16 or only float16 (nothing is lost); else
 // float32.
-std::optional<DType> build_dtype(const std::string& requested, const std::vector<const SafetensorsReader*>& files) {
-  if (requested.empty()) return std::nullopt;
-  if (requested == "bf16") return DType::BF16;
-  if (requested == "f16") return DType::F16;
-  if (requested != "int8") return DType::F32;
+std::optional<DType> build_dtype(const std::string& requested, const HfWeights& weights) {
+  const std::optional<DType> d = linear_dtype_named(requested);
+  if (d != DType::I8) return d;
   std::set<DType> floats;
-  for (const SafetensorsReader* f : files)
+  for (const auto& f : weights.files)
     for (const SafetensorsEntry& e : f->entries())
       if (dtype_traits(e.dtype).is_float) floats.insert(e.dtype);
   if (floats.size() == 1 && (*floats.begin() == DType::BF16 || *floats.begin() == DType::F16)) return *floats.begin();
@@ -133,9 +131,7 @@ ModelFolder load_hf(const std::string& dir, const std::string& config_path, cons
                     const LoadOptions& options) {
   const HfImport hf = m.family->import_hf(text, config_path);
   HfWeights weights = hf_weights(dir);
-  std::vector<const SafetensorsReader*> files;
-  for (const auto& f : weights.files) files.push_back(f.get());
-  m.model = build_unset(*m.family, hf.config_json, config_path, build_dtype(options.dtype, files));
+  m.model = build_unset(*m.family, hf.config_json, config_path, build_dtype(options.dtype, weights));
   StateLoader loader(*m.model);
   StateDict whole;  // for an import that finishes on the whole state
   std::set<std::string> placed;
@@ -203,9 +199,7 @@ ModelFolder load_hf(const std::string& dir, const std::string& config_path, cons
 // config.json is read and parsed once; with a task, the family is checked
 // before anything is built.
 ModelFolder load(const std::string& dir, const Task* task, const std::string& command, const LoadOptions& options) {
-  const std::string& dtype = options.dtype;
-  QKV_CHECK(dtype.empty() || dtype == "f32" || dtype == "bf16" || dtype == "f16" || dtype == "int8", "dtype '", dtype,
-            "': expected f32, bf16, f16 or int8");
+  linear_dtype_named(options.dtype);  // an unknown name is an error before anything is read
   const std::string config_path = folder_config_path(dir);
   const std::string text = read_file(config_path);
   ModelFolder m;

@@ -149,6 +149,9 @@ ImageSet load_idx_folder(const std::string& dir, const std::string& split) {
 
 namespace {
 
+// The luminance of an RGB pixel (ITU-R BT.601 weights).
+inline float luminance(float r, float g, float b) { return 0.299f * r + 0.587f * g + 0.114f * b; }
+
 // Pillow's filters (libImaging/Resample.c): the triangle of bilinear and
 // Keys' cubic with a = -0.5 of bicubic, over their supports of 1 and 2.
 double filter_at(Resample r, double x) {
@@ -265,7 +268,7 @@ std::vector<uint8_t> decode_image(const std::string& bytes, const std::string& s
     for (int64_t x = 0; x < size; ++x) {
       const uint8_t* c = &rgb[(size_t)(((y + off) * resize + x + off) * 3)];
       if (channels == 1) {
-        out[(size_t)(y * size + x)] = (uint8_t)std::clamp(std::lround(0.299f * c[0] + 0.587f * c[1] + 0.114f * c[2]), 0L, 255L);
+        out[(size_t)(y * size + x)] = (uint8_t)std::clamp(std::lround(luminance(c[0], c[1], c[2])), 0L, 255L);
       } else {
         for (int64_t k = 0; k < 3; ++k) out[(size_t)((k * size + y) * size + x)] = c[k];
       }
@@ -331,7 +334,7 @@ void write_heatmap_png(const std::string& path, const std::vector<std::vector<ui
         float fy = hy - y0, fx = hx - x0;
         auto at = [&](int a, int b) { return (heat[a * heat_w + b] - lo) / span; };
         float h = (1 - fy) * ((1 - fx) * at(y0, x0) + fx * at(y0, x1)) + fy * ((1 - fx) * at(y1, x0) + fx * at(y1, x1));
-        float gray = 0.299f * px[0] + 0.587f * px[1] + 0.114f * px[2];
+        float gray = luminance(px[0], px[1], px[2]);
         const float red[3] = {255, 30, 10};
         uint8_t* left = &rgb[((top + y) * W + gap + x) * 3];
         uint8_t* right = &rgb[((top + y) * W + 2 * gap + S + x) * 3];

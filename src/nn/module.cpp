@@ -44,13 +44,18 @@ int64_t Module::convert_linear_weights(DType dtype) {
   return converted;
 }
 
+std::optional<DType> linear_dtype_named(const std::string& name) {
+  if (name.empty()) return std::nullopt;
+  if (name == "f32") return DType::F32;
+  if (name == "bf16") return DType::BF16;
+  if (name == "f16") return DType::F16;
+  if (name == "int8") return DType::I8;
+  fail("dtype '", name, "': expected f32, bf16, f16 or int8");
+}
+
 int64_t Module::convert_linear_weights(const std::string& dtype) {
-  if (dtype.empty()) return 0;
-  if (dtype == "f32") return convert_linear_weights(DType::F32);
-  if (dtype == "bf16") return convert_linear_weights(DType::BF16);
-  if (dtype == "f16") return convert_linear_weights(DType::F16);
-  if (dtype == "int8") return convert_linear_weights(DType::I8);
-  fail("dtype '", dtype, "': expected f32, bf16, f16 or int8");
+  const std::optional<DType> d = linear_dtype_named(dtype);
+  return d ? convert_linear_weights(*d) : 0;
 }
 
 DType Module::linear_weight_dtype() const {

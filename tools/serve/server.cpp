@@ -898,17 +898,14 @@ private:
     if (encoded.empty()) bad("image", "image must not be an empty list");
     const ViTConfig& c = vit_->config();
     const int64_t top_k = int_field(body, "top_k", std::min<int64_t>(5, c.num_classes), 1, c.num_classes);
-    ImageSet set;
-    set.count = (int64_t)encoded.size(), set.channels = c.channels, set.height = c.image_size, set.width = c.image_size;
+    std::vector<std::vector<uint8_t>> images;  // C x size x size bytes each
     for (size_t i = 0; i < encoded.size(); ++i) {
       const std::string param = body["image"].is_string() ? "image" : "image[" + std::to_string(i) + "]";
-      std::vector<uint8_t> pixels;
       try {
-        pixels = decode_image(from_base64(encoded[i], param), param, c.channels, c.image_resize());
+        images.push_back(decode_image(from_base64(encoded[i], param), param, c.channels, c.image_resize()));
       } catch (const Error& e) {
         bad(param, e.what());
       }
-      set.pixels.insert(set.pixels.end(), pixels.begin(), pixels.end());
     }
     // Concurrent requests classify as one batch.
     const ImageRuns::Run run = [this](const std::vector<std::vector<uint8_t>>& images) {
@@ -931,21 +928,18 @@ private:
                        std::vector<float>(rollout.data<float>() + i * cells, rollout.data<float>() + (i + 1) * cells)});
       return out;
     };
-    std::vector<std::vector<uint8_t>> images;
-    for (int64_t i = 0; i < set.count; ++i)
-      images.emplace_back(set.image(i), set.image(i) + c.channels * c.image_size * c.image_size);
     const std::vector<ImageResult> classified = image_runs_.submit("", std::move(images), run);
     const int64_t C = c.num_classes, g = c.grid();
     json results = json::array();
-    for (int64_t i = 0; i < set.count; ++i) {
-      const float* p = classified[(size_t)i].probabilities.data();
+    for (size_t i = 0; i < classified.size(); ++i) {
+      const float* p = classified[i].probabilities.data();
       const std::vector<int64_t> order = top_classes(p, C, top_k);
       json top = json::array();
       for (int64_t j = 0; j < top_k; ++j)
         top.push_back({{"label", c.class_names[(size_t)order[(size_t)j]]}, {"probability", p[order[(size_t)j]]}});
       json grid = json::array();
       for (int64_t y = 0; y < g; ++y) {
-        const float* row = classified[(size_t)i].rollout.data() + y * g;
+        const float* row = classified[i].rollout.data() + y * g;
         grid.push_back(std::vector<float>(row, row + g));
       }
       results.push_back({{"top", top}, {"rollout", grid}});
