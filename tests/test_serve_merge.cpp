@@ -1,9 +1,11 @@
 // qkv serve's merging of concurrent requests into shared batches
 // (tools/serve/merged_runs.h): each request gets its own results, requests
 // that arrive while a batch runs share the next one, only requests of one key
-// share a batch, and a bad input fails only the request that sent it.
+// share a batch, a bad input fails only the request that sent it, and with a
+// wait requests that arrive on an idle model a moment apart share a run.
 #include <atomic>
 #include <chrono>
+#include <mutex>
 #include <stdexcept>
 #include <thread>
 
@@ -104,6 +106,61 @@ TEST(MergedRuns, ABatchHoldsAtMostMaxItems) {
   for (int r = 0; r < 5; ++r) EXPECT_EQ(a.results[r], (std::vector<int>{20 * r, 20 * r + 2, 20 * r + 4})) << r;
   for (const std::vector<int>& b : a.batches) EXPECT_LE(b.size(), 7u);
   EXPECT_EQ(runs.runs(), 3);  // 0; two of 1-4; the other two
+}
+
+// A run that doubles each item and records its batch.
+struct Recorder {
+  std::mutex mutex;
+  std::vector<std::vector<int>> batches;
+  MergedRuns<int, int>::Run run() {
+    return [this](const std::vector<int>& items) {
+      std::lock_guard<std::mutex> lock(mutex);
+      batches.push_back(items);
+      std::vector<int> doubled;
+      for (int x : items) doubled.push_back(2 * x);
+      return doubled;
+    };
+  }
+};
+
+// Request 0 ({1, 2}) on an idle model; once it waits, request 1 ({3, 4}).
+// Returns their results and the seconds until both were back.
+double two_requests(MergedRuns<int, int>& runs, Recorder& recorder, std::vector<int> results[2]) {
+  const MergedRuns<int, int>::Run run = recorder.run();
+  const auto start = std::chrono::steady_clock::now();
+  std::thread first([&] { results[0] = runs.submit("same", {1, 2}, run); });
+  while (runs.waiting() == 0 && runs.runs() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::thread second([&] { results[1] = runs.submit("same", {3, 4}, run); });
+  first.join(), second.join();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+TEST(MergedRuns, WithAWaitARequestOnAnIdleModelWaitsForOthers) {
+  // A wait far longer than the test: request 1 arrives within it and the two
+  // fill the batch (4 items), which then starts without waiting any longer.
+  MergedRuns<int, int> runs(4, std::chrono::milliseconds(60000));
+  Recorder recorder;
+  std::vector<int> results[2];
+  const double seconds = two_requests(runs, recorder, results);
+  EXPECT_EQ(results[0], (std::vector<int>{2, 4}));
+  EXPECT_EQ(results[1], (std::vector<int>{6, 8}));
+  EXPECT_EQ(runs.runs(), 1);
+  EXPECT_EQ(recorder.batches, (std::vector<std::vector<int>>{{1, 2, 3, 4}}));
+  EXPECT_LT(seconds, 30.0);  // a full batch does not sit out the wait
+}
+
+TEST(MergedRuns, TheWaitEndsWhenTheFirstRequestHasWaitedItsTime) {
+  // max_items 8: nothing fills the batch, so each batch starts when its first
+  // request has waited 200 ms. Request 0 runs alone if request 1 came too late
+  // (a stalled thread), else with it; either way each gets its own results.
+  MergedRuns<int, int> runs(8, std::chrono::milliseconds(200));
+  Recorder recorder;
+  std::vector<int> results[2];
+  const double seconds = two_requests(runs, recorder, results);
+  EXPECT_EQ(results[0], (std::vector<int>{2, 4}));
+  EXPECT_EQ(results[1], (std::vector<int>{6, 8}));
+  EXPECT_GE(seconds, 0.2);
+  EXPECT_LE(runs.runs(), 2);
 }
 
 }  // namespace

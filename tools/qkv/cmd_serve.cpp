@@ -25,6 +25,11 @@ Run add_serve(CLI::App& app) {
       ->capture_default_str()->check(CLI::Range(0, 4096));
   sub->add_option("--ctx", a->options.context, "Positions per slot (0: the model's context)")
       ->capture_default_str()->check(CLI::NonNegativeNumber);
+  sub->add_option("--batch-wait-ms", a->options.batch_wait_ms,
+                  "Translate, classify and embeddings: how long a request that finds the model idle waits for others "
+                  "to share its batch (0: none)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 10000));
   sub->add_option("--max-body", a->options.max_body, "Largest request body in bytes; larger is a 413")
       ->capture_default_str()->check(CLI::Range(1024, 1 << 30));
   sub->add_flag("--quiet", a->options.quiet, "No line per request on stderr");

@@ -5,12 +5,18 @@
 // waiting request and every other waiting one with the same key (for
 // translation: its beam width and length limit, which a batch shares) run as
 // one batch of up to max_items items; whichever waiting request finds the
-// model free leads that batch, on its own thread. Each request gets its own
-// results back, in its own order. A merged batch that fails is run again
-// request by request, so a bad input fails only the request that sent it.
+// model free leads that batch, on its own thread. With a wait (qkv serve's
+// --batch-wait-ms), a batch starts only once its first request has waited
+// that long, or once requests of its key fill max_items, so that requests
+// arriving a moment apart on an idle model still share a batch: a little
+// latency for fewer, fuller runs (time spent waiting through a run counts).
+// Each request gets its own results back, in its own order. A merged batch
+// that fails is run again request by request, so a bad input fails only the
+// request that sent it.
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -28,21 +34,26 @@ public:
   // Must return one result per item, in order.
   using Run = std::function<std::vector<Result>(const std::vector<Item>& items)>;
 
-  explicit MergedRuns(size_t max_items) : max_items_(max_items) {}
+  explicit MergedRuns(size_t max_items, std::chrono::milliseconds wait = std::chrono::milliseconds(0))
+      : max_items_(max_items), wait_(wait) {}
 
   // Blocks until `items` have run, alone or with other requests' (through
   // their `run`, which for an equal key does the same); rethrows what running
   // them alone threw.
   std::vector<Result> submit(const std::string& key, std::vector<Item> items, const Run& run) {
-    Pending me{key, std::move(items), &run};
+    Pending me{key, std::move(items), &run, std::chrono::steady_clock::now()};
     std::unique_lock<std::mutex> lock(mutex_);
     waiting_.push_back(&me);
+    arrived_.notify_all();
     while (!me.done) {
       if (running_) {
         changed_.wait(lock);
         continue;
       }
       running_ = true;
+      if (wait_.count() > 0)
+        arrived_.wait_until(lock, waiting_.front()->arrived + wait_,
+                            [this] { return front_key_items() >= max_items_; });
       std::vector<Pending*> batch = take_batch();
       lock.unlock();
       execute(batch);
@@ -68,10 +79,19 @@ private:
     std::string key;
     std::vector<Item> items;
     const Run* run = nullptr;
+    std::chrono::steady_clock::time_point arrived;
     std::vector<Result> results;
     std::exception_ptr error;
     bool done = false;
   };
+
+  // Items waiting with the first waiting request's key; under the mutex.
+  size_t front_key_items() const {
+    size_t n = 0;
+    for (const Pending* p : waiting_)
+      if (p->key == waiting_.front()->key) n += p->items.size();
+    return n;
+  }
 
   // The first waiting request and those after it with its key, while they
   // fit in max_items (the first always goes); under the mutex.
@@ -126,8 +146,9 @@ private:
   }
 
   const size_t max_items_;
+  const std::chrono::milliseconds wait_;
   mutable std::mutex mutex_;
-  std::condition_variable changed_;
+  std::condition_variable changed_, arrived_;
   std::deque<Pending*> waiting_;
   bool running_ = false;
   std::atomic<int64_t> runs_{0};

@@ -970,9 +970,9 @@ private:
     int64_t tokens = 0;  // the model read, specials included
   };
   using EmbeddingRuns = MergedRuns<std::string, Embedded>;
-  TranslationRuns translation_runs_{64};
-  ImageRuns image_runs_{64};
-  EmbeddingRuns embedding_runs_{256};
+  TranslationRuns translation_runs_{64, std::chrono::milliseconds(o_.batch_wait_ms)};
+  ImageRuns image_runs_{64, std::chrono::milliseconds(o_.batch_wait_ms)};
+  EmbeddingRuns embedding_runs_{256, std::chrono::milliseconds(o_.batch_wait_ms)};
   std::atomic<uint64_t> ids_{0}, seeds_{0};
   std::atomic<int64_t> in_flight_{0};
   std::atomic<bool> draining_{false};
@@ -989,6 +989,8 @@ int run(ModelFolder folder, const std::string& dir, const ServerOptions& options
   QKV_CHECK(options.parallel >= 1 && options.parallel <= 256, "serve: --parallel must be 1 to 256, got ",
             options.parallel);
   QKV_CHECK(options.queue >= 0 && options.queue <= 4096, "serve: --queue must be 0 to 4096, got ", options.queue);
+  QKV_CHECK(options.batch_wait_ms >= 0 && options.batch_wait_ms <= 10000,
+            "serve: --batch-wait-ms must be 0 to 10000, got ", options.batch_wait_ms);
   QKV_CHECK(options.port >= 0 && options.port <= 65535, "serve: --port must be 0 to 65535, got ", options.port);
   Server server(std::move(folder), dir, options);
   return server.run();

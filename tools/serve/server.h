@@ -30,6 +30,7 @@ struct ServerOptions {
   int64_t parallel = 4;   // sequences decoded at once
   int64_t queue = 16;     // requests that may wait for a slot; past that, 429
   int64_t context = 0;    // positions per slot; 0: the model's context
+  int64_t batch_wait_ms = 0;  // translate/classify/embeddings: how long a request on an idle model waits for others
   size_t max_body = 1 << 20;  // bytes; a larger body is a 413
   int threads = 0;        // OpenMP threads for the model; 0: all cores
   bool quiet = false;     // no line per request on stderr
