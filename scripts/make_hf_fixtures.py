@@ -67,6 +67,11 @@ new tokens at most, stopping at the folder's eos_token_id).
            expected: teacher-forced logits of 5 sources, 16 greedy tokens
            each, generate()'s text (greedy and beam 4), and MarianTokenizer's ids and text for
            the 5,000 lines of the tokenizer fixtures (marian.tokens.expected)
+  marian-attention  the marian folder's attention weights (output_attentions)
+           for the teacher-forced inputs of marian.expected.safetensors:
+           every layer's encoder self-attention, decoder masked
+           self-attention and cross-attention
+           (marian.attention.expected.safetensors)
 
 Usage: python3 scripts/make_hf_fixtures.py [--out tests/fixtures/hf]
 Needs: torch, transformers, safetensors, sentence-transformers, sentencepiece (pip install ...).
@@ -425,6 +430,26 @@ def make_vit_resize(out_dir):
     print("vit-resize:", {k: list(v.shape) for k, v in expected.items()})
 
 
+def make_marian_attention(out_dir):
+    from safetensors.torch import load_file
+    from transformers import MarianMTModel
+    model = MarianMTModel.from_pretrained(os.path.join(out_dir, "marian"), dtype=torch.float32,
+                                          attn_implementation="eager").eval()
+    inputs = load_file(os.path.join(out_dir, "marian.expected.safetensors"))
+    src, lengths = inputs["src"], inputs["src_lengths"]
+    mask = (torch.arange(src.shape[1])[None, :] < lengths[:, None]).long()
+    with torch.no_grad():
+        out = model(input_ids=src, attention_mask=mask, decoder_input_ids=inputs["decoder_in"],
+                    output_attentions=True)
+    expected = {}
+    for kind, layers in (("encoder", out.encoder_attentions), ("decoder", out.decoder_attentions),
+                         ("cross", out.cross_attentions)):
+        for l, w in enumerate(layers):
+            expected[f"{kind}.{l}"] = w.contiguous()
+    save_file(expected, os.path.join(out_dir, "marian.attention.expected.safetensors"))
+    print("marian-attention:", {k: list(v.shape) for k, v in expected.items()})
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures", "hf"))
@@ -432,11 +457,13 @@ def main():
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     for name in args.only or ("llama", "llama-linear", "llama-yarn", "qwen2", "qwen3", "mistral", "mixtral", "gpt2", "bert", "vit",
-                                 "vit-resize", "marian"):
+                                 "vit-resize", "marian", "marian-attention"):
         if name == "bert":
             make_bert(args.out)
         elif name == "marian":
             make_marian(args.out)
+        elif name == "marian-attention":
+            make_marian_attention(args.out)
         elif name == "llama-linear":
             make_llama_linear(args.out)
         elif name == "llama-yarn":

@@ -500,7 +500,8 @@ def chromium(*args):
 
 class Explorer(unittest.TestCase):
     """The attention explorer page in a real browser: it loads, translates the text of its URL, and draws one
-    row of cells per output token, one cell per source token, shaded by the weight /v1/attention returned."""
+    row of cells per output token, one cell per source token, shaded by the weight /v1/attention returned; its
+    other views draw the encoder's self-attention and the decoder's masked self-attention the same way."""
 
     def test_page_draws_the_cross_attention(self):
         model = os.path.join(FIXTURES, "folders", "transformer")
@@ -525,6 +526,37 @@ class Explorer(unittest.TestCase):
             # Every head of every layer, small, below the big map.
             heads = re.findall(r'<canvas[^>]*data-layer="(\d+)" data-head="(\d+)"', dom)
             self.assertEqual(len(heads), sum(len(layer) for layer in a["layers"]), dom[-2000:])
+            # The views: cross-attention first (the top-level fields), then the encoder's self-attention over
+            # the source and the decoder's masked self-attention over what it read (its start token, then the
+            # output tokens but the last), each drawn when the URL names it.
+            views = {v["name"]: v for v in a["views"]}
+            with open(os.path.join(model, "config.json"), encoding="utf-8") as f:
+                config = json.load(f)
+            self.assertEqual([v["name"] for v in a["views"]], ["cross", "encoder", "decoder"])
+            self.assertEqual(views["cross"]["weights"], a["weights"])
+            self.assertEqual(views["encoder"]["row_tokens"], a["source_tokens"])
+            self.assertEqual(views["decoder"]["row_tokens"][1:], a["target_tokens"][:-1])
+            for name in ("encoder", "decoder"):
+                view = views[name]
+                n = len(view["row_tokens"])
+                self.assertEqual(view["column_tokens"], view["row_tokens"])
+                layers = config["num_encoder_layers" if name == "encoder" else "num_decoder_layers"]
+                self.assertEqual([len(heads) for heads in view["layers"]], [config["nhead"]] * layers)
+                dom = chromium("--dump-dom", s.base + "/?view=" + name + "&text=" + "我是中国人").stdout
+                self.assertIn('data-state="done"', dom, dom[-2000:])
+                self.assertRegex(dom, r'<button data-view="' + name + r'" class="on">')
+                rows = re.findall(r'<tr class="target">(.*?)</tr>', dom)
+                self.assertEqual(len(rows), n, name)
+                for t, (row, want) in enumerate(zip(rows, view["weights"])):
+                    got = [float(w) for w in re.findall(r'data-weight="([\d.]+)"', row)]
+                    self.assertEqual(len(got), n)
+                    for g, w in zip(got, want):
+                        self.assertAlmostEqual(g, w, places=3)
+                    self.assertAlmostEqual(sum(want), 1, places=4)
+                    if name == "decoder":  # each query sees itself and what came before it
+                        self.assertTrue(all(w == 0 for w in got[t + 1:]), (t, got))
+                    elif t + 1 < n:  # the encoder's every token sees the whole sentence
+                        self.assertTrue(any(w > 0 for w in got[t + 1:]), (t, got))
             png = os.path.join(TMP, "explorer.png")
             chromium("--window-size=900,700", "--screenshot=" + png, s.base + "/?text=" + "我是中国人")
             with open(png, "rb") as f:

@@ -8,6 +8,7 @@
 // fixtures; a qkv folder written from it loads back the same, and so does one
 // fine-tuned from it; what qkv does not implement is one error naming the field.
 #include <filesystem>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "qkv/checkpoint.h"
@@ -28,6 +29,49 @@ using testing::error_of;
 std::string marian_fixture(const std::string& name) { return std::string(QKV_FIXTURES_DIR) + "/hf/" + name; }
 
 nlohmann::json expected_json() { return nlohmann::json::parse(read_file(marian_fixture("marian.expected.json"))); }
+
+// Every attention weight of the teacher-forced pass (Seq2Seq::attention_weights,
+// which the explorer page draws) against transformers' output_attentions
+// (eager attention), for the five sources of different lengths (padding
+// masked): each layer's encoder self-attention, decoder masked
+// self-attention and cross-attention.
+TEST(HfMarian, AttentionWeightsMatchTransformers) {
+  TranslationModel m = load_translation_model(marian_fixture("marian"));
+  SafetensorsFile in = load_safetensors(marian_fixture("marian.expected.safetensors"));
+  SafetensorsFile want = load_safetensors(marian_fixture("marian.attention.expected.safetensors"));
+  const AttentionWeights w =
+      m.model->attention_weights(*in.find("src"), *in.find("src_lengths"), *in.find("decoder_in"));
+  const std::pair<const char*, const std::vector<Tensor>*> kinds[] = {
+      {"encoder", &w.encoder}, {"decoder", &w.decoder}, {"cross", &w.cross}};
+  for (const auto& [kind, layers] : kinds) {
+    ASSERT_EQ(layers->size(), 2u) << kind;
+    for (size_t l = 0; l < layers->size(); ++l) {
+      const Tensor* expected = want.find(std::string(kind) + "." + std::to_string(l));
+      ASSERT_NE(expected, nullptr);
+      EXPECT_TRUE(testing::all_close((*layers)[l], *expected, 1e-5f, 1e-4f)) << kind << " layer " << l;
+    }
+  }
+
+  // translate_with_attention's self-attention is this pass over what it
+  // decoded (<pad>, Marian's start, then its tokens but the last): the
+  // pass's cross-attention is the one decoding recorded step by step.
+  const std::vector<int64_t> source = expected_json()["source_ids"][1].get<std::vector<int64_t>>();
+  const AlignedTranslation a = translate_with_attention(*m.model, source, 16);
+  std::vector<int64_t> inputs = {m.model->decoding_ids().start};
+  inputs.insert(inputs.end(), a.tokens.begin(), a.tokens.end() - 1);
+  ASSERT_GT(std::set<int64_t>(inputs.begin(), inputs.end()).size(), 3u);  // a shifted input would show
+  const int64_t S = (int64_t)source.size(), T = (int64_t)inputs.size();
+  const AttentionWeights pass = m.model->attention_weights(
+      Tensor::from_ints(source, {1, S}), Tensor::from_ints({S}, {1}), Tensor::from_ints(inputs, {1, T}));
+  ASSERT_EQ(a.encoder_self.shape(), (std::vector<int64_t>{2, 4, S, S}));
+  ASSERT_EQ(a.decoder_self.shape(), (std::vector<int64_t>{2, 4, T, T}));
+  for (int64_t l = 0; l < 2; ++l) {
+    EXPECT_TRUE(testing::all_close(a.encoder_self.slice(0, l, l + 1), pass.encoder[(size_t)l], 0, 0)) << l;
+    EXPECT_TRUE(testing::all_close(a.decoder_self.slice(0, l, l + 1), pass.decoder[(size_t)l], 0, 0)) << l;
+    const std::vector<float> cross = pass.cross[(size_t)l].contiguous().to_vector();  // [1, H, T, S]
+    for (size_t i = 0; i < cross.size(); ++i) ASSERT_NEAR(cross[i], a.heads[(size_t)(l * 4 * T * S) + i], 1e-5f) << i;
+  }
+}
 
 TEST(HfMarian, LogitsGreedyTokensAndTextMatchTransformers) {
   TranslationModel m = load_translation_model(marian_fixture("marian"));

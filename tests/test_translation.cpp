@@ -622,6 +622,33 @@ TEST(KVCache, AttentionWeightsPerOutputToken) {
       EXPECT_NEAR(row[0] + row[1] + row[2], 1.0f, 1e-5f);
     }
   }
+  // The self-attention of the same sentence: the encoder's over the source,
+  // the decoder's masked over what it read (<bos>, then its outputs but the
+  // last). The teacher-forced pass over those inputs gives the cross-attention
+  // that decoding step by step gave, so it is the pass decoding made.
+  ASSERT_EQ(a.encoder_self.shape(), (std::vector<int64_t>{cfg.num_encoder_layers, H, S, S}));
+  ASSERT_EQ(a.decoder_self.shape(), (std::vector<int64_t>{cfg.num_decoder_layers, H, T, T}));
+  const float* dec = a.decoder_self.data<float>();
+  for (int64_t lh = 0; lh < a.layers * H; ++lh)
+    for (int64_t t = 0; t < T; ++t) {
+      float sum = 0;
+      for (int64_t j = 0; j < T; ++j) {
+        sum += dec[(lh * T + t) * T + j];
+        if (j > t) EXPECT_EQ(dec[(lh * T + t) * T + j], 0.0f) << "query " << t << " sees only what came before";
+      }
+      EXPECT_NEAR(sum, 1.0f, 1e-5f);
+    }
+  std::vector<int64_t> inputs = {cfg.ids.start};
+  inputs.insert(inputs.end(), a.tokens.begin(), a.tokens.end() - 1);
+  const AttentionWeights w = model.attention_weights(Tensor::from_ints({4, 5, 6}, {1, 3}), Tensor::from_ints({3}, {1}),
+                                                     Tensor::from_ints(inputs, {1, T}));
+  ASSERT_EQ((int64_t)w.cross.size(), a.layers);
+  for (int64_t l = 0; l < a.layers; ++l) {
+    const std::vector<float> cross = w.cross[(size_t)l].contiguous().to_vector();  // [1, H, T, S]
+    for (size_t i = 0; i < cross.size(); ++i) EXPECT_NEAR(cross[i], a.heads[(size_t)(l * H * T * S) + i], 1e-5f) << i;
+    EXPECT_TRUE(testing::all_close(a.encoder_self.slice(0, l, l + 1), w.encoder[(size_t)l], 0, 0));
+    EXPECT_TRUE(testing::all_close(a.decoder_self.slice(0, l, l + 1), w.decoder[(size_t)l], 0, 0));
+  }
 }
 
 }  // namespace

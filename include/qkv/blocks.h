@@ -248,6 +248,7 @@ public:
   std::shared_ptr<FeedForward> mlp;
   std::shared_ptr<Norm> norm1, norm2, norm3;
   std::shared_ptr<Dropout> dropout1, dropout2, dropout3;
+  Tensor last_self_weights;  // [B, H, T, T] of the last forward with self_call.need_weights
   Tensor last_cross_weights;
 
 private:

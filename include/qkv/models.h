@@ -42,6 +42,14 @@ struct DecodeState {
   int64_t position = 0;  // target tokens consumed so far
 };
 
+// Every attention weight of one teacher-forced pass, per layer, for the
+// pictures (Seq2Seq::attention_weights).
+struct AttentionWeights {
+  std::vector<Tensor> encoder;  // per encoder layer: self-attention [B, H, S, S]
+  std::vector<Tensor> decoder;  // per decoder layer: masked self-attention [B, H, T, T]
+  std::vector<Tensor> cross;    // per decoder layer: cross-attention [B, H, T, S]
+};
+
 class Seq2Seq : public Module {
 public:
   // Teacher-forced logits [B, T, V] for src [B, S] and tgt_in [B, T] (<bos> first).
@@ -59,6 +67,12 @@ public:
   // last token (batch row 0, need_weights), for models with layers of heads;
   // undefined for the others.
   virtual Tensor cross_weights_by_head() const { return Tensor(); }
+  // forward()'s attention weights (the naive attention path), for models
+  // made of attention layers; empty for the others.
+  virtual AttentionWeights attention_weights(const Tensor& src, const Tensor& src_lengths, const Tensor& tgt_in) {
+    (void)src, (void)src_lengths, (void)tgt_in;
+    return {};
+  }
   // Keeps rows `rows` of the state, in this order, repeats allowed: beams
   // follow their hypotheses, finished sentences leave the batch. After
   // expand_beams(k), rows i*k .. i*k+k-1 must all come from one sentence.
@@ -131,6 +145,7 @@ public:
   Tensor cross_weights() const override;
   std::string attention_name() const override;
   Tensor cross_weights_by_head() const override;
+  AttentionWeights attention_weights(const Tensor& src, const Tensor& src_lengths, const Tensor& tgt_in) override;
   void select_rows(DecodeState& state, const std::vector<int64_t>& rows) override;
   void expand_beams(DecodeState& state, int64_t sentences, int64_t k) override;
   // The sum of the MoE layers' load-balancing losses of the last forward (undefined without MoE).

@@ -66,6 +66,12 @@ struct AlignedTranslation {
   // layers x heads x tokens.size() x source_length, row-major; else empty.
   std::vector<float> heads;
   int64_t layers = 0, nheads = 0;
+  // The self-attention of the same sentence, for models of attention layers
+  // (Seq2Seq::attention_weights of the teacher-forced pass over what was
+  // decoded), else undefined: the encoder's [layers, heads, S, S] and the
+  // decoder's masked self-attention [layers, heads, T, T] over its inputs,
+  // the start token and tokens[0 .. T-2] (query t is what predicted tokens[t]).
+  Tensor encoder_self, decoder_self;
 };
 AlignedTranslation translate_with_attention(Seq2Seq& model, const std::vector<int64_t>& source,
                                             int64_t max_len);

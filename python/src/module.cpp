@@ -267,7 +267,8 @@ struct Translator : ModelBase {
     return out;
   }
 
-  // Greedy translation of `source` with the cross-attention of every layer and head.
+  // Greedy translation of `source` with the cross-attention of every layer and
+  // head, and for a Transformer its encoder's and decoder's self-attention.
   nb::dict attention(nb::handle source_arg, int64_t max_len) {
     QKV_CHECK(max_len >= 1, "attention: max_len must be at least 1, got ", max_len);
     const std::string source = text_arg(source_arg, "attention: source");
@@ -290,6 +291,10 @@ struct Translator : ModelBase {
     d["output_tokens"] = m.tokenizer->pieces(a.tokens);
     d["weights"] = to_numpy(w);
     d["averaged"] = a.heads.empty();
+    // [layers, heads, S, S] and [layers, heads, T, T] (the decoder's inputs: its start token, then the
+    // output tokens but the last); None for models without self-attention.
+    d["encoder_self_attention"] = a.encoder_self.defined() ? nb::object(to_numpy(a.encoder_self)) : nb::none();
+    d["decoder_self_attention"] = a.decoder_self.defined() ? nb::object(to_numpy(a.decoder_self)) : nb::none();
     return d;
   }
 };
@@ -677,15 +682,15 @@ NB_MODULE(_qkv, m) {
       .def("translate", &Translator::translate,
            nb::sig("def translate(self, sources: list[str | bytes], *, beam: int = 1, max_len: int = 128, "
                    "max_source_tokens: int = 0, truncate: bool = False) -> list[str]"),
-           "sources"_a, nb::kw_only(), "beam"_a = 1, "max_len"_a = 128,
-           "max_source_tokens"_a = 0, "truncate"_a = false,
+           "sources"_a, nb::kw_only(), "beam"_a = 1, "max_len"_a = 128, "max_source_tokens"_a = 0, "truncate"_a = false,
            "Each source sentence translated: greedy when beam is 1, else beam search.")
       .def("attention", &Translator::attention,
-           nb::sig("def attention(self, source: str | bytes, *, max_len: int = 128) -> dict[str, object]"),
-           "source"_a, nb::kw_only(), "max_len"_a = 128,
+           nb::sig("def attention(self, source: str | bytes, *, max_len: int = 128) -> dict[str, object]"), "source"_a,
+           nb::kw_only(), "max_len"_a = 128,
            "The greedy translation of `source` with its cross-attention weights, [layers, heads, output tokens, "
-           "source tokens].")
-      .def("__repr__", [](const Translator& t) { return "<qkv.Translator " + t.m.model->summary() + " from " + t.path + ">"; });
+           "source tokens], and for a Transformer its encoder's and decoder's self-attention.")
+      .def("__repr__",
+           [](const Translator& t) { return "<qkv.Translator " + t.m.model->summary() + " from " + t.path + ">"; });
 
   nb::class_<Generator, ModelBase>(m, "LanguageModel", "A decoder-only language model (arch decoder; GPT-2, Llama, "
                                                        "Mistral, Mixtral, Qwen2, Qwen3 folders).")

@@ -62,8 +62,15 @@ def test_attention_weights_per_layer_and_head():
     assert src_len == len(a["source_tokens"]) and out_len == len(a["output_tokens"])
     np.testing.assert_allclose(w.sum(axis=-1), 1.0, rtol=1e-5)  # each query's weights are a distribution
     assert a["translation"] == model.translate(["我是中国人"], max_len=10)[0]
+    # The encoder's self-attention over the source, the decoder's masked self-attention over what it read.
+    enc, dec = a["encoder_self_attention"], a["decoder_self_attention"]
+    assert enc.shape == (1, 2, src_len, src_len) and dec.shape == (1, 2, out_len, out_len)
+    np.testing.assert_allclose(enc.sum(axis=-1), 1.0, rtol=1e-5)
+    np.testing.assert_allclose(dec.sum(axis=-1), 1.0, rtol=1e-5)
+    assert (np.triu(dec, k=1) == 0).all() and (np.triu(enc, k=1) > 0).any()
     rnn = qkv.load(FOLDERS / "rnn_attention").attention("你好", max_len=6)
     assert rnn["weights"].shape[:2] == (1, 1) and rnn["averaged"]  # one attention: one layer, one head
+    assert rnn["encoder_self_attention"] is None and rnn["decoder_self_attention"] is None
 
 
 GENERATORS = [FOLDERS / "decoder", HF / "gpt2", HF / "llama", HF / "qwen3"]

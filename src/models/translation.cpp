@@ -169,6 +169,15 @@ AlignedTranslation translate_with_attention(Seq2Seq& model, const std::vector<in
       for (int64_t lh = 0; lh < out.layers * out.nheads; ++lh)
         std::copy_n(by_step[(size_t)t].begin() + lh * S, S, out.heads.begin() + (lh * T + t) * S);
   }
+  std::vector<int64_t> inputs = {ids.start};  // what the decoder read: the start token, then its own outputs
+  inputs.insert(inputs.end(), out.tokens.begin(), out.tokens.end() - 1);
+  const AttentionWeights w =
+      model.attention_weights(b.src, b.src_lengths, Tensor::from_ints(inputs, {1, (int64_t)inputs.size()}));
+  const auto stacked = [](const std::vector<Tensor>& layers) {  // L x [1, H, n, m] -> [L, H, n, m]
+    return layers.empty() ? Tensor() : concat(layers, 0).contiguous();
+  };
+  out.encoder_self = stacked(w.encoder);
+  out.decoder_self = stacked(w.decoder);
   return out;
 }
 

@@ -114,7 +114,12 @@ Tensor TransformerDecoderLayer::run(const Tensor& x_in, const Sublayer& self, co
 Tensor TransformerDecoderLayer::forward(const Tensor& x, const Tensor& memory, const AttentionCall& self_call,
                                         const AttentionCall& cross_call) {
   return run(
-      x, [&](const Tensor& h) { return self_attn->forward(h, self_call).out; },
+      x,
+      [&](const Tensor& h) {
+        AttentionOutput o = self_attn->forward(h, self_call);
+        last_self_weights = o.weights;
+        return o.out;
+      },
       [&](const Tensor& h) {
         AttentionOutput o = cross_attn->forward(h, memory, cross_call);
         last_cross_weights = o.weights;

@@ -15,6 +15,7 @@
 #include <future>
 #include <map>
 #include <string_view>
+#include <utility>
 #include <nlohmann/json.hpp>
 
 #include "qkv/batching.h"
@@ -748,31 +749,74 @@ private:
       if (o_.threads > 0) omp_set_num_threads(o_.threads);
       a = translate_with_attention(*translation_.model, source, max_len);
     }
-    json rows = json::array();
-    for (size_t t = 0; t < a.tokens.size(); ++t)
-      rows.push_back(std::vector<float>(a.weights.begin() + (ptrdiff_t)(t * a.source_length),
-                                        a.weights.begin() + (ptrdiff_t)((t + 1) * a.source_length)));
     const int64_t T = (int64_t)a.tokens.size(), S = a.source_length;
-    json layers = json::array();  // [layer][head][token][source token], where the model has heads
-    for (int64_t l = 0; l < a.layers; ++l) {
+    const std::vector<std::string> source_pieces = translation_.tokenizer->pieces(source);
+    const std::vector<std::string> target_pieces = translation_.tokenizer->pieces(a.tokens);
+    const json rows = matrix(a.weights.data(), T, S);
+    const json layers = by_layer(a.heads.data(), a.layers, a.nheads, T, S);  // where the model has heads
+    // The views the explorer switches between: the cross-attention, then
+    // (for a Transformer) the encoder's self-attention over the source and
+    // the decoder's masked self-attention over what it read.
+    json views = json::array({{{"name", "cross"},
+                               {"attention", translation_.model->attention_name()},
+                               {"row_tokens", target_pieces},
+                               {"column_tokens", source_pieces},
+                               {"weights", rows},
+                               {"layers", layers}}});
+    if (a.encoder_self.defined())
+      views.push_back(self_view("encoder", "encoder self-attention", a.encoder_self, source_pieces));
+    if (a.decoder_self.defined()) {
+      std::vector<int64_t> read = {translation_.model->decoding_ids().start};
+      read.insert(read.end(), a.tokens.begin(), a.tokens.end() - 1);
+      views.push_back(
+          self_view("decoder", "decoder masked self-attention", a.decoder_self, translation_.tokenizer->pieces(read)));
+    }
+    send_json(res, 200,
+              {{"model", name_},
+               {"translation", translation_.tokenizer->decode(a.tokens)},
+               {"source_tokens", source_pieces},
+               {"target_tokens", target_pieces},
+               {"attention", translation_.model->attention_name()},
+               {"weights", rows},
+               {"layers", layers},
+               {"views", views}});
+  }
+
+  // Rows of a row-major [n, m] matrix.
+  static json matrix(const float* p, int64_t n, int64_t m) {
+    json rows = json::array();
+    for (int64_t i = 0; i < n; ++i) rows.push_back(std::vector<float>(p + i * m, p + (i + 1) * m));
+    return rows;
+  }
+
+  // [layer][head][row][column] of row-major [L, H, n, m] weights.
+  static json by_layer(const float* p, int64_t L, int64_t H, int64_t n, int64_t m) {
+    json layers = json::array();
+    for (int64_t l = 0; l < L; ++l) {
       json heads = json::array();
-      for (int64_t h = 0; h < a.nheads; ++h) {
-        json m = json::array();
-        for (int64_t t = 0; t < T; ++t) {
-          const auto row = a.heads.begin() + (ptrdiff_t)(((l * a.nheads + h) * T + t) * S);
-          m.push_back(std::vector<float>(row, row + S));
-        }
-        heads.push_back(std::move(m));
-      }
+      for (int64_t h = 0; h < H; ++h) heads.push_back(matrix(p + (l * H + h) * n * m, n, m));
       layers.push_back(std::move(heads));
     }
-    send_json(res, 200, {{"model", name_},
-                         {"translation", translation_.tokenizer->decode(a.tokens)},
-                         {"source_tokens", translation_.tokenizer->pieces(source)},
-                         {"target_tokens", translation_.tokenizer->pieces(a.tokens)},
-                         {"attention", translation_.model->attention_name()},
-                         {"weights", rows},
-                         {"layers", layers}});
+    return layers;
+  }
+
+  // An explorer view of self-attention weights [L, H, n, n] over `tokens`:
+  // every head, and the last layer's heads averaged as the big map.
+  static json self_view(const std::string& name, const std::string& what, const Tensor& weights,
+                        const std::vector<std::string>& tokens) {
+    const Tensor w = weights.contiguous();
+    const int64_t L = w.size(0), H = w.size(1), n = w.size(2);
+    const float* p = w.data<float>();
+    std::vector<float> mean((size_t)(n * n), 0.0f);
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t i = 0; i < n * n; ++i) mean[(size_t)i] += p[((L - 1) * H + h) * n * n + i] / (float)H;
+    return {{"name", name},
+            {"attention",
+             what + ": last layer, mean of " + std::to_string(H) + " heads (a row per query, a column per key)"},
+            {"row_tokens", tokens},
+            {"column_tokens", tokens},
+            {"weights", matrix(mean.data(), n, n)},
+            {"layers", by_layer(p, L, H, n, n)}};
   }
 
   // A decoder's masked self-attention over `text` (after <bos>), every layer
@@ -784,48 +828,29 @@ private:
     const int64_t T = (int64_t)ids.size(), C = m.model->config().context;
     if (T > C)
       bad("text", "text is " + std::to_string(T) + " tokens (with <bos>); the context is " + std::to_string(C));
-    auto done = std::make_shared<std::promise<json>>();
-    std::future<json> future = done->get_future();
+    auto done = std::make_shared<std::promise<Tensor>>();
+    std::future<Tensor> future = done->get_future();
     generator_->post([&m, ids, T, done] {
       try {
         NoGradGuard no_grad;
         m.model->forward(Tensor::from_ints(ids, {1, T}), /*need_weights=*/true);
-        json layers = json::array();  // [layer][head][query][key]
-        for (auto& layer : m.model->layers) {
-          const Tensor w = layer->last_self_weights.contiguous();  // [1, H, T, T]
-          layer->last_self_weights = Tensor();
-          const float* p = w.data<float>();
-          json heads = json::array();
-          for (int64_t h = 0; h < w.size(1); ++h) {
-            json rows = json::array();
-            for (int64_t t = 0; t < T; ++t)
-              rows.push_back(std::vector<float>(p + (h * T + t) * T, p + (h * T + t + 1) * T));
-            heads.push_back(std::move(rows));
-          }
-          layers.push_back(std::move(heads));
-        }
-        done->set_value(std::move(layers));
+        std::vector<Tensor> layers;  // [1, H, T, T] each
+        for (auto& layer : m.model->layers) layers.push_back(std::exchange(layer->last_self_weights, Tensor()));
+        done->set_value(concat(layers, 0));
       } catch (...) {
         done->set_exception(std::current_exception());
       }
     });
-    const json layers = future.get();
-    json mean = json::array();  // the last layer's heads averaged, as "weights" is for a translation
-    const json& last = layers.back();
-    for (int64_t t = 0; t < T; ++t) {
-      std::vector<float> row((size_t)T, 0.0f);
-      for (const json& head : last)
-        for (int64_t j = 0; j < T; ++j) row[(size_t)j] += head[t][j].get<float>() / (float)last.size();
-      mean.push_back(row);
-    }
     const std::vector<std::string> pieces = m.tokenizer->pieces(ids);
-    send_json(res, 200, {{"model", name_},
-                         {"source_tokens", pieces},
-                         {"target_tokens", pieces},
-                         {"attention", "masked self-attention: last layer, mean of " +
-                                           std::to_string(last.size()) + " heads (a row per query, a column per key)"},
-                         {"weights", mean},
-                         {"layers", layers}});
+    json view = self_view("self", "masked self-attention", future.get(), pieces);
+    send_json(res, 200,
+              {{"model", name_},
+               {"source_tokens", pieces},
+               {"target_tokens", pieces},
+               {"attention", view["attention"]},
+               {"weights", view["weights"]},
+               {"layers", view["layers"]},
+               {"views", json::array({view})}});
   }
 
   // OpenAI's embeddings: one vector per input string, as `qkv embed` computes

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <utility>
 
 #include "qkv/models.h"
 #include "qkv/position.h"
@@ -105,6 +106,26 @@ void TranslationTransformer::linear_weights_converted(DType dtype) {
 
 Tensor TranslationTransformer::forward(const Tensor& src, const Tensor& src_lengths, const Tensor& tgt_in) {
   return decode(tgt_in, encode(src, src_lengths), src_lengths);
+}
+
+AttentionWeights TranslationTransformer::attention_weights(const Tensor& src, const Tensor& src_lengths,
+                                                           const Tensor& tgt_in) {
+  NoGradGuard no_grad;
+  AttentionWeights out;
+  Tensor x = embed_tokens(src, 0);
+  for (auto& layer : encoder_layers) {
+    x = layer->forward(x, {.key_padding_lengths = src_lengths, .need_weights = true});
+    out.encoder.push_back(std::exchange(layer->last_self_weights, Tensor()));
+  }
+  const Tensor memory = encoder_norm ? encoder_norm->forward(x) : x;
+  Tensor y = embed_tokens(tgt_in, 0);
+  for (auto& layer : decoder_layers) {
+    y = layer->forward(y, memory, {.causal = true, .need_weights = true},
+                       {.key_padding_lengths = src_lengths, .need_weights = true});
+    out.decoder.push_back(std::exchange(layer->last_self_weights, Tensor()));
+    out.cross.push_back(std::exchange(layer->last_cross_weights, Tensor()));
+  }
+  return out;
 }
 
 std::unique_ptr<DecodeState> TranslationTransformer::start_decoding(const Tensor& src, const Tensor& src_lengths,
