@@ -72,6 +72,12 @@ new tokens at most, stopping at the folder's eos_token_id).
            every layer's encoder self-attention, decoder masked
            self-attention and cross-attention
            (marian.attention.expected.safetensors)
+  marian-beam  a MarianMTModel of 24 ids (no tokenizer: the test runs on ids)
+           trained here for a few seconds on a toy task (each id mapped,
+           the sequence reversed), so that its hypotheses end at different
+           lengths and compete; expected (marian-beam.expected.json):
+           generate()'s beam search outputs for 16 sources under several
+           num_beams, length_penalty and max_new_tokens, and greedy
 
 Usage: python3 scripts/make_hf_fixtures.py [--out tests/fixtures/hf]
 Needs: torch, transformers, safetensors, sentence-transformers, sentencepiece (pip install ...).
@@ -450,6 +456,84 @@ def make_marian_attention(out_dir):
     print("marian-attention:", {k: list(v.shape) for k, v in expected.items()})
 
 
+# Few enough training steps (loss about 2.3) that the model is unsure where to
+# stop: with these settings qkv's beam search before it followed generate()
+# gave other outputs for 18 of the 128.
+STEPS_MARIAN_BEAM = 60
+N_SOURCES_MARIAN_BEAM = 16
+CASES_MARIAN_BEAM = ((4, 1.0, 12), (4, 0.5, 12), (8, 1.0, 12), (5, 2.0, 12), (6, 3.0, 16), (3, 1.0, 5),
+                     (2, 1.0, 12), (1, 1.0, 12))  # (num_beams, length_penalty, max_new_tokens)
+
+
+def make_marian_beam(out_dir):
+    from transformers import MarianConfig, MarianMTModel
+    folder = os.path.join(out_dir, "marian-beam")
+    shutil.rmtree(folder, ignore_errors=True)
+    V, pad, eos = 24, 23, 0
+    torch.manual_seed(0)
+    config = MarianConfig(vocab_size=V, decoder_vocab_size=V, max_position_embeddings=32, d_model=16,
+                          encoder_layers=1, decoder_layers=1, encoder_ffn_dim=32, decoder_ffn_dim=32,
+                          encoder_attention_heads=2, decoder_attention_heads=2, activation_function="swish",
+                          scale_embedding=True, pad_token_id=pad, eos_token_id=eos, decoder_start_token_id=pad,
+                          forced_eos_token_id=eos, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
+                          share_encoder_decoder_embeddings=True, tie_word_embeddings=True)
+    model = MarianMTModel(config)
+    g = torch.Generator().manual_seed(2)
+
+    def pairs(n):
+        src, tgt = [], []
+        for _ in range(n):
+            a = torch.randint(1, V - 1, (int(torch.randint(2, 9, (1,), generator=g)),), generator=g).tolist()
+            src.append(a + [eos])
+            tgt.append([x % 11 + 1 for x in reversed(a)] + [eos])
+        return src, tgt
+
+    def padded(rows, fill):
+        width = max(len(r) for r in rows)
+        return torch.tensor([r + [fill] * (width - len(r)) for r in rows])
+
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    model.train()
+    for step in range(STEPS_MARIAN_BEAM):
+        src, tgt = pairs(32)
+        input_ids = padded(src, pad)
+        labels = padded(tgt, -100)
+        decoder_in = padded([[pad] + t[:-1] for t in tgt], pad)
+        loss = model(input_ids=input_ids, attention_mask=(input_ids != pad).long(), decoder_input_ids=decoder_in,
+                     labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+    model.generation_config.bad_words_ids = [[pad]]
+    model.generation_config.num_beams = 1
+    model.generation_config.max_length = 32
+    model.save_pretrained(folder)
+    model = MarianMTModel.from_pretrained(folder, dtype=torch.float32).eval()
+    sources, _ = pairs(N_SOURCES_MARIAN_BEAM)
+    input_ids = padded(sources, pad)
+    mask = (input_ids != pad).long()
+
+    def outputs(**kw):
+        with torch.no_grad():
+            out = model.generate(input_ids=input_ids, attention_mask=mask, do_sample=False, **kw)
+        rows = []
+        for row in out[:, 1:].tolist():  # less the start token; qkv's outputs end before </s>
+            rows.append(row[:row.index(eos)] if eos in row else [t for t in row if t != pad])
+        return rows
+
+    cases = []
+    for beams, penalty, new in CASES_MARIAN_BEAM:
+        cases.append({"num_beams": beams, "length_penalty": penalty, "max_new_tokens": new,
+                      "outputs": outputs(num_beams=beams, length_penalty=penalty, max_new_tokens=new)})
+    with open(os.path.join(out_dir, "marian-beam.expected.json"), "w") as f:
+        json.dump({"loss": round(loss.item(), 3), "sources": sources, "cases": cases}, f)
+        f.write("\n")
+    print("marian-beam: loss", round(loss.item(), 3), "lengths", [[len(o) for o in c["outputs"]] for c in cases])
+
+
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures", "hf"))
@@ -457,13 +541,15 @@ def main():
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     for name in args.only or ("llama", "llama-linear", "llama-yarn", "qwen2", "qwen3", "mistral", "mixtral", "gpt2", "bert", "vit",
-                                 "vit-resize", "marian", "marian-attention"):
+                                 "vit-resize", "marian", "marian-attention", "marian-beam"):
         if name == "bert":
             make_bert(args.out)
         elif name == "marian":
             make_marian(args.out)
         elif name == "marian-attention":
             make_marian_attention(args.out)
+        elif name == "marian-beam":
+            make_marian_beam(args.out)
         elif name == "llama-linear":
             make_llama_linear(args.out)
         elif name == "llama-yarn":

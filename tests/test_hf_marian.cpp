@@ -100,24 +100,58 @@ TEST(HfMarian, LogitsGreedyTokensAndTextMatchTransformers) {
     sources.push_back(encode_source(m, e["sentences"][i].get<std::string>(), {}, "sentence"));
     EXPECT_EQ(sources.back(), e["source_ids"][i].get<std::vector<int64_t>>()) << i;
   }
-  // transformers' tokens, argmax over all but <pad> at each step; qkv's
-  // greedy decoding stops at </s> (0).
+  // transformers' tokens, argmax over all but <pad> at each step, 16 of
+  // them; qkv's greedy decoding stops at </s> (0), and with the folder's
+  // forced_eos_token_id its 16th token is </s>: its first 15 are the same.
+  EXPECT_TRUE(m.model->decoding_ids().forced_eos);
   const std::vector<std::vector<int64_t>> greedy = greedy_translate(*m.model, sources, 16);
   const std::vector<int64_t> want = expected.find("greedy")->to_ints();
   for (size_t i = 0; i < sources.size(); ++i) {
-    std::vector<int64_t> row(want.begin() + 16 * i, want.begin() + 16 * (i + 1));
+    std::vector<int64_t> row(want.begin() + 16 * i, want.begin() + 16 * i + 15);
     if (auto eos = std::find(row.begin(), row.end(), 0); eos != row.end()) row.erase(eos, row.end());
     EXPECT_EQ(greedy[i], row) << "sentence " << i;
   }
-  // generate(max_new_tokens=16) forces </s> as its 16th token when none came
-  // before (forced_eos_token_id): qkv's 15 tokens then read the same.
+  // generate(max_new_tokens=16), which forces </s> as the 16th token when
+  // none came before, as qkv's --max-len 16 does.
   std::vector<std::string> sentences;
   for (const auto& s : e["sentences"]) sentences.push_back(s.get<std::string>());
-  EXPECT_EQ(translate_texts(m, sentences, 15), e["translations"].get<std::vector<std::string>>());
-  // Beam 4 as well. No hypothesis of this random model ends within the
-  // limit, so this checks the search's ranking of live hypotheses, not the
-  // length normalization of finished ones.
-  EXPECT_EQ(translate_texts(m, sentences, 15, 4), e["translations_beam4"].get<std::vector<std::string>>());
+  EXPECT_EQ(translate_texts(m, sentences, 16), e["translations"].get<std::vector<std::string>>());
+  // Beam 4 as well. No hypothesis of this random model ends before the
+  // limit; HfMarian.BeamSearchRanksAsGenerateDoes has ones that do.
+  EXPECT_EQ(translate_texts(m, sentences, 16, 4), e["translations_beam4"].get<std::vector<std::string>>());
+}
+
+// Beam search ranked as generate() ranks it, on a folder whose hypotheses end
+// at different lengths and compete (tests/fixtures/hf/marian-beam: a Marian
+// model of 24 ids trained for a few seconds by make_hf_fixtures.py): for 16
+// sources, num_beams 1-8, length_penalty 0.5-3 and max_new_tokens 5-16
+// (forced_eos at the limit), qkv's output ids are transformers'. qkv's former
+// search (a sentence done at `beam` finished hypotheses, any of the first 2K
+// candidates finishing, hypotheses cut by the limit ranked only when none
+// finished, no forced </s>) gave other outputs for 18 of the 128, 11 of
+// them where the limit played no part.
+TEST(HfMarian, BeamSearchRanksAsGenerateDoes) {
+  ModelFolder folder = load_model_folder(marian_fixture("marian-beam"));
+  auto model = std::dynamic_pointer_cast<Seq2Seq>(folder.model);
+  ASSERT_NE(model, nullptr);
+  ASSERT_TRUE(model->decoding_ids().forced_eos);
+  const nlohmann::json e = nlohmann::json::parse(read_file(marian_fixture("marian-beam.expected.json")));
+  const auto sources = e["sources"].get<std::vector<std::vector<int64_t>>>();
+  std::set<size_t> lengths;
+  for (const nlohmann::json& c : e["cases"]) {
+    const int64_t beams = c["num_beams"].get<int64_t>(), max_len = c["max_new_tokens"].get<int64_t>();
+    const float penalty = c["length_penalty"].get<float>();
+    const auto want = c["outputs"].get<std::vector<std::vector<int64_t>>>();
+    const std::vector<BeamHypothesis> got =
+        beam_translate(*model, sources, max_len, {.beam = beams, .length_penalty = penalty, .batch_size = 3});
+    for (size_t i = 0; i < sources.size(); ++i) {
+      EXPECT_EQ(got[i].tokens, want[i]) << "source " << i << ", beam " << beams << ", length_penalty " << penalty
+                                        << ", max_new_tokens " << max_len;
+      lengths.insert(want[i].size());
+    }
+    if (beams == 1) EXPECT_EQ(greedy_translate(*model, sources, max_len), want);
+  }
+  EXPECT_GE(lengths.size(), 4u) << "the outputs should end at different lengths";
 }
 
 TEST(HfMarian, TokenizerMatchesMarianTokenizerOnEveryLine) {

@@ -29,9 +29,16 @@ struct DecodingIds {
   int64_t eos = Tokenizer::kEos;
   int64_t pad = Tokenizer::kPad;
   bool source_eos = false;
+  // The last output a length limit allows is eos, whatever the model says,
+  // with log-probability 0 (transformers' forced_eos_token_id).
+  bool forced_eos = false;
   bool never_output(int64_t id) const { return id == pad || id == start; }
   // The most likely next token of a row of logits (the first of equals), never_output ids left out.
   int64_t best_output(const float* logits, int64_t vocab) const;
+  // Greedy decoding's next token: best_output, or eos at the last step with forced_eos.
+  int64_t next_output(const float* logits, int64_t vocab, bool last_step) const {
+    return forced_eos && last_step ? eos : best_output(logits, vocab);
+  }
   // The source as the encoder reads it: the ids, then eos if source_eos.
   std::vector<int64_t> source(std::vector<int64_t> ids) const;
 };
@@ -113,7 +120,8 @@ struct TransformerConfig : BlockConfig {
   DecodingIds ids;
   bool nondefault_ids() const {
     const DecodingIds d;
-    return ids.pad != d.pad || ids.start != d.start || ids.eos != d.eos || ids.source_eos != d.source_eos;
+    return ids.pad != d.pad || ids.start != d.start || ids.eos != d.eos || ids.source_eos != d.source_eos ||
+           ids.forced_eos != d.forced_eos;
   }
 
   // From config.json (unknown keys are an error, each value checked).

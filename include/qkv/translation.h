@@ -43,7 +43,7 @@ std::vector<std::vector<int64_t>> greedy_translate(Seq2Seq& model,
                                                    const std::vector<std::vector<int64_t>>& sources, int64_t max_len,
                                                    int64_t batch_size = 64);
 
-// Beam search (length-normalized): see src/models/beam_search.cpp.
+// Beam search ranked as transformers' generate() ranks it: see src/models/beam_search.cpp.
 struct BeamOptions {
   int64_t beam = 4;
   float length_penalty = 1.0f;  // finished hypotheses ranked by score / length^length_penalty
@@ -51,7 +51,7 @@ struct BeamOptions {
 };
 struct BeamHypothesis {
   std::vector<int64_t> tokens;  // without <bos>/<eos>
-  double log_prob = 0;          // sum of log p of the tokens and of the final <eos> (if it ended)
+  double log_prob = 0;          // sum of log p of the tokens and of the final <eos> (if it ended; a forced one adds 0)
 };
 std::vector<BeamHypothesis> beam_translate(Seq2Seq& model, const std::vector<std::vector<int64_t>>& sources,
                                            int64_t max_len, const BeamOptions& options = {});

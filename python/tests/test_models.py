@@ -41,15 +41,15 @@ def test_low_precision_loads_and_translates_as_the_cli(dtype, tmp_path):
 def test_a_marian_folder_translates_as_transformers_and_the_cli():
     """A Hugging Face MarianMTModel folder (source.spm, target.spm, vocab.json): the text
     generate() made of the fixture's sentences (tests/fixtures/hf/marian.expected.json), greedy
-    and 15 tokens at most, as transformers' 16 end with the </s> it forces."""
+    and max_new_tokens 16, whose 16th is the </s> the folder's forced_eos_token_id forces."""
     model = qkv.load(HF / "marian")
     assert isinstance(model, qkv.Translator) and model.arch == "transformer"
     expected = json.loads((HF / "marian.expected.json").read_text())
-    got = model.translate(expected["sentences"], max_len=15)
+    got = model.translate(expected["sentences"], max_len=16)
     assert got == expected["translations"]
-    cli = run_cli("translate", "--model", HF / "marian", "--beam", 4, "--max-len", 15,
+    cli = run_cli("translate", "--model", HF / "marian", "--beam", 4, "--max-len", 16,
                   stdin="\n".join(expected["sentences"]).encode() + b"\n")
-    assert model.translate(expected["sentences"], beam=4, max_len=15) == cli.decode().splitlines()
+    assert model.translate(expected["sentences"], beam=4, max_len=16) == cli.decode().splitlines()
 
 
 def test_attention_weights_per_layer_and_head():

@@ -1,14 +1,21 @@
-// Beam search for the translation Transformer.
+// Beam search for the translation Transformer, ranked as transformers'
+// generate() ranks (num_beams, length_penalty, early_stopping=False).
 //
-// Each sentence keeps `beam` hypotheses. A step scores every continuation of
-// every live hypothesis, score(y_1..t) = sum log p(y_i | y_<i, x), keeps the
-// `beam` best that do not end, and sets aside those that end with <eos> as
-// finished, ranked by the length-normalized score / (length ^ length_penalty).
-// A sentence is done when it has `beam` finished hypotheses or reaches
-// max_len, and then leaves the batch. The encoder runs once per sentence and
-// its cross-attention K/V are computed once and read by all its beams (the
-// Transformer keeps them once per sentence); the self-attention caches
-// follow their hypotheses by a row gather after each step.
+// Each sentence keeps `beam` running hypotheses, score(y_1..t) = sum log p(y_i
+// | y_<i, x). A step takes the 2 * beam best continuations of them all. Of
+// the first `beam`, those that end (with <eos>, or at the length limit) are
+// finished, ranked by score / (tokens, <eos> included) ^ length_penalty; the
+// `beam` best finished ones are kept. The `beam` best continuations that do
+// not end run on. A sentence is done when it holds `beam` finished
+// hypotheses and the best running score, normalized by the current length,
+// is no better than the worst finished one (the running scores only fall),
+// or at the length limit, where every hypothesis ends; then it leaves the
+// batch, and its best finished hypothesis is the translation. With the
+// model's forced_eos the last step allows only <eos>, at log-probability 0.
+// The encoder runs once per sentence and its cross-attention K/V are computed
+// once and read by all its beams (the Transformer keeps them once per
+// sentence); the self-attention caches follow their hypotheses by a row
+// gather after each step.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -19,8 +26,9 @@ namespace qkv {
 namespace {
 
 struct Hypothesis {
-  std::vector<int64_t> tokens;
-  double score = 0;
+  std::vector<int64_t> tokens;  // without <eos>
+  double score = 0;             // sum of the log-probabilities, the <eos> included
+  int64_t length = 0;           // finished: the tokens it is normalized by, the <eos> included
 };
 
 // The n best tokens of one row of log-probabilities, best first, those the
@@ -60,17 +68,20 @@ std::vector<BeamHypothesis> beam_translate(Seq2Seq& model, const std::vector<std
     std::unique_ptr<DecodeState> beams = model.start_decoding(b.src, b.src_lengths, max_len + 1);
     model.expand_beams(*beams, B, K);
 
-    std::vector<std::vector<Hypothesis>> alive(B), finished(B);
+    std::vector<std::vector<Hypothesis>> alive(B), finished(B);  // finished: best normalized first
     for (int64_t s = 0; s < B; ++s) {
       alive[s].assign(K, Hypothesis{});
       for (int64_t k = 1; k < K; ++k) alive[s][k].score = -std::numeric_limits<double>::infinity();  // one start
     }
-    // The sentences still searching, in the order of their rows in the state:
-    // a sentence with K finished hypotheses leaves the batch.
+    const auto normalized = [&](const Hypothesis& h, int64_t length) {
+      return h.score / std::pow((double)length, (double)o.length_penalty);
+    };
+    // The sentences still searching, in the order of their rows in the state.
     std::vector<int64_t> active(B);
     for (int64_t s = 0; s < B; ++s) active[s] = s;
     std::vector<int64_t> last(B * K, ids.start);
     for (int64_t step = 0; step < max_len && !active.empty(); ++step) {
+      const bool last_step = step == max_len - 1;  // every hypothesis ends here
       const int64_t A = (int64_t)active.size();
       Tensor logp = log_softmax(model.decode_step(Tensor::from_ints(last, {A * K, 1}), *beams));
       const int64_t V = logp.size(-1);
@@ -79,29 +90,40 @@ std::vector<BeamHypothesis> beam_translate(Seq2Seq& model, const std::vector<std
       std::vector<std::pair<float, int64_t>> row_best;
       for (int64_t a = 0; a < A; ++a) {
         const int64_t s = active[a];
-        // The best 2K continuations are enough: at most K of them end with
-        // <eos>. They are among the best 2K tokens of each beam's row.
+        // The best 2K continuations: at most K of them end with <eos>, so at
+        // least K run on. They are among the best 2K tokens of each beam's row.
         std::vector<std::pair<double, int64_t>> cand;  // (score, beam * V + token)
         for (int64_t k = 0; k < K; ++k) {
           if (!std::isfinite(alive[s][k].score)) continue;
+          if (last_step && ids.forced_eos) {
+            cand.push_back({alive[s][k].score, k * V + ids.eos});
+            continue;
+          }
           best_tokens(lp + (a * K + k) * V, V, 2 * K, ids, row_best);
           for (const auto& [logp_v, v] : row_best) cand.push_back({alive[s][k].score + logp_v, k * V + v});
         }
         const size_t keep = std::min<size_t>(cand.size(), 2 * K);
-        std::partial_sort(cand.begin(), cand.begin() + keep, cand.end(),
-                          [](auto& x, auto& y) { return x.first > y.first; });
+        std::partial_sort(cand.begin(), cand.begin() + keep, cand.end(), [](auto& x, auto& y) {
+          return x.first > y.first || (x.first == y.first && x.second < y.second);
+        });
         std::vector<Hypothesis> next;
         std::vector<int64_t> next_origin, next_token;
-        for (size_t c = 0; c < keep && (int64_t)next.size() < K; ++c) {
+        for (size_t c = 0; c < keep; ++c) {
           const int64_t k = cand[c].second / V, v = cand[c].second % V;
-          Hypothesis h = alive[s][k];
-          h.score = cand[c].first;
-          if (v == ids.eos) {
-            if ((int64_t)finished[s].size() < K) finished[s].push_back(h);
+          Hypothesis h{alive[s][k].tokens, cand[c].first};
+          if (v != ids.eos) h.tokens.push_back(v);
+          if (v == ids.eos || last_step) {
+            if ((int64_t)c < K) {  // only the first K may finish, as in generate()
+              auto at = std::upper_bound(finished[s].begin(), finished[s].end(), normalized(h, step + 1),
+                                         [&](double x, const Hypothesis& f) { return x > normalized(f, f.length); });
+              h.length = step + 1;
+              finished[s].insert(at, std::move(h));
+              if ((int64_t)finished[s].size() > K) finished[s].pop_back();
+            }
             continue;
           }
-          h.tokens.push_back(v);
-          next.push_back(h);
+          if ((int64_t)next.size() == K) continue;
+          next.push_back(std::move(h));
           next_origin.push_back(a * K + k);
           next_token.push_back(v);
         }
@@ -110,9 +132,15 @@ std::vector<BeamHypothesis> beam_translate(Seq2Seq& model, const std::vector<std
           next_origin.push_back(a * K);
           next_token.push_back(ids.pad);
         }
-        alive[s] = next;
-        const bool live = std::any_of(next.begin(), next.end(), [](auto& h) { return std::isfinite(h.score); });
-        if ((int64_t)finished[s].size() >= K || !live) continue;  // done: its rows leave
+        alive[s] = std::move(next);
+        // Done when nothing runs, or K have finished and the best running
+        // hypothesis, at its present length, does not beat the worst of them.
+        const Hypothesis& best_running = alive[s][0];
+        const bool done =
+            last_step || !std::isfinite(best_running.score) ||
+            ((int64_t)finished[s].size() == K &&
+             normalized(best_running, step + 1) <= normalized(finished[s].back(), finished[s].back().length));
+        if (done) continue;  // its rows leave
         still_active.push_back(s);
         origin.insert(origin.end(), next_origin.begin(), next_origin.end());
         next_last.insert(next_last.end(), next_token.begin(), next_token.end());
@@ -121,18 +149,8 @@ std::vector<BeamHypothesis> beam_translate(Seq2Seq& model, const std::vector<std
       last = next_last;
       if (!active.empty()) model.select_rows(*beams, origin);  // caches follow their hypotheses
     }
-    for (int64_t s = 0; s < B; ++s) {
-      auto normalized = [&](const Hypothesis& h) {
-        return h.score / std::pow((double)h.tokens.size() + 1, (double)o.length_penalty);  // +1: the <eos>
-      };
-      const Hypothesis* best = nullptr;
-      for (auto& h : finished[s])
-        if (!best || normalized(h) > normalized(*best)) best = &h;
-      if (!best)  // nothing ended within max_len: the best live hypothesis
-        for (auto& h : alive[s])
-          if (std::isfinite(h.score) && (!best || h.score > best->score)) best = &h;
-      if (best) results[start + s] = {best->tokens, best->score};
-    }
+    for (int64_t s = 0; s < B; ++s)
+      if (!finished[s].empty()) results[start + s] = {finished[s][0].tokens, finished[s][0].score};
   }
   return results;
 }

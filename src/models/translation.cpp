@@ -119,7 +119,7 @@ std::vector<std::vector<int64_t>> greedy_translate(Seq2Seq& model,
       const int64_t V = logits.size(-1);
       for (int64_t r = 0; r < R; ++r) {
         const int64_t s = rows[r];
-        next[r] = done[s] ? ids.pad : ids.best_output(logits.data<float>() + r * V, V);
+        next[r] = done[s] ? ids.pad : ids.next_output(logits.data<float>() + r * V, V, step == max_len - 1);
         if (done[s]) continue;
         if (next[r] == ids.eos) {
           done[s] = true, ++finished_rows;
@@ -158,7 +158,7 @@ AlignedTranslation translate_with_attention(Seq2Seq& model, const std::vector<in
       out.layers = h.size(0), out.nheads = h.size(1);
       by_step.push_back(h.contiguous().to_vector());
     }
-    next = ids.best_output(logits.data<float>(), logits.size(-1));
+    next = ids.next_output(logits.data<float>(), logits.size(-1), step == max_len - 1);
     out.tokens.push_back(next);
     if (next == ids.eos) break;
   }

@@ -104,6 +104,10 @@ HfImport import_hf_marian(const std::string& text, const std::string& source) {
     if (eos.size() != 1) unsupported("more than one 'eos_token_id'");
     eos = eos[0];
   }
+  // generate()'s forced_eos_token_id (the opus-mt folders set it to their
+  // </s>): the last token a length limit allows is that id.
+  const nlohmann::json forced = field(hf, "forced_eos_token_id", nullptr);
+  if (!forced.is_null() && forced != eos) unsupported("a 'forced_eos_token_id' other than 'eos_token_id'");
   nlohmann::ordered_json c = {
       {"arch", "transformer"},
       {"vocab_size", vocab},
@@ -131,6 +135,7 @@ HfImport import_hf_marian(const std::string& text, const std::string& source) {
       {"decoder_start_id", field(hf, "decoder_start_token_id", pad)},
       {"eos_id", eos},
       {"source_eos", true},
+      {"forced_eos", !forced.is_null()},
   };
   return {c.dump(2), marian_weight_name, marian_convert};
 }

@@ -29,6 +29,7 @@ static const config::Fields<TransformerConfig>& transformer_fields() {
           .add("eos_id", &C::ids, &DecodingIds::eos).at_least(0).at_most(config::limits::kVocab)
           .written_if(&C::nondefault_ids)
           .add("source_eos", &C::ids, &DecodingIds::source_eos).written_if(&C::nondefault_ids)
+          .add("forced_eos", &C::ids, &DecodingIds::forced_eos).written_if(&C::nondefault_ids)
           .include(config::block_fields())
           .skip("train");
   return fields;
