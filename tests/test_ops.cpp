@@ -447,8 +447,28 @@ TEST(Ops, LinearWithF16WeightIsTheFloat32ProductOfTheWidenedWeight) {
   lin.convert_weight(DType::F32);
   lin.weight.data<float>()[17] = -70000.0f;
   EXPECT_EQ(testing::error_of([&] { lin.convert_weight(DType::F16); }),
-            "Linear: a weight of magnitude 70000 does not fit float16 (largest finite value 65504); use bf16");
+            "Linear: a weight holds a value of magnitude 70000, which float16 cannot hold (largest finite value "
+            "65504); use bf16");
   EXPECT_EQ(lin.weight.dtype(), DType::F32);
+  // load_state_dict into a float16 Linear refuses such a value as StateLoader
+  // does; a refused state (that value, or a tensor the module lacks) changes
+  // no parameter.
+  StateDict state = {{"weight", lin.weight.clone()}, {"bias", Tensor::full({9}, 0.5f)}};
+  lin.weight.data<float>()[17] = 1.0f;
+  lin.convert_weight(DType::F16);
+  const std::vector<float> before = lin.bias.to_vector();
+  EXPECT_EQ(testing::error_of([&] { lin.load_state_dict(state); }),
+            "load_state_dict: tensor 'weight' holds a value of magnitude 70000, which float16 cannot hold (largest "
+            "finite value 65504); use bf16");
+  EXPECT_EQ(lin.bias.to_vector(), before);
+  state["weight"].data<float>()[17] = 2.0f;
+  state["extra"] = Tensor::full({1}, 1.0f);
+  EXPECT_EQ(testing::error_of([&] { lin.load_state_dict(state); }),
+            "load_state_dict: unexpected tensor 'extra' (the model has no such parameter)");
+  EXPECT_EQ(lin.bias.to_vector(), before);
+  state.erase("extra");
+  lin.load_state_dict(state);
+  EXPECT_EQ(lin.bias.to_vector(), std::vector<float>(9, 0.5f));
   omp_set_num_threads(1);
 }
 

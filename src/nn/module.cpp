@@ -155,20 +155,36 @@ float largest_magnitude(const Tensor& t) {
 
 constexpr float kFloat16Max = 65504.0f;
 
+// A value past float16's range would become infinite: refused instead.
+void check_fits_float16(const Tensor& t, const std::string& what) {
+  const float largest = largest_magnitude(t);
+  QKV_CHECK(!(largest > kFloat16Max), what, " holds a value of magnitude ", largest,
+            ", which float16 cannot hold (largest finite value 65504); use bf16");
+}
+
+// Every check of a tensor for parameter `p` before anything is copied.
+void check_tensor_for(const std::string& name, const Tensor& p, const Tensor& t) {
+  check_loadable(name, p, t);
+  if (p.dtype() == DType::F16 && t.dtype() != DType::F16)
+    check_fits_float16(t, "load_state_dict: tensor '" + name + "'");
+}
+
 }  // namespace
 
 void Module::load_state_dict(const StateDict& state) {
+  // Everything is checked before a parameter changes: a refused state
+  // leaves the model as it was.
+  const auto params = named_parameters();
   std::set<std::string> used;
-  for (auto& [name, p] : named_parameters()) {
+  for (auto& [name, p] : params) {
     auto it = state.find(name);
     QKV_CHECK(it != state.end(), "load_state_dict: parameter '", name, "' is missing");
-    check_loadable(name, p, it->second);
-    Tensor dst = p.detach();
-    dst.copy_(it->second);
+    check_tensor_for(name, p, it->second);
     used.insert(name);
   }
   for (auto& [name, t] : state)
     QKV_CHECK(used.count(name), "load_state_dict: unexpected tensor '", name, "' (the model has no such parameter)");
+  for (auto& [name, p] : params) p.detach().copy_(state.at(name));
 }
 
 StateLoader::StateLoader(Module& module) {
@@ -180,12 +196,7 @@ void StateLoader::load(const std::string& name, Tensor t) {
   QKV_CHECK(it != params_.end(), "load_state_dict: unexpected tensor '", name, "' (the model has no such parameter)");
   QKV_CHECK(loaded_.insert(name).second, "load_state_dict: tensor '", name, "' is given twice");
   Tensor& p = it->second;
-  check_loadable(name, p, t);
-  if (p.dtype() == DType::F16 && t.dtype() != DType::F16) {
-    const float largest = largest_magnitude(t);
-    QKV_CHECK(!(largest > kFloat16Max), "load_state_dict: tensor '", name, "' holds a value of magnitude ", largest,
-              ", which float16 cannot hold (largest finite value 65504); use bf16");
-  }
+  check_tensor_for(name, p, t);
   const bool sole_owner = t.impl_ptr().use_count() == 1 && t.impl().storage.use_count() == 1;
   const bool as_is = t.dtype() == p.dtype() && t.device() == Device::Cpu && t.is_contiguous() && !t.requires_grad();
   if ((sole_owner && as_is) || p.device() == Device::Meta) {
@@ -244,11 +255,7 @@ void Linear::convert_weight(DType dtype) {
     remove_parameter("weight_scale");
     weight_scale = Tensor();
   }
-  if (dtype == DType::F16) {  // a value past float16's range would become infinite: refuse instead
-    const float largest = largest_magnitude(weight);
-    QKV_CHECK(!(largest > kFloat16Max), "Linear: a weight of magnitude ", largest,
-              " does not fit float16 (largest finite value 65504); use bf16");
-  }
+  if (dtype == DType::F16) check_fits_float16(weight, "Linear: a weight");
   if (dtype != DType::I8) {
     weight.convert_(dtype);
     if (dtype == DType::F32) weight.set_requires_grad(true);  // a trainable parameter again, as built
