@@ -149,7 +149,9 @@ TEST(HfMarian, BeamSearchRanksAsGenerateDoes) {
                                         << ", max_new_tokens " << max_len;
       lengths.insert(want[i].size());
     }
-    if (beams == 1) EXPECT_EQ(greedy_translate(*model, sources, max_len), want);
+    if (beams == 1) {
+      EXPECT_EQ(greedy_translate(*model, sources, max_len), want);
+    }
   }
   EXPECT_GE(lengths.size(), 4u) << "the outputs should end at different lengths";
 }

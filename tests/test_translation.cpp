@@ -634,7 +634,9 @@ TEST(KVCache, AttentionWeightsPerOutputToken) {
       float sum = 0;
       for (int64_t j = 0; j < T; ++j) {
         sum += dec[(lh * T + t) * T + j];
-        if (j > t) EXPECT_EQ(dec[(lh * T + t) * T + j], 0.0f) << "query " << t << " sees only what came before";
+        if (j > t) {
+          EXPECT_EQ(dec[(lh * T + t) * T + j], 0.0f) << "query " << t << " sees only what came before";
+        }
       }
       EXPECT_NEAR(sum, 1.0f, 1e-5f);
     }

@@ -1,0 +1,167 @@
+#!/usr/bin/env python3
+"""Writes tests/fixtures/jinja/cases.json: chat templates (written here for
+the test, using the constructs Hugging Face chat templates use) with the
+text transformers renders for them, through the same Jinja environment
+apply_chat_template uses (transformers.utils.chat_template_utils:
+trim_blocks, lstrip_blocks, its tojson, raise_exception). tests/test_jinja.cpp
+renders each with qkv's interpreter and compares; cases whose rendering
+raises record the message.
+
+Usage: python3 scripts/make_jinja_fixtures.py [--out tests/fixtures/jinja]
+Needs: transformers, jinja2 (pip install transformers).
+"""
+import argparse
+import json
+import os
+
+from transformers.utils.chat_template_utils import _compile_jinja_template
+
+CHAT = [
+    {"role": "system", "content": "  You are terse.\n"},
+    {"role": "user", "content": "我是中国人"},
+    {"role": "assistant", "content": "私は中国人です "},
+    {"role": "user", "content": "And\n  in English?"},
+]
+NO_SYSTEM = CHAT[1:]
+BAD_ORDER = [CHAT[1], CHAT[1]]
+TOOLS = [{"type": "function", "function": {"name": "get_time", "description": "The time in a city.",
+                                           "parameters": {"type": "object", "properties": {
+                                               "city": {"type": "string", "enum": ["東京", "Paris"]}},
+                                               "required": ["city"]}}}]
+
+TEMPLATES = {
+    # <|im_start|> turns, a default system message, the generation prompt.
+    "turns": (
+        "{%- if messages[0]['role'] == 'system' %}{%- set system = messages[0]['content'] %}"
+        "{%- set rest = messages[1:] %}{%- else %}{%- set system = 'Default system.' %}{%- set rest = messages %}"
+        "{%- endif %}\n"
+        "<|im_start|>system\n{{ system | trim }}<|im_end|>\n"
+        "{% for m in rest %}\n"
+        "<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+        "{% endfor %}\n"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"),
+    # [INST] pairs: the system text folded into the first user turn, roles
+    # checked to alternate, stripped contents, bos and eos tokens.
+    "inst": (
+        "{{ bos_token }}{% if messages[0]['role'] == 'system' %}"
+        "{% set loop_messages = messages[1:] %}{% set sys = messages[0]['content'].strip() %}"
+        "{% else %}{% set loop_messages = messages %}{% set sys = false %}{% endif %}"
+        "{% for message in loop_messages %}"
+        "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+        "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+        "{% if loop.index0 == 0 and sys %}{% set content = '<<SYS>>\\n' + sys + '\\n<</SYS>>\\n\\n' + "
+        "message['content'] %}{% else %}{% set content = message['content'] %}{% endif %}"
+        "{% if message['role'] == 'user' %}{{ '[INST] ' + content.strip() + ' [/INST]' }}"
+        "{% elif message['role'] == 'assistant' %}{{ ' ' + content.strip() + ' ' + eos_token }}{% endif %}"
+        "{% endfor %}"),
+    # Roles renamed with a conditional expression, "model" turns, trim.
+    "renamed": (
+        "{{ bos_token }}{% for message in messages %}"
+        "{% set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
+        "{% if role == 'system' %}{% continue %}{% endif %}"
+        "{{ '<start_of_turn>' ~ role ~ '\n' ~ (message['content'] | trim) ~ '<end_of_turn>\n' }}"
+        "{% endfor %}{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"),
+    # A namespace set inside a loop, selectattr, counting, loop.last.
+    "namespace": (
+        "{%- set ns = namespace(system='', turns=0) -%}\n"
+        "{%- for m in messages -%}\n"
+        "  {%- if m.role == 'system' -%}{%- set ns.system = ns.system ~ m.content -%}\n"
+        "  {%- else -%}{%- set ns.turns = ns.turns + 1 -%}{%- endif -%}\n"
+        "{%- endfor -%}\n"
+        "system={{ ns.system | trim | tojson }} turns={{ ns.turns }} "
+        "users={{ messages | selectattr('role', 'equalto', 'user') | list | length }} "
+        "others={{ messages | rejectattr('role', 'equalto', 'user') | map(attribute='role') | join(',') }}\n"
+        "{%- for m in messages if m.role != 'system' %}\n"
+        "[{{ loop.index }}/{{ loop.length }}{{ ' last' if loop.last }}] {{ m.content | length }}\n"
+        "{%- endfor %}"),
+    # Tools as JSON (indented and not), dict iteration, items.
+    "tools": (
+        "{%- if tools is defined and tools %}# Tools\n"
+        "{% for t in tools %}{{ t | tojson }}\n{{ t.function | tojson(indent=2) }}\n{% endfor %}"
+        "{% for key, value in tools[0].function.parameters.properties.city.items() %}{{ key }}={{ value }};"
+        "{% endfor %}\n"
+        "{% for k in tools[0].function %}{{ k }} {% endfor %}\n"
+        "{% for pair in tools[0]['function'] | items %}{{ pair[0] }}:{{ pair[1] is string }} {% endfor %}\n"
+        "{%- else %}no tools{% endif %}"),
+    # Whitespace: trim_blocks, lstrip_blocks, "-" and "+" markers, comments.
+    "whitespace": (
+        "a\n"
+        "    {% if true %}\n"
+        "    b\n"
+        "    {% endif %}\n"
+        "  {# a comment #}\n"
+        "c  {{- ' d ' -}}  e\n"
+        "\t{%+ if true %}f{% endif %}\n"
+        "{%- for x in [1, 2, 3] %}\n"
+        "  x{{ x }}\n"
+        "{%- endfor %}\n"
+        "{{ 'g' }}\n"
+        "\n"
+        "{% set block %}  inside {{ 1 + 1 }}  {% endset %}[{{ block }}]"),
+    # Macros with defaults, called with positional and named arguments.
+    "macros": (
+        "{% macro turn(role, text, close='<end>') %}<{{ role }}>{{ text }}{{ close }}{% endmacro %}"
+        "{% for m in messages %}{{ turn(m.role, m.content | trim) }}{% endfor %}"
+        "{{ turn('x', 'y', close='!') }}{{ turn(text='t', role='r') }}"),
+    # Strings, numbers and lists: methods, filters, arithmetic, tests, printing.
+    "values": (
+        "{{ 'Hello World'.lower() }} {{ 'hello world'.title() }} {{ 'hELLO'.capitalize() }} {{ 'abc'.upper() }}\n"
+        "{{ 'a,b,,c'.split(',') }} {{ ' x  y '.split() }} {{ 'path/to'.replace('/', '.') }}\n"
+        "{{ 'prefix-body'.startswith('pre') }} {{ 'body.txt'.endswith(('.md', '.txt')) }} {{ '--x--'.strip('-') }}\n"
+        "{{ 7 // 2 }} {{ -7 // 2 }} {{ 7 % 3 }} {{ -7 % 3 }} {{ 2 ** 10 }} {{ 7 / 2 }} {{ 1 + 2.5 }} {{ 'ab' * 3 }}\n"
+        "{{ 0.1 }} {{ 1.0 }} {{ 2.5e-7 }} {{ 1e16 }} {{ 3 }} {{ -4 }} {{ none }} {{ true }} {{ false }}\n"
+        "{{ [1, 'two', none, true, 2.0] }} {{ {'k': 'v', 'n': [1]} }} {{ (1, 2) }}\n"
+        "{{ 'ell' in 'hello' }} {{ 2 in [1, 2] }} {{ 'k' in {'k': 1} }} {{ 3 not in [1, 2] }}\n"
+        "{{ 3 is odd }} {{ 4 is even }} {{ 9 is divisibleby 3 }} {{ none is none }} {{ 'x' is string }}"
+        " {{ {} is mapping }} {{ 1.5 is number }} {{ undefined_name is defined }} {{ x is not defined }}\n"
+        "{{ [3, 1, 2] | sort }} {{ [3, 1, 2] | sort(reverse=true) }} {{ [1, 2, 1, 3] | unique | list }}"
+        " {{ [1, 2, 3] | reverse | list }} {{ [1, 2, 3] | first }} {{ [1, 2, 3] | last }}"
+        " {{ 'abc' | reverse }} {{ [1, 2, 3] | join('-') }}\n"
+        "{{ undefined_name | default('fallback') }} {{ '' | default('empty', true) }} {{ '12' | int + 1 }}"
+        " {{ 3 | float }} {{ 'MiXeD' | lower }} {{ 'x' | upper }} {{ 5 | string ~ '!' }}\n"
+        "{{ [1, 2, 3, 4, 5][1:3] }} {{ [1, 2, 3, 4, 5][::-1] }} {{ [1, 2, 3, 4, 5][-2:] }} {{ 'hello'[1:-1] }}"
+        " {{ 'hello'[0] }} {{ [1, 2][-1] }}\n"
+        "{{ 1 < 2 and 2 <= 2 and 3 > 2 and 3 >= 3 and 1 != 2 }} {{ not false }} {{ none or 'or' }}"
+        " {{ 0 and 'never' }} {{ 'yes' if 1 else 'no' }} {{ range(3) | list }} {{ range(1, 10, 4) | list }}\n"
+        "{% for a, b in [[1, 'x'], [2, 'y']] %}{{ a }}{{ b }}{% endfor %}"
+        " {% for i in [] %}never{% else %}empty loop{% endfor %}"
+        " {% for c in 'ab' %}{{ loop.revindex }}{{ c }}{{ loop.previtem | default('^') }}{% endfor %}"),
+}
+
+CASES = [
+    ("turns", {"messages": CHAT, "add_generation_prompt": True}),
+    ("turns", {"messages": NO_SYSTEM, "add_generation_prompt": False}),
+    ("inst", {"messages": CHAT[:3] + [CHAT[3]], "bos_token": "<s>", "eos_token": "</s>"}),
+    ("inst", {"messages": NO_SYSTEM, "bos_token": "<s>", "eos_token": "</s>"}),
+    ("inst", {"messages": BAD_ORDER, "bos_token": "<s>", "eos_token": "</s>"}),
+    ("renamed", {"messages": CHAT, "bos_token": "<bos>", "add_generation_prompt": True}),
+    ("namespace", {"messages": CHAT}),
+    ("tools", {"messages": CHAT, "tools": TOOLS}),
+    ("tools", {"messages": CHAT}),
+    ("whitespace", {}),
+    ("macros", {"messages": NO_SYSTEM}),
+    ("values", {}),
+]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures", "jinja"))
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    cases = []
+    for name, context in CASES:
+        case = {"template": name, "context": context}
+        try:
+            case["expected"] = _compile_jinja_template(TEMPLATES[name]).render(**context)
+        except Exception as e:  # noqa: BLE001 (recorded: the test expects qkv to fail the same way)
+            case["error"] = str(e)
+        cases.append(case)
+    with open(os.path.join(args.out, "cases.json"), "w", encoding="utf-8") as f:
+        json.dump({"templates": TEMPLATES, "cases": cases}, f, ensure_ascii=False, indent=1)
+        f.write("\n")
+    print(f"{len(cases)} cases, {sum('error' in c for c in cases)} raising")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+// The Jinja interpreter of chat templates (qkv/jinja.h) against transformers:
+// tests/fixtures/jinja/cases.json (scripts/make_jinja_fixtures.py) holds
+// templates written for the test with the constructs chat templates use, and
+// the text transformers' apply_chat_template environment renders for each
+// context, or the message it raised; qkv renders the same bytes or raises
+// the same message. Then what the interpreter refuses, each one error
+// naming the line, and the bounds that keep a template finite.
+#include <nlohmann/json.hpp>
+
+#include "qkv/io.h"
+#include "qkv/jinja.h"
+#include "tests/test_util.h"
+
+namespace qkv::jinja {
+namespace {
+
+using testing::error_of;
+
+TEST(Jinja, RendersWhatTransformersRenders) {
+  const auto fixture = nlohmann::ordered_json::parse(read_file(std::string(QKV_FIXTURES_DIR) + "/jinja/cases.json"));
+  int compared = 0;
+  for (const auto& c : fixture["cases"]) {
+    const std::string name = c["template"].get<std::string>();
+    std::string got;
+    const std::string error =
+        error_of([&] { got = Template(fixture["templates"][name].get<std::string>()).render(c["context"]); });
+    if (c.contains("error")) {
+      EXPECT_EQ(error, c["error"].get<std::string>()) << name;
+    } else {
+      EXPECT_EQ(error, "(no error)") << name;
+      EXPECT_EQ(got, c["expected"].get<std::string>()) << name;
+    }
+    ++compared;
+  }
+  EXPECT_EQ(compared, 12);
+}
+
+TEST(Jinja, WhatItDoesNotRunIsOneErrorNamingTheLine) {
+  auto parse_error = [](const std::string& source) { return error_of([&] { Template t(source); }); };
+  EXPECT_EQ(parse_error("a\n{% include 'x' %}"),
+            "line 2: '{% include %}' is not supported (qkv runs the chat-template subset of Jinja)");
+  EXPECT_EQ(parse_error("{% if x %}a"), "line 1: '{% if %}' is never closed");
+  EXPECT_EQ(parse_error("{{ x"), "line 1: '{{' is never closed");
+  EXPECT_EQ(parse_error("{{ x + }}"), "line 1: unexpected the end of the tag");
+  EXPECT_EQ(parse_error("{% endfor %}"), "line 1: unexpected '{% endfor %}'");
+  EXPECT_EQ(parse_error("\n\n{% break %}"), "line 3: '{% break %}' outside a loop");
+  EXPECT_EQ(parse_error("{{ 'abc }}"), "line 1: '{{' is never closed");
+  EXPECT_EQ(parse_error("{{ a ? b }}"), "line 1: unexpected character '?'");
+  auto render_error = [](const std::string& source, const nlohmann::ordered_json& context) {
+    return error_of([&] { Template(source).render(context); });
+  };
+  EXPECT_EQ(render_error("{{ x | wordcount }}", {{"x", "a"}}), "line 1: the filter 'wordcount' is not supported");
+  EXPECT_EQ(render_error("\n{{ m.content.strip() }}", {{"m", nlohmann::ordered_json::object()}}),
+            "line 2: 'content' is undefined (reading .strip)");
+  EXPECT_EQ(render_error("{{ 1 / 0 }}", nlohmann::ordered_json::object()), "line 1: division by zero");
+  EXPECT_EQ(render_error("{{ raise_exception('no tools here') }}", nlohmann::ordered_json::object()), "no tools here");
+  EXPECT_EQ(render_error("{{ x }}", nlohmann::ordered_json::array()), "render: the context must be a JSON object");
+}
+
+TEST(Jinja, AHostileTemplateStaysFinite) {
+  const nlohmann::ordered_json none = nlohmann::ordered_json::object();
+  EXPECT_EQ(error_of([&] { Template("{% for i in range(10000000) %}{% endfor %}").render(none); }),
+            "range: more than 1048576 items");
+  EXPECT_EQ(error_of([&] { Template("{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}").render(none); }),
+            "line 1: macros call each other more than 64 deep");
+  EXPECT_EQ(error_of([&] {
+              Template("{% set s = 'x' * 1000000 %}{% for i in range(100) %}{{ s }}{% endfor %}").render(none);
+            }),
+            "render: the output passed 16 MiB");
+  std::string deep(10000, '(');
+  EXPECT_EQ(error_of([&] { Template("{{ " + deep + " }}"); }), "line 1: an expression nested too deep");
+  std::string nested;
+  for (int i = 0; i < 300; ++i) nested += "{% if true %}";
+  EXPECT_EQ(error_of([&] { Template{nested}; }), "line 1: blocks nested too deep");
+}
+
+}  // namespace
+}  // namespace qkv::jinja
