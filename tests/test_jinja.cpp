@@ -67,6 +67,12 @@ TEST(Jinja, AHostileTemplateStaysFinite) {
               Template("{% set s = 'x' * 1000000 %}{% for i in range(100) %}{{ s }}{% endfor %}").render(none);
             }),
             "render: the output passed 16 MiB");
+  EXPECT_EQ(error_of([&] {
+              Template("{% for i in range(2000) %}{% for j in range(2000) %}{% endfor %}{% endfor %}")
+                  .render(none);
+            }),
+            "line 1: the template runs too long (1048576 steps)");
+  EXPECT_EQ(error_of([&] { Template("{{ raise_exception('two\nlines') }}").render(none); }), "two lines");
   std::string deep(10000, '(');
   EXPECT_EQ(error_of([&] { Template("{{ " + deep + " }}"); }), "line 1: an expression nested too deep");
   std::string nested;

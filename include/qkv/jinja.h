@@ -26,8 +26,9 @@
 //
 // Anything else (include, extends, blocks, call blocks, other filters) is an
 // error naming it, at the line where it stands, before anything renders. A
-// template cannot loop or recurse without end: ranges, output and macro
-// depth are bounded.
+// template cannot loop or recurse without end: ranges, loop iterations,
+// output and macro depth are bounded. Errors are one line (a raised message's
+// newlines become spaces).
 #pragma once
 
 #include <nlohmann/json.hpp>

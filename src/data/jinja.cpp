@@ -25,6 +25,14 @@ constexpr size_t kMaxOutput = 16u << 20;  // bytes of rendered text
 constexpr int64_t kMaxRange = 1 << 20;    // items range() may make
 constexpr int kMaxDepth = 64;             // nested macro calls
 constexpr int kMaxNesting = 256;          // nested expressions and blocks while parsing
+constexpr int64_t kMaxSteps = 1 << 20;    // loop iterations and macro calls of one render
+
+// Errors are one line; a template's own text (a key, a raised message) may not be.
+std::string one_line(std::string s) {
+  std::replace(s.begin(), s.end(), '\n', ' ');
+  std::replace(s.begin(), s.end(), '\r', ' ');
+  return s;
+}
 
 // ---------------------------------------------------------------- values
 
@@ -541,7 +549,7 @@ public:
   }
 
 private:
-  [[noreturn]] static void fail_at(int line, const std::string& what) { fail("line ", line, ": ", what); }
+  [[noreturn]] static void fail_at(int line, const std::string& what) { fail("line ", line, ": ", one_line(what)); }
 
   static std::string first_word(const Piece& p) {
     std::vector<Token> t = tokenize(p.text, p.line);
@@ -744,7 +752,8 @@ private:
     return true;
   }
   std::string describe(const Token& t) const {
-    return t.kind == Token::Kind::End ? "the end of the tag" : "'" + t.text + "'";
+    if (t.kind == Token::Kind::End) return "the end of the tag";
+    return t.kind == Token::Kind::String ? "a string" : "'" + t.text + "'";
   }
   void expect(const char* op) {
     if (!accept(op)) fail_at(line_, std::string("expected '") + op + "', found " + describe(peek()));
@@ -1066,7 +1075,7 @@ public:
 private:
   using Scope = std::map<std::string, Value>;
 
-  [[noreturn]] static void fail_at(int line, const std::string& what) { fail("line ", line, ": ", what); }
+  [[noreturn]] static void fail_at(int line, const std::string& what) { fail("line ", line, ": ", one_line(what)); }
 
   void builtins() {
     Scope& g = scopes_.front();
@@ -1074,7 +1083,7 @@ private:
       if (!g.count(name)) g[name] = Value::function(std::move(f));
     };
     set("raise_exception", [](Args& a) -> Value {
-      fail(a.positional.empty() ? std::string("raise_exception") : to_string(a.positional[0]));
+      fail(one_line(a.positional.empty() ? std::string("raise_exception") : to_string(a.positional[0])));
     });
     set("namespace", [](Args& a) {
       Dict d;
@@ -1163,7 +1172,12 @@ private:
     return Flow::Next;
   }
 
+  void step(int line) {
+    if (++steps_ > kMaxSteps) fail_at(line, "the template runs too long (" + std::to_string(kMaxSteps) + " steps)");
+  }
+
   Value call_macro(const Stmt& def, Args& a) {
+    step(def.line);
     QKV_CHECK(++depth_ <= kMaxDepth, "line ", def.line, ": macros call each other more than ", kMaxDepth, " deep");
     QKV_CHECK(a.positional.size() <= def.vars.size(), "line ", def.line, ": macro '", def.text, "' takes ",
               def.vars.size(), " arguments, got ", a.positional.size());
@@ -1233,6 +1247,7 @@ private:
     if (s.filter) {  // "for x in xs if cond": the loop runs over those that pass
       List kept;
       for (const Value& item : items) {
+        step(s.line);
         scopes_.emplace_back();
         bind(scopes_.back(), item);
         const bool keep = truthy(eval(*s.filter));
@@ -1247,6 +1262,7 @@ private:
     }
     const int64_t n = (int64_t)items.size();
     for (int64_t k = 0; k < n; ++k) {
+      step(s.line);
       scopes_.emplace_back();
       Scope& scope = scopes_.back();
       bind(scope, items[(size_t)k]);
@@ -1792,6 +1808,7 @@ private:
 
   std::vector<Scope> scopes_;
   int depth_ = 0;
+  int64_t steps_ = 0;
 };
 
 }  // namespace detail
