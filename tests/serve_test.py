@@ -333,16 +333,19 @@ class Completions(unittest.TestCase):
 
 
 class Chat(unittest.TestCase):
-    """/v1/chat/completions on a folder whose tokenizer_config.json has a ChatML template: the messages
-    in that layout (docs/pretrained.md), then what generate gives for that prompt, cut at <|im_end|>."""
+    """/v1/chat/completions on a folder whose tokenizer_config.json has a ChatML template, run by qkv's Jinja:
+    the text it renders, then what generate gives for that prompt, cut at <|im_end|>; the template's own
+    raise_exception is a 400 with its message."""
 
     @classmethod
     def setUpClass(cls):
         cls.model = train_decoder("chat", {"d_model": 32, "nhead": 4, "num_layers": 1, "dim_feedforward": 64,
                                            "context": 160}, 30)  # room for the layout's markers
-        template = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+        template = ("{% if messages[-1].role != 'user' %}{{ raise_exception('the last message must be the user\\'s') }}"
+                    "{% endif %}{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+                    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
         with open(os.path.join(cls.model, "tokenizer_config.json"), "w") as f:
-            json.dump({"chat_template": template + "<|im_start|>assistant\n"}, f)
+            json.dump({"chat_template": template}, f)
         cls.s = Server(cls.model)
 
     @classmethod

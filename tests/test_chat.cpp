@@ -1,6 +1,7 @@
-// Chat formats (qkv/chat.h): a template's family recognized by its markers,
-// each format's layout written exactly, and the errors for a message order
-// no format can write.
+// Chat formats (qkv/chat.h): a folder's template run by qkv's Jinja (the
+// prompt transformers renders), a template's family recognized by its
+// markers where the interpreter cannot run it, each format's layout written
+// exactly, and the errors for a message order no format can write.
 #include <filesystem>
 
 #include <algorithm>
@@ -77,22 +78,68 @@ TEST(Chat, AFolderSaysItsFormatInEitherFile) {
   EXPECT_EQ(chat_format_of_folder(dir), ChatFormat::None);
   write_file_atomic(dir + "/tokenizer_config.json", R"({"chat_template": null})");
   EXPECT_EQ(chat_format_of_folder(dir), ChatFormat::None);
-  write_file_atomic(dir + "/tokenizer_config.json",
-                    R"({"chat_template": [{"name": "tool_use", "template": "[INST]"}, {"name": "default", "template": "<|im_start|>"}]})");
-  EXPECT_EQ(chat_format_of_folder(dir), ChatFormat::ChatML);
+  write_file_atomic(
+      dir + "/tokenizer_config.json",
+      R"({"chat_template": [{"name": "tool_use", "template": "[INST]"}, {"name": "default", "template": "<|im_start|>{{ messages[0].content }}"}]})");
+  ChatTemplate t = chat_template_of_folder(dir);
+  EXPECT_EQ(t.format, ChatFormat::Template);
+  EXPECT_EQ(format_chat(t, {{"user", "hi"}}), "<|im_start|>hi");
+  EXPECT_EQ(t.end_of_turn, "<|im_end|>");  // its markers say ChatML
   write_file_atomic(dir + "/tokenizer_config.json", R"({"chat_template": 3})");
   EXPECT_EQ(testing::error_of([&] { chat_format_of_folder(dir); }),
             dir + "/tokenizer_config.json: chat_template must be a string or a list of {\"name\", \"template\"}");
-  write_file_atomic(dir + "/chat_template.jinja", "<|start_header_id|>x<|eot_id|>");  // the file wins
+  // The file wins; a template the interpreter does not run is known by its markers.
+  write_file_atomic(dir + "/chat_template.jinja", "{% include 'x' %}<|start_header_id|>x<|eot_id|>");
   EXPECT_EQ(chat_format_of_folder(dir), ChatFormat::Llama3);
   const std::string copy = testing::temp_dir("chat");  // what qkv convert and train --init carry over
   copy_chat_template(dir, copy);
   EXPECT_EQ(chat_format_of_folder(copy), ChatFormat::Llama3);
   EXPECT_TRUE(std::filesystem::is_regular_file(copy + "/tokenizer_config.json"));
-  write_file_atomic(dir + "/chat_template.jinja", "<start_of_turn>");
+  write_file_atomic(dir + "/chat_template.jinja", "<start_of_turn>{% include 'x' %}");
   EXPECT_EQ(testing::error_of([&] { chat_format_of_folder(dir); }),
-            dir + "/chat_template.jinja: the chat template is none of the formats qkv writes (chatml, llama3, "
-                  "llama2, mistral)");
+            dir +
+                "/chat_template.jinja: the chat template is not run by qkv's Jinja (line 1: '{% include %}' is not "
+                "supported (qkv runs the chat-template subset of Jinja)) and is none of the layouts qkv writes "
+                "without it (chatml, llama3, llama2, mistral)");
+}
+
+// A folder whose template is none of the four layouts (the "renamed" and
+// "inst" templates of tests/fixtures/jinja/cases.json) chats as transformers
+// renders it: the same text, less the bos_token the tokenizer puts first
+// itself; its end of turn is the eos_token; the template's own checks are the
+// errors; roles it could not know are refused before it runs.
+TEST(Chat, AFolderTemplateRendersAsTransformersRendersIt) {
+  const auto fixture = nlohmann::ordered_json::parse(read_file(std::string(QKV_FIXTURES_DIR) + "/jinja/cases.json"));
+  const std::string dir = testing::temp_dir("chat");
+  int checked = 0;
+  for (const auto& c : fixture["cases"]) {
+    const std::string name = c["template"].get<std::string>();
+    if (name != "renamed" && name != "inst") continue;
+    nlohmann::ordered_json config = {{"chat_template", fixture["templates"][name]}};
+    for (const char* token : {"bos_token", "eos_token"})
+      if (c["context"].contains(token)) config[token] = {{"content", c["context"][token]}, {"lstrip", false}};
+    write_file_atomic(dir + "/tokenizer_config.json", config.dump());
+    const ChatTemplate t = chat_template_of_folder(dir);
+    ASSERT_EQ(t.format, ChatFormat::Template) << name;
+    std::vector<ChatMessage> messages;
+    for (const auto& m : c["context"]["messages"]) messages.push_back({m["role"], m["content"]});
+    const std::string bos = c["context"]["bos_token"].get<std::string>();
+    if (c.contains("error")) {
+      EXPECT_EQ(testing::error_of([&] { format_chat(t, messages); }),
+                "messages: the chat template says: " + c["error"].get<std::string>());
+    } else {
+      const std::string want = c["expected"].get<std::string>();
+      ASSERT_EQ(want.rfind(bos, 0), 0u) << name;
+      EXPECT_EQ(format_chat(t, messages), want.substr(bos.size())) << name;
+    }
+    EXPECT_EQ(t.end_of_turn, name == "inst" ? "</s>" : "");
+    EXPECT_EQ(testing::error_of([&] {
+                format_chat(t, {{"bot", "a"}});
+              }),
+              "messages[0]: role 'bot' is none of system, user, assistant");
+    ++checked;
+  }
+  EXPECT_EQ(checked, 4);
 }
 
 }  // namespace

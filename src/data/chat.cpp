@@ -19,21 +19,73 @@ ChatFormat chat_format_of_template(const std::string& jinja) {
   fail("the chat template is none of the formats qkv writes (chatml, llama3, llama2, mistral)");
 }
 
-ChatFormat chat_format_of_folder(const std::string& dir) {
-  const std::string jinja = dir + "/chat_template.jinja", config = dir + "/tokenizer_config.json";
+namespace {
+
+// A template's format: Template when qkv's Jinja runs it, else the layout its
+// markers name; neither is an error saying both.
+ChatTemplate chat_template_of(const std::string& text, nlohmann::ordered_json tokens) {
+  ChatTemplate t;
+  t.tokens = std::move(tokens);
+  std::string why;
   try {
-    if (std::filesystem::is_regular_file(jinja)) return chat_format_of_template(read_file(jinja));
+    t.jinja = std::make_shared<const jinja::Template>(text);
+    t.format = ChatFormat::Template;
+  } catch (const Error& e) {
+    why = e.what();
+  }
+  ChatFormat family = ChatFormat::None;
+  try {
+    family = chat_format_of_template(text);
+  } catch (const Error&) {
+    if (!t.jinja)
+      fail("the chat template is not run by qkv's Jinja (", why, ") and is none of the layouts qkv writes",
+           " without it (chatml, llama3, llama2, mistral)");
+  }
+  if (!t.jinja) t.format = family;
+  if (family == ChatFormat::ChatML || family == ChatFormat::Llama3) {
+    t.end_of_turn = chat_end_of_turn(family);
+  } else if (t.tokens.contains("eos_token")) {
+    t.end_of_turn = t.tokens["eos_token"].get<std::string>();
+  } else if (family != ChatFormat::None) {
+    t.end_of_turn = chat_end_of_turn(family);
+  }
+  return t;
+}
+
+// tokenizer_config.json's special tokens as a template names them: a string,
+// or an AddedToken object's "content".
+nlohmann::ordered_json special_tokens(const nlohmann::json& config) {
+  nlohmann::ordered_json tokens = nlohmann::ordered_json::object();
+  for (const char* name : {"bos_token", "eos_token", "unk_token", "pad_token"}) {
+    if (!config.is_object() || !config.contains(name)) continue;
+    const nlohmann::json& v = config[name];
+    if (v.is_string()) tokens[name] = v.get<std::string>();
+    if (v.is_object() && v.contains("content") && v["content"].is_string())
+      tokens[name] = v["content"].get<std::string>();
+  }
+  return tokens;
+}
+
+}  // namespace
+
+ChatFormat chat_format_of_folder(const std::string& dir) { return chat_template_of_folder(dir).format; }
+
+ChatTemplate chat_template_of_folder(const std::string& dir) {
+  const std::string jinja = dir + "/chat_template.jinja", config = dir + "/tokenizer_config.json";
+  nlohmann::json j;
+  if (std::filesystem::is_regular_file(config)) {
+    try {
+      j = nlohmann::json::parse(read_file(config));
+    } catch (const nlohmann::json::exception&) {
+      fail(config, ": not valid JSON");
+    }
+  }
+  try {
+    if (std::filesystem::is_regular_file(jinja)) return chat_template_of(read_file(jinja), special_tokens(j));
   } catch (const Error& e) {
     fail(jinja, ": ", e.what());
   }
-  if (!std::filesystem::is_regular_file(config)) return ChatFormat::None;
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(read_file(config));
-  } catch (const nlohmann::json::exception&) {
-    fail(config, ": not valid JSON");
-  }
-  if (!j.is_object() || !j.contains("chat_template") || j["chat_template"].is_null()) return ChatFormat::None;
+  if (!j.is_object() || !j.contains("chat_template") || j["chat_template"].is_null()) return {};
   const nlohmann::json& t = j["chat_template"];
   std::string text;
   if (t.is_string()) {
@@ -49,7 +101,7 @@ ChatFormat chat_format_of_folder(const std::string& dir) {
     fail(config, ": chat_template must be a string or a list of {\"name\", \"template\"}");
   }
   try {
-    return chat_format_of_template(text);
+    return chat_template_of(text, special_tokens(j));
   } catch (const Error& e) {
     fail(config, ": ", e.what());
   }
@@ -62,6 +114,7 @@ const char* chat_format_name(ChatFormat f) {
     case ChatFormat::Llama3: return "llama3";
     case ChatFormat::Llama2: return "llama2";
     case ChatFormat::Mistral: return "mistral";
+    case ChatFormat::Template: return "template";
   }
   return "unknown";
 }
@@ -106,12 +159,37 @@ std::string check_messages(const std::vector<ChatMessage>& messages) {
 
 }  // namespace
 
+std::string format_chat(const ChatTemplate& t, const std::vector<ChatMessage>& messages) {
+  if (t.format != ChatFormat::Template) return format_chat(t.format, messages);
+  QKV_CHECK(!messages.empty(), "messages: at least one message is needed");
+  nlohmann::ordered_json context = t.tokens;
+  context["messages"] = nlohmann::ordered_json::array();
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const std::string& role = messages[i].role;
+    QKV_CHECK(role == "user" || role == "assistant" || role == "system", "messages[", i, "]: role '", role,
+              "' is none of system, user, assistant");
+    context["messages"].push_back({{"role", role}, {"content", messages[i].content}});
+  }
+  context["add_generation_prompt"] = true;
+  std::string text;
+  try {
+    text = t.jinja->render(context);
+  } catch (const Error& e) {
+    fail("messages: the chat template says: ", e.what());
+  }
+  const std::string bos = t.tokens.value("bos_token", "");
+  if (!bos.empty() && text.rfind(bos, 0) == 0) text.erase(0, bos.size());
+  return text;
+}
+
 std::string format_chat(ChatFormat f, const std::vector<ChatMessage>& messages) {
+  QKV_CHECK(f != ChatFormat::Template, "format_chat: a template needs its ChatTemplate");
   const std::string system = check_messages(messages);
   const bool has_system = messages[0].role == "system";
   std::string out;
   switch (f) {
     case ChatFormat::None: fail("the model's folder defines no chat format");
+    case ChatFormat::Template: break;  // refused above
     case ChatFormat::ChatML:
       for (const ChatMessage& m : messages) out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
       return out + "<|im_start|>assistant\n";

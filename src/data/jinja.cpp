@@ -538,6 +538,12 @@ struct Stmt {
   Body body, otherwise;                            // For, SetBlock, Macro; For's else, If's else
 };
 
+// The tests a template may use (Renderer::test runs them).
+const std::set<std::string> kTests = {"defined",  "undefined", "none",    "string", "number",  "integer",
+                                      "float",    "boolean",   "true",    "false",  "mapping", "sequence",
+                                      "iterable", "callable",  "equalto", "eq",     "==",      "sameas",
+                                      "ne",       "!=",        "in",      "odd",    "even",    "divisibleby"};
+
 class Parser {
 public:
   explicit Parser(std::vector<Piece> pieces) : pieces_(std::move(pieces)) {}
@@ -948,6 +954,11 @@ private:
       } else if (accept("|")) {
         auto f = node(Expr::Kind::Filter);
         f->name = name_token("a filter");
+        static const std::set<std::string> kFilters = {
+            "trim", "length",  "count",   "tojson", "upper", "lower",      "capitalize", "title", "string",
+            "safe", "default", "d",       "first",  "last",  "list",       "reverse",    "join",  "items",
+            "int",  "float",   "replace", "unique", "sort",  "selectattr", "rejectattr", "map"};
+        if (!kFilters.count(f->name)) fail_at(line_, "the filter '" + f->name + "' is not supported");
         f->items.push_back(std::move(e));
         if (accept("(")) arguments(*f);
         e = std::move(f);
@@ -957,6 +968,7 @@ private:
         t->name = peek().kind == Token::Kind::Name ? next().text : "";
         if (t->name.empty() && (is_op("==") || is_op("!="))) t->name = next().text;
         if (t->name.empty()) fail_at(line_, "expected a test after 'is'");
+        if (!kTests.count(t->name)) fail_at(line_, "the test '" + t->name + "' is not supported");
         t->items.push_back(std::move(e));
         if (accept("(")) {
           arguments(*t);
@@ -1565,10 +1577,7 @@ private:
     if (name == "capitalize") return Value::str(title_case(lower(to_string(v)), true));
     if (name == "title") return Value::str(title_case(to_string(v), false));
     if (name == "string") return Value::str(to_string(v));
-    if (name == "safe" || name == "e" || name == "escape") {
-      if (name != "safe") fail_at(line, "the filter 'escape' is not supported (chat templates do not escape)");
-      return v;
-    }
+    if (name == "safe") return v;
     if (name == "default" || name == "d") {
       const bool boolean = a.positional.size() > 1 && truthy(a.positional[1]);
       if (boolean ? !truthy(v) : !v.defined()) return a.positional.empty() ? Value::str("") : a.positional[0];

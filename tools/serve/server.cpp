@@ -275,13 +275,13 @@ public:
       const int64_t context = o.context > 0 ? o.context : model_context;
       generator_ = std::make_unique<BatchGenerator>(lm, o.parallel, context, o.queue);
       try {  // a template qkv does not know leaves completions working; chat answers why not
-        chat_format_ = chat_format_of_folder(dir);
-        if (chat_format_ == ChatFormat::None) chat_error_ = "its folder defines no chat format (no chat template)";
+        chat_ = chat_template_of_folder(dir);
+        if (chat_.format == ChatFormat::None) chat_error_ = "its folder defines no chat format (no chat template)";
       } catch (const Error& e) {
         chat_error_ = e.what();
       }
-      if (chat_format_ != ChatFormat::None) {  // the end-of-turn marker, when the vocabulary has it as one token
-        const std::vector<int64_t> ids = lm.tokenizer->encode(chat_end_of_turn(chat_format_));
+      if (!chat_.end_of_turn.empty()) {  // the end-of-turn marker, when the vocabulary has it as one token
+        const std::vector<int64_t> ids = lm.tokenizer->encode(chat_.end_of_turn);
         if (ids.size() == 1) end_of_turn_ = ids;
       }
     } else {
@@ -517,7 +517,7 @@ private:
     if (!generator_)
       bad("model", "model '" + name_ + "' is " + kind() + "; /v1/chat/completions needs a decoder model");
     check_model_field(body);
-    if (chat_format_ == ChatFormat::None)
+    if (chat_.format == ChatFormat::None)
       bad("model", "model '" + name_ + "' cannot chat: " + chat_error_ + "; use /v1/completions");
     if (!body.contains("messages") || !body["messages"].is_array()) bad("messages", "messages must be a list");
     std::vector<ChatMessage> messages;
@@ -534,7 +534,7 @@ private:
     }
     std::string prompt;
     try {
-      prompt = format_chat(chat_format_, messages);
+      prompt = format_chat(chat_, messages);
     } catch (const Error& e) {
       bad("messages", e.what());
     }
@@ -544,7 +544,7 @@ private:
     BatchRequest r = generation_request(body, generator_->model().tokenizer->encode_prompt(prompt), "messages",
                                         new_name ? "max_completion_tokens" : "max_tokens");
     r.stop_ids = end_of_turn_;
-    r.stop.push_back(chat_end_of_turn(chat_format_));  // for a vocabulary that spells it in pieces
+    if (!chat_.end_of_turn.empty()) r.stop.push_back(chat_.end_of_turn);  // for a vocabulary that spells it in pieces
     const std::string id = "chatcmpl-" + std::to_string(ids_++);
     auto shape = [this, id](bool chunk, json choice) {
       return json{{"id", id},
@@ -977,7 +977,7 @@ private:
   std::string name_;
   int64_t created_ = 0;
   std::unique_ptr<BatchGenerator> generator_;
-  ChatFormat chat_format_ = ChatFormat::None;
+  ChatTemplate chat_;
   std::string chat_error_;             // why there is no chat format, for /v1/chat/completions' 400
   std::vector<int64_t> end_of_turn_;   // the chat format's end-of-turn token, when the vocabulary has it
   TranslationModel translation_;
