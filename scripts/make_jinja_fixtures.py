@@ -126,6 +126,88 @@ TEMPLATES = {
         "{% for a, b in [[1, 'x'], [2, 'y']] %}{{ a }}{{ b }}{% endfor %}"
         " {% for i in [] %}never{% else %}empty loop{% endfor %}"
         " {% for c in 'ab' %}{{ loop.revindex }}{{ c }}{{ loop.previtem | default('^') }}{% endfor %}"),
+    # Newest first over the messages with a namespace (the last user query),
+    # thinking text cut from earlier answers, tool calls when a message has them.
+    "reverse": (
+        "{%- set ns = namespace(last_query=messages|length - 1) %}\n"
+        "{%- for message in messages[::-1] %}\n"
+        "    {%- set index = (messages|length - 1) - loop.index0 %}\n"
+        "    {%- if message.role == 'user' and message.content is string and "
+        "not message.content.startswith('<tool_response>') %}\n"
+        "        {%- set ns.last_query = index %}{% break %}\n"
+        "    {%- endif %}\n"
+        "{%- endfor %}\n"
+        "{%- for message in messages %}\n"
+        "    {%- set content = message.content if message.content is string else '' %}\n"
+        "    {%- if message.role == 'assistant' %}\n"
+        "        {%- if '</think>' in content %}"
+        "{%- set content = content.split('</think>')[-1].lstrip('\\n') %}{%- endif %}\n"
+        "        {{- '<|im_start|>assistant\\n' + content }}\n"
+        "        {%- if message.tool_calls %}{%- for call in message.tool_calls %}\n"
+        "            {%- if call.function is defined %}{%- set call = call.function %}{%- endif %}\n"
+        "            {{- '\\n<tool_call>\\n{\"name\": \"' }}{{ call.name }}{{ '\", \"arguments\": ' }}"
+        "{{ call.arguments | tojson }}{{- '}\\n</tool_call>' }}\n"
+        "        {%- endfor %}{%- endif %}\n"
+        "        {{- '<|im_end|>\\n' }}\n"
+        "    {%- else %}\n"
+        "        {{- '<|im_start|>' + message.role + '\\n' + content + "
+        "(' [latest]' if loop.index0 == ns.last_query else '') + '<|im_end|>\\n' }}\n"
+        "    {%- endif %}\n"
+        "{%- endfor %}\n"
+        "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+        "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}"
+        "{%- endif %}{%- endif %}"),
+    # A dated system header, tools in the first user message, role headers.
+    "headers": (
+        "{{- bos_token }}\n"
+        "{%- if not date_string is defined %}{%- set date_string = '26 Jul 2024' %}{%- endif %}\n"
+        "{%- if messages[0]['role'] == 'system' %}\n"
+        "    {%- set system_message = messages[0]['content']|trim %}\n"
+        "    {%- set messages = messages[1:] %}\n"
+        "{%- else %}\n"
+        "    {%- set system_message = '' %}\n"
+        "{%- endif %}\n"
+        "{{- '<|header|>system<|end_header|>\\n\\n' }}\n"
+        "{{- 'Today Date: ' + date_string + '\\n\\n' }}\n"
+        "{%- if tools is not none and tools is defined %}\n"
+        "    {{- 'Respond with a JSON call of one of:\\n' }}\n"
+        "    {%- for t in tools %}{{- t | tojson(indent=4) }}{{- '\\n\\n' }}{%- endfor %}\n"
+        "{%- endif %}\n"
+        "{{- system_message }}{{- '<|eot|>' }}\n"
+        "{%- for message in messages %}\n"
+        "    {%- if not (message.role == 'ipython' or message.role == 'tool' or 'tool_calls' in message) %}\n"
+        "        {{- '<|header|>' + message['role'] + '<|end_header|>\\n\\n' + message['content'] | trim + "
+        "'<|eot|>' }}\n"
+        "    {%- endif %}\n"
+        "{%- endfor %}\n"
+        "{%- if add_generation_prompt %}{{- '<|header|>assistant<|end_header|>\\n\\n' }}{%- endif %}\n"),
+    # The system text in the last user message, [AVAILABLE_TOOLS] once,
+    # alternation checked with a namespace.
+    "last-user": (
+        "{%- if messages[0]['role'] == 'system' %}{%- set system_message = messages[0]['content'] %}"
+        "{%- set loop_messages = messages[1:] %}{%- else %}{%- set loop_messages = messages %}{%- endif %}\n"
+        "{%- set user_messages = loop_messages | selectattr('role', 'equalto', 'user') | list %}\n"
+        "{%- set ns = namespace(index=0) %}\n"
+        "{%- for message in loop_messages %}\n"
+        "    {%- if message.role == 'user' or message.role == 'assistant' %}\n"
+        "        {%- if (message['role'] == 'user') != (ns.index % 2 == 0) %}\n"
+        "            {{- raise_exception('After the optional system message, roles must alternate') }}\n"
+        "        {%- endif %}\n"
+        "        {%- set ns.index = ns.index + 1 %}\n"
+        "    {%- endif %}\n"
+        "{%- endfor %}\n"
+        "{{- bos_token }}\n"
+        "{%- for message in loop_messages %}\n"
+        "    {%- if message['role'] == 'user' %}\n"
+        "        {%- if tools is not none and (message == user_messages[-1]) %}"
+        "{{- '[AVAILABLE_TOOLS] ' + (tools | map(attribute='function') | map(attribute='name') | list | tojson) "
+        "+ '[/AVAILABLE_TOOLS]' }}{%- endif %}\n"
+        "        {%- if loop.last and system_message is defined %}\n"
+        "            {{- '[INST] ' + system_message + '\\n\\n' + message['content'] + '[/INST]' }}\n"
+        "        {%- else %}{{- '[INST] ' + message['content'] + '[/INST]' }}{%- endif %}\n"
+        "    {%- elif message['role'] == 'assistant' %}{{- ' ' + message['content'] | trim + eos_token }}\n"
+        "    {%- endif %}\n"
+        "{%- endfor %}\n"),
 }
 
 CASES = [
@@ -141,6 +223,18 @@ CASES = [
     ("whitespace", {}),
     ("macros", {"messages": NO_SYSTEM}),
     ("values", {}),
+    ("reverse", {"messages": CHAT + [{"role": "assistant", "content": "<think>\nhm\n</think>\n\nIt is.",
+                                      "tool_calls": [{"type": "function", "function": {
+                                          "name": "get_time", "arguments": {"city": "東京"}}}]},
+                                     {"role": "user", "content": "<tool_response>12:00</tool_response>"}],
+                 "add_generation_prompt": True, "enable_thinking": False}),
+    ("reverse", {"messages": NO_SYSTEM, "add_generation_prompt": False}),
+    ("headers", {"messages": CHAT, "bos_token": "<|begin|>", "tools": TOOLS, "add_generation_prompt": True}),
+    ("headers", {"messages": NO_SYSTEM, "bos_token": "<|begin|>", "tools": None, "date_string": "4 Dec 2026",
+                 "add_generation_prompt": True}),
+    ("last-user", {"messages": CHAT, "bos_token": "<s>", "eos_token": "</s>", "tools": TOOLS}),
+    ("last-user", {"messages": NO_SYSTEM, "bos_token": "<s>", "eos_token": "</s>", "tools": None}),
+    ("last-user", {"messages": BAD_ORDER, "bos_token": "<s>", "eos_token": "</s>", "tools": None}),
 ]
 
 

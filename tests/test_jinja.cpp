@@ -32,7 +32,7 @@ TEST(Jinja, RendersWhatTransformersRenders) {
     }
     ++compared;
   }
-  EXPECT_EQ(compared, 12);
+  EXPECT_EQ(compared, 19);
 }
 
 TEST(Jinja, WhatItDoesNotRunIsOneErrorNamingTheLine) {
