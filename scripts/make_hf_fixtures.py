@@ -72,6 +72,11 @@ new tokens at most, stopping at the folder's eos_token_id).
            every layer's encoder self-attention, decoder masked
            self-attention and cross-attention
            (marian.attention.expected.safetensors)
+  qwen2-chat  a chat template (written here, ChatML with a default system
+           message, as Qwen2.5's have) in the qwen2 folder's
+           tokenizer_config.json, and what transformers'
+           apply_chat_template makes of two conversations, text and ids
+           (qwen2.chat.expected.json)
   marian-beam  a MarianMTModel of 24 ids (no tokenizer: the test runs on ids)
            trained here for a few seconds on a toy task (each id mapped,
            the sequence reversed), so that its hypotheses end at different
@@ -465,6 +470,44 @@ CASES_MARIAN_BEAM = ((4, 1.0, 12), (4, 0.5, 12), (8, 1.0, 12), (5, 2.0, 12), (6,
                      (2, 1.0, 12), (1, 1.0, 12))  # (num_beams, length_penalty, max_new_tokens)
 
 
+QWEN2_CHAT_TEMPLATE = (
+    "{%- if messages[0]['role'] == 'system' %}\n"
+    "    {{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}\n"
+    "{%- else %}\n"
+    "    {{- '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}\n"
+    "{%- endif %}\n"
+    "{%- for message in messages %}\n"
+    "    {%- if message.role != 'system' %}\n"
+    "        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}\n"
+    "    {%- endif %}\n"
+    "{%- endfor %}\n"
+    "{%- if add_generation_prompt %}\n"
+    "    {{- '<|im_start|>assistant\\n' }}\n"
+    "{%- endif %}\n")
+
+
+def make_qwen2_chat(out_dir):
+    from transformers import AutoTokenizer
+    folder = os.path.join(out_dir, "qwen2")
+    with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
+        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "chat_template": QWEN2_CHAT_TEMPLATE,
+                   "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "bos_token": None}, f, indent=1)
+        f.write("\n")
+    tok = AutoTokenizer.from_pretrained(folder)
+    conversations = [[{"role": "user", "content": "我是中国人"}],
+                     [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hello world"},
+                      {"role": "assistant", "content": "the cat"}, {"role": "user", "content": "and the dog?"}]]
+    expected = []
+    for messages in conversations:
+        text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        ids = tok.apply_chat_template(messages, tokenize=True, add_generation_prompt=True, return_dict=False)
+        expected.append({"messages": messages, "text": text, "ids": list(ids)})
+    with open(os.path.join(out_dir, "qwen2.chat.expected.json"), "w") as f:
+        json.dump(expected, f, ensure_ascii=False, indent=1)
+        f.write("\n")
+    print("qwen2-chat:", [len(e["ids"]) for e in expected], "ids")
+
+
 def make_marian_beam(out_dir):
     from transformers import MarianConfig, MarianMTModel
     folder = os.path.join(out_dir, "marian-beam")
@@ -541,7 +584,7 @@ def main():
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     for name in args.only or ("llama", "llama-linear", "llama-yarn", "qwen2", "qwen3", "mistral", "mixtral", "gpt2", "bert", "vit",
-                                 "vit-resize", "marian", "marian-attention", "marian-beam"):
+                                 "vit-resize", "marian", "marian-attention", "marian-beam", "qwen2-chat"):
         if name == "bert":
             make_bert(args.out)
         elif name == "marian":
@@ -550,6 +593,8 @@ def main():
             make_marian_attention(args.out)
         elif name == "marian-beam":
             make_marian_beam(args.out)
+        elif name == "qwen2-chat":
+            make_qwen2_chat(args.out)
         elif name == "llama-linear":
             make_llama_linear(args.out)
         elif name == "llama-yarn":

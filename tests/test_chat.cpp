@@ -103,6 +103,28 @@ TEST(Chat, AFolderSaysItsFormatInEitherFile) {
                 "without it (chatml, llama3, llama2, mistral)");
 }
 
+// The qwen2 fixture's tokenizer_config.json holds a chat template (a default
+// system message, as Qwen2.5's): its text and token ids are those of
+// transformers' apply_chat_template (tests/fixtures/hf/qwen2.chat.expected.json),
+// and a turn ends at <|im_end|>.
+TEST(Chat, AHuggingFaceFolderChatsAsApplyChatTemplate) {
+  const std::string dir = std::string(QKV_FIXTURES_DIR) + "/hf/qwen2";
+  const ModelFolder m = load_model_folder(dir);
+  const ChatTemplate t = chat_template_of_folder(dir);
+  ASSERT_EQ(t.format, ChatFormat::Template);
+  EXPECT_EQ(t.end_of_turn, "<|im_end|>");
+  const auto expected =
+      nlohmann::json::parse(read_file(std::string(QKV_FIXTURES_DIR) + "/hf/qwen2.chat.expected.json"));
+  ASSERT_EQ(expected.size(), 2u);
+  for (const auto& e : expected) {
+    std::vector<ChatMessage> messages;
+    for (const auto& msg : e["messages"]) messages.push_back({msg["role"], msg["content"]});
+    const std::string text = format_chat(t, messages);
+    EXPECT_EQ(text, e["text"].get<std::string>());
+    EXPECT_EQ(m.tokenizer->encode_prompt(text), e["ids"].get<std::vector<int64_t>>());
+  }
+}
+
 // A folder whose template is none of the four layouts (the "renamed" and
 // "inst" templates of tests/fixtures/jinja/cases.json) chats as transformers
 // renders it: the same text, less the bos_token the tokenizer puts first

@@ -30,6 +30,7 @@
 #include <optional>
 #include <thread>
 
+#include "qkv/chat.h"
 #include "qkv/checkpoint.h"
 #include "qkv/cpu.h"
 #include "qkv/encoder.h"
@@ -301,6 +302,55 @@ struct Translator : ModelBase {
 
 struct Generator : ModelBase {
   LanguageModel m;
+  ChatTemplate chat_template;  // the folder's chat format, read at load
+  std::string chat_error;      // why it cannot chat, when it cannot
+
+  void read_chat_template() {
+    try {
+      chat_template = chat_template_of_folder(path);
+      if (chat_template.format == ChatFormat::None) chat_error = "its folder defines no chat template";
+    } catch (const Error& e) {
+      chat_error = e.what();
+    }
+  }
+
+  // A list of {"role": str, "content": str} in the folder's chat format.
+  std::string chat_prompt(nb::handle messages_arg) {
+    QKV_CHECK(chat_error.empty(), "chat: ", path, " cannot chat: ", chat_error);
+    QKV_CHECK(nb::isinstance<nb::list>(messages_arg), "chat: messages must be a list of {\"role\", \"content\"}");
+    std::vector<ChatMessage> messages;
+    size_t i = 0;
+    for (nb::handle m : nb::borrow<nb::list>(messages_arg)) {
+      const std::string where = "chat: messages[" + std::to_string(i++) + "]";
+      QKV_CHECK(nb::isinstance<nb::dict>(m), where, " must be a dict with \"role\" and \"content\"");
+      nb::dict d = nb::borrow<nb::dict>(m);
+      QKV_CHECK(d.contains("role") && nb::isinstance<nb::str>(d["role"]), where, ": \"role\" must be a str");
+      QKV_CHECK(d.contains("content") && nb::isinstance<nb::str>(d["content"]), where, ": \"content\" must be a str");
+      messages.push_back({nb::cast<std::string>(d["role"]), nb::cast<std::string>(d["content"])});
+    }
+    return format_chat(chat_template, messages);
+  }
+
+  // The assistant's answer to `messages`: generate on chat_prompt, up to the
+  // format's end of turn.
+  std::string chat(nb::handle messages_arg, const GenerateOptions& o) {
+    const std::string prompt = chat_prompt(messages_arg);
+    const std::string& end = chat_template.end_of_turn;
+    struct TurnEnded {};
+    std::string text;
+    run([&] {
+      try {
+        qkv::generate(m, prompt, o, [&](const std::string& piece) {
+          check_cancel();
+          text += piece;
+          if (!end.empty() && text.find(end) != std::string::npos) throw TurnEnded{};
+        });
+      } catch (const TurnEnded&) {
+      }
+    });
+    if (!end.empty()) text = text.substr(0, text.find(end));
+    return text;
+  }
 
   GenerateOptions options(int64_t max_new_tokens, float temperature, int64_t top_k, float top_p, uint64_t seed,
                           bool ignore_eos, bool truncate_prompt) const {
@@ -527,7 +577,10 @@ nb::object load(const std::string& path, const std::string& dtype, int threads) 
                                  [&](Translator& t) { t.m = load_translation_model(path, "load", dtype); });
     case Domain::Language:
       return load_as<Generator>(path, family, threads,
-                                [&](Generator& g) { g.m = load_language_model(path, "load", dtype); });
+                                [&](Generator& g) {
+                                  g.m = load_language_model(path, "load", dtype);
+                                  g.read_chat_template();
+                                });
     case Domain::Vision:
       return load_as<Classifier>(path, family, threads,
                                  [&](Classifier& c) { c.m = load_vit_model(path, "load", dtype); });
@@ -710,6 +763,21 @@ NB_MODULE(_qkv, m) {
            "top_p"_a = 1.0f, "seed"_a = 1, "stream"_a = false, "ignore_eos"_a = false, "truncate_prompt"_a = false,
            "The text that continues `prompt`: sampled at `temperature` (0: greedy) from the top_k / top_p tokens, "
            "until <eos> or max_new_tokens. With stream=True, an iterator of the text's pieces as they are made.")
+      .def("chat",
+           [](Generator& g, nb::handle messages, int64_t max_new_tokens, float temperature, int64_t top_k, float top_p,
+              uint64_t seed) {
+             return g.chat(messages, g.options(max_new_tokens, temperature, top_k, top_p, seed, false, false));
+           },
+           nb::sig("def chat(self, messages: list[dict[str, str]], *, max_new_tokens: int = 100, "
+                   "temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int = 1) -> str"),
+           "messages"_a, nb::kw_only(), "max_new_tokens"_a = 100, "temperature"_a = 1.0f, "top_k"_a = 0,
+           "top_p"_a = 1.0f, "seed"_a = 1,
+           "The assistant's answer to `messages` ([{\"role\": ..., \"content\": ...}]): generate on "
+           "chat_prompt(messages), up to the chat format's end of turn.")
+      .def("chat_prompt", &Generator::chat_prompt,
+           nb::sig("def chat_prompt(self, messages: list[dict[str, str]]) -> str"), "messages"_a,
+           "The prompt text of `messages` in the folder's chat format: its chat template run as transformers "
+           "runs it (less a leading bos_token, which the tokenizer puts first itself), or a known layout.")
       .def("tokenize", &Generator::tokenize, nb::sig("def tokenize(self, text: str | bytes) -> list[int]"), "text"_a,
            "The token ids of `text`.")
       .def("__repr__", [](const Generator& g) { return "<qkv.LanguageModel " + g.m.model->summary() + " from " + g.path + ">"; });

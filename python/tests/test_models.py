@@ -98,6 +98,30 @@ def test_sampling_is_seeded_as_in_the_cli():
     assert cli.decode() == "the" + got + "\n"
 
 
+def test_chat_runs_the_folders_template(tmp_path):
+    """The qwen2 fixture's chat template (tokenizer_config.json): chat_prompt is the text transformers'
+    apply_chat_template renders (tests/fixtures/hf/qwen2.chat.expected.json), chat() is generate() on it up
+    to <|im_end|>; what a template refuses is a qkv.Error."""
+    import shutil
+    model = qkv.load(HF / "qwen2")
+    expected = json.loads((HF / "qwen2.chat.expected.json").read_text())[0]
+    prompt = model.chat_prompt(expected["messages"])
+    assert prompt == expected["text"]
+    whole = model.generate(prompt, max_new_tokens=10, temperature=0)
+    assert model.chat(expected["messages"], max_new_tokens=10, temperature=0) == whole.split("<|im_end|>")[0]
+    folder = tmp_path / "strict"
+    shutil.copytree(FOLDERS / "decoder", folder)
+    template = "{% if messages[-1].role != 'user' %}{{ raise_exception('the user speaks last') }}{% endif %}"
+    (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+    strict = qkv.load(folder)
+    with pytest.raises(qkv.Error, match="the chat template says: the user speaks last"):
+        strict.chat([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}])
+    with pytest.raises(qkv.Error, match=r"messages\[0\]: \"content\" must be a str"):
+        strict.chat_prompt([{"role": "user", "content": 3}])
+    with pytest.raises(qkv.Error, match="cannot chat: its folder defines no chat template"):
+        qkv.load(FOLDERS / "decoder").chat(expected["messages"])
+
+
 def test_a_stream_left_early_stops_and_the_model_goes_on():
     model = qkv.load(FOLDERS / "decoder")
     stream = model.generate("hello", max_new_tokens=12, temperature=0, ignore_eos=True, stream=True)
