@@ -469,6 +469,17 @@ TEST(Ops, LinearWithF16WeightIsTheFloat32ProductOfTheWidenedWeight) {
   state.erase("extra");
   lin.load_state_dict(state);
   EXPECT_EQ(lin.bias.to_vector(), std::vector<float>(9, 0.5f));
+  // A float16 folder loads into a model built without values: whatever its
+  // float32 weight held (here past float16's range, as uninitialized memory
+  // may be) does not stop the weight from taking the file's dtype.
+  const StateDict saved = {{"weight", lin.weight.clone()}, {"bias", lin.bias.clone()}};  // a float16 weight
+  ASSERT_EQ(saved.at("weight").dtype(), DType::F16);
+  Linear fresh({.in_features = 40, .out_features = 9}, rng);
+  fresh.weight.data<float>()[3] = 1e30f;
+  EXPECT_NO_THROW(fresh.adopt_linear_dtypes(saved));
+  EXPECT_EQ(fresh.weight.dtype(), DType::F16);
+  fresh.load_state_dict(saved);
+  EXPECT_TRUE(all_close(fresh.weight, lin.weight, 0, 0));
   omp_set_num_threads(1);
 }
 

@@ -80,8 +80,13 @@ void Module::adopt_linear_dtypes(const std::string& prefix, const StateDict& sta
       check_int8_weight({it->second, scale->second}, "load_state_dict: '" + prefix + "weight'");
     }
     if (it != state.end() &&
-        (it->second.dtype() == DType::BF16 || it->second.dtype() == DType::F16 || it->second.dtype() == DType::I8))
+        (it->second.dtype() == DType::BF16 || it->second.dtype() == DType::F16 || it->second.dtype() == DType::I8)) {
+      // The values load next; what the weight holds now (uninitialized under
+      // SkipInitGuard) must not reach the conversion, whose float16 range
+      // check it failed now and then.
+      if (lin->weight.device() == Device::Cpu && lin->weight.dtype() == DType::F32) lin->weight.detach().fill_(0.0f);
       lin->convert_weight(it->second.dtype());
+    }
   }
   for (auto& [name, child] : children_) child->adopt_linear_dtypes(prefix + name + ".", state);
 }
