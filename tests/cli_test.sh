@@ -260,6 +260,20 @@ check "generate from a Hugging Face folder" 0 "$QKV" generate --model "$FIXTURES
 # The prompt, then what transformers' generate() gave (the fixture's "text").
 python3 -c 'import json, sys; e = json.load(open(sys.argv[1])); print(e["prompt"] + e["text"])' "$FIXTURES/hf/llama.expected.json" >"$tmp/expected"
 cmp -s "$tmp/out" "$tmp/expected" || { echo "FAIL generate from a Hugging Face folder"; cat "$tmp/out"; failures=$((failures + 1)); }
+# qkv chat: a line of stdin is a user message in the folder's chat template (the qwen2 fixture's, a default
+# system message first); the answer is what generate continues that text with, up to <|im_end|>. A second line
+# outgrows the 64-token context: the oldest turn goes, with a note on stderr.
+chat_prompt=$'<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n'
+check "generate on the chat prompt" 0 "$QKV" generate --model "$FIXTURES/hf/qwen2" --prompt "$chat_prompt" --temperature 0 --max-new-tokens 6
+python3 -c 'import sys; t = open(sys.argv[1], encoding="utf-8").read()[len(sys.argv[2]):-1]; print(t.split("<|im_end|>")[0])' "$tmp/out" "$chat_prompt" >"$tmp/expected"
+check "chat" 0 sh -c "printf 'hello\n' | '$QKV' chat --model '$FIXTURES/hf/qwen2' --temperature 0 --max-new-tokens 6"
+cmp -s "$tmp/out" "$tmp/expected" || { echo "FAIL chat answers as generate continues its prompt"; cat "$tmp/out" "$tmp/expected"; failures=$((failures + 1)); }
+check "chat, two turns" 0 sh -c "printf 'hello\n\nthe cat\n' | '$QKV' chat --model '$FIXTURES/hf/qwen2' --temperature 0 --max-new-tokens 6"
+[ "$(wc -l <"$tmp/out")" -eq 2 ] && grep -q "oldest turn was dropped" "$tmp/err" || { echo "FAIL chat, two turns"; cat "$tmp/out" "$tmp/err"; failures=$((failures + 1)); }
+check "chat without a template" nonzero sh -c "echo hi | '$QKV' chat --model '$FIXTURES/hf/llama'"
+one_line_error "chat without a template"
+check "chat, invalid UTF-8" nonzero sh -c "printf 'hi\n\377\n' | '$QKV' chat --model '$FIXTURES/hf/qwen2' --max-new-tokens 2"
+one_line_error "chat, invalid UTF-8"
 mkdir -p "$tmp/hf-no-tokenizer" && cp "$FIXTURES/hf/llama/config.json" "$FIXTURES/hf/llama/model.safetensors" "$tmp/hf-no-tokenizer/"
 check "generate without a tokenizer" nonzero "$QKV" generate --model "$tmp/hf-no-tokenizer" --prompt "a"
 one_line_error "generate without a tokenizer"

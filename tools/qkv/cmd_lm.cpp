@@ -6,8 +6,10 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "qkv/chat.h"
 #include "qkv/io.h"
 #include "qkv/lm_trainer.h"
 #include "qkv/utf8.h"
@@ -90,7 +92,102 @@ int run_generate(GenerateArgs a) {
   return 0;
 }
 
+struct ChatArgs {
+  std::string model, system;
+  GenerateOptions options;
+  std::string dtype;
+  int threads = 0;
+};
+
+// The longest end of `text` that begins `marker` (what may yet become it).
+size_t partial_marker(const std::string& text, const std::string& marker) {
+  for (size_t n = std::min(text.size(), marker.size() - 1); n > 0; --n)
+    if (text.compare(text.size() - n, n, marker, 0, n) == 0) return n;
+  return 0;
+}
+
+// One line of stdin, one user message; the answer streams to stdout, ending
+// at the format's end of turn. When the conversation outgrows the context,
+// its oldest turns (after a system message) are dropped.
+int run_chat(ChatArgs a) {
+  set_threads(a.threads);
+  LanguageModel m = load_language_model(a.model, "chat", a.dtype);
+  require_tokenizer(m, a.model, "chat");
+  const ChatTemplate t = chat_template_of_folder(a.model);
+  QKV_CHECK(t.format != ChatFormat::None, "chat: ", a.model, " has no chat template (chat_template.jinja, or ",
+            "chat_template in tokenizer_config.json); qkv generate continues plain text");
+  QKV_CHECK(invalid_utf8_offset(a.system) == std::string::npos, "chat: --system is not valid UTF-8");
+  std::vector<ChatMessage> messages;
+  if (!a.system.empty()) messages.push_back({"system", a.system});
+  const size_t kept = messages.size();  // the system message stays
+  const int64_t context = m.model->config().context;
+  const bool interactive = isatty(fileno(stdin));
+  std::string line;
+  for (int64_t turn = 1;; ++turn) {
+    if (interactive) std::fputs("> ", stderr);
+    if (!std::getline(std::cin, line)) break;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    QKV_CHECK(invalid_utf8_offset(line) == std::string::npos, "chat: line ", turn, " of stdin is not valid UTF-8");
+    if (line.empty()) continue;
+    messages.push_back({"user", line});
+    std::string prompt = format_chat(t, messages);
+    // Room for at least one new token: drop the oldest exchanges until it fits.
+    while ((int64_t)m.tokenizer->encode_prompt(prompt).size() >= context) {
+      QKV_CHECK(messages.size() > kept + 1, "chat: line ", turn, " does not fit the model's context of ", context,
+                " tokens with the chat template's text");
+      messages.erase(messages.begin() + (ptrdiff_t)kept,
+                     messages.begin() + (ptrdiff_t)std::min(kept + 2, messages.size() - 1));
+      std::fprintf(stderr, "chat: the oldest turn was dropped to fit the context of %lld tokens\n", (long long)context);
+      prompt = format_chat(t, messages);
+    }
+    struct TurnEnded {};
+    std::string text;
+    size_t shown = 0;
+    const std::string& end = t.end_of_turn;
+    auto show = [&](size_t upto) {
+      std::fwrite(text.data() + shown, 1, upto - shown, stdout);
+      std::fflush(stdout);
+      shown = upto;
+    };
+    try {
+      generate(m, prompt, a.options, [&](const std::string& piece) {
+        text += piece;
+        if (!end.empty() && text.find(end) != std::string::npos) throw TurnEnded{};
+        show(end.empty() ? text.size() : text.size() - partial_marker(text, end));
+      });
+    } catch (const TurnEnded&) {
+    }
+    if (!end.empty() && text.find(end) != std::string::npos) text.resize(text.find(end));
+    if (text.size() > shown) show(text.size());
+    std::putchar('\n');
+    std::fflush(stdout);
+    messages.push_back({"assistant", text});
+  }
+  return 0;
+}
+
 }  // namespace
+
+Run add_chat(CLI::App& app) {
+  auto args = std::make_shared<ChatArgs>();
+  CLI::App* sub = app.add_subcommand(
+      "chat", "Chat with a decoder model whose folder has a chat template: each line of stdin is a message, each "
+              "answer streams to stdout (docs/pretrained.md)");
+  sub->add_option("--model", args->model, "Language-model folder with a chat template")->required();
+  sub->add_option("--system", args->system, "A system message first");
+  sub->add_option("--max-new-tokens", args->options.max_new_tokens, "The longest answer in tokens")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  sub->add_option("--temperature", args->options.temperature, "Sampling temperature (0: greedy)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  sub->add_option("--top-k", args->options.top_k, "Sample from the k most likely tokens (0: all)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  sub->add_option("--top-p", args->options.top_p, "Sample from the smallest set with this much probability")
+      ->capture_default_str()->check(CLI::Range(0.0, 1.0));
+  sub->add_option("--seed", args->options.seed, "Seed of the sampling")->capture_default_str();
+  add_dtype_option(sub, args->dtype);
+  sub->add_option("--threads", args->threads, "Threads (0: all cores)");
+  return [args] { return run_chat(*args); };
+}
 
 Run add_generate(CLI::App& app) {
   auto args = std::make_shared<GenerateArgs>();

@@ -22,6 +22,7 @@ Run add_translate(CLI::App& app);
 Run add_eval(CLI::App& app);
 Run add_classify(CLI::App& app);
 Run add_generate(CLI::App& app);
+Run add_chat(CLI::App& app);
 Run add_embed(CLI::App& app);
 Run add_serve(CLI::App& app);
 Run add_info(CLI::App& app);

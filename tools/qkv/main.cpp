@@ -103,6 +103,7 @@ int main(int argc, char** argv) {
   add(qkv::cli::add_eval);
   add(qkv::cli::add_classify);
   add(qkv::cli::add_generate);
+  add(qkv::cli::add_chat);
   add(qkv::cli::add_embed);
   add(qkv::cli::add_serve);
   add(qkv::cli::add_average);
