@@ -358,6 +358,11 @@ class Chat(unittest.TestCase):
     def test_chat_is_generate_on_the_formatted_prompt(self):
         r = self.s.client.chat.completions.create(model="chat", messages=self.MESSAGES, max_tokens=12, temperature=0)
         want = cli_generate(self.model, self.PROMPT, "--max-new-tokens", "12", "--temperature", "0")
+        # Content given as text parts is their text, joined.
+        parts = [self.MESSAGES[0], {"role": "user", "content": [{"type": "text", "text": "the "},
+                                                                 {"type": "text", "text": "cat"}]}]
+        same = self.s.client.chat.completions.create(model="chat", messages=parts, max_tokens=12, temperature=0)
+        self.assertEqual(same.choices[0].message.content, r.choices[0].message.content)
         self.assertEqual(r.choices[0].message.role, "assistant")
         self.assertEqual(r.choices[0].message.content, want.split("<|im_end|>")[0])
         self.assertEqual(r.object, "chat.completion")
@@ -376,7 +381,9 @@ class Chat(unittest.TestCase):
         for messages, says in [([], "at least one message"), ([{"role": "bot", "content": "a"}], "role 'bot'"),
                                ([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}],
                                 "last message must be the user's"),
-                               ([{"role": "user", "content": [{"type": "text", "text": "a"}]}], "content parts"),
+                               ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
+                                "only text parts"),
+                               ([{"role": "user", "content": 3}], "a string or a list of text parts"),
                                ("hi", "must be a list")]:
             status, body = self.s.request("POST", "/v1/chat/completions", {"messages": messages})
             self.assertEqual(status, 400, body)

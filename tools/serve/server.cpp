@@ -526,11 +526,25 @@ private:
       const std::string where = "messages[" + std::to_string(i) + "]";
       if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
         bad("messages", where + " must be an object with a string \"role\"");
-      if (!m.contains("content") || !m["content"].is_string())
-        bad("messages", where + ".content must be a string (content parts are not supported)");
+      // A string, or OpenAI's content parts: the text parts, joined in order.
+      std::string content;
+      if (m.contains("content") && m["content"].is_string()) {
+        content = m["content"].get<std::string>();
+      } else if (m.contains("content") && m["content"].is_array()) {
+        for (size_t k = 0; k < m["content"].size(); ++k) {
+          const json& part = m["content"][k];
+          const std::string at = where + ".content[" + std::to_string(k) + "]";
+          if (!part.is_object() || !part.contains("type") || part["type"] != "text")
+            bad("messages", at + ": only text parts are read (a model of text sees no images or audio)");
+          if (!part.contains("text") || !part["text"].is_string()) bad("messages", at + ".text must be a string");
+          content += part["text"].get<std::string>();
+        }
+      } else {
+        bad("messages", where + ".content must be a string or a list of text parts");
+      }
       for (const auto& [key, value] : m.items())
         if (key != "role" && key != "content" && key != "name") bad("messages", where + ": unknown field '" + key + "'");
-      messages.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+      messages.push_back({m["role"].get<std::string>(), content});
     }
     std::string prompt;
     try {
