@@ -732,8 +732,7 @@ private:
     }
     // Concurrent requests with the same beam and max_len translate as one batch.
     const TranslationRuns::Run run = [this, max_len, beam](const std::vector<std::vector<int64_t>>& batch) {
-      std::lock_guard<std::mutex> lock(model_mutex_);
-      if (o_.threads > 0) omp_set_num_threads(o_.threads);
+      const ModelTurn turn(*this);
       return translate_ids(translation_, batch, max_len, beam);
     };
     const std::vector<std::string> out =
@@ -759,8 +758,7 @@ private:
     }
     AlignedTranslation a;
     {
-      std::lock_guard<std::mutex> lock(model_mutex_);
-      if (o_.threads > 0) omp_set_num_threads(o_.threads);
+      const ModelTurn turn(*this);
       a = translate_with_attention(*translation_.model, source, max_len);
     }
     const int64_t T = (int64_t)a.tokens.size(), S = a.source_length;
@@ -892,8 +890,7 @@ private:
     // text past the context) runs again request by request, so that the
     // error names the input of the request that sent it.
     const EmbeddingRuns::Run run = [this](const std::vector<std::string>& texts) {
-      std::lock_guard<std::mutex> lock(model_mutex_);
-      if (o_.threads > 0) omp_set_num_threads(o_.threads);
+      const ModelTurn turn(*this);
       std::vector<int64_t> tokens;
       std::vector<std::vector<float>> vectors;
       try {
@@ -955,8 +952,7 @@ private:
       for (const std::vector<uint8_t>& im : images) batch.pixels.insert(batch.pixels.end(), im.begin(), im.end());
       std::vector<int64_t> all((size_t)batch.count);
       for (size_t i = 0; i < all.size(); ++i) all[i] = (int64_t)i;
-      std::lock_guard<std::mutex> lock(model_mutex_);
-      if (o_.threads > 0) omp_set_num_threads(o_.threads);
+      const ModelTurn turn(*this);
       NoGradGuard no_grad;
       const Tensor probs = softmax(vit_->forward(image_batch(batch, all), /*need_weights=*/true));
       const Tensor rollout = vit_->rollout();  // [B, grid, grid]
@@ -998,6 +994,14 @@ private:
   std::shared_ptr<VisionTransformer> vit_;
   EmbeddingModel embedder_;
   std::mutex model_mutex_;
+  // One run of the translation, vit or embedding model on this thread: the
+  // lock (one run at a time) and the --threads it runs with.
+  struct ModelTurn {
+    explicit ModelTurn(Server& s) : lock(s.model_mutex_) {
+      if (s.o_.threads > 0) omp_set_num_threads(s.o_.threads);
+    }
+    std::lock_guard<std::mutex> lock;
+  };
   // Concurrent translation and image requests, merged into shared batches.
   using TranslationRuns = MergedRuns<std::vector<int64_t>, std::string>;
   struct ImageResult {
