@@ -61,6 +61,8 @@ new tokens at most, stopping at the folder's eos_token_id).
            its config: transformers' logits (make_llama_linear)
   llama-yarn  the same with "yarn" scaling: logits, inv_freq and the
            attention scaling (make_llama_yarn)
+  llama-dynamic  the same with "dynamic" scaling past a context of 8:
+           logits in one pass and step by step through the KV cache
   marian   MarianMTModel (make_marian): source.spm and target.spm trained
            here with sentencepiece, vocab.json, swish, Post-Norm,
            scale_embedding, a random final_logits_bias, decoding from <pad>;
@@ -268,6 +270,36 @@ def make_llama_yarn(out_dir):
               os.path.join(out_dir, "llama-yarn.expected.safetensors"))
     print(f"llama-yarn: logits with yarn rotary scaling; inv_freq {rotary.inv_freq.tolist()}, "
           f"attention scaling {rotary.attention_scaling}")
+
+
+def make_llama_dynamic(out_dir):
+    """llama-dynamic.expected.safetensors: the llama fixture's weights with "dynamic" rotary scaling
+    (factor 2, max_position_embeddings 8) and transformers' logits for 14 ids: in one pass (the
+    frequencies of n = 14), and step by step through its KV cache (each new token rotated with the
+    frequencies of its own n, the cached keys keeping theirs), after a prefill of 6."""
+    from transformers import AutoConfig, DynamicCache
+    folder = os.path.join(out_dir, "llama")
+    config = AutoConfig.from_pretrained(folder)
+    config.max_position_embeddings = 8
+    config.rope_parameters = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 500000.0}
+    ids = torch.tensor([[1, 17, 5, 63, 40, 8, 95, 22, 3, 51, 11, 70, 9, 33]])
+    model = LlamaForCausalLM.from_pretrained(folder, config=config, dtype=torch.float32).eval()
+    with torch.no_grad():
+        whole = model(ids).logits
+    model = LlamaForCausalLM.from_pretrained(folder, config=config, dtype=torch.float32).eval()  # fresh frequencies
+    steps = []
+    with torch.no_grad():
+        cache = DynamicCache(config=config)
+        out = model(ids[:, :6], past_key_values=cache, use_cache=True)
+        steps.append(out.logits)
+        for t in range(6, ids.shape[1]):
+            out = model(ids[:, t:t + 1], past_key_values=out.past_key_values, use_cache=True)
+            steps.append(out.logits)
+    cached = torch.cat(steps, dim=1)
+    save_file({"ids": ids, "logits": whole.contiguous(), "cached_logits": cached.contiguous()},
+              os.path.join(out_dir, "llama-dynamic.expected.safetensors"))
+    print("llama-dynamic: largest |cached - whole| at the last position",
+          float((cached[0, -1] - whole[0, -1]).abs().max()))
 
 
 MARIAN_SENTENCES = ["我是中国人", "The quick brown fox jumps over the lazy dog.", "私は中国人です。", "",
@@ -583,7 +615,7 @@ def main():
     ap.add_argument("--only", nargs="+", metavar="NAME", help="write only these fixtures")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    for name in args.only or ("llama", "llama-linear", "llama-yarn", "qwen2", "qwen3", "mistral", "mixtral", "gpt2", "bert", "vit",
+    for name in args.only or ("llama", "llama-linear", "llama-yarn", "llama-dynamic", "qwen2", "qwen3", "mistral", "mixtral", "gpt2", "bert", "vit",
                                  "vit-resize", "marian", "marian-attention", "marian-beam", "qwen2-chat"):
         if name == "bert":
             make_bert(args.out)
@@ -599,6 +631,8 @@ def main():
             make_llama_linear(args.out)
         elif name == "llama-yarn":
             make_llama_yarn(args.out)
+        elif name == "llama-dynamic":
+            make_llama_dynamic(args.out)
         elif name == "vit":
             make_vit(args.out)
         elif name == "vit-resize":

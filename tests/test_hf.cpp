@@ -254,14 +254,50 @@ TEST(Hf, YarnFrequencyScaling) {
   EXPECT_FALSE(v.truncate);
 }
 
+// "dynamic" (NTK-aware) rotary scaling: plain frequencies within the
+// original context L, past it a larger theta for the call's length n. The
+// llama fixture's weights with it past a context of 8 give transformers'
+// logits for 14 tokens in one pass, and step by step through the KV cache,
+// where each step rotates its token with the frequencies of its own n and
+// the cached keys keep theirs (llama-dynamic.expected.safetensors: the two
+// differ by up to 0.09 at the last position, so a cache that rotated every
+// key anew, or the one-pass frequencies for every step, would fail).
+TEST(Hf, DynamicFrequencyScaling) {
+  const RopeScaling s{.kind = RopeScalingKind::Dynamic, .factor = 2, .original_context = 8};
+  EXPECT_EQ(rope_frequencies(8, 500000.0f, s, 8), rope_frequencies(8, 500000.0f));  // within L: plain
+  const double base = 500000.0 * std::pow(2.0 * 14 / 8 - 1.0, 8.0 / 6.0);
+  const std::vector<double> f = rope_frequencies(8, 500000.0f, s, 14);
+  for (int i = 0; i < 4; ++i) EXPECT_DOUBLE_EQ(f[i], std::pow(base, -0.25 * i)) << i;
+  const nlohmann::json dynamic = {{"rope_type", "dynamic"}, {"factor", 2.0}, {"rope_theta", 500000.0}};
+  const LanguageModel m =
+      load_language_model(with_config("llama", {{"rope_parameters", dynamic}, {"max_position_embeddings", 8}}));
+  const DecoderConfig& c = m.model->config();
+  EXPECT_EQ(c.rope_scaling.kind, RopeScalingKind::Dynamic);
+  EXPECT_EQ(c.rope_scaling.original_context, 8);
+  EXPECT_EQ(c.context, 16);  // factor times the original
+  SafetensorsFile expected = load_safetensors(hf("llama-dynamic.expected.safetensors"));
+  const Tensor ids = *expected.find("ids");
+  NoGradGuard no_grad;
+  EXPECT_TRUE(testing::all_close(m.model->forward(ids), *expected.find("logits"), 1e-4f, 1e-4f));
+  std::vector<KVCache> caches = m.model->make_caches(1, c.context);
+  std::vector<Tensor> steps = {m.model->forward_cached(ids.slice(1, 0, 6), caches)};
+  for (int64_t t = 6; t < ids.size(1); ++t) steps.push_back(m.model->forward_cached(ids.slice(1, t, t + 1), caches));
+  EXPECT_TRUE(testing::all_close(concat(steps, 1), *expected.find("cached_logits"), 1e-4f, 1e-4f));
+  const nlohmann::json written = nlohmann::json::parse(c.to_json());
+  EXPECT_EQ(written["rope_scaling_type"], "dynamic");
+  EXPECT_EQ(written["rope_original_context"], 8);
+}
+
 // What would silently change the model is refused, naming the field.
 TEST(Hf, OptionsQkvDoesNotImplementAreOneErrorNamingTheField) {
   auto error_with = [](const nlohmann::json& changes) {
     const std::string dir = with_config("llama", changes);
     return error_of([&] { load_language_model(dir); }).substr(dir.size() + 1);
   };
-  EXPECT_EQ(error_with({{"rope_parameters", {{"rope_type", "dynamic"}, {"factor", 8.0}}}}),
-            "config.json: 'rope_parameters' of type 'dynamic' is not supported yet (a different model would run)");
+  EXPECT_EQ(error_with({{"rope_parameters", {{"rope_type", "longrope"}, {"factor", 8.0}}}}),
+            "config.json: 'rope_parameters' of type 'longrope' is not supported yet (a different model would run)");
+  EXPECT_EQ(error_with({{"rope_parameters", {{"rope_type", "dynamic"}, {"factor", nullptr}}}}),
+            "config.json: 'rope_parameters': 'factor' is missing");
   EXPECT_EQ(error_with({{"rope_parameters", {{"rope_type", "yarn"}, {"factor", 8.0}, {"original_max_position_embeddings", nullptr}}}}),
             "config.json: 'rope_parameters': 'original_max_position_embeddings' is missing");
   EXPECT_EQ(error_with({{"rope_parameters", {{"low_freq_factor", nullptr}}}}),

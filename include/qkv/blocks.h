@@ -290,7 +290,10 @@ struct BlockConfig {
   bool is_rope_scaled() const { return rope_scaling.active(); }
   bool is_llama3_scaled() const { return rope_scaling.active() && rope_scaling.kind == RopeScalingKind::Llama3; }
   bool is_yarn_scaled() const { return rope_scaling.active() && rope_scaling.kind == RopeScalingKind::Yarn; }
-  bool has_original_context() const { return is_llama3_scaled() || is_yarn_scaled(); }
+  bool has_original_context() const {
+    return is_llama3_scaled() || is_yarn_scaled() ||
+           (rope_scaling.active() && rope_scaling.kind == RopeScalingKind::Dynamic);
+  }
   TransformerLayerOptions layer_options() const;
   // The cross-field rules (d_model and nhead, heads and key/value heads, MoE
   // top_k), as errors naming `source`.

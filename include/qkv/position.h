@@ -54,13 +54,19 @@ Tensor sinusoidal_encoding_2d(int64_t grid_h, int64_t grid_w, int64_t dim);
 //           factor. The rotated q and k are also multiplied by
 //           attention_factor (0.1 ln factor + 1 by default), so the scores
 //           by its square.
-enum class RopeScalingKind { Llama3, Linear, Yarn };
+//   dynamic NTK-aware scaling that follows the sequence (transformers'
+//           "dynamic"): while the positions of a call stay within L =
+//           original_context the frequencies are plain; past it, with n =
+//           the last position of the call + 1, theta becomes theta (factor n
+//           / L - (factor - 1))^(Dh / (Dh - 2)). So the keys a KV cache holds
+//           keep the rotation of the step that made them, as in transformers.
+enum class RopeScalingKind { Llama3, Linear, Yarn, Dynamic };
 struct RopeScaling {
   RopeScalingKind kind = RopeScalingKind::Llama3;
   float factor = 1.0f;  // 1: no scaling
   float low_freq_factor = 1.0f;
   float high_freq_factor = 4.0f;
-  int64_t original_context = 8192;  // llama3 and yarn
+  int64_t original_context = 8192;            // llama3, yarn and dynamic
   float beta_fast = 32.0f, beta_slow = 1.0f;  // yarn
   float attention_factor = 1.0f;              // yarn
   bool truncate = true;                       // yarn
@@ -74,7 +80,8 @@ struct RopeOptions {
 };
 Tensor rope(const Tensor& x, RopeOptions options = {});
 
-// The Dh/2 frequencies f_i the rotation uses, scaling applied (in double).
-std::vector<double> rope_frequencies(int64_t dh, float theta, const RopeScaling& scaling = {});
+// The Dh/2 frequencies f_i the rotation uses, scaling applied (in double),
+// for a call whose last position is seq_len - 1 (only dynamic scaling reads it).
+std::vector<double> rope_frequencies(int64_t dh, float theta, const RopeScaling& scaling = {}, int64_t seq_len = 0);
 
 }  // namespace qkv

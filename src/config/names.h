@@ -34,7 +34,8 @@ template <>
 struct EnumNames<RopeScalingKind> {
   static constexpr std::pair<RopeScalingKind, const char*> values[] = {{RopeScalingKind::Llama3, "llama3"},
                                                                        {RopeScalingKind::Linear, "linear"},
-                                                                       {RopeScalingKind::Yarn, "yarn"}};
+                                                                       {RopeScalingKind::Yarn, "yarn"},
+                                                                       {RopeScalingKind::Dynamic, "dynamic"}};
 };
 
 template <>

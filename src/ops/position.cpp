@@ -43,12 +43,19 @@ Tensor sinusoidal_encoding_2d(int64_t grid_h, int64_t grid_w, int64_t dim) {
   return pe;
 }
 
-std::vector<double> rope_frequencies(int64_t dh, float theta, const RopeScaling& s) {
+std::vector<double> rope_frequencies(int64_t dh, float theta, const RopeScaling& s, int64_t seq_len) {
   QKV_CHECK(dh >= 0 && dh % 2 == 0, "rope: the head dimension must be even, got ", dh);
   QKV_CHECK(theta > 0.0f, "rope: theta must be positive, got ", theta);
+  double base = theta;
+  if (s.active() && s.kind == RopeScalingKind::Dynamic) {
+    QKV_CHECK(s.factor > 0.0f && s.original_context > 0 && dh > 2,
+              "rope: dynamic scaling needs factor > 0, original_context > 0 and a head dimension above 2");
+    const double n = (double)std::max(seq_len, s.original_context), L = (double)s.original_context;
+    base *= std::pow(s.factor * n / L - (s.factor - 1.0), (double)dh / (double)(dh - 2));
+  }
   std::vector<double> f(dh / 2);
-  for (int64_t i = 0; i < dh / 2; ++i) f[i] = std::pow((double)theta, -2.0 * (double)i / (double)dh);
-  if (!s.active()) return f;
+  for (int64_t i = 0; i < dh / 2; ++i) f[i] = std::pow(base, -2.0 * (double)i / (double)dh);
+  if (!s.active() || s.kind == RopeScalingKind::Dynamic) return f;
   if (s.kind == RopeScalingKind::Linear) {
     QKV_CHECK(s.factor > 0.0f, "rope: linear scaling needs factor > 0");
     for (double& fi : f) fi /= s.factor;
@@ -91,7 +98,7 @@ Tensor rope(const Tensor& x_in, RopeOptions o) {
   QKV_CHECK(o.offset >= 0, "rope: negative offset ", o.offset);
   Tensor x = contiguous_values(x_in);
   const int64_t dh = x.size(-1), t_len = x.size(-2), rows = x.numel() / std::max<int64_t>(dh * t_len, 1);
-  auto freq = std::make_shared<const std::vector<double>>(rope_frequencies(dh, o.theta, o.scaling));
+  auto freq = std::make_shared<const std::vector<double>>(rope_frequencies(dh, o.theta, o.scaling, o.offset + t_len));
   // YaRN's attention factor multiplies the rotated vector (q and k: the scores by its square).
   const float gain = o.scaling.active() && o.scaling.kind == RopeScalingKind::Yarn ? o.scaling.attention_factor : 1.0f;
   auto times_gain = [gain](Tensor& t) {

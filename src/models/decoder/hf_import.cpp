@@ -11,6 +11,7 @@
 // The config keys and the weight names are mapped here, once; an option that
 // changes the math and that qkv does not implement is an error naming the
 // field, never a different model.
+#include <cmath>
 #include <nlohmann/json.hpp>
 #include <map>
 #include <regex>
@@ -159,6 +160,7 @@ HfImport import_hf_causal_lm(const std::string& text, const std::string& source)
   // rope_parameters (transformers 5); the plain rotation or Llama 3's
   // frequency scaling.
   double theta = field(hf, "rope_theta", 10000.0).get<double>();
+  int64_t dynamic_context = 0;  // "dynamic" scaling: the longer context it allows
   nlohmann::ordered_json scaling = nlohmann::ordered_json::object();
   for (const char* key : {"rope_parameters", "rope_scaling"}) {
     const nlohmann::json r = field(hf, key, nlohmann::json::object());
@@ -196,6 +198,14 @@ HfImport import_hf_causal_lm(const std::string& text, const std::string& source)
                  {"rope_beta_slow", slow.is_null() ? 1.0 : slow.get<double>()},
                  {"rope_attention_factor", attention},
                  {"rope_truncate", field(r, "truncate", true)}};
+    } else if (kind == "dynamic") {
+      // transformers scales past max_position_embeddings (the context it was
+      // trained on); qkv allows factor times that.
+      const int64_t original = field(hf, "max_position_embeddings", 2048).get<int64_t>();
+      const double factor = required(r, "factor", where).get<double>();
+      scaling = {
+          {"rope_scaling_type", "dynamic"}, {"rope_scaling_factor", factor}, {"rope_original_context", original}};
+      dynamic_context = (int64_t)std::floor((double)original * std::max(factor, 1.0));
     } else if (kind != "default") {
       unsupported(std::string("'") + key + "' of type '" + kind + "'");
     }
@@ -207,6 +217,7 @@ HfImport import_hf_causal_lm(const std::string& text, const std::string& source)
   const int64_t heads = required(hf, "num_attention_heads", source).get<int64_t>();
   const int64_t d = required(hf, "hidden_size", source).get<int64_t>();
   int64_t context = field(hf, "max_position_embeddings", 2048).get<int64_t>();
+  if (dynamic_context > 0) context = dynamic_context;
   // Mistral and Mixtral attend to the last sliding_window positions: the
   // same model as full attention up to that length, which is then the
   // context (longer is the decoder's "exceeds the context" error).
