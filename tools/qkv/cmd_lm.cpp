@@ -92,6 +92,17 @@ int run_generate(GenerateArgs a) {
   return 0;
 }
 
+// --temperature, --top-k, --top-p and --seed, as generate and chat take them.
+void add_sampling_options(CLI::App* sub, GenerateOptions& o) {
+  sub->add_option("--temperature", o.temperature, "Sampling temperature (0: greedy)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  sub->add_option("--top-k", o.top_k, "Sample from the k most likely tokens (0: all)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  sub->add_option("--top-p", o.top_p, "Sample from the smallest set with this much probability")
+      ->capture_default_str()->check(CLI::Range(0.0, 1.0));
+  sub->add_option("--seed", o.seed, "Seed of the sampling")->capture_default_str();
+}
+
 struct ChatArgs {
   std::string model, system;
   GenerateOptions options;
@@ -177,13 +188,7 @@ Run add_chat(CLI::App& app) {
   sub->add_option("--system", args->system, "A system message first");
   sub->add_option("--max-new-tokens", args->options.max_new_tokens, "The longest answer in tokens")
       ->capture_default_str()->check(CLI::PositiveNumber);
-  sub->add_option("--temperature", args->options.temperature, "Sampling temperature (0: greedy)")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
-  sub->add_option("--top-k", args->options.top_k, "Sample from the k most likely tokens (0: all)")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
-  sub->add_option("--top-p", args->options.top_p, "Sample from the smallest set with this much probability")
-      ->capture_default_str()->check(CLI::Range(0.0, 1.0));
-  sub->add_option("--seed", args->options.seed, "Seed of the sampling")->capture_default_str();
+  add_sampling_options(sub, args->options);
   add_dtype_option(sub, args->dtype);
   sub->add_option("--threads", args->threads, "Threads (0: all cores)");
   return [args] { return run_chat(*args); };
@@ -198,13 +203,7 @@ Run add_generate(CLI::App& app) {
   sub->add_option("--prompt", args->prompt, "Text to continue")->capture_default_str();
   sub->add_option("--max-new-tokens", args->options.max_new_tokens, "Stop after this many tokens")
       ->capture_default_str()->check(CLI::NonNegativeNumber);
-  sub->add_option("--temperature", args->options.temperature, "Sampling temperature (0: greedy)")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
-  sub->add_option("--top-k", args->options.top_k, "Sample from the k most likely tokens (0: all)")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
-  sub->add_option("--top-p", args->options.top_p, "Sample from the smallest set with this much probability")
-      ->capture_default_str()->check(CLI::Range(0.0, 1.0));
-  sub->add_option("--seed", args->options.seed, "Seed of the sampling")->capture_default_str();
+  add_sampling_options(sub, args->options);
   sub->add_flag("--ignore-eos", args->options.ignore_eos,
                 "Never sample <eos>: exactly --max-new-tokens tokens, or up to the context (for timing)");
   sub->add_flag("--truncate-prompt", args->options.truncate_prompt,
