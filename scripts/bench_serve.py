@@ -60,9 +60,9 @@ def build_recipe_model(qkv, out):
     return model
 
 
-def serve(qkv, model, parallel, threads):
+def serve(qkv, model, parallel, threads, extra=()):
     proc = subprocess.Popen([qkv, "serve", "--model", model, "--port", "0", "--parallel", str(parallel),
-                             "--queue", str(parallel), "--quiet", "--threads", str(threads)],
+                             "--queue", str(parallel), "--quiet", "--threads", str(threads), *extra],
                             stdout=subprocess.PIPE, text=True)
     for line in proc.stdout:
         m = re.match(r"listening on http://([\d.]+):(\d+)", line)
@@ -135,6 +135,7 @@ def main():
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--llama-server", help="llama.cpp's llama-server binary: the peer, on the folder's GGUF")
     p.add_argument("--translate", action="store_true", help="one-sentence /v1/translate requests to a translation model")
+    p.add_argument("--serve-args", default="", help="more qkv serve flags, e.g. '--batch-wait-ms 5'")
     p.add_argument("--json", action="store_true")
     a = p.parse_args()
     if a.translate and (not a.model or a.llama_server):
@@ -144,7 +145,7 @@ def main():
         with open(os.path.join(a.model, "sources.txt"), encoding="utf-8") as f:
             sentences = [line.rstrip("\n") for line in f if line.strip()]
     model = a.model or build_recipe_model(a.qkv, "out/bench-serve")
-    servers = [("qkv", lambda n: serve(a.qkv, model, n, a.threads))]
+    servers = [("qkv", lambda n: serve(a.qkv, model, n, a.threads, a.serve_args.split()))]
     if a.llama_server:
         gguf = gguf_of(model)
         servers.append(("llama-server", lambda n: serve_llama(a.llama_server, gguf, n, a.threads)))
