@@ -120,6 +120,14 @@ struct GenerateOptions {
 std::vector<int64_t> generate(LanguageModel& m, const std::string& prompt, const GenerateOptions& options,
                               const std::function<void(const std::string&)>& emit = {});
 
+// An assistant's turn (qkv/chat.h): generate on `prompt` (a chat format's
+// text) until <eos>, max_new_tokens or the text `end_of_turn`; returns the
+// answer without that marker. `emit` gets the answer as it grows; the end of
+// the text that may yet become the marker is held back until it does not.
+// An empty end_of_turn is plain generate.
+std::string generate_turn(LanguageModel& m, const std::string& prompt, const std::string& end_of_turn,
+                          const GenerateOptions& options, const std::function<void(const std::string&)>& emit = {});
+
 // --- images (arch vit) ---
 
 std::shared_ptr<VisionTransformer> load_vit_model(const std::string& dir, const std::string& command = "classify",

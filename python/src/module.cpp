@@ -335,20 +335,10 @@ struct Generator : ModelBase {
   // format's end of turn.
   std::string chat(nb::handle messages_arg, const GenerateOptions& o) {
     const std::string prompt = chat_prompt(messages_arg);
-    const std::string& end = chat_template.end_of_turn;
-    struct TurnEnded {};
     std::string text;
     run([&] {
-      try {
-        qkv::generate(m, prompt, o, [&](const std::string& piece) {
-          check_cancel();
-          text += piece;
-          if (!end.empty() && text.find(end) != std::string::npos) throw TurnEnded{};
-        });
-      } catch (const TurnEnded&) {
-      }
+      text = generate_turn(m, prompt, chat_template.end_of_turn, o, [&](const std::string&) { check_cancel(); });
     });
-    if (!end.empty()) text = text.substr(0, text.find(end));
     return text;
   }
 

@@ -175,4 +175,32 @@ std::vector<int64_t> generate(LanguageModel& m, const std::string& prompt, const
   return out;
 }
 
+std::string generate_turn(LanguageModel& m, const std::string& prompt, const std::string& end_of_turn,
+                          const GenerateOptions& options, const std::function<void(const std::string&)>& emit) {
+  struct TurnEnded {};
+  std::string text;
+  size_t shown = 0;
+  auto show = [&](size_t upto) {
+    if (emit && upto > shown) emit(text.substr(shown, upto - shown));
+    shown = std::max(shown, upto);
+  };
+  // The longest end of the text that begins the marker (it may yet become it).
+  auto partial_marker = [&] {
+    for (size_t n = std::min(text.size(), end_of_turn.size() - 1); n > 0; --n)
+      if (text.compare(text.size() - n, n, end_of_turn, 0, n) == 0) return n;
+    return size_t{0};
+  };
+  try {
+    generate(m, prompt, options, [&](const std::string& piece) {
+      text += piece;
+      if (!end_of_turn.empty() && text.find(end_of_turn) != std::string::npos) throw TurnEnded{};
+      show(end_of_turn.empty() ? text.size() : text.size() - partial_marker());
+    });
+  } catch (const TurnEnded&) {
+  }
+  if (!end_of_turn.empty()) text.resize(std::min(text.size(), text.find(end_of_turn)));
+  show(text.size());
+  return text;
+}
+
 }  // namespace qkv

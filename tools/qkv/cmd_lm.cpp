@@ -110,13 +110,6 @@ struct ChatArgs {
   int threads = 0;
 };
 
-// The longest end of `text` that begins `marker` (what may yet become it).
-size_t partial_marker(const std::string& text, const std::string& marker) {
-  for (size_t n = std::min(text.size(), marker.size() - 1); n > 0; --n)
-    if (text.compare(text.size() - n, n, marker, 0, n) == 0) return n;
-  return 0;
-}
-
 // One line of stdin, one user message; the answer streams to stdout, ending
 // at the format's end of turn. When the conversation outgrows the context,
 // its oldest turns (after a system message) are dropped.
@@ -151,25 +144,10 @@ int run_chat(ChatArgs a) {
       std::fprintf(stderr, "chat: the oldest turn was dropped to fit the context of %lld tokens\n", (long long)context);
       prompt = format_chat(t, messages);
     }
-    struct TurnEnded {};
-    std::string text;
-    size_t shown = 0;
-    const std::string& end = t.end_of_turn;
-    auto show = [&](size_t upto) {
-      std::fwrite(text.data() + shown, 1, upto - shown, stdout);
+    const std::string text = generate_turn(m, prompt, t.end_of_turn, a.options, [](const std::string& piece) {
+      std::fwrite(piece.data(), 1, piece.size(), stdout);
       std::fflush(stdout);
-      shown = upto;
-    };
-    try {
-      generate(m, prompt, a.options, [&](const std::string& piece) {
-        text += piece;
-        if (!end.empty() && text.find(end) != std::string::npos) throw TurnEnded{};
-        show(end.empty() ? text.size() : text.size() - partial_marker(text, end));
-      });
-    } catch (const TurnEnded&) {
-    }
-    if (!end.empty() && text.find(end) != std::string::npos) text.resize(text.find(end));
-    if (text.size() > shown) show(text.size());
+    });
     std::putchar('\n');
     std::fflush(stdout);
     messages.push_back({"assistant", text});
