@@ -120,7 +120,7 @@ TEMPLATES = {
         "{{ undefined_name | default('fallback') }} {{ '' | default('empty', true) }} {{ '12' | int + 1 }}"
         " {{ 3 | float }} {{ 'MiXeD' | lower }} {{ 'x' | upper }} {{ 5 | string ~ '!' }}\n"
         "{{ [1, 2, 3, 4, 5][1:3] }} {{ [1, 2, 3, 4, 5][::-1] }} {{ [1, 2, 3, 4, 5][-2:] }} {{ 'hello'[1:-1] }}"
-        " {{ 'hello'[0] }} {{ [1, 2][-1] }}\n"
+        " {{ 'hello'[0] }} {{ [1, 2][-1] }} {{ [1, 2, 3][none::-1] }} {{ [1, 2, 3][5:-9:-1] }}\n"
         "{{ 1 < 2 and 2 <= 2 and 3 > 2 and 3 >= 3 and 1 != 2 }} {{ not false }} {{ none or 'or' }}"
         " {{ 0 and 'never' }} {{ 'yes' if 1 else 'no' }} {{ range(3) | list }} {{ range(1, 10, 4) | list }}\n"
         "{% for a, b in [[1, 'x'], [2, 'y']] %}{{ a }}{{ b }}{% endfor %}"

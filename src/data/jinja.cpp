@@ -10,6 +10,7 @@
 #include <ctime>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <vector>
@@ -806,23 +807,13 @@ private:
 
   ExprPtr or_expr() {
     ExprPtr e = and_expr();
-    while (accept_name("or")) {
-      auto o = node(Expr::Kind::Or);
-      o->items.push_back(std::move(e));
-      o->items.push_back(and_expr());
-      e = std::move(o);
-    }
+    while (accept_name("or")) e = operands(Expr::Kind::Or, std::move(e), and_expr());
     return e;
   }
 
   ExprPtr and_expr() {
     ExprPtr e = not_expr();
-    while (accept_name("and")) {
-      auto a = node(Expr::Kind::And);
-      a->items.push_back(std::move(e));
-      a->items.push_back(not_expr());
-      e = std::move(a);
-    }
+    while (accept_name("and")) e = operands(Expr::Kind::And, std::move(e), not_expr());
     return e;
   }
 
@@ -836,11 +827,17 @@ private:
     return compare();
   }
 
+  // A node of kind k over l and r.
+  ExprPtr operands(Expr::Kind k, ExprPtr l, ExprPtr r) {
+    auto n = node(k);
+    n->items.push_back(std::move(l));
+    n->items.push_back(std::move(r));
+    return n;
+  }
+
   ExprPtr binary(std::string op, ExprPtr l, ExprPtr r) {
-    auto b = node(Expr::Kind::Binary);
+    auto b = operands(Expr::Kind::Binary, std::move(l), std::move(r));
     b->name = std::move(op);
-    b->items.push_back(std::move(l));
-    b->items.push_back(std::move(r));
     return b;
   }
 
@@ -1306,7 +1303,7 @@ private:
     if (obj.kind == Value::Kind::Dict) {
       if (const Value* v = obj.find(name)) return *v;
     }
-    if (Value m = method(obj, name, line); m.defined()) return m;
+    if (Value m = method(obj, name); m.defined()) return m;
     return Value::undefined(name);
   }
 
@@ -1328,14 +1325,14 @@ private:
   }
 
   Value slice(const Value& obj, const Expr& e) {
-    auto bound = [&](size_t k, int64_t fallback) {
-      if (!e.items[k]) return fallback;
+    auto bound = [&](size_t k) -> std::optional<int64_t> {  // none when left out or none
+      if (!e.items[k]) return std::nullopt;
       const Value v = eval(*e.items[k]);
-      if (v.kind == Value::Kind::None) return fallback;
+      if (v.kind == Value::Kind::None) return std::nullopt;
       if (v.kind != Value::Kind::Int) fail_at(e.line, "a slice bound must be an integer");
       return v.i;
     };
-    const int64_t step = bound(3, 1);
+    const int64_t step = bound(3).value_or(1);
     if (step == 0) fail_at(e.line, "a slice step of 0");
     List src;
     if (obj.kind == Value::Kind::List)
@@ -1345,13 +1342,13 @@ private:
     else
       fail_at(e.line, std::string("cannot slice ") + kind_name(obj));
     const int64_t n = (int64_t)src.size();
-    auto clamp = [&](int64_t x, bool is_start) {
+    auto clamp = [&](int64_t x) {  // as Python clamps a slice's bounds
       if (x < 0) x += n;
-      if (step > 0) return std::clamp<int64_t>(x, 0, n);
-      return std::clamp<int64_t>(x, -1, n - 1) + (is_start ? 0 : 0);
+      return step > 0 ? std::clamp<int64_t>(x, 0, n) : std::clamp<int64_t>(x, -1, n - 1);
     };
-    int64_t start = e.items[1] ? clamp(bound(1, 0), true) : (step > 0 ? 0 : n - 1);
-    int64_t stop = e.items[2] ? clamp(bound(2, 0), false) : (step > 0 ? n : -1);
+    const std::optional<int64_t> from = bound(1), to = bound(2);
+    const int64_t start = from ? clamp(*from) : (step > 0 ? 0 : n - 1);
+    const int64_t stop = to ? clamp(*to) : (step > 0 ? n : -1);
     List out;
     for (int64_t k = start; step > 0 ? k < stop : k > stop; k += step) out.push_back(src[(size_t)k]);
     if (obj.kind == Value::Kind::Str) {
@@ -1417,8 +1414,7 @@ private:
   }
 
   // A bound method of a string or a dict, or undefined.
-  Value method(const Value& obj, const std::string& name, int line) {
-    (void)line;
+  Value method(const Value& obj, const std::string& name) {
     if (obj.kind == Value::Kind::Str) {
       const std::string s = obj.s;
       if (name == "strip" || name == "lstrip" || name == "rstrip")
