@@ -615,28 +615,18 @@ def main():
     ap.add_argument("--only", nargs="+", metavar="NAME", help="write only these fixtures")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    for name in args.only or ("llama", "llama-linear", "llama-yarn", "llama-dynamic", "qwen2", "qwen3", "mistral", "mixtral", "gpt2", "bert", "vit",
-                                 "vit-resize", "marian", "marian-attention", "marian-beam", "qwen2-chat"):
-        if name == "bert":
-            make_bert(args.out)
-        elif name == "marian":
-            make_marian(args.out)
-        elif name == "marian-attention":
-            make_marian_attention(args.out)
-        elif name == "marian-beam":
-            make_marian_beam(args.out)
-        elif name == "qwen2-chat":
-            make_qwen2_chat(args.out)
-        elif name == "llama-linear":
-            make_llama_linear(args.out)
-        elif name == "llama-yarn":
-            make_llama_yarn(args.out)
-        elif name == "llama-dynamic":
-            make_llama_dynamic(args.out)
-        elif name == "vit":
-            make_vit(args.out)
-        elif name == "vit-resize":
-            make_vit_resize(args.out)
+    # In the order they build on each other: marian-attention reads the marian
+    # folder, qwen2-chat writes into the qwen2 one; the causal LMs are make(name).
+    makers = {"llama": None, "llama-linear": make_llama_linear, "llama-yarn": make_llama_yarn,
+              "llama-dynamic": make_llama_dynamic, "qwen2": None, "qwen3": None, "mistral": None, "mixtral": None,
+              "gpt2": None, "bert": make_bert, "vit": make_vit, "vit-resize": make_vit_resize, "marian": make_marian,
+              "marian-attention": make_marian_attention, "marian-beam": make_marian_beam,
+              "qwen2-chat": make_qwen2_chat}
+    for name in args.only or makers:
+        if name not in makers:
+            ap.error(f"no fixture '{name}': " + ", ".join(makers))
+        if makers[name]:
+            makers[name](args.out)
         else:
             make(name, args.out)
     return 0
