@@ -95,17 +95,21 @@ TEST(Cpu, EveryLevelMatchesTheReference) {
       ref::gemm(g);
       EXPECT_TRUE(testing::gemm_close(c_fast, c_ref, a.slice(0, 0, rows), w, bias)) << isa_name(isa) << " gemm " << rows;
     }
-    {  // large enough for the tiles to split W's rows between the threads; alpha and beta too
-      Tensor a2 = Tensor::randn({37, 203}, rng), w2 = Tensor::randn({301, 203}, rng);
+    // Large enough for the tiles to split W's rows between the threads; alpha
+    // and beta too. With k 2051 a block of W (kTiledBlockBytes) is 12 rows,
+    // so each thread goes through a dozen blocks, its last one short.
+    for (int64_t depth : {(int64_t)203, (int64_t)2051}) {
+      Tensor a2 = Tensor::randn({37, depth}, rng), w2 = Tensor::randn({301, depth}, rng);
       GemmArgs g;
-      g.trans_b = true, g.m = 37, g.n = 301, g.k = 203, g.alpha = 0.5f, g.beta = 0.0f, g.inference = true;
-      g.a = a2.data<float>(), g.lda = 203, g.b = w2.data<float>(), g.ldb = 203, g.ldc = 301;
+      g.trans_b = true, g.m = 37, g.n = 301, g.k = depth, g.alpha = 0.5f, g.beta = 0.0f, g.inference = true;
+      g.a = a2.data<float>(), g.lda = depth, g.b = w2.data<float>(), g.ldb = depth, g.ldc = 301;
       Tensor c_fast = Tensor::full({37, 301}, NAN), c_ref = Tensor::full({37, 301}, NAN);
       g.c = c_fast.data<float>();
       fast.gemm(g);
       g.c = c_ref.data<float>();
       ref::gemm(g);
-      EXPECT_TRUE(testing::gemm_close(g, Tensor::zeros({37, 301}), c_fast, c_ref)) << isa_name(isa) << " gemm 37";
+      EXPECT_TRUE(testing::gemm_close(g, Tensor::zeros({37, 301}), c_fast, c_ref))
+          << isa_name(isa) << " gemm 37 x " << depth;
     }
     const int64_t r = x.size(0), cols = x.size(1);
     Tensor y_fast = Tensor::empty(x.shape()), y_ref = Tensor::empty(x.shape());

@@ -123,6 +123,37 @@ nlohmann::ordered_json bench_gemm(const GemmRow& r, double seconds) {
           {"ratio", raw / ours}};
 }
 
+// As bench_gemm for x W^T, but each call reads a different copy of W, from
+// enough copies (256 MB) that none is still in a cache: a decoding step's
+// weights come from memory, which the loop above, on one W, never shows.
+nlohmann::ordered_json bench_gemm_streamed(const GemmRow& r, double seconds) {
+  Rng rng(0);
+  NoGradGuard no_grad;
+  const int64_t copies = std::max<int64_t>(8, (int64_t(256) << 20) / (r.n * r.k * 4));
+  Tensor a = Tensor::randn({r.m, r.k}, rng);
+  std::vector<Tensor> ws;
+  for (int64_t i = 0; i < copies; ++i) ws.push_back(Tensor::randn({r.n, r.k}, rng));
+  Tensor c = Tensor::empty({r.m, r.n});
+  size_t next = 0;
+  auto w = [&] { return ws[next++ % ws.size()]; };
+  const double ours = seconds_per_call([&] { linear(a, w()); }, seconds);
+  const double raw = seconds_per_call(
+      [&] {
+        blas::sgemm()(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)r.m, (blasint)r.n, (blasint)r.k, 1.0f,
+                      a.data<float>(), (blasint)r.k, w().data<float>(), (blasint)r.k, 0.0f, c.data<float>(),
+                      (blasint)r.n);
+      },
+      seconds);
+  const double flops = 2.0 * r.m * r.n * r.k, bytes = 4.0 * r.n * r.k;
+  return {{"name", r.name},
+          {"shape", "[" + std::to_string(r.m) + "x" + std::to_string(r.k) + "]@[" + std::to_string(r.k) + "x" +
+                        std::to_string(r.n) + "]"},
+          {"qkv_gflops", flops / ours / 1e9},
+          {"qkv_weight_gb_per_s", bytes / ours / 1e9},
+          {"sgemm_gflops", flops / raw / 1e9},
+          {"ratio", raw / ours}};
+}
+
 nlohmann::json run_peer(const std::string& cmd_in);
 
 // The PyTorch peer of `rows` (scripts/bench_matmul_torch.py, all shapes in
@@ -1070,6 +1101,12 @@ int run_bench(const BenchArgs& a) {
       {"beams vocab", 1, 128, 8000, 256, true},
       {"greedy ffn expand", 1, 32, 1024, 256, true},
       {"greedy vocab", 1, 32, 8000, 256, true},
+      // One decoding step of 16 served streams of the lm-20m Llama (scripts/make_bench_llama.py:
+      // d_model 512, SwiGLU 1408, vocabulary 4096): the projections read the weights once per step.
+      {"16 rows q/k/v/o", 1, 16, 512, 512, true},
+      {"16 rows gate/up", 1, 16, 1408, 512, true},
+      {"16 rows down", 1, 16, 512, 1408, true},
+      {"16 rows vocab", 1, 16, 4096, 512, true},
   };
   nlohmann::ordered_json out;
   out["suite"] = "ops";
@@ -1109,6 +1146,23 @@ int run_bench(const BenchArgs& a) {
                   row["vs_best_peer"].get<double>());
   }
   bench_bf16_linear(a, gemms, out);
+  // Decoding: one row (a single stream) and 16 (16 streams), the weights from memory.
+  out["matmul_weights_from_memory"] = nlohmann::ordered_json::array();
+  if (!a.json)
+    std::printf("\n%-18s %-26s %10s %12s %12s %8s\n", "weights streamed", "shape", "qkv GF/s", "weights GB/s",
+                "sgemm GF/s", "vs sgemm");
+  for (const GemmRow& r : std::vector<GemmRow>{{"1 row gate/up", 1, 1, 1408, 512, true},
+                                               {"16 rows q/k/v/o", 1, 16, 512, 512, true},
+                                               {"16 rows gate/up", 1, 16, 1408, 512, true},
+                                               {"16 rows down", 1, 16, 512, 1408, true},
+                                               {"16 rows vocab", 1, 16, 4096, 512, true}}) {
+    auto row = bench_gemm_streamed(r, a.seconds);
+    out["matmul_weights_from_memory"].push_back(row);
+    if (!a.json)
+      std::printf("%-18s %-26s %10.1f %12.1f %12.1f %8.2f\n", r.name.c_str(), row["shape"].get<std::string>().c_str(),
+                  row["qkv_gflops"].get<double>(), row["qkv_weight_gb_per_s"].get<double>(),
+                  row["sgemm_gflops"].get<double>(), row["ratio"].get<double>());
+  }
   out["bandwidth"] = nlohmann::ordered_json::array();
   if (!a.json) std::printf("\n%-18s %-26s %10s %12s\n", "memory-bound op", "shape", "GB/s", "ms");
   for (auto& [name, shape] : std::vector<std::pair<std::string, Shape>>{
