@@ -118,6 +118,43 @@ TEST(Attention, PackedSelfAttentionFlashEqualsNaive) {
   EXPECT_THROW(packed_self_attention(Tensor::zeros({1, 2, 12}), 3, 2), Error);  // H not a multiple of Hkv
 }
 
+// Decoding rows with caches of their own: one call equals a call of
+// scaled_dot_product_attention (naive path) per row, for caches of different
+// lengths (across the kernel's key tiles) read in place from larger buffers,
+// with grouped queries; with a gradient to compute it takes the per-row path
+// and still agrees; rows that disagree in heads are an error.
+TEST(Attention, CachedRowsAttentionEqualsOneCallPerRow) {
+  omp_set_num_threads(2);
+  Rng rng(41);
+  const int64_t H = 4, Hkv = 2, Dh = 16, capacity = 200;
+  const std::vector<int64_t> lengths = {1, 64, 65, 150};
+  const int64_t B = (int64_t)lengths.size();
+  std::vector<Tensor> k_caches, v_caches, keys, values;
+  for (int64_t n : lengths) {
+    k_caches.push_back(Tensor::randn({1, Hkv, capacity, Dh}, rng));
+    v_caches.push_back(Tensor::randn({1, Hkv, capacity, Dh}, rng));
+    keys.push_back(k_caches.back().slice(2, 0, n));
+    values.push_back(v_caches.back().slice(2, 0, n));
+  }
+  Tensor q = Tensor::randn({B, H, 1, Dh}, rng);
+  std::vector<Tensor> expected;
+  for (int64_t b = 0; b < B; ++b)
+    expected.push_back(
+        scaled_dot_product_attention(q.slice(0, b, b + 1), keys[b], values[b], {.impl = AttentionImpl::Naive}));
+  {
+    NoGradGuard no_grad;
+    EXPECT_TRUE(all_close(cached_rows_attention(q, keys, values), concat(expected, 0), 1e-5f, 1e-4f));
+  }
+  Tensor qg = q.detach().set_requires_grad(true);
+  Tensor with_grad = cached_rows_attention(qg, keys, values);
+  EXPECT_TRUE(with_grad.requires_grad());
+  EXPECT_TRUE(all_close(with_grad, concat(expected, 0), 1e-5f, 1e-4f));
+  std::vector<Tensor> odd_keys = keys;
+  odd_keys[2] = Tensor::randn({1, 1, 65, Dh}, rng);  // one key/value head where the others have two
+  EXPECT_THROW(cached_rows_attention(q, odd_keys, values), Error);
+  EXPECT_THROW(cached_rows_attention(q, keys, {values.begin(), values.end() - 1}), Error);
+}
+
 TEST(Attention, HandComputed) {
   // One query, two keys: scores q.k / sqrt(2) = [1, 0] -> weights softmax([1, 0]).
   Tensor q = Tensor::from_vector({std::sqrt(2.0f), 0}, {1, 1, 1, 2});

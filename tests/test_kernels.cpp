@@ -459,18 +459,25 @@ TEST(Kernels, OptimizerStepsMatchTheReference) {
 }
 
 // The flash pair against its naive twin: padding (a batch with no keys),
-// causal with more queries than keys, grouped queries, a packed layout.
+// causal with more queries than keys, grouped queries, a packed layout, one
+// query row (decoding: plain loops instead of GEMMs; lengths across key
+// tiles), and batches in buffers of their own (FlashShape::k_batches, as the
+// KV caches of decoding streams; forward only). Dropping the accumulation of
+// the one-row p V loop, or reading k_batches as one buffer, fails.
 TEST(Kernels, FlashAttentionMatchesTheReference) {
   omp_set_num_threads(2);
   struct Case {
     int64_t batch, heads, kv_heads, t, s, dh;
     bool causal, packed;
     std::vector<int64_t> lengths;
+    bool separate = false;
   };
   const std::vector<Case> cases = {
       {3, 4, 2, 40, 150, 32, false, false, {150, 7, 0}},
       {1, 2, 1, 200, 50, 16, true, false, {}},
       {2, 4, 2, 70, 70, 16, true, true, {70, 33}},
+      {3, 4, 2, 1, 150, 32, false, false, {150, 64, 1}},
+      {3, 4, 2, 1, 150, 32, false, false, {150, 65, 0}, true},
   };
   for (const Kernels* k : levels()) {
     for (const Case& c : cases) {
@@ -492,9 +499,20 @@ TEST(Kernels, FlashAttentionMatchesTheReference) {
       const float* p = in.data<float>();
       Tensor out_f = Tensor::empty({out_n}), out_r = Tensor::empty({out_n});
       Tensor lse_f = Tensor::empty({lse_n}), lse_r = Tensor::empty({lse_n});
-      k->flash_attention_forward(f, p, p + k_at, p + v_at, out_f.data<float>(), lse_f.data<float>());
-      ref::flash_attention_forward(f, p, p + k_at, p + v_at, out_r.data<float>(), lse_r.data<float>());
-      const std::string what = std::string(k->name) + " t " + std::to_string(c.t) + (c.packed ? " packed" : "");
+      // Separate: batch b's keys and values are the last batch's, and so on
+      // backwards (each batch its own pointer; no batch stride reaches them).
+      std::vector<const float*> k_batches, v_batches;
+      for (int64_t b = 0; c.separate && b < c.batch; ++b) {
+        const int64_t from = (c.batch - 1 - b) * c.kv_heads * c.s * c.dh;
+        k_batches.push_back(p + k_at + from), v_batches.push_back(p + v_at + from);
+      }
+      if (c.separate) f.k_batches = k_batches.data(), f.v_batches = v_batches.data();
+      k->flash_attention_forward(f, p, c.separate ? nullptr : p + k_at, c.separate ? nullptr : p + v_at,
+                                 out_f.data<float>(), lse_f.data<float>());
+      ref::flash_attention_forward(f, p, c.separate ? nullptr : p + k_at, c.separate ? nullptr : p + v_at,
+                                   out_r.data<float>(), lse_r.data<float>());
+      const std::string what = std::string(k->name) + " t " + std::to_string(c.t) + (c.packed ? " packed" : "") +
+                               (c.separate ? " separate" : "");
       EXPECT_TRUE(all_close(out_f, out_r, 1e-5f, 1e-4f)) << what;
       const std::vector<float> lf = lse_f.to_vector(), lr = lse_r.to_vector();
       for (int64_t i = 0; i < lse_n; ++i) {
@@ -506,6 +524,21 @@ TEST(Kernels, FlashAttentionMatchesTheReference) {
       }
       const bool last_batch_sees_nothing = !c.lengths.empty() && c.lengths.back() == 0;
       EXPECT_EQ(std::isinf(lr.back()), last_batch_sees_nothing) << what;
+      if (c.separate) {  // the twin read the batches in their own buffers, as the same batches contiguous would
+        FlashShape whole = f;
+        whole.k_batches = whole.v_batches = nullptr;
+        std::vector<float> reversed((size_t)(2 * kv_n));
+        const int64_t per = c.kv_heads * c.s * c.dh;
+        for (int64_t b = 0; b < c.batch; ++b)
+          for (int64_t part = 0; part < 2; ++part)
+            std::copy_n(p + (part ? v_at : k_at) + (c.batch - 1 - b) * per, per,
+                        reversed.data() + part * kv_n + b * per);
+        Tensor out_w = Tensor::empty({out_n}), lse_w = Tensor::empty({lse_n});
+        ref::flash_attention_forward(whole, p, reversed.data(), reversed.data() + kv_n, out_w.data<float>(),
+                                     lse_w.data<float>());
+        EXPECT_TRUE(all_close(out_r, out_w, 0, 0)) << what;
+        continue;  // forward only
+      }
       // The fast backward starts on NaN and the reference on zeros: every element
       // of dq, dk and dv must be written (keys hidden by padding, a batch that
       // sees nothing, causal rows, the packed layout's interleaved heads).

@@ -53,6 +53,17 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 // rows in place, and writes dqkv in one buffer).
 Tensor packed_self_attention(const Tensor& qkv, int64_t heads, int64_t kv_heads, const AttentionOptions& options = {});
 
+// Decoding B sequences together, each with a KV cache of its own: row b's
+// one query q[b] ([B, H, 1, Dh]) against all of keys[b] and values[b]
+// ([1, Hkv, S_b, Dh] and [1, Hkv, S_b, Dv], views of the caches, which may
+// differ in length). Returns [B, H, 1, Dv], as B calls of
+// scaled_dot_product_attention would, but in one call of the flash kernel
+// over every (row, head), reading each cache where it lies. (With a gradient
+// to compute, under bfloat16 autocast, or caches of different layouts, it
+// makes those B calls.)
+Tensor cached_rows_attention(const Tensor& q, const std::vector<Tensor>& keys, const std::vector<Tensor>& values,
+                             float scale = 0.0f);
+
 // The naive path, also returning the attention weights [B, H, T, S].
 struct AttentionWithWeights {
   Tensor out;

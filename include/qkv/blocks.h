@@ -101,7 +101,8 @@ public:
   // One decoding step of B independent sequences (continuous batching): x
   // [B, 1, D], row b the next position of the sequence whose cache is
   // caches[b] (batch 1, each at its own length). The projections run once for
-  // all rows; each row's k, v are appended to its cache and its q attends to it.
+  // all rows; each row's k, v are appended to its cache, and the rows' queries
+  // attend to their caches in one call (cached_rows_attention; no dropout).
   AttentionOutput forward_cached_rows(const Tensor& x, const std::vector<KVCache*>& caches);
   KVCache make_cache(int64_t batch, int64_t capacity) const;
 

@@ -153,6 +153,12 @@ struct FlashShape {
   float scale = 1.0f;
   bool causal = false;
   const int64_t* key_lengths = nullptr;  // [B] or null
+  // Batches whose keys and values lie in buffers of their own (the KV caches
+  // of sequences decoded together, `qkv serve`'s streams): batch b's keys at
+  // k_batches[b], its heads k.head and its rows k.row apart (k.batch and the
+  // k pointer unused); v likewise. Forward only, and not with bf16.
+  const float* const* k_batches = nullptr;
+  const float* const* v_batches = nullptr;
   // Products in bfloat16 (gemm_bf16: each operand rounded to bfloat16 as it is
   // packed, float32 sums), as under torch.autocast; the softmax, its
   // statistics (max, sum, lse), the rescaling and dout . out stay float32.

@@ -173,8 +173,7 @@ AttentionOutput MultiheadAttention::forward_cached_rows(const Tensor& x, const s
             shape_str(x.shape()), " and ", caches.size(), " caches");
   std::vector<Tensor> qkv = project_self(x);
   Tensor q = heads(qkv[0], options_.nhead), k = heads(qkv[1], kv_heads_), v = heads(qkv[2], kv_heads_);
-  const AttentionOptions o = attention_options({});
-  std::vector<Tensor> ctx;  // [1, H, 1, Dh] per row
+  std::vector<Tensor> qs, keys, values;  // per row: its query [1, H, 1, Dh], its cache's valid rows
   for (int64_t b = 0; b < B; ++b) {
     KVCache& cache = *caches[(size_t)b];
     const int64_t start = cache.length;
@@ -186,10 +185,12 @@ AttentionOutput MultiheadAttention::forward_cached_rows(const Tensor& x, const s
       cache.v.slice(2, start, start + 1).copy_(v.slice(0, b, b + 1));
     }
     cache.length = start + 1;
-    ctx.push_back(scaled_dot_product_attention(prepare(q.slice(0, b, b + 1), q_norm, start),
-                                               cache.k.slice(2, 0, cache.length), cache.v.slice(2, 0, cache.length), o));
+    qs.push_back(prepare(q.slice(0, b, b + 1), q_norm, start));
+    keys.push_back(cache.k.slice(2, 0, cache.length));
+    values.push_back(cache.v.slice(2, 0, cache.length));
   }
-  Tensor merged = concat(ctx, 0).permute({0, 2, 1, 3}).reshape({B, 1, options_.nhead * head_dim_});
+  Tensor ctx = cached_rows_attention(concat(qs, 0), keys, values);  // [B, H, 1, Dh]
+  Tensor merged = ctx.permute({0, 2, 1, 3}).reshape({B, 1, options_.nhead * head_dim_});
   return {out_proj->forward(merged), {}};
 }
 

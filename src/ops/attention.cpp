@@ -2,6 +2,7 @@
 // ops; the reference) and the flash path (fused kernels, forward and backward).
 #include "qkv/attention.h"
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 
@@ -150,6 +151,54 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   Dims d = check_attention(q, k, v, o);
   if (use_flash(o)) return flash_attention(q, k, v, o, d);
   return naive_attention(q, k, v, o, d).out;
+}
+
+Tensor cached_rows_attention(const Tensor& q, const std::vector<Tensor>& keys, const std::vector<Tensor>& values,
+                             float scale) {
+  require_f32(q, "attention", "q");
+  const int64_t B = q.dim() == 4 ? q.size(0) : 0;
+  QKV_CHECK(q.dim() == 4 && q.size(2) == 1 && B > 0 && keys.size() == (size_t)B && values.size() == (size_t)B,
+            "cached_rows_attention: q must be [B, H, 1, Dh] with one cache's keys and values per row, got q ",
+            shape_str(q.shape()), ", ", keys.size(), " keys, ", values.size(), " values");
+  const AttentionOptions o{.scale = scale};
+  std::vector<int64_t> lengths(B);
+  for (int64_t b = 0; b < B; ++b) {
+    Dims d = check_attention(q.slice(0, b, b + 1), keys[b], values[b], o);
+    QKV_CHECK(keys[b].size(0) == 1 && d.kv_heads == keys[0].size(1) && d.dv == values[0].size(3),
+              "cached_rows_attention: row ", b, "'s keys ", shape_str(keys[b].shape()), " and values ",
+              shape_str(values[b].shape()), " differ from row 0's ", shape_str(keys[0].shape()), " and ",
+              shape_str(values[0].shape()), " in more than their length");
+    lengths[b] = d.s;
+  }
+  // One kernel call: each row's keys and values read where they lie, all with one layout.
+  std::vector<Tensor> inputs = keys;
+  inputs.insert(inputs.end(), values.begin(), values.end());
+  inputs.push_back(q);
+  std::optional<FlashLayout> k_layout = readable_layout(keys[0]), v_layout = readable_layout(values[0]);
+  for (int64_t b = 1; b < B && k_layout && v_layout; ++b) {
+    const auto kb = readable_layout(keys[b]), vb = readable_layout(values[b]);
+    if (!kb || !vb || kb->head != k_layout->head || kb->row != k_layout->row || vb->head != v_layout->head ||
+        vb->row != v_layout->row)
+      k_layout.reset();
+  }
+  if (!k_layout || !v_layout || any_requires_grad(inputs) || bf16_autocast()) {
+    std::vector<Tensor> out;
+    for (int64_t b = 0; b < B; ++b)
+      out.push_back(scaled_dot_product_attention(q.slice(0, b, b + 1), keys[b], values[b], o));
+    return concat(out, 0);
+  }
+  const Dims d{B,         q.size(1),        keys[0].size(1), 1, *std::max_element(lengths.begin(), lengths.end()),
+               q.size(3), values[0].size(3)};
+  Tensor qc = q.contiguous();
+  std::vector<const float*> k_batches(B), v_batches(B);
+  for (int64_t b = 0; b < B; ++b) k_batches[b] = keys[b].data<float>(), v_batches[b] = values[b].data<float>();
+  FlashShape f{d.batch, d.heads, d.kv_heads, d.t, d.s, d.dh, d.dv};
+  f.scale = scale_of(o, d), f.key_lengths = lengths.data();
+  f.k = *k_layout, f.v = *v_layout, f.k_batches = k_batches.data(), f.v_batches = v_batches.data();
+  Tensor out = Tensor::empty({d.batch, d.heads, 1, d.dv});
+  Tensor lse = Tensor::empty({d.batch, d.heads, 1});
+  QKV_KERNEL(flash_attention_forward)(f, qc.data<float>(), nullptr, nullptr, out.data<float>(), lse.data<float>());
+  return out;
 }
 
 Tensor packed_self_attention(const Tensor& qkv, int64_t heads, int64_t kv_heads, const AttentionOptions& o) {

@@ -50,6 +50,7 @@ struct BenchArgs {
   const CLI::Option* test_option = nullptr;       // whether --test was given
   std::string test = "out/demo/zh-ja.test.tsv";  // decode: its sentences
   int64_t sentences = 200;                        // decode: how many of them
+  std::vector<int64_t> rows = {1, 4, 16};         // streams: sequences decoded together
 };
 
 // A suite's --json output: its figures, plus what ran them.
@@ -1073,6 +1074,74 @@ int run_bench_generate(const BenchArgs& a) {
   return 0;
 }
 
+// Continuous batching's step without the server: `rows` sequences, each with
+// caches of its own (as `qkv serve`'s slots) after a prompt of its own, go
+// through DecoderLM::forward_cached_rows together, greedy. Best of 3 runs
+// of 48 steps. The peer (llama-server) is measured through HTTP by
+// scripts/bench_serve.py; this isolates the engine's part.
+int run_bench_streams(const BenchArgs& a) {
+  const int64_t prompt_len = 16, steps = 48, runs = 3;
+  std::vector<GenerateModel> models = generate_models(a);
+  nlohmann::ordered_json results = nlohmann::ordered_json::array();
+  if (!a.json)
+    std::printf(
+        "qkv bench streams: greedy decoding steps of 1 to N sequences at once (forward_cached_rows, each "
+        "sequence its own KV caches after a %lld-token prompt), best of %lld runs of %lld steps, %d threads\n\n"
+        "  %-20s %6s %10s %12s %10s\n",
+        (long long)prompt_len, (long long)runs, (long long)steps, thread_count(), "model", "rows", "step ms",
+        "tokens/s", "x 1 row");
+  for (GenerateModel& gm : models) {
+    DecoderLM& model = *gm.model;
+    model.eval();
+    NoGradGuard no_grad;
+    const int64_t V = model.config().vocab_size;
+    QKV_CHECK(model.config().context >= prompt_len + steps + 1, gm.name, ": context must hold ", prompt_len + steps + 1,
+              " tokens");
+    double one_row = 0;
+    for (int64_t rows : a.rows) {
+      QKV_CHECK(rows > 0, "bench streams: --rows must be positive, got ", rows);
+      double best = 1e30;
+      for (int64_t run = 0; run < runs; ++run) {
+        std::vector<std::vector<KVCache>> caches(rows);
+        std::vector<std::vector<KVCache>*> slots;
+        std::vector<int64_t> next(rows);
+        auto argmax = [&](const Tensor& logits, int64_t row, int64_t position) {
+          const float* l = logits.data<float>() + (row * logits.size(1) + position) * V;
+          return (int64_t)(std::max_element(l, l + V) - l);
+        };
+        for (int64_t r = 0; r < rows; ++r) {
+          caches[r] = model.make_caches(1, prompt_len + steps + 1);
+          slots.push_back(&caches[r]);
+          std::vector<int64_t> prompt;
+          for (int64_t i = 0; i < prompt_len; ++i) prompt.push_back(4 + (i * 7919 + r * 104729) % (V - 4));
+          next[r] =
+              argmax(model.forward_cached(Tensor::from_ints(prompt, {1, prompt_len}), caches[r]), 0, prompt_len - 1);
+        }
+        auto step = [&] {
+          Tensor logits = model.forward_cached_rows(Tensor::from_ints(next, {rows, 1}), slots);
+          for (int64_t r = 0; r < rows; ++r) next[r] = argmax(logits, r, 0);
+        };
+        step();  // warm up
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int64_t i = 1; i < steps; ++i) step();
+        best =
+            std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / (steps - 1));
+      }
+      const double tps = rows / best;
+      if (rows == 1) one_row = tps;
+      results.push_back({{"model", gm.name}, {"rows", rows}, {"step_ms", best * 1e3}, {"tokens_per_s", tps}});
+      if (!a.json)
+        std::printf("  %-20s %6lld %10.2f %12.1f %10s\n", gm.name.c_str(), (long long)rows, best * 1e3, tps,
+                    one_row > 0 ? (std::to_string(tps / one_row).substr(0, 4) + "x").c_str() : "-");
+    }
+  }
+  if (a.json) {
+    nlohmann::ordered_json out = {{"suite", "streams"}, {"threads", thread_count()}, {"rows", results}};
+    print_json(out);
+  }
+  return 0;
+}
+
 int run_bench(const BenchArgs& a) {
   set_threads(a.threads);
   if (!a.json) std::printf("%s\n", runtime_summary().c_str());
@@ -1081,8 +1150,9 @@ int run_bench(const BenchArgs& a) {
   if (a.suite == "decode") return run_bench_decode(a);
   if (a.suite == "vit") return run_bench_vit(a);
   if (a.suite == "generate") return run_bench_generate(a);
+  if (a.suite == "streams") return run_bench_streams(a);
   QKV_CHECK(a.suite == "ops", "bench: unknown suite '", a.suite,
-            "' (available: ops, attention, train, decode, vit, generate)");
+            "' (available: ops, attention, train, decode, vit, generate, streams)");
   std::vector<GemmRow> gemms = {
       {"square 256", 1, 256, 256, 256, false},
       {"square 512", 1, 512, 512, 512, false},
@@ -1189,14 +1259,16 @@ int run_bench(const BenchArgs& a) {
 
 Run add_bench(CLI::App& app) {
   auto args = std::make_shared<BenchArgs>();
-  CLI::App* sub =
-      app.add_subcommand("bench", "Measure speed side by side with a peer (suites: ops, attention, train, decode, vit, generate)");
-  sub->add_option("suite", args->suite, "Which benchmark: ops | attention | train | decode | vit | generate")
+  CLI::App* sub = app.add_subcommand(
+      "bench",
+      "Measure speed side by side with a peer (suites: ops, attention, train, decode, vit, generate, streams)");
+  sub->add_option("suite", args->suite, "Which benchmark: ops | attention | train | decode | vit | generate | streams")
       ->required();
   args->model_option =
-      sub->add_option("--model", args->model,
-                      "decode: a trained model folder; generate: a decoder folder (qkv or Hugging Face; without it, "
-                      "random models of configs/lm-20m.json and lm-100m.json)")
+      sub->add_option(
+             "--model", args->model,
+             "decode: a trained model folder; generate, streams: a decoder folder (qkv or Hugging Face; without it, "
+             "random models of configs/lm-20m.json and lm-100m.json)")
           ->capture_default_str();
   args->test_option =
       sub->add_option("--test", args->test,
@@ -1205,6 +1277,8 @@ Run add_bench(CLI::App& app) {
           ->capture_default_str();
   sub->add_option("--sentences", args->sentences, "decode: how many")->capture_default_str();
   sub->add_option("--steps", args->steps, "train, vit: timed training steps")->capture_default_str();
+  sub->add_option("--rows", args->rows, "streams: how many sequences decode together, one measurement each")
+      ->capture_default_str();
   sub->add_option("--precision", args->precision,
                   "train, vit, attention: f32, or bf16 (mixed precision: qkv's Bf16AutocastGuard, PyTorch's "
                   "autocast; attention adds bf16 rows beside the float32 ones)")

@@ -59,6 +59,33 @@ struct Layouts {
 // The first row of head h of batch b.
 inline int64_t at(const FlashLayout& l, int64_t b, int64_t h) { return b * l.batch + h * l.head; }
 
+// The first key (value) row of key/value head h of batch b: in x, or in the
+// batch's own buffer (FlashShape::k_batches).
+inline const float* kv_rows(const float* x, const float* const* batches, const FlashLayout& l, int64_t b, int64_t h) {
+  return batches ? batches[b] + h * l.head : x + at(l, b, h);
+}
+
+// One query row against `cols` keys (decoding: a tile of one row), as plain
+// loops: s_j = scale q.k_j, and o += sum_j p_j v_j. For one row these beat a
+// GEMM call, whose fixed costs (and BLAS's, for p V) outweighed the products.
+void row_scores(const float* q, const float* k, int64_t ldk, int64_t cols, int64_t dh, float scale, float* s) {
+  for (int64_t j = 0; j < cols; ++j) {
+    const float* kj = k + j * ldk;
+    float dot = 0;
+#pragma omp simd reduction(+ : dot)
+    for (int64_t d = 0; d < dh; ++d) dot += q[d] * kj[d];
+    s[j] = scale * dot;
+  }
+}
+void row_values(const float* p, const float* v, int64_t ldv, int64_t cols, int64_t dv, float* o) {
+  for (int64_t j = 0; j < cols; ++j) {
+    const float pj = p[j];
+    const float* vj = v + j * ldv;
+#pragma omp simd
+    for (int64_t d = 0; d < dv; ++d) o[d] += pj * vj[d];
+  }
+}
+
 // C[m,n] (+)= alpha * op(A) op(B) on raw row-major pointers, in float32.
 void small_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
                 const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
@@ -185,8 +212,8 @@ void forward_tiles(const FlashShape& f, const float* q, const float* k, const fl
 #pragma omp parallel for schedule(static) if (packed && kv_heads > 1)
   for (int64_t bh = 0; bh < (int64_t)Kp.size(); ++bh) {
     const int64_t b = bh / f.kv_heads, hk = bh % f.kv_heads;
-    pack_b(Kp[bh], k + at(L.k, b, hk), L.k.row, false);
-    pack_b(Vt[bh], v + at(L.v, b, hk), L.v.row, true);
+    pack_b(Kp[bh], kv_rows(k, f.k_batches, L.k, b, hk), L.k.row, false);
+    pack_b(Vt[bh], kv_rows(v, f.v_batches, L.v, b, hk), L.v.row, true);
   }
 #pragma omp parallel if (tasks > 1)
   {
@@ -202,8 +229,8 @@ void forward_tiles(const FlashShape& f, const float* q, const float* k, const fl
       const int64_t qt = task % q_tiles, bh = task / q_tiles, b = bh / f.heads, h = bh % f.heads;
       const int64_t q0 = qt * Br, rows = std::min(Br, f.t - q0);
       const float* Q = q + at(L.q, b, h) + q0 * L.q.row;
-      const float* K = k + at(L.k, b, h / G);
-      const float* V = v + at(L.v, b, h / G);
+      const float* K = kv_rows(k, f.k_batches, L.k, b, h / G);
+      const float* V = kv_rows(v, f.v_batches, L.v, b, h / G);
       const int64_t tile_hi = visible_keys(f, b, q0 + rows - 1);  // rows see more keys further down
       std::fill(m, m + rows, -INFINITY);
       std::fill(l, l + rows, 0.0f);
@@ -215,6 +242,8 @@ void forward_tiles(const FlashShape& f, const float* q, const float* k, const fl
         if (packed)
           packed_product(rows, cols, f.dh, f.scale, Qp.words, Qp.stride(), Kp[bh_kv].rows_from(k0), Kp[bh_kv].stride(),
                          0.0f, S, Bc);
+        else if (rows == 1)
+          row_scores(Q, K + k0 * L.k.row, L.k.row, cols, f.dh, f.scale, S);
         else
           small_gemm(false, true, rows, cols, f.dh, f.scale, Q, L.q.row, K + k0 * L.k.row, L.k.row, 0.0f, S, Bc);
         for (int64_t r = 0; r < rows; ++r) {
@@ -244,7 +273,10 @@ void forward_tiles(const FlashShape& f, const float* q, const float* k, const fl
         } else {
           if (rounded)
             for (int64_t r = 0; r < rows; ++r) round_row(S + r * Bc, cols, S + r * Bc);  // after l summed them
-          small_gemm(false, false, rows, f.dv, cols, 1.0f, S, Bc, V + k0 * L.v.row, L.v.row, 1.0f, O, f.dv);
+          if (rows == 1)
+            row_values(S, V + k0 * L.v.row, L.v.row, cols, f.dv, O);
+          else
+            small_gemm(false, false, rows, f.dv, cols, 1.0f, S, Bc, V + k0 * L.v.row, L.v.row, 1.0f, O, f.dv);
         }
       }
       for (int64_t r = 0; r < rows; ++r) {

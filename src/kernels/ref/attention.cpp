@@ -29,6 +29,11 @@ struct Rows {
   int64_t at(int64_t b, int64_t h, int64_t r) const { return b * l.batch + h * l.head + r * l.row; }
 };
 
+// Row j of key/value head h of batch b: in x, or in the batch's own buffer.
+const float* kv_row(const float* x, const float* const* batches, const Rows& r, int64_t b, int64_t h, int64_t j) {
+  return batches ? batches[b] + h * r.l.head + j * r.l.row : x + r.at(b, h, j);
+}
+
 int64_t visible(const FlashShape& f, int64_t b, int64_t i) {
   int64_t hi = f.s;
   if (f.key_lengths) hi = std::clamp<int64_t>(f.key_lengths[b], 0, f.s);
@@ -60,7 +65,7 @@ void flash_attention_forward(const FlashShape& f, const float* q, const float* k
         float* o = out + O.at(b, h, i);
         double m = -INFINITY;
         for (int64_t j = 0; j < n; ++j) {
-          score[j] = f.scale * dot(f, q + Q.at(b, h, i), k + K.at(b, hk, j), f.dh);
+          score[j] = f.scale * dot(f, q + Q.at(b, h, i), kv_row(k, f.k_batches, K, b, hk, j), f.dh);
           m = std::max(m, score[j]);
         }
         double l = 0;
@@ -68,7 +73,8 @@ void flash_attention_forward(const FlashShape& f, const float* q, const float* k
         std::fill(acc.begin(), acc.end(), 0.0);
         for (int64_t j = 0; j < n; ++j) {
           const double p = factor(f, std::exp(score[j] - m) / l);
-          for (int64_t c = 0; c < f.dv; ++c) acc[c] += p * factor(f, v[V.at(b, hk, j) + c]);
+          const float* vj = kv_row(v, f.v_batches, V, b, hk, j);
+          for (int64_t c = 0; c < f.dv; ++c) acc[c] += p * factor(f, vj[c]);
         }
         for (int64_t c = 0; c < f.dv; ++c) o[c] = n ? (float)acc[c] : 0.0f;
         lse[(b * f.heads + h) * f.t + i] = n ? (float)(m + std::log(l)) : -INFINITY;
