@@ -80,50 +80,6 @@ TEST_P(RowsStep, EqualsOneSequenceAtATime) {
   EXPECT_THROW(model.forward_cached_rows(Tensor::from_ints(next, {3, 1}), short_rows), Error);
 }
 
-// Chunks of different lengths in one pass: a new sequence's whole prompt, a
-// cached sequence's next token, another's next three tokens. Each chunk's
-// last logits are those the sequence gets alone with forward_cached, and
-// each cache ends where the lone one does. (Placing a chunk's positions at
-// the wrong offset, or mixing up which chunk's rows are its last, fails.)
-TEST_P(RowsStep, ChunksOfAnyLengthEqualOneSequenceAtATime) {
-  NoGradGuard no_grad;
-  LanguageModel m = random_byte_model(GetParam());
-  DecoderLM& model = *m.model;
-  const std::vector<std::vector<int64_t>> prompts = {with_bos(m, "the cat sat"), {}, with_bos(m, "a")};
-  std::vector<std::vector<KVCache>> alone, batched;
-  for (const auto& ids : prompts) {
-    alone.push_back(model.make_caches(1, model.config().context));
-    batched.push_back(model.make_caches(1, model.config().context));
-    if (ids.empty()) continue;
-    model.forward_cached(Tensor::from_ints(ids, {1, (int64_t)ids.size()}), alone.back());
-    model.forward_cached(Tensor::from_ints(ids, {1, (int64_t)ids.size()}), batched.back());
-  }
-  for (int step = 0; step < 2; ++step) {
-    const std::vector<std::vector<int64_t>> chunks = {
-        {40 + step}, step == 0 ? with_bos(m, "我是中国人") : std::vector<int64_t>{50}, {60, 61 + step, 62}};
-    std::vector<std::vector<KVCache>*> rows;
-    for (auto& c : batched) rows.push_back(&c);
-    Tensor got = model.forward_cached_chunks(chunks, rows);
-    ASSERT_EQ(got.shape(), (Shape{3, 1, model.config().vocab_size}));
-    for (size_t b = 0; b < 3; ++b) {
-      const int64_t n = (int64_t)chunks[b].size();
-      Tensor want = model.forward_cached(Tensor::from_ints(chunks[b], {1, n}), alone[b]);
-      EXPECT_EQ(batched[b][0].length, alone[b][0].length);
-      const float* g = got.data<float>() + b * (size_t)got.size(-1);
-      const float* w = want.data<float>() + (n - 1) * want.size(-1);
-      double worst = 0, scale = 0;
-      for (int64_t v = 0; v < want.size(-1); ++v) {
-        worst = std::max(worst, (double)std::fabs(g[v] - w[v]));
-        scale = std::max(scale, (double)std::fabs(w[v]));
-      }
-      EXPECT_LE(worst, 1e-5 * std::max(1.0, scale)) << "chunk " << b << " step " << step;
-    }
-  }
-  std::vector<std::vector<KVCache>*> rows = {&batched[0], &batched[1]};
-  EXPECT_THROW(model.forward_cached_chunks({{1}, {}}, rows), Error);  // an empty chunk
-  EXPECT_THROW(model.forward_cached_chunks({{1}}, rows), Error);      // a chunk for each row
-}
-
 INSTANTIATE_TEST_SUITE_P(Batching, RowsStep, ::testing::Values(kRope, kLearned));
 
 struct Collected {

@@ -3,12 +3,11 @@
 //
 // The generator has a fixed number of slots, each a KV cache of `context`
 // positions for one sequence. A request waits in a bounded queue until a slot
-// is free; it then joins at the next step, and every step runs one forward
-// pass over all active sequences (DecoderLM::forward_cached_chunks: the
-// newest token of each sequence decoding, the whole prompt of each one just
-// admitted, which gives its first token; the matrix products once for all of
-// them, attention per sequence against its own cache). A finished or
-// cancelled request leaves at once and frees its slot.
+// is free; it then joins at the next step: its prompt is prefilled into its
+// slot, and from then on every step computes the next token of all active
+// sequences with one batched forward pass (DecoderLM::forward_cached_rows:
+// the matrix products once for all rows, attention per row at its own
+// length). A finished or cancelled request leaves at once and frees its slot.
 //
 // Each request samples with its own generator seeded by its seed, so its
 // tokens are the ones qkv::generate() gives for the same prompt and options,
@@ -73,9 +72,9 @@ public:
   // is full or the generator is stopping. A prompt that does not fit the
   // context, or options out of range, are a qkv::Error.
   bool submit(BatchRequest request);
-  // One round on the calling thread: admits waiting requests into free slots,
-  // then one batched step for every active sequence (a new one's prompt and
-  // its first token). Returns whether any request is still active or waiting.
+  // One round on the calling thread: admits waiting requests into free slots
+  // (prefill and their first token), then one batched step for every active
+  // sequence. Returns whether any request is still active or waiting.
   bool step();
   // Runs step() on a thread of its own (with `threads` OpenMP threads, 0: the
   // default) until stop().

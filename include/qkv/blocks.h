@@ -98,15 +98,12 @@ public:
   // cache.length .. cache.length+T-1. Only their q, k, v are computed; k and v
   // are appended to the cache, and q attends to everything cached (causally).
   AttentionOutput forward_cached(const Tensor& x, KVCache& cache, const AttentionCall& call = {});
-  // One step of B independent sequences (continuous batching): x [1, N, D]
-  // holds their chunks one after another, counts[b] positions of the sequence
-  // whose cache is caches[b] (batch 1, each at its own length). The
-  // projections run once over all N positions; each chunk's k, v are appended
-  // to its cache; chunks of one position attend to their caches in one call
-  // (cached_rows_attention), longer ones (prompts) causally, each in its own.
-  // No dropout.
-  AttentionOutput forward_cached_chunks(const Tensor& x, const std::vector<KVCache*>& caches,
-                                        const std::vector<int64_t>& counts);
+  // One decoding step of B independent sequences (continuous batching): x
+  // [B, 1, D], row b the next position of the sequence whose cache is
+  // caches[b] (batch 1, each at its own length). The projections run once for
+  // all rows; each row's k, v are appended to its cache, and the rows' queries
+  // attend to their caches in one call (cached_rows_attention; no dropout).
+  AttentionOutput forward_cached_rows(const Tensor& x, const std::vector<KVCache*>& caches);
   KVCache make_cache(int64_t batch, int64_t capacity) const;
 
   const MultiheadAttentionOptions& options() const { return options_; }
@@ -221,10 +218,9 @@ public:
   // Causal self-attention over a KV cache (decoder-only models): x [B, T, D]
   // are positions cache.length .. cache.length+T-1.
   Tensor forward_cached(const Tensor& x, KVCache& cache);
-  // x [1, N, D]: chunks of B sequences, each with its own cache
-  // (MultiheadAttention::forward_cached_chunks).
-  Tensor forward_cached_chunks(const Tensor& x, const std::vector<KVCache*>& caches,
-                               const std::vector<int64_t>& counts);
+  // x [B, 1, D]: the next position of B sequences, each with its own cache
+  // (MultiheadAttention::forward_cached_rows).
+  Tensor forward_cached_rows(const Tensor& x, const std::vector<KVCache*>& caches);
   std::shared_ptr<MultiheadAttention> self_attn;
   std::shared_ptr<FeedForward> mlp;
   std::shared_ptr<Norm> norm1, norm2;

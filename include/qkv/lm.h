@@ -44,15 +44,10 @@ public:
   // ids [B, T] at positions caches[0].length .. +T-1 -> logits [B, T, V]:
   // the prompt at once (prefill), then one token at a time.
   Tensor forward_cached(const Tensor& ids, std::vector<KVCache>& caches);
-  // One step of B independent sequences (continuous batching): chunks[b], one
-  // or more tokens, continues the sequence whose caches are *rows[b]
-  // (make_caches(1, ...), each at its own length): a whole prompt (prefill)
-  // beside single tokens (decoding) -> logits [B, 1, V] of each chunk's last
-  // token. Every matrix product runs once over all the chunks' tokens, so the
-  // weights are read once per step; attention reads each row's own cache.
-  Tensor forward_cached_chunks(const std::vector<std::vector<int64_t>>& chunks,
-                               const std::vector<std::vector<KVCache>*>& rows);
-  // The same with one token per row: ids [B, 1] -> logits [B, 1, V].
+  // One decoding step of B independent sequences (continuous batching): ids
+  // [B, 1], row b the next token of the sequence whose caches are *rows[b]
+  // (make_caches(1, ...), each at its own length) -> logits [B, 1, V]. Every
+  // matrix product runs once for all rows; attention runs per row.
   Tensor forward_cached_rows(const Tensor& ids, const std::vector<std::vector<KVCache>*>& rows);
   // The MoE layers' load-balancing losses of the last forward (undefined without MoE).
   Tensor aux_loss() const;

@@ -20,7 +20,6 @@ struct BatchGenerator::Slot {
   std::string text;             // their decoded text
   size_t emitted = 0;           // bytes of `text` already given to on_text
   int64_t pending = -1;         // the token the next step feeds, or -1
-  bool prefill = false;         // the next step feeds the whole prompt (just admitted)
   BatchResult result;
 };
 
@@ -83,7 +82,16 @@ void BatchGenerator::admit(Slot& s, BatchRequest r) {
   for (KVCache& c : s.caches) c.length = 0;  // what the last request left is overwritten
   if (s.request.cancel && *s.request.cancel) return finish(s, "cancelled");
   if (s.request.options.max_new_tokens == 0) return finish(s, "length");
-  s.prefill = true;  // the prompt goes through the next step beside the other rows' tokens
+  Tensor logits;
+  try {
+    const std::vector<int64_t>& p = s.request.prompt;
+    logits = model_.model->forward_cached(Tensor::from_ints(p, {1, (int64_t)p.size()}), s.caches);
+  } catch (const std::exception& e) {
+    return finish(s, "error", e.what());
+  }
+  const int64_t V = logits.size(-1);
+  accept(s, detail::sample_token(logits.data<float>() + (logits.size(1) - 1) * V, V, s.request.options,
+                                 model_.tokenizer->specials(), s.rng));
 }
 
 namespace {
@@ -146,7 +154,6 @@ void BatchGenerator::finish(Slot& s, const std::string& reason, const std::strin
   s.result.error = error;
   s.active = false;
   s.pending = -1;
-  s.prefill = false;
   BatchRequest done = std::move(s.request);
   s.request = BatchRequest{};
   {
@@ -188,11 +195,8 @@ bool BatchGenerator::step() {
     }
     admit(*s, std::move(r));
   }
-  // One forward pass for every active sequence: the newest token of each
-  // one decoding, the whole prompt of each one just admitted (so a new
-  // request does not cost a pass over the weights of its own).
   std::vector<Slot*> rows;
-  std::vector<std::vector<int64_t>> chunks;
+  std::vector<int64_t> ids;
   std::vector<std::vector<KVCache>*> caches;
   for (auto& s : slots_) {
     if (!s->active) continue;
@@ -200,20 +204,15 @@ bool BatchGenerator::step() {
       finish(*s, "cancelled");
       continue;
     }
-    if (s->prefill) {
-      chunks.push_back(s->request.prompt);
-    } else if (s->pending >= 0) {
-      chunks.push_back({s->pending});
-    } else {
-      continue;
-    }
+    if (s->pending < 0) continue;
     rows.push_back(s.get());
+    ids.push_back(s->pending);
     caches.push_back(&s->caches);
   }
   if (!rows.empty()) {
     Tensor logits;
     try {
-      logits = model_.model->forward_cached_chunks(chunks, caches);
+      logits = model_.model->forward_cached_rows(Tensor::from_ints(ids, {(int64_t)rows.size(), 1}), caches);
     } catch (const std::exception& e) {
       for (Slot* s : rows) finish(*s, "error", e.what());
       rows.clear();
@@ -226,7 +225,6 @@ bool BatchGenerator::step() {
     for (size_t b = 0; b < rows.size(); ++b) {
       Slot& s = *rows[b];
       s.pending = -1;
-      s.prefill = false;
       accept(s, detail::sample_token(logits.data<float>() + (int64_t)b * V, V, s.request.options,
                                      model_.tokenizer->specials(), s.rng));
     }

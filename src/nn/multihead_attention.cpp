@@ -165,53 +165,32 @@ AttentionOutput MultiheadAttention::forward_cached(const Tensor& x, KVCache& cac
   return attend(q, cache.k.slice(2, 0, cache.length), cache.v.slice(2, 0, cache.length), c);
 }
 
-AttentionOutput MultiheadAttention::forward_cached_chunks(const Tensor& x, const std::vector<KVCache*>& caches,
-                                                          const std::vector<int64_t>& counts) {
-  QKV_CHECK(!options_.cross_attention, "MultiheadAttention: forward_cached_chunks is for self-attention");
-  int64_t N = 0;
-  for (int64_t n : counts) {
-    QKV_CHECK(n > 0, "MultiheadAttention: every chunk needs a position, got a count of ", n);
-    N += n;
-  }
-  QKV_CHECK(x.dim() == 3 && x.size(0) == 1 && x.size(1) == N && x.size(-1) == options_.d_model &&
-                caches.size() == counts.size(),
-            "MultiheadAttention: x must be [1, ", N, ", ", options_.d_model,
-            "] (the chunks' positions) with one cache per chunk, got ", shape_str(x.shape()), " and ",
-            caches.size(), " caches for ", counts.size(), " chunks");
+AttentionOutput MultiheadAttention::forward_cached_rows(const Tensor& x, const std::vector<KVCache*>& caches) {
+  QKV_CHECK(!options_.cross_attention, "MultiheadAttention: forward_cached_rows is for self-attention");
+  const int64_t B = x.dim() == 3 ? x.size(0) : 0;
+  QKV_CHECK(x.dim() == 3 && x.size(1) == 1 && x.size(-1) == options_.d_model && (size_t)B == caches.size(),
+            "MultiheadAttention: x must be [B, 1, ", options_.d_model, "] with one cache per row, got ",
+            shape_str(x.shape()), " and ", caches.size(), " caches");
   std::vector<Tensor> qkv = project_self(x);
-  // [1, heads, N, Dh] each
   Tensor q = heads(qkv[0], options_.nhead), k = heads(qkv[1], kv_heads_), v = heads(qkv[2], kv_heads_);
-  const int64_t B = (int64_t)counts.size();
-  std::vector<Tensor> ctx(B);               // [1, H, n, Dh] per chunk
-  std::vector<int64_t> ones;                // the chunks of one position,
-  std::vector<Tensor> one_q, one_k, one_v;  // their queries and their caches' valid rows
-  for (int64_t b = 0, from = 0; b < B; from += counts[b], ++b) {
+  std::vector<Tensor> qs, keys, values;  // per row: its query [1, H, 1, Dh], its cache's valid rows
+  for (int64_t b = 0; b < B; ++b) {
     KVCache& cache = *caches[(size_t)b];
-    const int64_t start = cache.length, n = counts[b];
-    QKV_CHECK(cache.k.defined() && cache.k.size(0) == 1, "MultiheadAttention: chunk ", b, " needs a cache of batch 1");
-    QKV_CHECK(start + n <= cache.capacity(), "KV cache full: chunk ", b, " of ", n, " positions at ", start,
-              " exceeds its capacity ", cache.capacity());
+    const int64_t start = cache.length;
+    QKV_CHECK(cache.k.defined() && cache.k.size(0) == 1, "MultiheadAttention: row ", b, " needs a cache of batch 1");
+    QKV_CHECK(start < cache.capacity(), "KV cache full: row ", b, " is at its capacity ", cache.capacity());
     {
       NoGradGuard no_grad;
-      cache.k.slice(2, start, start + n).copy_(prepare(k.slice(2, from, from + n), k_norm, start));
-      cache.v.slice(2, start, start + n).copy_(v.slice(2, from, from + n));
+      cache.k.slice(2, start, start + 1).copy_(prepare(k.slice(0, b, b + 1), k_norm, start));
+      cache.v.slice(2, start, start + 1).copy_(v.slice(0, b, b + 1));
     }
-    cache.length = start + n;
-    Tensor qb = prepare(q.slice(2, from, from + n), q_norm, start);
-    Tensor keys = cache.k.slice(2, 0, cache.length), values = cache.v.slice(2, 0, cache.length);
-    if (n == 1) {
-      ones.push_back(b), one_q.push_back(qb), one_k.push_back(keys), one_v.push_back(values);
-    } else {  // bottom-right aligned: position i of the chunk sees the cache up to start + i
-      ctx[b] = scaled_dot_product_attention(qb, keys, values, {.causal = true});
-    }
+    cache.length = start + 1;
+    qs.push_back(prepare(q.slice(0, b, b + 1), q_norm, start));
+    keys.push_back(cache.k.slice(2, 0, cache.length));
+    values.push_back(cache.v.slice(2, 0, cache.length));
   }
-  if (!ones.empty()) {
-    Tensor together = cached_rows_attention(concat(one_q, 0), one_k, one_v);  // [ones, H, 1, Dh]
-    for (size_t i = 0; i < ones.size(); ++i) ctx[ones[i]] = together.slice(0, (int64_t)i, (int64_t)i + 1);
-  }
-  // Back to the positions' order: [1, N, H Dh].
-  Tensor merged = ctx.size() == 1 ? ctx[0] : concat(ctx, 2);
-  merged = merged.permute({0, 2, 1, 3}).reshape({1, N, options_.nhead * head_dim_});
+  Tensor ctx = cached_rows_attention(concat(qs, 0), keys, values);  // [B, H, 1, Dh]
+  Tensor merged = ctx.permute({0, 2, 1, 3}).reshape({B, 1, options_.nhead * head_dim_});
   return {out_proj->forward(merged), {}};
 }
 

@@ -72,9 +72,8 @@ Tensor TransformerEncoderLayer::forward_cached(const Tensor& x, KVCache& cache) 
   return run(x, [&](const Tensor& h) { return self_attn->forward_cached(h, cache).out; });
 }
 
-Tensor TransformerEncoderLayer::forward_cached_chunks(const Tensor& x, const std::vector<KVCache*>& caches,
-                                                      const std::vector<int64_t>& counts) {
-  return run(x, [&](const Tensor& h) { return self_attn->forward_cached_chunks(h, caches, counts).out; });
+Tensor TransformerEncoderLayer::forward_cached_rows(const Tensor& x, const std::vector<KVCache*>& caches) {
+  return run(x, [&](const Tensor& h) { return self_attn->forward_cached_rows(h, caches).out; });
 }
 
 Tensor TransformerEncoderLayer::run(const Tensor& x_in, const std::function<Tensor(const Tensor&)>& attend) {

@@ -91,42 +91,23 @@ Tensor DecoderLM::forward_cached(const Tensor& ids, std::vector<KVCache>& caches
   return logits(x);
 }
 
-Tensor DecoderLM::forward_cached_chunks(const std::vector<std::vector<int64_t>>& chunks,
-                                        const std::vector<std::vector<KVCache>*>& rows) {
-  const size_t B = chunks.size();
-  QKV_CHECK(B > 0 && rows.size() == B, "decoder: ", B, " chunks need as many rows of caches, got ", rows.size());
-  std::vector<Tensor> at;  // [1, n, D] per chunk: its tokens at their own positions
-  std::vector<int64_t> counts;
-  for (size_t b = 0; b < B; ++b) {
-    QKV_CHECK(rows[b]->size() == layers.size(), "decoder: row ", b, " needs one cache per layer");
-    const int64_t n = (int64_t)chunks[b].size();
-    QKV_CHECK(n > 0, "decoder: chunk ", b, " is empty");
-    at.push_back(embed_tokens(Tensor::from_ints(chunks[b], {1, n}), rows[b]->front().length));
-    counts.push_back(n);
-  }
-  Tensor x = B == 1 ? at[0] : concat(at, 1);  // [1, N, D]
-  std::vector<KVCache*> caches(B);
-  for (size_t i = 0; i < layers.size(); ++i) {
-    for (size_t b = 0; b < B; ++b) caches[b] = &(*rows[b])[i];
-    x = layers[i]->forward_cached_chunks(x, caches, counts);
-  }
-  // Only each chunk's last position goes on to the output layer.
-  std::vector<Tensor> last;
-  for (size_t b = 0, end = 0; b < B; ++b) {
-    end += (size_t)counts[b];
-    last.push_back(x.slice(1, (int64_t)end - 1, (int64_t)end));
-  }
-  return logits(concat(last, 0));  // [B, 1, V]
-}
-
 Tensor DecoderLM::forward_cached_rows(const Tensor& ids, const std::vector<std::vector<KVCache>*>& rows) {
   const int64_t B = ids.dim() == 2 ? ids.size(0) : 0;
   QKV_CHECK(ids.dim() == 2 && ids.size(1) == 1 && (size_t)B == rows.size(),
             "decoder: ids must be [B, 1] with the caches of each row, got ", shape_str(ids.shape()), " and ",
             rows.size(), " rows");
-  std::vector<std::vector<int64_t>> chunks;
-  for (int64_t id : ids.to_ints()) chunks.push_back({id});
-  return forward_cached_chunks(chunks, rows);
+  std::vector<Tensor> at;  // [1, 1, D] per row: its token at its own position
+  for (int64_t b = 0; b < B; ++b) {
+    QKV_CHECK(rows[(size_t)b]->size() == layers.size(), "decoder: row ", b, " needs one cache per layer");
+    at.push_back(embed_tokens(ids.slice(0, b, b + 1), rows[(size_t)b]->front().length));
+  }
+  Tensor x = concat(at, 0);
+  std::vector<KVCache*> caches((size_t)B);
+  for (size_t i = 0; i < layers.size(); ++i) {
+    for (int64_t b = 0; b < B; ++b) caches[(size_t)b] = &(*rows[(size_t)b])[i];
+    x = layers[i]->forward_cached_rows(x, caches);
+  }
+  return logits(x);
 }
 
 Tensor DecoderLM::aux_loss() const {
