@@ -502,20 +502,49 @@ CASES_MARIAN_BEAM = ((4, 1.0, 12), (4, 0.5, 12), (8, 1.0, 12), (5, 2.0, 12), (6,
                      (2, 1.0, 12), (1, 1.0, 12))  # (num_beams, length_penalty, max_new_tokens)
 
 
+# With tools, the system turn lists them (one JSON object a line) and says
+# how to call one; an assistant's calls are <tool_call> blocks; a tool's
+# answer is a user turn in <tool_response>. (Written here for the test; it
+# has the shape of Qwen2.5's template, not its words.)
 QWEN2_CHAT_TEMPLATE = (
     "{%- if messages[0]['role'] == 'system' %}\n"
-    "    {{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}\n"
+    "    {{- '<|im_start|>system\\n' + messages[0]['content'] }}\n"
     "{%- else %}\n"
-    "    {{- '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}\n"
+    "    {{- '<|im_start|>system\\nYou are a helpful assistant.' }}\n"
     "{%- endif %}\n"
+    "{%- if tools %}\n"
+    "    {{- '\\n\\nTools you may call:\\n' }}\n"
+    "    {%- for tool in tools %}\n"
+    "        {{- tool | tojson + '\\n' }}\n"
+    "    {%- endfor %}\n"
+    "    {{- 'To call one, answer <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>.' }}\n"
+    "{%- endif %}\n"
+    "{{- '<|im_end|>\\n' }}\n"
     "{%- for message in messages %}\n"
-    "    {%- if message.role != 'system' %}\n"
+    "    {%- if message.role == 'assistant' and message.tool_calls %}\n"
+    "        {{- '<|im_start|>assistant\\n' }}\n"
+    "        {%- if message.content %}{{- message.content + '\\n' }}{%- endif %}\n"
+    "        {%- for call in message.tool_calls %}\n"
+    "            {{- '<tool_call>\\n{\"name\": ' + call.function.name | tojson + ', \"arguments\": ' }}\n"
+    "            {{- call.function.arguments | tojson + '}\\n</tool_call>' }}\n"
+    "        {%- endfor %}\n"
+    "        {{- '<|im_end|>\\n' }}\n"
+    "    {%- elif message.role == 'tool' %}\n"
+    "        {{- '<|im_start|>user\\n<tool_response>\\n' + message.content + '\\n</tool_response><|im_end|>\\n' }}\n"
+    "    {%- elif message.role != 'system' %}\n"
     "        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}\n"
     "    {%- endif %}\n"
     "{%- endfor %}\n"
     "{%- if add_generation_prompt %}\n"
     "    {{- '<|im_start|>assistant\\n' }}\n"
     "{%- endif %}\n")
+
+QWEN2_CHAT_TOOLS = [
+    {"type": "function", "function": {
+        "name": "translate", "description": "Translate text into a language.",
+        "parameters": {"type": "object", "properties": {"text": {"type": "string"}, "to": {"type": "string"}},
+                       "required": ["text", "to"]}}},
+    {"type": "function", "function": {"name": "now", "description": "The time now, in UTC."}}]
 
 
 def make_qwen2_chat(out_dir):
@@ -528,12 +557,20 @@ def make_qwen2_chat(out_dir):
     tok = AutoTokenizer.from_pretrained(folder)
     conversations = [[{"role": "user", "content": "我是中国人"}],
                      [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hello world"},
-                      {"role": "assistant", "content": "the cat"}, {"role": "user", "content": "and the dog?"}]]
+                      {"role": "assistant", "content": "the cat"}, {"role": "user", "content": "and the dog?"}],
+                     [{"role": "user", "content": "我是中国人 in Japanese?"},
+                      {"role": "assistant", "content": "",
+                       "tool_calls": [{"id": "call_1", "type": "function", "function": {
+                           "name": "translate", "arguments": {"text": "我是中国人", "to": "ja"}}}]},
+                      {"role": "tool", "tool_call_id": "call_1", "content": "私は中国人です"},
+                      {"role": "user", "content": "and the time?"}]]
     expected = []
-    for messages in conversations:
-        text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        ids = tok.apply_chat_template(messages, tokenize=True, add_generation_prompt=True, return_dict=False)
-        expected.append({"messages": messages, "text": text, "ids": list(ids)})
+    for i, messages in enumerate(conversations):
+        tools = QWEN2_CHAT_TOOLS if i == 2 else None
+        text = tok.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+        ids = tok.apply_chat_template(messages, tools=tools, tokenize=True, add_generation_prompt=True,
+                                      return_dict=False)
+        expected.append({"messages": messages, "tools": tools, "text": text, "ids": list(ids)})
     with open(os.path.join(out_dir, "qwen2.chat.expected.json"), "w") as f:
         json.dump(expected, f, ensure_ascii=False, indent=1)
         f.write("\n")

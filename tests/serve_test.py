@@ -394,6 +394,73 @@ class Chat(unittest.TestCase):
         status, body = self.s.request("POST", "/v1/chat/completions",
                                       {"messages": self.MESSAGES, "max_tokens": 2, "max_completion_tokens": 2})
         self.assertEqual((status, body["error"]["param"]), (400, "max_tokens"), body)
+        status, body = self.s.request("POST", "/v1/chat/completions", {"messages": self.MESSAGES, "tools": [
+            {"type": "function", "function": {"name": "now"}}]})  # this template reads no tools
+        self.assertEqual((status, body["error"]["param"]), (400, "tools"), body)
+        self.assertIn("does not show tools", body["error"]["message"])
+
+
+class ChatTools(unittest.TestCase):
+    """Tools in /v1/chat/completions: on a folder whose template shows them (the qwen2 fixture's, with
+    <tool_call> blocks), they reach the prompt, and a conversation with an assistant's tool_calls and a
+    tool's answer is read; a template that does not read tools, a tool_choice qkv cannot honour, and
+    malformed tools or calls are a 400 naming the field. (The <tool_call> blocks of a reply are read by
+    parse_tool_calls, tested in tests/test_chat.cpp: these random models write none.)"""
+
+    TOOLS = [{"type": "function", "function": {"name": "now", "description": "The time now, in UTC."}}]
+    MESSAGES = [{"role": "user", "content": "the cat"}]
+
+    @classmethod
+    def setUpClass(cls):
+        trained = train_decoder("chat-long", {"d_model": 32, "nhead": 4, "num_layers": 1, "dim_feedforward": 64,
+                                              "context": 512}, 30)  # room for the tools in the prompt
+        cls.model = os.path.join(TMP, "chat-tools")
+        shutil.rmtree(cls.model, ignore_errors=True)
+        shutil.copytree(trained, cls.model)
+        shutil.copy(os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "hf", "qwen2",
+                                 "tokenizer_config.json"),
+                    os.path.join(cls.model, "tokenizer_config.json"))
+        cls.s = Server(cls.model)
+
+    @classmethod
+    def tearDownClass(cls):
+        assert cls.s.stop() == 0
+
+    def test_tools_reach_the_prompt(self):
+        plain = self.s.client.chat.completions.create(model="chat-tools", messages=self.MESSAGES, max_tokens=2)
+        with_tools = self.s.client.chat.completions.create(model="chat-tools", messages=self.MESSAGES,
+                                                           max_tokens=2, tools=self.TOOLS)
+        self.assertGreater(with_tools.usage.prompt_tokens, plain.usage.prompt_tokens + 20)
+        none = self.s.client.chat.completions.create(model="chat-tools", messages=self.MESSAGES, max_tokens=2,
+                                                     tools=self.TOOLS, tool_choice="none")
+        self.assertEqual(none.usage.prompt_tokens, plain.usage.prompt_tokens)
+        history = self.MESSAGES + [
+            {"role": "assistant", "content": None,
+             "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "now", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "12:00"}]
+        r = self.s.client.chat.completions.create(model="chat-tools", messages=history, max_tokens=4,
+                                                  temperature=0, tools=self.TOOLS)
+        self.assertIn(r.choices[0].finish_reason, ("stop", "length"))
+        text = "".join(c.choices[0].delta.content or "" for c in self.s.client.chat.completions.create(
+            model="chat-tools", messages=history, max_tokens=4, temperature=0, tools=self.TOOLS, stream=True))
+        self.assertEqual(text, r.choices[0].message.content)
+
+    def test_what_cannot_be_honoured_is_a_400_and_the_server_goes_on(self):
+        call = {"id": "c", "type": "function", "function": {"name": "now", "arguments": "[1]"}}
+        for extra, param, says in [
+                ({"tool_choice": "required"}, "tool_choice", "\"auto\" or \"none\""),
+                ({"tools": [{"type": "function"}]}, "tools", "tools[0] must be"),
+                ({"tools": [{"type": "function", "function": {"name": ""}}]}, "tools", "non-empty string"),
+                ({"tools": "now"}, "tools", "must be a list"),
+                ({"messages": self.MESSAGES + [{"role": "assistant", "content": None, "tool_calls": [call]},
+                                               {"role": "user", "content": "?"}]}, "messages",
+                 "JSON text of an object")]:
+            body = {"messages": self.MESSAGES, "max_tokens": 2, **extra}
+            status, answer = self.s.request("POST", "/v1/chat/completions", body)
+            self.assertEqual((status, answer["error"]["param"]), (400, param), answer)
+            self.assertIn(says, answer["error"]["message"])
+            r = self.s.client.chat.completions.create(model="chat-tools", messages=self.MESSAGES, max_tokens=2)
+            self.assertEqual(len(r.choices), 1)
 
 
 class Slow(unittest.TestCase):

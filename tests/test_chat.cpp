@@ -104,25 +104,66 @@ TEST(Chat, AFolderSaysItsFormatInEitherFile) {
 }
 
 // The qwen2 fixture's tokenizer_config.json holds a chat template (a default
-// system message, as Qwen2.5's): its text and token ids are those of
-// transformers' apply_chat_template (tests/fixtures/hf/qwen2.chat.expected.json),
-// and a turn ends at <|im_end|>.
+// system message and tools in the shape of Qwen2.5's): its text and token
+// ids are those of transformers' apply_chat_template
+// (tests/fixtures/hf/qwen2.chat.expected.json), the third conversation with
+// tools, an assistant's tool_calls and a tool's answer; a turn ends at
+// <|im_end|>. The layouts qkv writes itself refuse tools.
 TEST(Chat, AHuggingFaceFolderChatsAsApplyChatTemplate) {
   const std::string dir = std::string(QKV_FIXTURES_DIR) + "/hf/qwen2";
   const ModelFolder m = load_model_folder(dir);
   const ChatTemplate t = chat_template_of_folder(dir);
   ASSERT_EQ(t.format, ChatFormat::Template);
   EXPECT_EQ(t.end_of_turn, "<|im_end|>");
+  EXPECT_TRUE(t.shows_tools);
+  EXPECT_TRUE(t.tool_call_tags);
   const auto expected =
-      nlohmann::json::parse(read_file(std::string(QKV_FIXTURES_DIR) + "/hf/qwen2.chat.expected.json"));
-  ASSERT_EQ(expected.size(), 2u);
+      nlohmann::ordered_json::parse(read_file(std::string(QKV_FIXTURES_DIR) + "/hf/qwen2.chat.expected.json"));
+  ASSERT_EQ(expected.size(), 3u);
   for (const auto& e : expected) {
     std::vector<ChatMessage> messages;
-    for (const auto& msg : e["messages"]) messages.push_back({msg["role"], msg["content"]});
-    const std::string text = format_chat(t, messages);
+    for (const auto& msg : e["messages"]) {
+      ChatMessage message{msg["role"], msg["content"]};
+      if (msg.contains("tool_calls")) message.tool_calls = msg["tool_calls"];
+      if (msg.contains("tool_call_id")) message.tool_call_id = msg["tool_call_id"];
+      messages.push_back(message);
+    }
+    const std::string text = format_chat(t, messages, e["tools"]);
     EXPECT_EQ(text, e["text"].get<std::string>());
     EXPECT_EQ(m.tokenizer->encode_prompt(text), e["ids"].get<std::vector<int64_t>>());
   }
+  ChatTemplate chatml;
+  chatml.format = ChatFormat::ChatML;
+  EXPECT_EQ(testing::error_of([&] {
+              format_chat(chatml, {{"user", "hi"}}, expected[2]["tools"]);
+            }),
+            "tools: the chatml layout qkv writes has no place for tools (a folder template that shows them is needed)");
+}
+
+// A reply's <tool_call> blocks become calls; what is not a call stays text.
+TEST(Chat, ToolCallsAreReadFromTheirTags) {
+  ChatReply r = parse_tool_calls(
+      "Let me see.\n<tool_call>\n{\"name\": \"translate\", \"arguments\": {\"text\": \"我\", \"to\": \"ja\"}}\n"
+      "</tool_call>\n<tool_call>{\"name\": \"now\"}</tool_call>\n");
+  EXPECT_EQ(r.content, "Let me see.");
+  ASSERT_EQ(r.tool_calls.size(), 2u);
+  EXPECT_EQ(r.tool_calls[0].name, "translate");
+  EXPECT_EQ(r.tool_calls[0].arguments.dump(), R"({"text":"我","to":"ja"})");
+  EXPECT_EQ(r.tool_calls[1].name, "now");
+  EXPECT_EQ(r.tool_calls[1].arguments, nlohmann::ordered_json::object());
+  for (const std::string text :
+       {"no call here ", "a <tool_call>{\"name\": 3}</tool_call> b",
+        "<tool_call>{\"name\": \"f\", \"arguments\": \"x\"}</tool_call>", "cut <tool_call>{\"name\": \"f\""}) {
+    r = parse_tool_calls(text);
+    EXPECT_TRUE(r.tool_calls.empty()) << text;
+    EXPECT_EQ(r.content, text);
+  }
+  // What a stream may show: all before a block, and no tail that may begin one.
+  EXPECT_EQ(text_before_tool_calls("abc <tool_call>{}"), 4u);
+  EXPECT_EQ(text_before_tool_calls("abc <tool_c"), 4u);
+  EXPECT_EQ(text_before_tool_calls("abc <"), 4u);
+  EXPECT_EQ(text_before_tool_calls("abc <b"), 6u);
+  EXPECT_EQ(text_before_tool_calls(""), 0u);
 }
 
 // A folder whose template is none of the four layouts (the "renamed" and
@@ -158,7 +199,7 @@ TEST(Chat, AFolderTemplateRendersAsTransformersRendersIt) {
     EXPECT_EQ(testing::error_of([&] {
                 format_chat(t, {{"bot", "a"}});
               }),
-              "messages[0]: role 'bot' is none of system, user, assistant");
+              "messages[0]: role 'bot' is none of system, user, assistant, tool");
     ++checked;
   }
   EXPECT_EQ(checked, 4);

@@ -32,8 +32,14 @@ namespace qkv {
 enum class ChatFormat { None, ChatML, Llama3, Llama2, Mistral, Template };
 
 struct ChatMessage {
-  std::string role;  // "system", "user" or "assistant"
+  std::string role;  // "system", "user", "assistant", or (a template's) "tool"
   std::string content;
+  // For a template: an assistant's calls of tools, as OpenAI's tool_calls
+  // with each function's arguments an object ([{"id", "type": "function",
+  // "function": {"name", "arguments"}}]; null when it made none), and a
+  // tool's answer's tool_call_id.
+  nlohmann::ordered_json tool_calls;
+  std::string tool_call_id;
 };
 
 // The format a Jinja chat template belongs to; an unrecognized template is
@@ -50,6 +56,11 @@ struct ChatTemplate {
   // template writes a known one (<|im_end|>, <|eot_id|>), else eos_token;
   // "" when there is neither.
   std::string end_of_turn;
+  // Template: whether it reads `tools` (it can show a model the tools it may
+  // call), and whether it asks for calls as <tool_call>JSON</tool_call>
+  // (Qwen2.5's, Qwen3's and Hermes' form), which parse_tool_calls reads.
+  bool shows_tools = false;
+  bool tool_call_tags = false;
 };
 
 // The chat format of a model folder: its chat_template.jinja, else its
@@ -76,7 +87,32 @@ std::string format_chat(ChatFormat f, const std::vector<ChatMessage>& messages);
 // any prompt (the text encodes as transformers encodes the rendered text
 // when the template writes bos_token and the tokenizer's prefix is that
 // token).
-std::string format_chat(const ChatTemplate& t, const std::vector<ChatMessage>& messages);
+// `tools` (OpenAI's list of {"type": "function", "function": {"name",
+// "description", "parameters"}}; null or empty: none) go to the template
+// as transformers passes them (apply_chat_template's tools); for the
+// layouts qkv writes itself, tools, tool messages and tool_calls are an
+// error (they have no place for them).
+std::string format_chat(const ChatTemplate& t, const std::vector<ChatMessage>& messages,
+                        const nlohmann::ordered_json& tools = nullptr);
+
+// A reply split into its text and the tools it calls, written as
+// <tool_call>{"name": NAME, "arguments": {...}}</tool_call> (ChatTemplate::
+// tool_call_tags). A block whose inside is not such an object, or that is
+// not closed (the reply ran out), stays part of the text; with calls, the
+// text is trimmed of the whitespace around them.
+struct ToolCall {
+  std::string name;
+  nlohmann::ordered_json arguments = nlohmann::ordered_json::object();
+};
+struct ChatReply {
+  std::string content;
+  std::vector<ToolCall> tool_calls;
+};
+ChatReply parse_tool_calls(const std::string& text);
+// Where a <tool_call> block begins in `text`, or, when none does, how much
+// of the text can be shown while the rest may still become one (the longest
+// tail that begins the marker is held back): the length of the text before.
+size_t text_before_tool_calls(const std::string& text);
 // The text that ends an assistant's turn in format f ("<|im_end|>",
 // "<|eot_id|>", "</s>").
 const char* chat_end_of_turn(ChatFormat f);

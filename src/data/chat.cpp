@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <string_view>
 
 #include "qkv/error.h"
 #include "qkv/io.h"
@@ -42,6 +43,10 @@ ChatTemplate chat_template_of(const std::string& text, nlohmann::ordered_json to
            " without it (chatml, llama3, llama2, mistral)");
   }
   if (!t.jinja) t.format = family;
+  if (t.jinja) {
+    t.shows_tools = text.find("tools") != std::string::npos;
+    t.tool_call_tags = text.find("<tool_call>") != std::string::npos;
+  }
   if (family == ChatFormat::ChatML || family == ChatFormat::Llama3) {
     t.end_of_turn = chat_end_of_turn(family);
   } else if (t.tokens.contains("eos_token")) {
@@ -159,17 +164,31 @@ std::string check_messages(const std::vector<ChatMessage>& messages) {
 
 }  // namespace
 
-std::string format_chat(const ChatTemplate& t, const std::vector<ChatMessage>& messages) {
-  if (t.format != ChatFormat::Template) return format_chat(t.format, messages);
+std::string format_chat(const ChatTemplate& t, const std::vector<ChatMessage>& messages,
+                        const nlohmann::ordered_json& tools) {
+  const bool has_tools = tools.is_array() && !tools.empty();
+  if (t.format != ChatFormat::Template) {
+    QKV_CHECK(!has_tools, "tools: the ", chat_format_name(t.format),
+              " layout qkv writes has no place for tools (a folder template that shows them is needed)");
+    for (size_t i = 0; i < messages.size(); ++i)
+      QKV_CHECK(messages[i].tool_calls.is_null(), "messages[", i, "]: the ", chat_format_name(t.format),
+                " layout qkv writes has no place for tool_calls");
+    return format_chat(t.format, messages);
+  }
   QKV_CHECK(!messages.empty(), "messages: at least one message is needed");
+  QKV_CHECK(!has_tools || t.shows_tools, "tools: the model's chat template does not show tools");
   nlohmann::ordered_json context = t.tokens;
   context["messages"] = nlohmann::ordered_json::array();
   for (size_t i = 0; i < messages.size(); ++i) {
-    const std::string& role = messages[i].role;
-    QKV_CHECK(role == "user" || role == "assistant" || role == "system", "messages[", i, "]: role '", role,
-              "' is none of system, user, assistant");
-    context["messages"].push_back({{"role", role}, {"content", messages[i].content}});
+    const ChatMessage& m = messages[i];
+    QKV_CHECK(m.role == "user" || m.role == "assistant" || m.role == "system" || m.role == "tool", "messages[", i,
+              "]: role '", m.role, "' is none of system, user, assistant, tool");
+    nlohmann::ordered_json message = {{"role", m.role}, {"content", m.content}};
+    if (!m.tool_calls.is_null()) message["tool_calls"] = m.tool_calls;
+    if (!m.tool_call_id.empty()) message["tool_call_id"] = m.tool_call_id;
+    context["messages"].push_back(std::move(message));
   }
+  if (has_tools) context["tools"] = tools;
   context["add_generation_prompt"] = true;
   std::string text;
   try {
@@ -180,6 +199,51 @@ std::string format_chat(const ChatTemplate& t, const std::vector<ChatMessage>& m
   const std::string bos = t.tokens.value("bos_token", "");
   if (!bos.empty() && text.rfind(bos, 0) == 0) text.erase(0, bos.size());
   return text;
+}
+
+namespace {
+constexpr std::string_view kCallOpen = "<tool_call>", kCallClose = "</tool_call>";
+
+std::string trimmed(const std::string& s) {
+  const size_t a = s.find_first_not_of(" \t\r\n"), b = s.find_last_not_of(" \t\r\n");
+  return a == std::string::npos ? "" : s.substr(a, b - a + 1);
+}
+}  // namespace
+
+ChatReply parse_tool_calls(const std::string& text) {
+  ChatReply reply;
+  size_t at = 0;
+  while (at < text.size()) {
+    const size_t open = text.find(kCallOpen, at);
+    const size_t close = open == std::string::npos ? open : text.find(kCallClose, open + kCallOpen.size());
+    if (close == std::string::npos) {  // no block, or one the reply did not close
+      reply.content += text.substr(at);
+      break;
+    }
+    reply.content += text.substr(at, open - at);
+    const std::string inside = text.substr(open + kCallOpen.size(), close - open - kCallOpen.size());
+    const nlohmann::ordered_json call = nlohmann::ordered_json::parse(inside, nullptr, /*allow_exceptions=*/false);
+    const bool named = call.is_object() && call.contains("name") && call["name"].is_string();
+    const bool with_arguments = named && (!call.contains("arguments") || call["arguments"].is_object());
+    if (with_arguments) {
+      ToolCall c{call["name"].get<std::string>()};
+      if (call.contains("arguments")) c.arguments = call["arguments"];
+      reply.tool_calls.push_back(std::move(c));
+    } else {
+      reply.content += text.substr(open, close + kCallClose.size() - open);
+    }
+    at = close + kCallClose.size();
+  }
+  if (!reply.tool_calls.empty()) reply.content = trimmed(reply.content);
+  return reply;
+}
+
+size_t text_before_tool_calls(const std::string& text) {
+  const size_t open = text.find(kCallOpen);
+  if (open != std::string::npos) return open;
+  for (size_t k = std::min(text.size(), kCallOpen.size() - 1); k > 0; --k)
+    if (text.compare(text.size() - k, k, kCallOpen.data(), k) == 0) return text.size() - k;
+  return text.size();
 }
 
 std::string format_chat(ChatFormat f, const std::vector<ChatMessage>& messages) {

@@ -513,7 +513,7 @@ private:
   void chat_completions(const httplib::Request& req, httplib::Response& res, const InFlightToken& token) {
     json body = parse_body(req, {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p",
                                  "top_k", "seed", "stop", "stream", "n", "presence_penalty", "frequency_penalty",
-                                 "user", "ignore_eos"});
+                                 "user", "ignore_eos", "tools", "tool_choice", "parallel_tool_calls"});
     if (!generator_)
       bad("model", "model '" + name_ + "' is " + kind() + "; /v1/chat/completions needs a decoder model");
     check_model_field(body);
@@ -539,19 +539,29 @@ private:
           if (!part.contains("text") || !part["text"].is_string()) bad("messages", at + ".text must be a string");
           content += part["text"].get<std::string>();
         }
-      } else {
+      } else if (!(m.contains("tool_calls") && m.contains("content") && m["content"].is_null())) {
         bad("messages", where + ".content must be a string or a list of text parts");
       }
       for (const auto& [key, value] : m.items())
-        if (key != "role" && key != "content" && key != "name") bad("messages", where + ": unknown field '" + key + "'");
-      messages.push_back({m["role"].get<std::string>(), content});
+        if (key != "role" && key != "content" && key != "name" && key != "tool_calls" && key != "tool_call_id")
+          bad("messages", where + ": unknown field '" + key + "'");
+      ChatMessage message{m["role"].get<std::string>(), content};
+      if (m.contains("tool_calls")) message.tool_calls = template_tool_calls(m["tool_calls"], where + ".tool_calls");
+      if (m.contains("tool_call_id")) {
+        if (!m["tool_call_id"].is_string()) bad("messages", where + ".tool_call_id must be a string");
+        message.tool_call_id = m["tool_call_id"].get<std::string>();
+      }
+      messages.push_back(std::move(message));
     }
+    const json tools = tools_field(body);
     std::string prompt;
     try {
-      prompt = format_chat(chat_, messages);
+      prompt = format_chat(chat_, messages, tools);
     } catch (const Error& e) {
-      bad("messages", e.what());
+      bad(std::string(e.what()).rfind("tools:", 0) == 0 ? "tools" : "messages", e.what());
     }
+    // Calls written in the template's <tool_call> form come back as tool_calls.
+    const bool read_calls = !tools.empty() && chat_.tool_call_tags;
     const bool new_name = body.contains("max_completion_tokens") && !body["max_completion_tokens"].is_null();
     if (new_name && body.contains("max_tokens") && !body["max_tokens"].is_null())
       bad("max_tokens", "give max_tokens or max_completion_tokens, not both");
@@ -567,18 +577,108 @@ private:
                   {"model", name_},
                   {"choices", json::array({choice})}};
     };
+    // OpenAI's form of the calls in `reply`, and the finish reason they make.
+    auto calls_json = [id](const ChatReply& reply) {
+      json calls = json::array();
+      for (size_t i = 0; i < reply.tool_calls.size(); ++i)
+        calls.push_back(
+            {{"index", i},
+             {"id", "call_" + id.substr(id.find('-') + 1) + "_" + std::to_string(i)},
+             {"type", "function"},
+             {"function", {{"name", reply.tool_calls[i].name}, {"arguments", reply.tool_calls[i].arguments.dump()}}}});
+      return calls;
+    };
+    // Streaming with calls to read: text is sent as far as no <tool_call>
+    // may begin; the calls, and any text held back that was none, come last.
+    auto streamed = std::make_shared<std::pair<std::string, size_t>>();  // the text so far, the bytes sent
     respond(
         std::move(r), bool_field(body, "stream", false), res, token,
-        [shape](const std::string& piece, const json& finish) {
-          json delta = finish.is_null() ? json{{"role", "assistant"}, {"content", piece}} : json::object();
-          return shape(true, {{"index", 0}, {"delta", delta}, {"logprobs", nullptr}, {"finish_reason", finish}});
+        [shape, read_calls, streamed, calls_json](const std::string& piece, const json& finish) {
+          json delta = json::object();
+          json reason = finish;
+          auto& [text, sent] = *streamed;
+          if (!read_calls) {
+            if (finish.is_null()) delta = {{"role", "assistant"}, {"content", piece}};
+          } else if (finish.is_null()) {
+            text += piece;
+            const size_t upto = std::max(sent, text_before_tool_calls(text));
+            delta = {{"role", "assistant"}, {"content", text.substr(sent, upto - sent)}};
+            sent = upto;
+          } else {
+            const ChatReply reply = parse_tool_calls(text);
+            if (!reply.tool_calls.empty()) {
+              delta = {{"tool_calls", calls_json(reply)}};
+              reason = "tool_calls";
+            } else if (sent < text.size()) {
+              delta = {{"content", text.substr(sent)}};
+            }
+          }
+          return shape(true, {{"index", 0}, {"delta", delta}, {"logprobs", nullptr}, {"finish_reason", reason}});
         },
-        [shape](const BatchResult& result) {
-          return shape(false, {{"index", 0},
-                               {"message", {{"role", "assistant"}, {"content", result.text}}},
-                               {"logprobs", nullptr},
-                               {"finish_reason", result.finish_reason}});
+        [shape, read_calls, calls_json](const BatchResult& result) {
+          json message = {{"role", "assistant"}, {"content", result.text}};
+          std::string reason = result.finish_reason;
+          if (read_calls) {
+            const ChatReply reply = parse_tool_calls(result.text);
+            if (!reply.tool_calls.empty()) {
+              message["content"] = reply.content.empty() ? json(nullptr) : json(reply.content);
+              message["tool_calls"] = calls_json(reply);
+              reason = "tool_calls";
+            }
+          }
+          return shape(false, {{"index", 0}, {"message", message}, {"logprobs", nullptr}, {"finish_reason", reason}});
         });
+  }
+
+  // The request's tools, checked: OpenAI's [{"type": "function", "function":
+  // {"name", "description", "parameters"}}], as given; none (an empty list)
+  // when absent or when tool_choice is "none".
+  json tools_field(const json& body) {
+    const json choice = body.value("tool_choice", json("auto"));
+    if (choice != "auto" && choice != "none")
+      bad("tool_choice", "tool_choice must be \"auto\" or \"none\" (qkv cannot make a model call a tool)");
+    if (body.contains("parallel_tool_calls") && !body["parallel_tool_calls"].is_boolean())
+      bad("parallel_tool_calls", "parallel_tool_calls must be true or false");
+    if (!body.contains("tools") || body["tools"].is_null()) return json::array();
+    const json& tools = body["tools"];
+    if (!tools.is_array()) bad("tools", "tools must be a list");
+    for (size_t i = 0; i < tools.size(); ++i) {
+      const json& t = tools[i];
+      const std::string where = "tools[" + std::to_string(i) + "]";
+      if (!t.is_object() || t.value("type", json()) != "function" || !t.contains("function") ||
+          !t["function"].is_object())
+        bad("tools", where + " must be {\"type\": \"function\", \"function\": {...}}");
+      const json& f = t["function"];
+      if (!f.contains("name") || !f["name"].is_string() || f["name"].get<std::string>().empty())
+        bad("tools", where + ".function.name must be a non-empty string");
+      if (f.contains("parameters") && !f["parameters"].is_object())
+        bad("tools", where + ".function.parameters must be an object (a JSON schema)");
+      if (f.contains("description") && !f["description"].is_string())
+        bad("tools", where + ".function.description must be a string");
+    }
+    return choice == "none" ? json::array() : tools;
+  }
+
+  // An assistant message's tool_calls as a template reads them (as
+  // transformers wants them): each function's arguments an object, where
+  // OpenAI sends the JSON text of one.
+  json template_tool_calls(const json& calls, const std::string& where) {
+    if (!calls.is_array()) bad("messages", where + " must be a list");
+    json out = json::array();
+    for (size_t i = 0; i < calls.size(); ++i) {
+      const json& c = calls[i];
+      const std::string at = where + "[" + std::to_string(i) + "]";
+      if (!c.is_object() || !c.contains("function") || !c["function"].is_object() || !c["function"].contains("name") ||
+          !c["function"]["name"].is_string())
+        bad("messages", at + " must be {\"type\": \"function\", \"function\": {\"name\", \"arguments\"}}");
+      json arguments = c["function"].value("arguments", json::object());
+      if (arguments.is_string()) arguments = json::parse(arguments.get<std::string>(), nullptr, false);
+      if (!arguments.is_object()) bad("messages", at + ".function.arguments must be the JSON text of an object");
+      json call = {{"type", "function"}, {"function", {{"name", c["function"]["name"]}, {"arguments", arguments}}}};
+      if (c.contains("id")) call["id"] = c["id"];
+      out.push_back(std::move(call));
+    }
+    return out;
   }
 
   // The generation options both completion endpoints share, checked against
