@@ -57,6 +57,40 @@ TEST(Jinja, WhatItDoesNotRunIsOneErrorNamingTheLine) {
   EXPECT_EQ(render_error("{{ x }}", nlohmann::ordered_json::array()), "render: the context must be a JSON object");
 }
 
+// Every filter and test the parser lets through is one the renderer runs:
+// applied to a list, a string and a dict (with arguments where they need
+// them), each renders or fails on its operands, never as unknown. (A name
+// added to the lists but not to the renderer fails here.)
+TEST(Jinja, EveryNameTheParserTakesTheRendererRuns) {
+  const nlohmann::ordered_json context = {{"xs", {1, 2, 2}}, {"s", "ab"}, {"d", {{"k", 1}}}};
+  int checked = 0;
+  for (const bool is_filter : {true, false}) {
+    for (const std::string& name : is_filter ? jinja::filter_names() : jinja::test_names()) {
+      for (const char* operand : {"xs", "s", "d"}) {
+        const std::set<std::string> one_argument = {"selectattr", "rejectattr", "in",     "divisibleby", "equalto",
+                                                    "eq",         "==",         "sameas", "ne",          "!="};
+        const std::string args = name == "replace"          ? "('a', 'b')"
+                                 : name == "map"            ? "('upper')"
+                                 : one_argument.count(name) ? "('k')"
+                                                            : "";
+        const std::string source = is_filter ? std::string("{{ ") + operand + " | " + name + args + " }}"
+                                             : std::string("{{ ") + operand + " is " + name + args + " }}";
+        std::string error;
+        try {
+          jinja::Template(source).render(context);
+        } catch (const Error& e) {
+          error = e.what();
+        }
+        EXPECT_EQ(error.find("not supported"), std::string::npos) << source << ": " << error;
+        ++checked;
+      }
+    }
+  }
+  EXPECT_EQ(checked, 3 * (int)(jinja::filter_names().size() + jinja::test_names().size()));
+  EXPECT_THROW(jinja::Template("{{ xs | shuffle }}"), Error);
+  EXPECT_THROW(jinja::Template("{{ xs is prime }}"), Error);
+}
+
 TEST(Jinja, AHostileTemplateStaysFinite) {
   const nlohmann::ordered_json none = nlohmann::ordered_json::object();
   EXPECT_EQ(error_of([&] { Template("{% for i in range(10000000) %}{% endfor %}").render(none); }),

@@ -33,9 +33,16 @@
 
 #include <nlohmann/json.hpp>
 #include <memory>
+#include <set>
 #include <string>
 
 namespace qkv::jinja {
+
+// The filters and tests a template may use, by name (aliases included): the
+// parser refuses any other, and every one of them is one the renderer runs
+// (tests/test_jinja.cpp holds the two to each other).
+const std::set<std::string>& filter_names();
+const std::set<std::string>& test_names();
 
 class Template {
 public:

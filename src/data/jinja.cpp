@@ -18,6 +18,23 @@
 #include "qkv/error.h"
 
 namespace qkv::jinja {
+
+// Renderer::filter and Renderer::test below run each of these.
+const std::set<std::string>& filter_names() {
+  static const std::set<std::string> names = {
+      "trim", "length",  "count",   "tojson", "upper", "lower",      "capitalize", "title", "string",
+      "safe", "default", "d",       "first",  "last",  "list",       "reverse",    "join",  "items",
+      "int",  "float",   "replace", "unique", "sort",  "selectattr", "rejectattr", "map"};
+  return names;
+}
+const std::set<std::string>& test_names() {
+  static const std::set<std::string> names = {"defined",  "undefined", "none",    "string", "number",  "integer",
+                                              "float",    "boolean",   "true",    "false",  "mapping", "sequence",
+                                              "iterable", "callable",  "equalto", "eq",     "==",      "sameas",
+                                              "ne",       "!=",        "in",      "odd",    "even",    "divisibleby"};
+  return names;
+}
+
 // Named rather than anonymous: Template::Impl holds the tree.
 namespace detail {
 
@@ -539,12 +556,6 @@ struct Stmt {
   Body body, otherwise;                            // For, SetBlock, Macro; For's else, If's else
 };
 
-// The tests a template may use (Renderer::test runs them).
-const std::set<std::string> kTests = {"defined",  "undefined", "none",    "string", "number",  "integer",
-                                      "float",    "boolean",   "true",    "false",  "mapping", "sequence",
-                                      "iterable", "callable",  "equalto", "eq",     "==",      "sameas",
-                                      "ne",       "!=",        "in",      "odd",    "even",    "divisibleby"};
-
 class Parser {
 public:
   explicit Parser(std::vector<Piece> pieces) : pieces_(std::move(pieces)) {}
@@ -951,11 +962,7 @@ private:
       } else if (accept("|")) {
         auto f = node(Expr::Kind::Filter);
         f->name = name_token("a filter");
-        static const std::set<std::string> kFilters = {
-            "trim", "length",  "count",   "tojson", "upper", "lower",      "capitalize", "title", "string",
-            "safe", "default", "d",       "first",  "last",  "list",       "reverse",    "join",  "items",
-            "int",  "float",   "replace", "unique", "sort",  "selectattr", "rejectattr", "map"};
-        if (!kFilters.count(f->name)) fail_at(line_, "the filter '" + f->name + "' is not supported");
+        if (!filter_names().count(f->name)) fail_at(line_, "the filter '" + f->name + "' is not supported");
         f->items.push_back(std::move(e));
         if (accept("(")) arguments(*f);
         e = std::move(f);
@@ -965,7 +972,7 @@ private:
         t->name = peek().kind == Token::Kind::Name ? next().text : "";
         if (t->name.empty() && (is_op("==") || is_op("!="))) t->name = next().text;
         if (t->name.empty()) fail_at(line_, "expected a test after 'is'");
-        if (!kTests.count(t->name)) fail_at(line_, "the test '" + t->name + "' is not supported");
+        if (!test_names().count(t->name)) fail_at(line_, "the test '" + t->name + "' is not supported");
         t->items.push_back(std::move(e));
         if (accept("(")) {
           arguments(*t);
