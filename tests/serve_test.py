@@ -434,6 +434,9 @@ class ChatTools(unittest.TestCase):
         none = self.s.client.chat.completions.create(model="chat-tools", messages=self.MESSAGES, max_tokens=2,
                                                      tools=self.TOOLS, tool_choice="none")
         self.assertEqual(none.usage.prompt_tokens, plain.usage.prompt_tokens)
+        status, auto = self.s.request("POST", "/v1/chat/completions", {"messages": self.MESSAGES, "max_tokens": 2,
+                                                                       "tools": self.TOOLS, "tool_choice": None})
+        self.assertEqual((status, auto["usage"]["prompt_tokens"]), (200, with_tools.usage.prompt_tokens), auto)
         history = self.MESSAGES + [
             {"role": "assistant", "content": None,
              "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "now", "arguments": "{}"}}]},

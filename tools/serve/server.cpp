@@ -634,7 +634,8 @@ private:
   // {"name", "description", "parameters"}}], as given; none (an empty list)
   // when absent or when tool_choice is "none".
   json tools_field(const json& body) {
-    const json choice = body.value("tool_choice", json("auto"));
+    const json choice =
+        body.contains("tool_choice") && !body["tool_choice"].is_null() ? body["tool_choice"] : json("auto");
     if (choice != "auto" && choice != "none")
       bad("tool_choice", "tool_choice must be \"auto\" or \"none\" (qkv cannot make a model call a tool)");
     if (body.contains("parallel_tool_calls") && !body["parallel_tool_calls"].is_boolean())
