@@ -577,7 +577,7 @@ private:
                   {"model", name_},
                   {"choices", json::array({choice})}};
     };
-    // OpenAI's form of the calls in `reply`, and the finish reason they make.
+    // OpenAI's form of the calls in `reply` (message.tool_calls, or a stream's delta.tool_calls).
     auto calls_json = [id](const ChatReply& reply) {
       json calls = json::array();
       for (size_t i = 0; i < reply.tool_calls.size(); ++i)
