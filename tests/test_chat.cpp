@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "qkv/chat.h"
+#include "qkv/utf8.h"
 #include "qkv/checkpoint.h"
 #include "qkv/io.h"
 #include "tests/test_util.h"
@@ -164,6 +165,12 @@ TEST(Chat, ToolCallsAreReadFromTheirTags) {
   EXPECT_EQ(text_before_tool_calls("abc <"), 4u);
   EXPECT_EQ(text_before_tool_calls("abc <b"), 6u);
   EXPECT_EQ(text_before_tool_calls(""), 0u);
+  // The helper under it (and under stop sequences and ends of turn): a tail
+  // that begins the marker, never the whole marker, nothing for an empty one.
+  EXPECT_EQ(marker_begins_at_end("ab<|im", "<|im_end|>"), 4u);
+  EXPECT_EQ(marker_begins_at_end("ab<|im_end|>", "<|im_end|>"), 0u);
+  EXPECT_EQ(marker_begins_at_end("<", "<|im_end|>"), 1u);
+  EXPECT_EQ(marker_begins_at_end("abc", ""), 0u);
 }
 
 // A folder whose template is none of the four layouts (the "renamed" and

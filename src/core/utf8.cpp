@@ -74,4 +74,11 @@ std::vector<std::string> utf8_chars(const std::string& s) {
   return out;
 }
 
+size_t marker_begins_at_end(std::string_view text, std::string_view marker) {
+  if (marker.empty()) return 0;
+  for (size_t n = std::min(text.size(), marker.size() - 1); n > 0; --n)
+    if (text.substr(text.size() - n) == marker.substr(0, n)) return n;
+  return 0;
+}
+
 }  // namespace qkv

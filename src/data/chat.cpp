@@ -8,6 +8,7 @@
 
 #include "qkv/error.h"
 #include "qkv/io.h"
+#include "qkv/utf8.h"
 
 namespace qkv {
 
@@ -240,10 +241,7 @@ ChatReply parse_tool_calls(const std::string& text) {
 
 size_t text_before_tool_calls(const std::string& text) {
   const size_t open = text.find(kCallOpen);
-  if (open != std::string::npos) return open;
-  for (size_t k = std::min(text.size(), kCallOpen.size() - 1); k > 0; --k)
-    if (text.compare(text.size() - k, k, kCallOpen.data(), k) == 0) return text.size() - k;
-  return text.size();
+  return open != std::string::npos ? open : text.size() - marker_begins_at_end(text, kCallOpen);
 }
 
 std::string format_chat(ChatFormat f, const std::vector<ChatMessage>& messages) {

@@ -106,13 +106,10 @@ size_t find_stop(const std::string& text, const std::vector<std::string>& stops,
 // The longest tail of text[from, end) that begins one of `stops` (it may yet become one).
 size_t held_back(const std::string& text, size_t from, size_t end, const std::vector<std::string>& stops) {
   if (end <= from) return 0;
+  const std::string_view window = std::string_view(text).substr(from, end - from);
   size_t longest = 0;
-  for (const std::string& stop : stops) longest = std::max(longest, stop.size() - 1);
-  for (size_t k = std::min(longest, end - from); k > 0; --k) {
-    for (const std::string& stop : stops)
-      if (stop.compare(0, k, text, end - k, k) == 0) return k;
-  }
-  return 0;
+  for (const std::string& stop : stops) longest = std::max(longest, marker_begins_at_end(window, stop));
+  return longest;
 }
 
 }  // namespace

@@ -184,17 +184,11 @@ std::string generate_turn(LanguageModel& m, const std::string& prompt, const std
     if (emit && upto > shown) emit(text.substr(shown, upto - shown));
     shown = std::max(shown, upto);
   };
-  // The longest end of the text that begins the marker (it may yet become it).
-  auto partial_marker = [&] {
-    for (size_t n = std::min(text.size(), end_of_turn.size() - 1); n > 0; --n)
-      if (text.compare(text.size() - n, n, end_of_turn, 0, n) == 0) return n;
-    return size_t{0};
-  };
   try {
     generate(m, prompt, options, [&](const std::string& piece) {
       text += piece;
       if (!end_of_turn.empty() && text.find(end_of_turn) != std::string::npos) throw TurnEnded{};
-      show(end_of_turn.empty() ? text.size() : text.size() - partial_marker());
+      show(text.size() - marker_begins_at_end(text, end_of_turn));
     });
   } catch (const TurnEnded&) {
   }
