@@ -73,17 +73,27 @@ struct GenerateArgs {
   int threads = 0;
 };
 
+// The language model of a folder, with its tokenizer, for `command`, on `threads` threads.
+LanguageModel load_with_tokenizer(const std::string& model, const std::string& dtype, int threads,
+                                  const char* command) {
+  set_threads(threads);
+  LanguageModel m = load_language_model(model, command, dtype);
+  require_tokenizer(m, model, command);
+  return m;
+}
+
+// A piece of generated text, to stdout as it comes.
+void print_piece(const std::string& piece) {
+  std::fwrite(piece.data(), 1, piece.size(), stdout);
+  std::fflush(stdout);
+}
+
 int run_generate(GenerateArgs a) {
-  set_threads(a.threads);
-  LanguageModel m = load_language_model(a.model, "generate", a.dtype);
-  require_tokenizer(m, a.model, "generate");
+  LanguageModel m = load_with_tokenizer(a.model, a.dtype, a.threads, "generate");
   QKV_CHECK(invalid_utf8_offset(a.prompt) == std::string::npos, "generate: the prompt is not valid UTF-8");
   std::fputs(a.prompt.c_str(), stdout);
   std::fflush(stdout);
-  std::vector<int64_t> out = generate(m, a.prompt, a.options, [](const std::string& piece) {
-    std::fwrite(piece.data(), 1, piece.size(), stdout);
-    std::fflush(stdout);
-  });
+  std::vector<int64_t> out = generate(m, a.prompt, a.options, print_piece);
   std::putchar('\n');
   const int64_t context = m.model->config().context;
   const int64_t prompt_tokens = std::min<int64_t>((int64_t)m.tokenizer->encode_prompt(a.prompt).size(), context - 1);
@@ -114,9 +124,7 @@ struct ChatArgs {
 // at the format's end of turn. When the conversation outgrows the context,
 // its oldest turns (after a system message) are dropped.
 int run_chat(ChatArgs a) {
-  set_threads(a.threads);
-  LanguageModel m = load_language_model(a.model, "chat", a.dtype);
-  require_tokenizer(m, a.model, "chat");
+  LanguageModel m = load_with_tokenizer(a.model, a.dtype, a.threads, "chat");
   const ChatTemplate t = chat_template_of_folder(a.model);
   QKV_CHECK(t.format != ChatFormat::None, "chat: ", a.model, " has no chat template (chat_template.jinja, or ",
             "chat_template in tokenizer_config.json); qkv generate continues plain text");
@@ -144,10 +152,7 @@ int run_chat(ChatArgs a) {
       std::fprintf(stderr, "chat: the oldest turn was dropped to fit the context of %lld tokens\n", (long long)context);
       prompt = format_chat(t, messages);
     }
-    const std::string text = generate_turn(m, prompt, t.end_of_turn, a.options, [](const std::string& piece) {
-      std::fwrite(piece.data(), 1, piece.size(), stdout);
-      std::fflush(stdout);
-    });
+    const std::string text = generate_turn(m, prompt, t.end_of_turn, a.options, print_piece);
     std::putchar('\n');
     std::fflush(stdout);
     messages.push_back({"assistant", text});
