@@ -87,6 +87,12 @@ struct GemmRow {
   bool weight_layout;  // x [m,k] times W^T with W [n,k], as nn.Linear
 };
 
+// The peer of x W^T: the loaded BLAS's sgemm on c [m, n] = a [m, k] w [n, k]^T.
+void sgemm_weight_layout(int64_t m, int64_t n, int64_t k, const Tensor& a, const Tensor& w, Tensor& c) {
+  blas::sgemm()(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)m, (blasint)n, (blasint)k, 1.0f, a.data<float>(),
+                (blasint)k, w.data<float>(), (blasint)k, 0.0f, c.data<float>(), (blasint)n);
+}
+
 nlohmann::ordered_json bench_gemm(const GemmRow& r, double seconds) {
   Rng rng(0);
   NoGradGuard no_grad;
@@ -105,9 +111,7 @@ nlohmann::ordered_json bench_gemm(const GemmRow& r, double seconds) {
   double raw = seconds_per_call(
       [&] {
         if (r.weight_layout) {
-          blas::sgemm()(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)(r.batch * r.m), (blasint)r.n,
-                        (blasint)r.k, 1.0f, a.data<float>(), (blasint)r.k, b.data<float>(), (blasint)r.k, 0.0f,
-                        c.data<float>(), (blasint)r.n);
+          sgemm_weight_layout(r.batch * r.m, r.n, r.k, a, b, c);
         } else {
           for (int64_t i = 0; i < r.batch; ++i)
             blas::sgemm()(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)r.m, (blasint)r.n, (blasint)r.k, 1.0f,
@@ -138,13 +142,7 @@ nlohmann::ordered_json bench_gemm_streamed(const GemmRow& r, double seconds) {
   size_t next = 0;
   auto w = [&] { return ws[next++ % ws.size()]; };
   const double ours = seconds_per_call([&] { linear(a, w()); }, seconds);
-  const double raw = seconds_per_call(
-      [&] {
-        blas::sgemm()(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)r.m, (blasint)r.n, (blasint)r.k, 1.0f,
-                      a.data<float>(), (blasint)r.k, w().data<float>(), (blasint)r.k, 0.0f, c.data<float>(),
-                      (blasint)r.n);
-      },
-      seconds);
+  const double raw = seconds_per_call([&] { sgemm_weight_layout(r.m, r.n, r.k, a, w(), c); }, seconds);
   const double flops = 2.0 * r.m * r.n * r.k, bytes = 4.0 * r.n * r.k;
   return {{"name", r.name},
           {"shape", "[" + std::to_string(r.m) + "x" + std::to_string(r.k) + "]@[" + std::to_string(r.k) + "x" +
