@@ -137,7 +137,9 @@ TEST(Kernels, BatchedGemmMatchesTheReference) {
 // in the 67 x 45 x 130 case by an error of 1.2 against a bound of 1.4e-3;
 // dropping the last k of a transposed A (in its packing) failed 140 checks;
 // AMX tiles started at zero instead of the bias failed the 96 x 80 x 64
-// and 40 x 520 x 530 cases; the second panel of B skipped failed the latter.
+// and 40 x 520 x 530 cases; the second panel of B skipped failed the latter;
+// a transposed operand's tiles stored in the order they are packed (chunk by
+// chunk) instead of at their place failed 384 checks.
 TEST(Kernels, GemmBf16MatchesTheReference) {
   omp_set_num_threads(2);
   Rng rng(6);
