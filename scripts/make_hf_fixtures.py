@@ -85,6 +85,9 @@ new tokens at most, stopping at the folder's eos_token_id).
            lengths and compete; expected (marian-beam.expected.json):
            generate()'s beam search outputs for 16 sources under several
            num_beams, length_penalty and max_new_tokens, and greedy
+  marian-beam-stopping  generate()'s outputs on the marian-beam folder
+           with early_stopping true and "never"
+           (marian-beam.stopping.expected.json)
 
 Usage: python3 scripts/make_hf_fixtures.py [--out tests/fixtures/hf]
 Needs: torch, transformers, safetensors, sentence-transformers, sentencepiece (pip install ...).
@@ -644,6 +647,39 @@ def make_marian_beam(out_dir):
     print("marian-beam: loss", round(loss.item(), 3), "lengths", [[len(o) for o in c["outputs"]] for c in cases])
 
 
+# early_stopping True and "never" (generate()'s other two stopping rules) on
+# the marian-beam folder, and the same cases under early_stopping False for
+# the count of outputs that differ.
+CASES_MARIAN_BEAM_STOPPING = ((4, 1.0, 12), (4, 2.0, 12), (6, 3.0, 16), (5, 0.5, 12), (3, -1.0, 10))
+
+
+def make_marian_beam_stopping(out_dir):
+    from transformers import MarianMTModel
+    model = MarianMTModel.from_pretrained(os.path.join(out_dir, "marian-beam"), dtype=torch.float32).eval()
+    with open(os.path.join(out_dir, "marian-beam.expected.json")) as f:
+        sources = json.load(f)["sources"]
+    pad, eos = model.config.pad_token_id, model.config.eos_token_id
+    width = max(len(r) for r in sources)
+    input_ids = torch.tensor([r + [pad] * (width - len(r)) for r in sources])
+    mask = (input_ids != pad).long()
+
+    def outputs(**kw):
+        with torch.no_grad():
+            out = model.generate(input_ids=input_ids, attention_mask=mask, do_sample=False, **kw)
+        return [row[:row.index(eos)] if eos in row else [t for t in row if t != pad] for row in out[:, 1:].tolist()]
+
+    cases, differ = [], 0
+    for beams, penalty, new in CASES_MARIAN_BEAM_STOPPING:
+        heuristic = outputs(num_beams=beams, length_penalty=penalty, max_new_tokens=new, early_stopping=False)
+        for stopping in (True, "never"):
+            got = outputs(num_beams=beams, length_penalty=penalty, max_new_tokens=new, early_stopping=stopping)
+            differ += sum(a != b for a, b in zip(got, heuristic))
+            cases.append({"num_beams": beams, "length_penalty": penalty, "max_new_tokens": new,
+                          "early_stopping": stopping, "outputs": got})
+    with open(os.path.join(out_dir, "marian-beam.stopping.expected.json"), "w") as f:
+        json.dump({"cases": cases}, f)
+        f.write("\n")
+    print("marian-beam-stopping:", differ, "outputs differ from early_stopping=False")
 
 
 def main():
@@ -658,7 +694,7 @@ def main():
               "llama-dynamic": make_llama_dynamic, "qwen2": None, "qwen3": None, "mistral": None, "mixtral": None,
               "gpt2": None, "bert": make_bert, "vit": make_vit, "vit-resize": make_vit_resize, "marian": make_marian,
               "marian-attention": make_marian_attention, "marian-beam": make_marian_beam,
-              "qwen2-chat": make_qwen2_chat}
+              "marian-beam-stopping": make_marian_beam_stopping, "qwen2-chat": make_qwen2_chat}
     for name in args.only or makers:
         if name not in makers:
             ap.error(f"no fixture '{name}': " + ", ".join(makers))

@@ -97,6 +97,22 @@ for key in bleu chrf exact_match; do
 done
 check "eval --beam 3" 0 "$QKV" eval --json --beam 3 --model "$tmp/demo/model" --test "$tmp/demo/zh-ja.test.tsv"
 grep -q '"beam": *3' "$tmp/out" || { echo "FAIL eval --beam"; cat "$tmp/out"; failures=$((failures + 1)); }
+# A folder's generation_config.json (as Hugging Face folders carry it) sets
+# the beam and length when the command line does not; --beam still wins.
+cp -r "$tmp/demo/model" "$tmp/gen-model"
+echo '{"num_beams": 3, "length_penalty": 0.6, "early_stopping": true, "max_length": 40}' >"$tmp/gen-model/generation_config.json"
+check "eval with generation_config.json" 0 "$QKV" eval --json --model "$tmp/gen-model" --test "$tmp/demo/zh-ja.test.tsv"
+grep -q '"beam": *3' "$tmp/out" || { echo "FAIL eval takes num_beams"; cat "$tmp/out"; failures=$((failures + 1)); }
+check "translate with generation_config.json" 0 sh -c "\"$QKV\" translate --model \"$tmp/gen-model\" < \"$tmp/in.txt\""
+cp "$tmp/out" "$tmp/gen-default.txt"
+check "translate --beam 3 with generation_config.json" 0 sh -c "\"$QKV\" translate --beam 3 --model \"$tmp/gen-model\" < \"$tmp/in.txt\""
+cmp -s "$tmp/out" "$tmp/gen-default.txt" || { echo "FAIL translate's default beam is not num_beams"; failures=$((failures + 1)); }
+check "eval --beam 1 with generation_config.json" 0 "$QKV" eval --json --beam 1 --model "$tmp/gen-model" --test "$tmp/demo/zh-ja.test.tsv"
+grep -q '"beam": *1' "$tmp/out" || { echo "FAIL --beam wins over num_beams"; cat "$tmp/out"; failures=$((failures + 1)); }
+echo '{"num_beams": 0}' >"$tmp/gen-model/generation_config.json"
+check "translate with num_beams 0" nonzero sh -c "\"$QKV\" translate --model \"$tmp/gen-model\" < \"$tmp/in.txt\""
+one_line_error "translate with num_beams 0"
+grep -q 'generation_config.json: num_beams' "$tmp/err" || { echo "FAIL num_beams 0 error"; cat "$tmp/err"; failures=$((failures + 1)); }
 check "translate --beam 0" nonzero "$QKV" translate --beam 0 --model "$tmp/demo/model"
 one_line_error "translate --beam 0"
 for len in 0 9223372036854775807; do

@@ -843,6 +843,24 @@ class Translation(unittest.TestCase):
         finally:
             self.assertEqual(s.stop(), 0)
 
+    def test_generation_config_gives_the_default_beam(self):
+        """A request without beam and max_len runs with the folder's generation_config.json ones, as the CLI does."""
+        with tempfile.TemporaryDirectory() as tmp:
+            model = os.path.join(tmp, "model")
+            shutil.copytree(os.path.join(FIXTURES, "folders", "transformer"), model)
+            with open(os.path.join(model, "generation_config.json"), "w") as f:
+                json.dump({"num_beams": 3, "length_penalty": 0.6, "max_new_tokens": 12}, f)
+            texts = ["我是中国人", "这本书很有意思"]
+            cli = subprocess.run([QKV, "translate", "--model", model, "--beam", "3", "--max-len", "12"],
+                                 input="\n".join(texts) + "\n", capture_output=True, text=True, check=True)
+            s = Server(model)
+            try:
+                status, body = s.request("POST", "/v1/translate", {"text": texts})
+                self.assertEqual(status, 200, body)
+                self.assertEqual(body["translations"], cli.stdout.split("\n")[:2])
+            finally:
+                self.assertEqual(s.stop(), 0)
+
     def test_concurrent_translations_share_batches(self):
         """Eight one-sentence requests at once translate as the CLI translates them, in fewer model runs than
         requests: those that arrive while a batch runs share the next one (tools/serve/merged_runs.h)."""

@@ -156,6 +156,89 @@ TEST(HfMarian, BeamSearchRanksAsGenerateDoes) {
   EXPECT_GE(lengths.size(), 4u) << "the outputs should end at different lengths";
 }
 
+// generate()'s two other stopping rules on the same folder: early_stopping
+// true (a sentence done once num_beams have finished) and "never" (the best
+// running score normalized at max_new_tokens when length_penalty > 0). 45 of
+// the 160 outputs differ from early_stopping false's; qkv's search with the
+// rule left at false gave other outputs for them.
+TEST(HfMarian, BeamSearchStopsAsEarlyStoppingSays) {
+  ModelFolder folder = load_model_folder(marian_fixture("marian-beam"));
+  auto model = std::dynamic_pointer_cast<Seq2Seq>(folder.model);
+  ASSERT_NE(model, nullptr);
+  const auto sources = nlohmann::json::parse(read_file(marian_fixture("marian-beam.expected.json")))["sources"]
+                           .get<std::vector<std::vector<int64_t>>>();
+  const nlohmann::json e = nlohmann::json::parse(read_file(marian_fixture("marian-beam.stopping.expected.json")));
+  int64_t differ = 0;
+  for (const nlohmann::json& c : e["cases"]) {
+    BeamOptions o{
+        .beam = c["num_beams"].get<int64_t>(), .length_penalty = c["length_penalty"].get<float>(), .batch_size = 5};
+    o.early_stopping = c["early_stopping"].is_boolean() ? EarlyStopping::First : EarlyStopping::Never;
+    const int64_t max_len = c["max_new_tokens"].get<int64_t>();
+    const auto want = c["outputs"].get<std::vector<std::vector<int64_t>>>();
+    const std::vector<BeamHypothesis> got = beam_translate(*model, sources, max_len, o);
+    o.early_stopping = EarlyStopping::Heuristic;
+    const std::vector<BeamHypothesis> heuristic = beam_translate(*model, sources, max_len, o);
+    for (size_t i = 0; i < sources.size(); ++i) {
+      EXPECT_EQ(got[i].tokens, want[i]) << "source " << i << ", early_stopping " << c["early_stopping"].dump()
+                                        << ", beam " << o.beam << ", length_penalty " << o.length_penalty;
+      differ += heuristic[i].tokens != want[i];
+    }
+  }
+  EXPECT_EQ(differ, 45) << "the cases should tell the rules apart";
+}
+
+// generation_config.json as defaults: num_beams, length_penalty,
+// early_stopping and the length (max_new_tokens, else max_length less the
+// start token); what a command asks wins; bad fields are one error each.
+TEST(HfMarian, GenerationConfigGivesTheDefaults) {
+  const auto folder_with = [](const std::string& text) {
+    const std::string dir = testing::temp_dir("generation");
+    if (!text.empty()) write_file_atomic(dir + "/generation_config.json", text);
+    return dir;
+  };
+  GenerationDefaults d = read_generation_defaults(folder_with(""));
+  EXPECT_EQ(d.num_beams, 1);
+  EXPECT_EQ(d.length_penalty, 1.0f);
+  EXPECT_EQ(d.early_stopping, EarlyStopping::Heuristic);
+  EXPECT_EQ(d.max_new_tokens, 0);
+  d = read_generation_defaults(
+      folder_with(R"({"num_beams": 4, "length_penalty": 0.6, "early_stopping": true, "max_length": 512})"));
+  EXPECT_EQ(d.num_beams, 4);
+  EXPECT_EQ(d.length_penalty, 0.6f);
+  EXPECT_EQ(d.early_stopping, EarlyStopping::First);
+  EXPECT_EQ(d.max_new_tokens, 511);
+  d = read_generation_defaults(folder_with(R"({"max_new_tokens": 20, "max_length": 512, "early_stopping": "never"})"));
+  EXPECT_EQ(d.max_new_tokens, 20);
+  EXPECT_EQ(d.early_stopping, EarlyStopping::Never);
+  d = read_generation_defaults(folder_with(R"({"num_beams": null, "early_stopping": false})"));
+  EXPECT_EQ(d.num_beams, 1);
+  EXPECT_EQ(d.early_stopping, EarlyStopping::Heuristic);
+
+  TranslationModel m;
+  m.generation = {.num_beams = 6, .max_new_tokens = 40};
+  EXPECT_EQ(translation_decoding(m, 0, 0).beam, 6);
+  EXPECT_EQ(translation_decoding(m, 0, 0).max_len, 40);
+  EXPECT_EQ(translation_decoding(m, 2, 9).beam, 2);
+  EXPECT_EQ(translation_decoding(m, 2, 9).max_len, 9);
+  m.generation = {};
+  EXPECT_EQ(translation_decoding(m, 0, 0).beam, 1);
+  EXPECT_EQ(translation_decoding(m, 0, 0).max_len, 128);
+  m.generation.max_new_tokens = 1 << 20;
+  EXPECT_EQ(translation_decoding(m, 0, 0).max_len, kMaxDecodeLength);
+
+  for (const auto& [text, message] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"num_beams": 0})", "num_beams must be a whole number from 1 to 64, got 0"},
+           {R"({"num_beams": "4"})", "num_beams must be a whole number from 1 to 64, got \"4\""},
+           {R"({"length_penalty": "long"})", "length_penalty must be a number, got \"long\""},
+           {R"({"early_stopping": "sometimes"})", "early_stopping must be true, false or \"never\", got \"sometimes\""},
+           {R"({"max_length": 1})", "max_length must be a whole number from 2 to"},
+           {R"([4])", "expected a JSON object"}}) {
+    const std::string dir = folder_with(text);
+    const std::string error = error_of([&] { read_generation_defaults(dir); });
+    EXPECT_EQ(error.rfind(dir + "/generation_config.json: " + message, 0), 0u) << error;
+  }
+}
+
 TEST(HfMarian, TokenizerMatchesMarianTokenizerOnEveryLine) {
   TranslationModel m = load_translation_model(marian_fixture("marian"));
   const std::vector<std::string> text = testing::split_lines(read_file(std::string(QKV_FIXTURES_DIR) + "/tokenizers/text.txt"));

@@ -19,9 +19,24 @@ namespace qkv {
 
 // --- translation (families of the Translation domain: transformer, rnn_attention, conv) ---
 
+// What a Hugging Face folder's generation_config.json asks of generate(),
+// read as the defaults of translating with it: num_beams, length_penalty,
+// early_stopping (true, false or "never"), and max_new_tokens, or else
+// max_length less the decoder's start token. Other fields are not read.
+struct GenerationDefaults {
+  int64_t num_beams = 1;
+  float length_penalty = 1.0f;
+  EarlyStopping early_stopping = EarlyStopping::Heuristic;
+  int64_t max_new_tokens = 0;  // 0: not given
+};
+// dir/generation_config.json's (defaults where it is absent); a field of the
+// wrong type or out of range is an error naming the file and the field.
+GenerationDefaults read_generation_defaults(const std::string& dir);
+
 struct TranslationModel {
   std::shared_ptr<const Tokenizer> tokenizer;
   std::shared_ptr<Seq2Seq> model;  // any arch
+  GenerationDefaults generation;   // the folder's; beam search ranks and stops by them
 };
 // `dtype`: the Linear weights' dtype, as LoadOptions::dtype (qkv/checkpoint.h) has it; so for
 // the three loaders below.
@@ -81,7 +96,16 @@ struct TranslationCheck {
 std::vector<TranslationCheck> check_translations(TranslationModel& m, const std::vector<SentencePair>& pairs,
                                                  int64_t max_len);
 
-// Translations (text out) of `sources`: greedy when beam is 1, else beam search.
+// The beam and the longest output a translation runs with: those asked (0:
+// not asked), else the folder's generation_config.json ones, else greedy and
+// 128 tokens; the length at most kMaxDecodeLength.
+struct TranslationDecoding {
+  int64_t beam = 1, max_len = 128;
+};
+TranslationDecoding translation_decoding(const TranslationModel& m, int64_t beam, int64_t max_len);
+
+// Translations (text out) of `sources`: greedy when beam is 1, else beam
+// search, with the length penalty and early stopping of m.generation.
 std::vector<std::string> translate_texts(TranslationModel& m, const std::vector<std::string>& sources,
                                          int64_t max_len, int64_t beam = 1, const SourceLimit& limit = {});
 std::vector<std::string> translate_ids(TranslationModel& m, const std::vector<std::vector<int64_t>>& sources,

@@ -43,11 +43,20 @@ std::vector<std::vector<int64_t>> greedy_translate(Seq2Seq& model,
                                                    const std::vector<std::vector<int64_t>>& sources, int64_t max_len,
                                                    int64_t batch_size = 64);
 
+// When a sentence's beam search stops, as generate()'s early_stopping says
+// (src/models/beam_search.cpp): Heuristic (false, its default) once `beam`
+// hypotheses have finished and the best running one, normalized at its
+// present length, cannot beat the worst of them; First (true) as soon as
+// `beam` have finished; Never ("never") as Heuristic, but normalized at the
+// longest length it could reach (max_len) when length_penalty > 0.
+enum class EarlyStopping { Heuristic, First, Never };
+
 // Beam search ranked as transformers' generate() ranks it: see src/models/beam_search.cpp.
 struct BeamOptions {
   int64_t beam = 4;
   float length_penalty = 1.0f;  // finished hypotheses ranked by score / length^length_penalty
   int64_t batch_size = 16;      // sentences decoded together (each with `beam` rows)
+  EarlyStopping early_stopping = EarlyStopping::Heuristic;
 };
 struct BeamHypothesis {
   std::vector<int64_t> tokens;  // without <bos>/<eos>

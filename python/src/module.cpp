@@ -246,10 +246,14 @@ std::vector<std::string> texts_arg(nb::handle h, const std::string& what) {
 struct Translator : ModelBase {
   TranslationModel m;
 
-  std::vector<std::string> translate(nb::handle sources_arg, int64_t beam, int64_t max_len, int64_t max_source_tokens,
-                                     bool truncate) {
-    QKV_CHECK(beam >= 1, "translate: beam must be at least 1, got ", beam);
-    QKV_CHECK(max_len >= 1, "translate: max_len must be at least 1, got ", max_len);
+  // beam and max_len: None for the folder's generation_config.json ones, else greedy and 128 (translation_decoding).
+  std::vector<std::string> translate(nb::handle sources_arg, std::optional<int64_t> beam_arg,
+                                     std::optional<int64_t> max_len_arg, int64_t max_source_tokens, bool truncate) {
+    QKV_CHECK(!beam_arg || *beam_arg >= 1, "translate: beam must be at least 1, got ", beam_arg.value_or(0));
+    QKV_CHECK(!max_len_arg || *max_len_arg >= 1, "translate: max_len must be at least 1, got ",
+              max_len_arg.value_or(0));
+    const TranslationDecoding d = translation_decoding(m, beam_arg.value_or(0), max_len_arg.value_or(0));
+    const int64_t beam = d.beam, max_len = d.max_len;
     QKV_CHECK(max_source_tokens >= 0, "translate: max_source_tokens must be at least 0, got ", max_source_tokens);
     const std::vector<std::string> sources = texts_arg(sources_arg, "translate: source");
     std::vector<std::string> out;
@@ -723,10 +727,12 @@ NB_MODULE(_qkv, m) {
 
   nb::class_<Translator, ModelBase>(m, "Translator", "A translation model (arch transformer, rnn_attention, conv).")
       .def("translate", &Translator::translate,
-           nb::sig("def translate(self, sources: list[str | bytes], *, beam: int = 1, max_len: int = 128, "
-                   "max_source_tokens: int = 0, truncate: bool = False) -> list[str]"),
-           "sources"_a, nb::kw_only(), "beam"_a = 1, "max_len"_a = 128, "max_source_tokens"_a = 0, "truncate"_a = false,
-           "Each source sentence translated: greedy when beam is 1, else beam search.")
+           nb::sig("def translate(self, sources: list[str | bytes], *, beam: int | None = None, "
+                   "max_len: int | None = None, max_source_tokens: int = 0, truncate: bool = False) -> list[str]"),
+           "sources"_a, nb::kw_only(), "beam"_a = nb::none(), "max_len"_a = nb::none(), "max_source_tokens"_a = 0,
+           "truncate"_a = false,
+           "Each source sentence translated: greedy when beam is 1, else beam search. None: the folder's "
+           "generation_config.json num_beams and length (else 1 and 128).")
       .def("attention", &Translator::attention,
            nb::sig("def attention(self, source: str | bytes, *, max_len: int = 128) -> dict[str, object]"), "source"_a,
            nb::kw_only(), "max_len"_a = 128,

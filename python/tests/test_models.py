@@ -52,6 +52,21 @@ def test_a_marian_folder_translates_as_transformers_and_the_cli():
     assert model.translate(expected["sentences"], beam=4, max_len=16) == cli.decode().splitlines()
 
 
+def test_generation_config_gives_the_default_beam_and_length(tmp_path):
+    """beam and max_len left at None take the folder's generation_config.json, as qkv translate does."""
+    import shutil
+    folder = tmp_path / "with-config"
+    shutil.copytree(FOLDERS / "transformer", folder)
+    (folder / "generation_config.json").write_text(
+        json.dumps({"num_beams": 3, "length_penalty": 0.6, "early_stopping": True, "max_new_tokens": 12}))
+    model = qkv.load(folder)
+    cli = run_cli("translate", "--model", folder, stdin="\n".join(SOURCES).encode() + b"\n")
+    assert model.translate(SOURCES) == cli.decode().splitlines() == model.translate(SOURCES, beam=3, max_len=12)
+    (folder / "generation_config.json").write_text(json.dumps({"num_beams": "three"}))
+    with pytest.raises(qkv.Error, match="generation_config.json: num_beams must be a whole number"):
+        qkv.load(folder)
+
+
 def test_attention_weights_per_layer_and_head():
     model = qkv.load(FOLDERS / "transformer")
     a = model.attention("我是中国人", max_len=10)

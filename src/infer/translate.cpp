@@ -3,7 +3,14 @@
 #include "qkv/checkpoint.h"
 #include "qkv/infer.h"
 
+#include <cmath>
+#include <filesystem>
+#include <limits>
 #include <map>
+#include <nlohmann/json.hpp>
+
+#include "qkv/io.h"
+#include "src/core/json.h"
 
 namespace qkv {
 
@@ -31,12 +38,57 @@ std::vector<int64_t> encode_source(const TranslationModel& m, const std::string&
   return ids;
 }
 
+GenerationDefaults read_generation_defaults(const std::string& dir) {
+  GenerationDefaults d;
+  const std::string path = dir + "/generation_config.json";
+  if (!std::filesystem::exists(path)) return d;
+  const nlohmann::json g = parse_json(read_file(path), path);
+  QKV_CHECK(g.is_object(), path, ": expected a JSON object");
+  const auto count = [&](const char* name, int64_t low, int64_t high) -> int64_t {
+    const nlohmann::json& v = g[name];
+    QKV_CHECK(v.is_number_integer() && v.get<int64_t>() >= low && v.get<int64_t>() <= high, path, ": ", name,
+              " must be a whole number from ", low, " to ", high, ", got ", v.dump());
+    return v.get<int64_t>();
+  };
+  if (g.contains("num_beams") && !g["num_beams"].is_null()) d.num_beams = count("num_beams", 1, 64);
+  if (g.contains("length_penalty") && !g["length_penalty"].is_null()) {
+    const nlohmann::json& v = g["length_penalty"];
+    QKV_CHECK(v.is_number() && std::isfinite(v.get<double>()), path, ": length_penalty must be a number, got ",
+              v.dump());
+    d.length_penalty = v.get<float>();
+  }
+  if (g.contains("early_stopping") && !g["early_stopping"].is_null()) {
+    const nlohmann::json& v = g["early_stopping"];
+    QKV_CHECK(v.is_boolean() || v == "never", path, ": early_stopping must be true, false or \"never\", got ",
+              v.dump());
+    d.early_stopping = v == "never"    ? EarlyStopping::Never
+                       : v.get<bool>() ? EarlyStopping::First
+                                       : EarlyStopping::Heuristic;
+  }
+  if (g.contains("max_new_tokens") && !g["max_new_tokens"].is_null())
+    d.max_new_tokens = count("max_new_tokens", 1, std::numeric_limits<int64_t>::max());
+  else if (g.contains("max_length") && !g["max_length"].is_null())  // the decoder's start token counts in it
+    d.max_new_tokens = count("max_length", 2, std::numeric_limits<int64_t>::max()) - 1;
+  return d;
+}
+
+TranslationDecoding translation_decoding(const TranslationModel& m, int64_t beam, int64_t max_len) {
+  QKV_CHECK(beam >= 0 && max_len >= 0, "translate: beam and max_len must not be negative, got ", beam, " and ",
+            max_len);
+  TranslationDecoding d;
+  d.beam = beam > 0 ? beam : m.generation.num_beams;
+  d.max_len = max_len > 0 ? max_len : m.generation.max_new_tokens > 0 ? m.generation.max_new_tokens : 128;
+  d.max_len = std::min(d.max_len, kMaxDecodeLength);
+  return d;
+}
+
 std::vector<std::string> translate_ids(TranslationModel& m, const std::vector<std::vector<int64_t>>& sources,
                                        int64_t max_len, int64_t beam) {
   std::vector<std::string> out;
   if (beam > 1) {
-    for (auto& h : beam_translate(*m.model, sources, max_len, {.beam = beam}))
-      out.push_back(m.tokenizer->decode(h.tokens));
+    const BeamOptions o{
+        .beam = beam, .length_penalty = m.generation.length_penalty, .early_stopping = m.generation.early_stopping};
+    for (auto& h : beam_translate(*m.model, sources, max_len, o)) out.push_back(m.tokenizer->decode(h.tokens));
   } else {
     for (auto& t : greedy_translate(*m.model, sources, max_len)) out.push_back(m.tokenizer->decode(t));
   }
@@ -123,7 +175,7 @@ TranslationScores score_translation(TranslationModel& m, const std::vector<Sente
 
 TranslationModel load_translation_model(const std::string& dir, const std::string& command, const std::string& dtype) {
   ModelFolder f = load_model_folder(dir, Task::Translate, command, {dtype});
-  return {f.tokenizer, std::dynamic_pointer_cast<Seq2Seq>(f.model)};
+  return {f.tokenizer, std::dynamic_pointer_cast<Seq2Seq>(f.model), read_generation_defaults(dir)};
 }
 
 }  // namespace qkv

@@ -1,5 +1,5 @@
 // Beam search for the translation Transformer, ranked as transformers'
-// generate() ranks (num_beams, length_penalty, early_stopping=False).
+// generate() ranks (num_beams, length_penalty, early_stopping).
 //
 // Each sentence keeps `beam` running hypotheses, score(y_1..t) = sum log p(y_i
 // | y_<i, x). A step takes the 2 * beam best continuations of them all. Of
@@ -10,7 +10,10 @@
 // hypotheses and the best running score, normalized by the current length,
 // is no better than the worst finished one (the running scores only fall),
 // or at the length limit, where every hypothesis ends; then it leaves the
-// batch, and its best finished hypothesis is the translation. With the
+// batch, and its best finished hypothesis is the translation. (That is
+// early_stopping false; with true a sentence is done once `beam` have
+// finished, and with "never" and a positive length_penalty the best running
+// score is normalized by max_len, the longest it could grow to.) With the
 // model's forced_eos the last step allows only <eos>, at log-probability 0.
 // The encoder runs once per sentence and its cross-attention K/V are computed
 // once and read by all its beams (the Transformer keeps them once per
@@ -133,13 +136,16 @@ std::vector<BeamHypothesis> beam_translate(Seq2Seq& model, const std::vector<std
           next_token.push_back(ids.pad);
         }
         alive[s] = std::move(next);
-        // Done when nothing runs, or K have finished and the best running
-        // hypothesis, at its present length, does not beat the worst of them.
+        // Done when nothing runs, or K have finished and (as early_stopping
+        // asks) the best running hypothesis cannot beat the worst of them.
         const Hypothesis& best_running = alive[s][0];
-        const bool done =
-            last_step || !std::isfinite(best_running.score) ||
-            ((int64_t)finished[s].size() == K &&
-             normalized(best_running, step + 1) <= normalized(finished[s].back(), finished[s].back().length));
+        bool done = last_step || !std::isfinite(best_running.score);
+        if (!done && (int64_t)finished[s].size() == K) {
+          const bool longest = o.early_stopping == EarlyStopping::Never && o.length_penalty > 0;
+          done =
+              o.early_stopping == EarlyStopping::First || normalized(best_running, longest ? max_len : step + 1) <=
+                                                              normalized(finished[s].back(), finished[s].back().length);
+        }
         if (done) continue;  // its rows leave
         still_active.push_back(s);
         origin.insert(origin.end(), next_origin.begin(), next_origin.end());

@@ -100,10 +100,12 @@ int run_train(const TrainArgs& a) {
   return 0;
 }
 
+// --beam and --max-len: 0 when not given (translation_decoding: the
+// folder's generation_config.json, else greedy and 128 tokens).
 struct TranslateArgs {
   std::string model;
-  int64_t max_len = 128;
-  int64_t beam = 1;
+  int64_t max_len = 0;
+  int64_t beam = 0;
   SourceLimit source_limit;
   bool replace_invalid = false;
   std::string attention_map;  // SVG of the first sentence's cross-attention
@@ -112,11 +114,12 @@ struct TranslateArgs {
 
 int run_translate(const TranslateArgs& a) {
   TranslationModel m = load_translation_model(a.model, "translate", a.dtype);
+  const TranslationDecoding d = translation_decoding(m, a.beam, a.max_len);
   std::string line;
   int64_t number = 0;
   std::vector<std::vector<int64_t>> batch;
   auto flush = [&] {
-    for (auto& t : translate_ids(m, batch, a.max_len, a.beam)) std::cout << t << "\n";
+    for (auto& t : translate_ids(m, batch, d.max_len, d.beam)) std::cout << t << "\n";
     std::cout.flush();
     batch.clear();
   };
@@ -135,7 +138,7 @@ int run_translate(const TranslateArgs& a) {
     if (cut)
       std::fprintf(stderr, "qkv: %s: source cut to %lld tokens (--truncate-source)\n", where.c_str(),
                    (long long)batch.back().size());
-    if (first && !a.attention_map.empty()) write_attention_map(m, line, batch.back(), a.attention_map, a.max_len);
+    if (first && !a.attention_map.empty()) write_attention_map(m, line, batch.back(), a.attention_map, d.max_len);
     first = false;
     if (batch.size() == 64) flush();
   }
@@ -145,8 +148,8 @@ int run_translate(const TranslateArgs& a) {
 
 struct EvalArgs {
   std::string model, test;
-  int64_t max_len = 128;
-  int64_t beam = 1;
+  int64_t max_len = 0;  // 0: as TranslateArgs
+  int64_t beam = 0;
   SourceLimit source_limit;
   bool json = false;
   int64_t bootstrap = 1000;  // resamples for the 95% intervals (0: none)
@@ -158,6 +161,7 @@ int run_eval(const EvalArgs& a) {
   if (family.domain == Domain::Vision) return run_vit_eval(a.model, a.test, a.json, a.dtype);
   if (family.domain == Domain::Language) return run_lm_eval(a.model, a.test, a.json, a.dtype);
   TranslationModel m = load_translation_model(a.model, "eval", a.dtype);
+  const TranslationDecoding d = translation_decoding(m, a.beam, a.max_len);
   std::vector<int64_t> lines;
   std::vector<std::string> categories;
   const std::vector<SentencePair> pairs =
@@ -174,10 +178,10 @@ int run_eval(const EvalArgs& a) {
   if (cut_count > 0)
     std::fprintf(stderr, "qkv: eval: %lld sources cut to %lld tokens (--truncate-source)\n", (long long)cut_count,
                  (long long)source_token_limit(m, a.source_limit));
-  TranslationScores s = score_translation(m, sources, refs, a.max_len, a.beam, a.bootstrap);
+  TranslationScores s = score_translation(m, sources, refs, d.max_len, d.beam, a.bootstrap);
   const CorpusConfidence& c = s.confidence;
   nlohmann::ordered_json r = {{"bleu", s.bleu},           {"chrf", s.chrf}, {"exact_match", s.exact_match},
-                              {"sentences", s.sentences}, {"beam", a.beam}, {"bleu_tokenize", "char"}};
+                              {"sentences", s.sentences}, {"beam", d.beam}, {"bleu_tokenize", "char"}};
   if (c.resamples > 0) {
     r["bleu_ci95"] = {c.bleu.low, c.bleu.high};
     r["chrf_ci95"] = {c.chrf.low, c.chrf.high};
@@ -194,7 +198,7 @@ int run_eval(const EvalArgs& a) {
     return 0;
   }
   std::printf("%s on %s (%lld sentences, beam %lld)\n", a.model.c_str(), a.test.c_str(), (long long)s.sentences,
-              (long long)a.beam);
+              (long long)d.beam);
   auto line = [&](const char* name, double score, const BootstrapInterval& ci) {
     std::printf("  %-11s %6.2f", name, score);
     if (c.resamples > 0) std::printf("   95%% interval %.2f - %.2f", ci.low, ci.high);
@@ -300,8 +304,13 @@ Run add_translate(CLI::App& app) {
   CLI::App* sub =
       app.add_subcommand("translate", "Translate stdin lines to stdout lines (greedy, or beam search with --beam)");
   sub->add_option("--model", args->model, "Model folder")->required();
-  sub->add_option("--max-len", args->max_len, "Longest output in tokens")->capture_default_str();
-  sub->add_option("--beam", args->beam, "Beam size (1: greedy)")->capture_default_str()->check(CLI::Range(1, 64));
+  sub->add_option("--max-len", args->max_len,
+                  "Longest output in tokens (default: the folder's generation_config.json, else 128)")
+      ->check(CLI::Range(int64_t{1}, kMaxDecodeLength));
+  sub->add_option("--beam", args->beam,
+                  "Beam size, 1: greedy (default: the folder's generation_config.json num_beams, else 1; its "
+                  "length_penalty and early_stopping rank and stop the search)")
+      ->check(CLI::Range(1, 64));
   sub->add_option("--max-source-len", args->source_limit.max_tokens,
                   "Longest source in tokens (default: the model's learned positions, else 1024); a longer one is an "
                   "error naming its line");
@@ -323,8 +332,13 @@ Run add_eval(CLI::App& app) {
                   "Test pairs, source<TAB>target per line; for vit a folder with t10k-images-idx3-ubyte[.gz] and "
                   "t10k-labels-idx1-ubyte[.gz]; for a decoder a text file (documents separated by blank lines)")
       ->required();
-  sub->add_option("--max-len", args->max_len, "Longest output in tokens")->capture_default_str();
-  sub->add_option("--beam", args->beam, "Beam size (1: greedy)")->capture_default_str()->check(CLI::Range(1, 64));
+  sub->add_option("--max-len", args->max_len,
+                  "Longest output in tokens (default: the folder's generation_config.json, else 128)")
+      ->check(CLI::Range(int64_t{1}, kMaxDecodeLength));
+  sub->add_option("--beam", args->beam,
+                  "Beam size, 1: greedy (default: the folder's generation_config.json num_beams, else 1; its "
+                  "length_penalty and early_stopping rank and stop the search)")
+      ->check(CLI::Range(1, 64));
   sub->add_option("--max-source-len", args->source_limit.max_tokens,
                   "Longest source in tokens (default: the model's learned positions, else 1024); a longer one is an "
                   "error naming its line");

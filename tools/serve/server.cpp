@@ -285,7 +285,8 @@ public:
         if (ids.size() == 1) end_of_turn_ = ids;
       }
     } else {
-      translation_ = {folder_.tokenizer, std::dynamic_pointer_cast<Seq2Seq>(folder_.model)};
+      translation_ = {folder_.tokenizer, std::dynamic_pointer_cast<Seq2Seq>(folder_.model),
+                      read_generation_defaults(dir)};
     }
     created_ = (int64_t)std::time(nullptr);
   }
@@ -821,8 +822,10 @@ private:
     check_model_field(body);
     if (!body.contains("text")) bad("text", "text is required");
     const std::vector<std::string> texts = strings_field(body, "text", 256);
-    const int64_t beam = int_field(body, "beam", 1, 1, 64);
-    const int64_t max_len = int_field(body, "max_len", 128, 1, 1024);
+    // Not given: the folder's generation_config.json (translation_decoding), the length still at most 1024.
+    const TranslationDecoding d =
+        translation_decoding(translation_, int_field(body, "beam", 0, 1, 64), int_field(body, "max_len", 0, 1, 1024));
+    const int64_t beam = d.beam, max_len = std::min<int64_t>(d.max_len, 1024);
     std::vector<std::vector<int64_t>> sources;
     for (size_t i = 0; i < texts.size(); ++i) {
       try {
