@@ -299,22 +299,28 @@ Run add_train(CLI::App& app) {
   return [args] { return run_train(*args); };
 }
 
+// translate's and eval's --max-len, --beam (0 when not given:
+// translation_decoding), --max-source-len and --truncate-source.
+void add_decoding_options(CLI::App* sub, int64_t& max_len, int64_t& beam, SourceLimit& source_limit) {
+  sub->add_option("--max-len", max_len,
+                  "Longest output in tokens (default: the folder's generation_config.json, else 128)")
+      ->check(CLI::Range(int64_t{1}, kMaxDecodeLength));
+  sub->add_option("--beam", beam,
+                  "Beam size, 1: greedy (default: the folder's generation_config.json num_beams, else 1; its "
+                  "length_penalty and early_stopping rank and stop the search)")
+      ->check(CLI::Range(1, 64));
+  sub->add_option("--max-source-len", source_limit.max_tokens,
+                  "Longest source in tokens (default: the model's learned positions, else 1024); a longer one is an "
+                  "error naming its line");
+  sub->add_flag("--truncate-source", source_limit.truncate, "Cut a longer source to --max-source-len instead");
+}
+
 Run add_translate(CLI::App& app) {
   auto args = std::make_shared<TranslateArgs>();
   CLI::App* sub =
       app.add_subcommand("translate", "Translate stdin lines to stdout lines (greedy, or beam search with --beam)");
   sub->add_option("--model", args->model, "Model folder")->required();
-  sub->add_option("--max-len", args->max_len,
-                  "Longest output in tokens (default: the folder's generation_config.json, else 128)")
-      ->check(CLI::Range(int64_t{1}, kMaxDecodeLength));
-  sub->add_option("--beam", args->beam,
-                  "Beam size, 1: greedy (default: the folder's generation_config.json num_beams, else 1; its "
-                  "length_penalty and early_stopping rank and stop the search)")
-      ->check(CLI::Range(1, 64));
-  sub->add_option("--max-source-len", args->source_limit.max_tokens,
-                  "Longest source in tokens (default: the model's learned positions, else 1024); a longer one is an "
-                  "error naming its line");
-  sub->add_flag("--truncate-source", args->source_limit.truncate, "Cut a longer source to --max-source-len instead");
+  add_decoding_options(sub, args->max_len, args->beam, args->source_limit);
   sub->add_flag("--replace-invalid-utf8", args->replace_invalid, "Replace invalid UTF-8 by U+FFFD instead of failing");
   sub->add_option("--attention-map", args->attention_map,
                   "Write the first sentence's cross-attention (last decoder layer, mean over heads) as SVG");
@@ -332,17 +338,7 @@ Run add_eval(CLI::App& app) {
                   "Test pairs, source<TAB>target per line; for vit a folder with t10k-images-idx3-ubyte[.gz] and "
                   "t10k-labels-idx1-ubyte[.gz]; for a decoder a text file (documents separated by blank lines)")
       ->required();
-  sub->add_option("--max-len", args->max_len,
-                  "Longest output in tokens (default: the folder's generation_config.json, else 128)")
-      ->check(CLI::Range(int64_t{1}, kMaxDecodeLength));
-  sub->add_option("--beam", args->beam,
-                  "Beam size, 1: greedy (default: the folder's generation_config.json num_beams, else 1; its "
-                  "length_penalty and early_stopping rank and stop the search)")
-      ->check(CLI::Range(1, 64));
-  sub->add_option("--max-source-len", args->source_limit.max_tokens,
-                  "Longest source in tokens (default: the model's learned positions, else 1024); a longer one is an "
-                  "error naming its line");
-  sub->add_flag("--truncate-source", args->source_limit.truncate, "Cut a longer source to --max-source-len instead");
+  add_decoding_options(sub, args->max_len, args->beam, args->source_limit);
   sub->add_flag("--json", args->json,
                 "Print one JSON object (scores on a 0-100 scale; vit: accuracy in 0..1; decoder: loss, perplexity)");
   sub->add_option("--bootstrap", args->bootstrap,
