@@ -35,6 +35,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 
 #include "src/kernels/cpu/float_copies.h"
 #include "src/kernels/cpu/gemm_bf16_packed.h"
@@ -341,7 +342,10 @@ void split_blocks(const GemmBf16Args& g, const PackedBf16& pk, int64_t rows16, i
   const int64_t m_blocks = ((g.m + 15) / 16 + rows16 - 1) / rows16;
   const bool threads = !omp_in_parallel() && m_blocks * n_blocks > 1 && g.m * g.n * g.k >= (1 << 18);
   const int64_t words = RowsOfA{pk, rows16, nullptr}.buffer_words();
-  Scratch buffers(words * (threads ? omp_get_max_threads() : 1));
+  // None when A comes packed (flash attention's tile products, thousands per
+  // call from every thread, would each take the allocator's lock for it).
+  std::optional<Scratch> buffers;
+  if (words > 0) buffers.emplace(words * (threads ? omp_get_max_threads() : 1));
 #pragma omp parallel if (threads)
   {
     const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
@@ -351,7 +355,7 @@ void split_blocks(const GemmBf16Args& g, const PackedBf16& pk, int64_t rows16, i
     else
       r.n0 = n_blocks * t / nt, r.n1 = n_blocks * (t + 1) / nt;
     if (r.m1 > r.m0 && r.n1 > r.n0)
-      range(r, RowsOfA{pk, rows16, reinterpret_cast<uint32_t*>(buffers.data()) + t * words});
+      range(r, RowsOfA{pk, rows16, buffers ? reinterpret_cast<uint32_t*>(buffers->data()) + t * words : nullptr});
   }
 }
 
