@@ -35,7 +35,6 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <optional>
 
 #include "src/kernels/cpu/float_copies.h"
 #include "src/kernels/cpu/gemm_bf16_packed.h"
@@ -342,21 +341,24 @@ void split_blocks(const GemmBf16Args& g, const PackedBf16& pk, int64_t rows16, i
   const int64_t m_blocks = ((g.m + 15) / 16 + rows16 - 1) / rows16;
   const bool threads = !omp_in_parallel() && m_blocks * n_blocks > 1 && g.m * g.n * g.k >= (1 << 18);
   const int64_t words = RowsOfA{pk, rows16, nullptr}.buffer_words();
-  // None when A comes packed (flash attention's tile products, thousands per
-  // call from every thread, would each take the allocator's lock for it).
-  std::optional<Scratch> buffers;
-  if (words > 0) buffers.emplace(words * (threads ? omp_get_max_threads() : 1));
+  const auto run = [&](uint32_t* buffers) {
 #pragma omp parallel if (threads)
-  {
-    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-    BlockRange r{0, m_blocks, 0, n_blocks};
-    if (m_blocks >= 4 * nt || m_blocks % nt == 0)
-      r.m0 = m_blocks * t / nt, r.m1 = m_blocks * (t + 1) / nt;
-    else
-      r.n0 = n_blocks * t / nt, r.n1 = n_blocks * (t + 1) / nt;
-    if (r.m1 > r.m0 && r.n1 > r.n0)
-      range(r, RowsOfA{pk, rows16, buffers ? reinterpret_cast<uint32_t*>(buffers->data()) + t * words : nullptr});
-  }
+    {
+      const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+      BlockRange r{0, m_blocks, 0, n_blocks};
+      if (m_blocks >= 4 * nt || m_blocks % nt == 0)
+        r.m0 = m_blocks * t / nt, r.m1 = m_blocks * (t + 1) / nt;
+      else
+        r.n0 = n_blocks * t / nt, r.n1 = n_blocks * (t + 1) / nt;
+      if (r.m1 > r.m0 && r.n1 > r.n0) range(r, RowsOfA{pk, rows16, buffers ? buffers + t * words : nullptr});
+    }
+  };
+  // No buffer when A comes packed: flash attention's tile products,
+  // thousands per call from every thread, would each take the allocator's
+  // lock for one.
+  if (words == 0) return run(nullptr);
+  Scratch buffers(words * (threads ? omp_get_max_threads() : 1));
+  run(reinterpret_cast<uint32_t*>(buffers.data()));
 }
 
 // B packed whole (every thread reads all of it), and A too when B takes
