@@ -309,9 +309,13 @@ struct RowsOfA {
   int64_t buffer_words() const { return pk.a ? 0 : rows16 * pk.kb * 256; }
 };
 
+// Blocks of 32 columns of C (two blocks of packed B, 2 KB per chunk of k)
+// in a panel.
+int64_t panel_blocks(int64_t kb) { return std::max<int64_t>(1, kPanelBytes / (2 * kb * 1024)); }
+
 // Whether B fits one panel, so that A can be packed a block of rows at a
 // time (with more panels every block of rows would be packed once per panel).
-bool b_fits_one_panel(const GemmBf16Args& g) { return bf16_packed_words(g.n, g.k) * 4 <= kPanelBytes; }
+bool b_fits_one_panel(const GemmBf16Args& g) { return bf16_blocks(g.n) / 2 <= panel_blocks(bf16_chunks(g.k)); }
 
 // Calls block(mb, nb, a, a_stride) for every block of r, with a the block's
 // first 16 rows of packed A and a_stride the words from one 16 rows to the
@@ -319,7 +323,7 @@ bool b_fits_one_panel(const GemmBf16Args& g) { return bf16_packed_words(g.n, g.k
 // every block of the panel.
 template <class Block>
 void in_panels(const GemmBf16Args& g, const RowsOfA& from, const BlockRange& r, Block&& block) {
-  const int64_t panel = std::max<int64_t>(1, kPanelBytes / (2 * from.pk.kb * 1024)), rows16 = from.rows16;
+  const int64_t panel = panel_blocks(from.pk.kb), rows16 = from.rows16;
   const int64_t stride = from.pk.a ? from.pk.a_stride : from.pk.kb * 256;
   for (int64_t n0 = r.n0; n0 < r.n1; n0 += panel) {
     const int64_t n1 = std::min(n0 + panel, r.n1);
