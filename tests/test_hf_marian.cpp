@@ -225,6 +225,7 @@ TEST(HfMarian, GenerationConfigGivesTheDefaults) {
   EXPECT_EQ(translation_decoding(m, 0, 0).max_len, 128);
   m.generation.max_new_tokens = 1 << 20;
   EXPECT_EQ(translation_decoding(m, 0, 0).max_len, kMaxDecodeLength);
+  EXPECT_EQ(translation_decoding(m, 0, 5000).max_len, 5000);  // an asked length is the decoder's to refuse
 
   for (const auto& [text, message] : std::vector<std::pair<std::string, std::string>>{
            {R"({"num_beams": 0})", "num_beams must be a whole number from 1 to 64, got 0"},

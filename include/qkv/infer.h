@@ -42,6 +42,10 @@ struct TranslationModel {
 // the three loaders below.
 TranslationModel load_translation_model(const std::string& dir, const std::string& command = "translate",
                                         const std::string& dtype = "");
+// A translation folder `dir` already read by load_model_folder (as `qkv
+// serve` reads any folder), with the generation defaults of its files.
+struct ModelFolder;
+TranslationModel translation_model(const ModelFolder& folder, const std::string& dir);
 
 // How long a source may be, in tokens. The encoder's cost grows with the
 // square of the length: one line of 100k characters kept a translation busy
@@ -97,8 +101,8 @@ std::vector<TranslationCheck> check_translations(TranslationModel& m, const std:
                                                  int64_t max_len);
 
 // The beam and the longest output a translation runs with: those asked (0:
-// not asked), else the folder's generation_config.json ones, else greedy and
-// 128 tokens; the length at most kMaxDecodeLength.
+// not asked), else the folder's generation_config.json ones (its length at
+// most kMaxDecodeLength), else greedy and 128 tokens.
 struct TranslationDecoding {
   int64_t beam = 1, max_len = 128;
 };

@@ -77,8 +77,9 @@ TranslationDecoding translation_decoding(const TranslationModel& m, int64_t beam
             max_len);
   TranslationDecoding d;
   d.beam = beam > 0 ? beam : m.generation.num_beams;
-  d.max_len = max_len > 0 ? max_len : m.generation.max_new_tokens > 0 ? m.generation.max_new_tokens : 128;
-  d.max_len = std::min(d.max_len, kMaxDecodeLength);
+  d.max_len = max_len > 0                       ? max_len
+              : m.generation.max_new_tokens > 0 ? std::min(m.generation.max_new_tokens, kMaxDecodeLength)
+                                                : 128;
   return d;
 }
 
@@ -174,8 +175,11 @@ TranslationScores score_translation(TranslationModel& m, const std::vector<Sente
 }
 
 TranslationModel load_translation_model(const std::string& dir, const std::string& command, const std::string& dtype) {
-  ModelFolder f = load_model_folder(dir, Task::Translate, command, {dtype});
-  return {f.tokenizer, std::dynamic_pointer_cast<Seq2Seq>(f.model), read_generation_defaults(dir)};
+  return translation_model(load_model_folder(dir, Task::Translate, command, {dtype}), dir);
+}
+
+TranslationModel translation_model(const ModelFolder& folder, const std::string& dir) {
+  return {folder.tokenizer, std::dynamic_pointer_cast<Seq2Seq>(folder.model), read_generation_defaults(dir)};
 }
 
 }  // namespace qkv

@@ -285,8 +285,7 @@ public:
         if (ids.size() == 1) end_of_turn_ = ids;
       }
     } else {
-      translation_ = {folder_.tokenizer, std::dynamic_pointer_cast<Seq2Seq>(folder_.model),
-                      read_generation_defaults(dir)};
+      translation_ = translation_model(folder_, dir);
     }
     created_ = (int64_t)std::time(nullptr);
   }
