@@ -65,6 +65,11 @@ grep -q "✗ 我是中国人" "$tmp/out" || grep -q "✓ 我是中国人" "$tmp/
 for f in config.json model.safetensors tokenizer.json trainer_state.json; do
   [ -f "$tmp/demo/model/$f" ] || { echo "FAIL demo wrote no model/$f"; failures=$((failures + 1)); }
 done
+# Training pairs drawn with repeats; no test or validation sentence among them.
+[ "$(cut -f1 "$tmp/demo/zh-ja.train.tsv" | sort -u | wc -l)" -lt 600 ] ||
+  { echo "FAIL demo's training pairs have no repeats"; failures=$((failures + 1)); }
+[ -z "$(cat "$tmp/demo/zh-ja.test.tsv" "$tmp/demo/zh-ja.valid.tsv" | cut -f1 | grep -Fxf - <(cut -f1 "$tmp/demo/zh-ja.train.tsv"))" ] ||
+  { echo "FAIL demo trains on a test or validation sentence"; failures=$((failures + 1)); }
 [ -z "$(find "$tmp/demo" -name '*.tmp-*')" ] || { echo "FAIL demo left temporary files"; failures=$((failures + 1)); }
 check "inspect model folder" 0 "$QKV" inspect "$tmp/demo/model"
 grep -q 'decoder.layers.0.cross_attn.kv_proj.weight' "$tmp/out" || { echo "FAIL folder inspect lacks cross_attn"; failures=$((failures + 1)); }
@@ -203,6 +208,11 @@ check "average the kept saves" 0 "$QKV" average --out "$tmp/keep-avg" "$tmp/keep
 check "eval the average" 0 "$QKV" eval --json --model "$tmp/keep-avg" --test "$tmp/demo/zh-ja.test.tsv"
 check "data synth" 0 "$QKV" data synth-zh-ja --pairs 5 --seed 3
 [ "$(wc -l <"$tmp/out")" -eq 5 ] || { echo "FAIL synth: expected 5 lines"; failures=$((failures + 1)); }
+check "data synth --repeats" 0 "$QKV" data synth-zh-ja --pairs 2000 --seed 3 --repeats --exclude "$tmp/demo/zh-ja.test.tsv"
+[ "$(wc -l <"$tmp/out")" -eq 2000 ] && [ "$(cut -f1 "$tmp/out" | sort -u | wc -l)" -lt 2000 ] ||
+  { echo "FAIL synth --repeats: expected 2000 lines with repeats"; failures=$((failures + 1)); }
+[ -z "$(cut -f1 "$tmp/demo/zh-ja.test.tsv" | grep -Fxf - <(cut -f1 "$tmp/out"))" ] ||
+  { echo "FAIL synth --repeats: an excluded sentence appears"; failures=$((failures + 1)); }
 check "data synth bad pairs" nonzero "$QKV" data synth-zh-ja --pairs 0
 one_line_error "data synth bad pairs"
 check "data synth too many pairs" nonzero "$QKV" data synth-zh-ja --pairs 9223372036854775807

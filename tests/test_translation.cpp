@@ -1,6 +1,7 @@
 // Translation pieces: the synthetic corpus, parallel text reading, the char
 // tokenizer, batching, metrics against sacreBLEU, and a tiny Transformer that
 // learns to translate.
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -61,6 +62,41 @@ TEST(SynthZhJa, TheEasyTierNeverChanges) {
 }
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+// sample_zh_ja is the generator's own stream, repeats kept, with only the
+// excluded sources taken out; it gives the rare constructions their natural
+// weight, which is why the demo trains on it.
+TEST(SynthZhJa, SampledPairsKeepRepeatsAndSkipOnlyTheExcluded) {
+  const std::vector<SentencePair> exclude = zh_ja_checks();
+  std::set<std::string> excluded;
+  for (auto& p : exclude) excluded.insert(p.first);
+  const auto drawn = sample_zh_ja(20000, 1, exclude);
+  EXPECT_EQ(sample_zh_ja(20000, 1, exclude), drawn);
+  ZhJaGenerator gen(1);
+  size_t i = 0;
+  int64_t skipped = 0;
+  while (i < 2000) {  // the first 2,000 are the stream less the excluded
+    SentencePair p = gen.next();
+    if (excluded.count(p.first)) {
+      ++skipped;
+      continue;
+    }
+    ASSERT_EQ(drawn[i], p) << "pair " << i;
+    ++i;
+  }
+  EXPECT_GT(skipped, 0);  // the stream does reach the checks, so skipping them was tested
+  std::set<std::string> sources;
+  for (auto& [zh, ja] : drawn) {
+    EXPECT_EQ(excluded.count(zh), 0u) << zh;
+    sources.insert(zh);
+  }
+  EXPECT_LT(sources.size(), drawn.size() * 3 / 4);  // repeats kept (about 9,800 distinct)
+  auto good = [](const std::vector<SentencePair>& pairs) {
+    return std::count_if(pairs.begin(), pairs.end(), [](const SentencePair& p) { return contains(p.first, "很好"); });
+  };
+  const auto distinct = synth_zh_ja(20000, 1, exclude);
+  EXPECT_GT(good(drawn), 5 * good(distinct));  // 52 against 4
+}
 
 std::string digits_of(const std::string& s) {
   std::string d;

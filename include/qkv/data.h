@@ -47,6 +47,15 @@ private:
 std::vector<SentencePair> synth_zh_ja(int64_t count, uint64_t seed, const std::vector<SentencePair>& exclude = {},
                                       ZhJaTier tier = ZhJaTier::Easy, std::vector<std::string>* categories = nullptr);
 
+// `count` pairs as the generator draws them, repeats kept, none whose source
+// is in `exclude`: each sentence comes about as often as the grammar makes
+// it, as in text from the world. Distinct pairs (synth_zh_ja) weight every
+// sentence the same, so a construction with few combinations is rare in them:
+// in 20,000 distinct easy pairs, "X 很好 -> X はいいです" comes 4 times; in
+// 20,000 drawn ones (about 9,800 distinct), 52 times. The demo trains on these.
+std::vector<SentencePair> sample_zh_ja(int64_t count, uint64_t seed, const std::vector<SentencePair>& exclude = {},
+                                       ZhJaTier tier = ZhJaTier::Easy, std::vector<std::string>* categories = nullptr);
+
 // The demo's check list: 24 pairs of the grammar above that a model must tell
 // apart (很有意思 / 没有意思 / 有意思吗; 是 / 不是 / 吗; present, negative, past
 // and past negative; counters 个 / 本 / 辆; 喜欢 / 不喜欢). The demo never

@@ -513,8 +513,12 @@ const std::vector<SentencePair>& zh_ja_checks() {
   return checks;
 }
 
-std::vector<SentencePair> synth_zh_ja(int64_t count, uint64_t seed, const std::vector<SentencePair>& exclude,
-                                      ZhJaTier tier, std::vector<std::string>* categories) {
+namespace {
+
+// The generator's pairs in order, skipping those whose source is in `exclude`
+// and, when `distinct`, those already drawn.
+std::vector<SentencePair> draw_zh_ja(int64_t count, uint64_t seed, const std::vector<SentencePair>& exclude,
+                                     ZhJaTier tier, bool distinct, std::vector<std::string>* categories) {
   // The grammar makes a few million distinct sentences at most; the bound
   // also keeps the give-up count below (50 per pair) far from overflowing.
   constexpr int64_t kMaxPairs = 10000000;
@@ -528,15 +532,28 @@ std::vector<SentencePair> synth_zh_ja(int64_t count, uint64_t seed, const std::v
   int64_t misses = 0;
   while ((int64_t)out.size() < count) {
     SentencePair p = gen.next(&category);
-    if (!seen.insert(p.first).second) {
+    const bool skip = distinct ? !seen.insert(p.first).second : seen.count(p.first) > 0;
+    if (skip) {
       QKV_CHECK(++misses < 50 * count + 100000, "synth-zh-ja: the grammar cannot make ", count,
-                " distinct sentences (got ", out.size(), ")");
+                distinct ? " distinct sentences" : " sentences outside the excluded ones", " (got ", out.size(), ")");
       continue;
     }
     out.push_back(std::move(p));
     if (categories) categories->push_back(category);
   }
   return out;
+}
+
+}  // namespace
+
+std::vector<SentencePair> synth_zh_ja(int64_t count, uint64_t seed, const std::vector<SentencePair>& exclude,
+                                      ZhJaTier tier, std::vector<std::string>* categories) {
+  return draw_zh_ja(count, seed, exclude, tier, /*distinct=*/true, categories);
+}
+
+std::vector<SentencePair> sample_zh_ja(int64_t count, uint64_t seed, const std::vector<SentencePair>& exclude,
+                                       ZhJaTier tier, std::vector<std::string>* categories) {
+  return draw_zh_ja(count, seed, exclude, tier, /*distinct=*/false, categories);
 }
 
 }  // namespace qkv

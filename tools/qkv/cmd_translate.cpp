@@ -26,6 +26,7 @@ struct DataArgs {
   ZhJaTier tier = ZhJaTier::Easy;
   std::string out;
   std::string exclude;  // a TSV whose sentences must not appear (a held-out split)
+  bool repeats = false;  // pairs as drawn (sample_zh_ja), not distinct ones
 };
 
 int run_synth(const DataArgs& a) {
@@ -33,7 +34,8 @@ int run_synth(const DataArgs& a) {
   std::vector<SentencePair> exclude;
   if (!a.exclude.empty()) exclude = read_parallel_tsv(a.exclude);
   std::vector<std::string> categories;
-  const std::vector<SentencePair> pairs = synth_zh_ja(a.pairs, a.seed, exclude, a.tier, &categories);
+  const std::vector<SentencePair> pairs = a.repeats ? sample_zh_ja(a.pairs, a.seed, exclude, a.tier, &categories)
+                                                    : synth_zh_ja(a.pairs, a.seed, exclude, a.tier, &categories);
   // The hard tier says what each pair tests, for qkv eval's scores per category.
   const std::string text =
       a.tier == ZhJaTier::Hard ? format_parallel_tsv(pairs, categories) : format_parallel_tsv(pairs);
@@ -238,10 +240,12 @@ Run add_data(CLI::App& app) {
   CLI::App* data = app.add_subcommand("data", "Make data sets");
   data->require_subcommand(1);
   CLI::App* sub = data->add_subcommand("synth-zh-ja", "Seeded synthetic Chinese -> Japanese pairs (source<TAB>target)");
-  sub->add_option("--pairs", args->pairs, "Number of distinct pairs")->required();
+  sub->add_option("--pairs", args->pairs, "Number of pairs (distinct ones unless --repeats)")->required();
   sub->add_option("--seed", args->seed, "Seed")->capture_default_str();
   sub->add_option("--out", args->out, "Output file (default: stdout)");
   sub->add_option("--exclude", args->exclude, "A TSV file whose sentences must not appear (for a held-out split)");
+  sub->add_flag("--repeats", args->repeats,
+                "Keep repeated sentences: each comes as often as the grammar draws it (the demo's training data)");
   sub->add_option("--tier", args->tier,
                   "easy: the demo's grammar; hard: relative clauses, time and place in both orders, counters to 99, "
                   "comparatives, aspect, minimal pairs, names and figures to copy (a third column names each "
