@@ -594,6 +594,13 @@ TEST(Kernels, FlashAttentionInBfloat16MatchesItsTwinWithinTheRoundingBound) {
       {2, 4, 2, 40, 150, 32, false, {150, 7}},
       {1, 2, 1, 200, 50, 16, true, {}},
       {1, 2, 2, 130, 130, 64, true, {}},
+      // From 128 queries and keys the avx512 level packs (and, with AVX512-BF16,
+      // runs softmax_row_into_packed): keys cut by padding mid-chunk, a batch
+      // that sees nothing, grouped heads, a last query tile of 12 rows.
+      {2, 4, 2, 140, 300, 32, false, {201, 0}},
+      // Causal with more queries than keys: rows 0-69 see no key, in tiles
+      // whose later rows do.
+      {1, 2, 1, 200, 130, 32, true, {}},
   };
   for (const Kernels* kt : levels()) {
     for (const Case& c : cases) {

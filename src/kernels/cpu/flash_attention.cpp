@@ -22,6 +22,7 @@
 
 #include "qkv/allocator.h"
 #include "src/kernels/cpu/gemm_bf16_packed.h"
+#include "src/kernels/cpu/simd.h"
 #include "src/kernels/cpu/vec_math.h"
 #include "src/kernels/kernels.h"
 
@@ -197,6 +198,81 @@ private:
   Scratch data_;
 };
 
+#if defined(__AVX512F__)
+// (Max, min, shuffles and permutes in their maskz forms, all lanes kept:
+// the plain ones make GCC 12 warn of an undefined source.)
+constexpr __mmask16 kAll = 0xffff;
+
+// exp of 16 lanes, each as fast_exp computes it (vec_math.h).
+inline __m512 exp16(__m512 x) {
+  const __m512 c =
+      _mm512_maskz_min_ps(kAll, _mm512_maskz_max_ps(kAll, x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.3f));
+  const __m512 big = _mm512_set1_ps(12582912.0f);
+  const __m512 n = _mm512_sub_ps(_mm512_fmadd_ps(c, _mm512_set1_ps(1.44269504088896341f), big), big);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), c);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 5040);
+  for (float coef : {1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f})
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(coef));
+  const __m512i scale =
+      _mm512_maskz_slli_epi32(kAll, _mm512_maskz_cvttps_epi32(kAll, _mm512_add_ps(n, _mm512_set1_ps(127.0f))), 23);
+  // x < -87.3 (or -inf) gives 0; the unordered compare keeps a NaN's result.
+  return _mm512_maskz_mul_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_NLT_UQ), p, _mm512_castsi512_ps(scale));
+}
+
+// The largest of 16 lanes, in every lane.
+inline __m512 max_lanes(__m512 v) {
+  v = _mm512_maskz_max_ps(kAll, v, _mm512_maskz_shuffle_f32x4(kAll, v, v, 0x4e));  // 256-bit halves
+  v = _mm512_maskz_max_ps(kAll, v, _mm512_maskz_shuffle_f32x4(kAll, v, v, 0xb1));  // 128-bit quarters
+  v = _mm512_maskz_max_ps(kAll, v, _mm512_maskz_permute_ps(kAll, v, 0x4e));        // pairs
+  return _mm512_maskz_max_ps(kAll, v, _mm512_maskz_permute_ps(kAll, v, 0xb1));
+}
+
+// Lanes [j, j + 16) of a row that are below `vis`.
+inline __mmask16 visible_lanes(int64_t j, int64_t vis) {
+  return vis - j >= 16 ? (__mmask16)0xffff : vis <= j ? (__mmask16)0 : (__mmask16)((1u << (vis - j)) - 1);
+}
+
+// The forward's softmax step for one row of a tile, on the packed path, in
+// two passes over its scores s (the row max, then the rest): with m' the new
+// running max, p_j = e^{s_j - m'} for the visible keys j < vis and zero past
+// them to the end of the row's last chunk of 32; the row's running sum,
+// kept as 16 partial sums in l16, is rescaled by alpha = e^{m - m'} and adds
+// the p_j lane by lane (it is summed across lanes once, after the last key
+// tile); and the p_j go, rounded to bfloat16 (VCVTNE2PS2BF16), straight into
+// the row's place in the packed P tile (p_row: 32 values per chunk side by
+// side, chunks 256 words apart). This is the work of the loop over rows
+// below plus pack_a of P, without writing the p_j as float32 and reading them
+// back, and without a sum and a max across lanes per row and tile. Returns
+// alpha (1 when the max did not move: the accumulator then needs no
+// rescaling), or 1 for a row that sees no key of the tile (p all zero).
+__attribute__((target("avx512bf16"))) float softmax_row_into_packed(const float* s, int64_t vis, int64_t chunks,
+                                                                    float& m, float* l16, uint32_t* p_row) {
+  if (vis == 0) {
+    for (int64_t c = 0; c < chunks; ++c) _mm512_storeu_si512(p_row + c * 256, _mm512_setzero_si512());
+    return 1.0f;
+  }
+  __m512 mx = _mm512_set1_ps(-INFINITY);
+  for (int64_t j = 0; j < vis; j += 16)
+    mx = _mm512_maskz_max_ps(kAll, mx, _mm512_mask_loadu_ps(mx, visible_lanes(j, vis), s + j));
+  const float m_new = std::max(m, _mm512_cvtss_f32(max_lanes(mx)));
+  const float alpha = m_new == m ? 1.0f : fast_exp(m - m_new);
+  m = m_new;
+  __m512 sum = _mm512_mul_ps(_mm512_loadu_ps(l16), _mm512_set1_ps(alpha));
+  const __m512 shift = _mm512_set1_ps(m_new);
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t j = c * 32;
+    const __mmask16 lo = visible_lanes(j, vis), hi = visible_lanes(j + 16, vis);
+    const __m512 p_lo = _mm512_maskz_mov_ps(lo, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(lo, s + j), shift)));
+    const __m512 p_hi = _mm512_maskz_mov_ps(hi, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(hi, s + j + 16), shift)));
+    sum = _mm512_add_ps(sum, _mm512_add_ps(p_lo, p_hi));
+    _mm512_storeu_si512(p_row + c * 256, (__m512i)_mm512_cvtne2ps_pbh(p_hi, p_lo));
+  }
+  _mm512_storeu_ps(l16, sum);
+  return alpha;
+}
+#endif
+
 void forward_tiles(const FlashShape& f, const float* q, const float* k, const float* v, float* out, float* lse,
                    Products mode) {
   const int64_t G = f.heads / f.kv_heads;
@@ -204,6 +280,11 @@ void forward_tiles(const FlashShape& f, const float* q, const float* k, const fl
   const int64_t q_tiles = (f.t + Br - 1) / Br;
   const int64_t tasks = f.batch * f.heads * q_tiles;
   const bool packed = mode == Products::Packed, rounded = mode == Products::Rounded;
+#if defined(__AVX512F__)
+  const bool fused = packed && avx512_bf16_usable();  // softmax_row_into_packed
+#else
+  const bool fused = false;
+#endif
   // Packed: each K/V head's K [S, Dh] and V^T [Dv, S], once.
   const int64_t kv_heads = f.batch * f.kv_heads;
   PackBuffer head_words(packed ? kv_heads * (bf16_packed_words(f.s, f.dh) + bf16_packed_words(f.dv, f.s)) : 0);
@@ -217,11 +298,12 @@ void forward_tiles(const FlashShape& f, const float* q, const float* k, const fl
   }
 #pragma omp parallel if (tasks > 1)
   {
-    Scratch scores(Br * Bc), acc(Br * f.dv), row_max(Br), row_sum(Br);
+    Scratch scores(Br * Bc), acc(Br * f.dv), row_max(Br), row_sum(Br), row_sums16(fused ? Br * 16 : 1);
     float* S = scores.data();
     float* O = acc.data();
     float* m = row_max.data();
     float* l = row_sum.data();
+    float* l16 = row_sums16.data();  // fused: each row's sum as 16 partial sums
     PackBuffer tile_words(packed ? bf16_packed_words(Br, f.dh) + bf16_packed_words(Br, Bc) : 0);
     const Packed Qp = packed ? tile_words.take(Br, f.dh) : Packed{}, Pp = packed ? tile_words.take(Br, Bc) : Packed{};
 #pragma omp for schedule(dynamic)
@@ -234,6 +316,7 @@ void forward_tiles(const FlashShape& f, const float* q, const float* k, const fl
       const int64_t tile_hi = visible_keys(f, b, q0 + rows - 1);  // rows see more keys further down
       std::fill(m, m + rows, -INFINITY);
       std::fill(l, l + rows, 0.0f);
+      if (fused) std::fill(l16, l16 + rows * 16, 0.0f);
       std::fill(O, O + rows * f.dv, 0.0f);
       const int64_t bh_kv = b * f.kv_heads + h / G;
       if (packed) pack_a({Qp.words, rows, f.dh}, Q, L.q.row, false);
@@ -246,6 +329,26 @@ void forward_tiles(const FlashShape& f, const float* q, const float* k, const fl
           row_scores(Q, K + k0 * L.k.row, L.k.row, cols, f.dh, f.scale, S);
         else
           small_gemm(false, true, rows, cols, f.dh, f.scale, Q, L.q.row, K + k0 * L.k.row, L.k.row, 0.0f, S, Bc);
+#if defined(__AVX512F__)
+        if (fused) {
+          const Packed P{Pp.words, rows, cols};
+          const int64_t chunks = bf16_chunks(cols);
+          for (int64_t r = 0; r < rows; ++r) {
+            const int64_t vis = std::clamp<int64_t>(visible_keys(f, b, q0 + r) - k0, 0, cols);
+            const float alpha = softmax_row_into_packed(S + r * Bc, vis, chunks, m[r], l16 + r * 16,
+                                                        P.words + r / 16 * P.stride() + r % 16 * 16);
+            if (alpha == 1.0f) continue;
+            float* o = O + r * f.dv;
+            for (int64_t d = 0; d < f.dv; ++d) o[d] *= alpha;
+          }
+          for (int64_t r = rows; r < bf16_blocks(rows) * 16; ++r)  // zero padding rows, as pack_a writes them
+            for (int64_t c = 0; c < chunks; ++c)
+              std::fill_n(P.words + r / 16 * P.stride() + c * 256 + r % 16 * 16, 16, 0u);
+          packed_product(rows, f.dv, cols, 1.0f, P.words, P.stride(), Vt[bh_kv].depth_from(k0), Vt[bh_kv].stride(),
+                         1.0f, O, f.dv);
+          continue;
+        }
+#endif
         for (int64_t r = 0; r < rows; ++r) {
           float* s = S + r * Bc;
           const int64_t vis = std::clamp<int64_t>(visible_keys(f, b, q0 + r) - k0, 0, cols);
@@ -279,6 +382,10 @@ void forward_tiles(const FlashShape& f, const float* q, const float* k, const fl
             small_gemm(false, false, rows, f.dv, cols, 1.0f, S, Bc, V + k0 * L.v.row, L.v.row, 1.0f, O, f.dv);
         }
       }
+#if defined(__AVX512F__)
+      if (fused)
+        for (int64_t r = 0; r < rows; ++r) l[r] = hsum(_mm512_loadu_ps(l16 + r * 16));
+#endif
       for (int64_t r = 0; r < rows; ++r) {
         float* dst = out + at(L.o, b, h) + (q0 + r) * L.o.row;
         const float inv = l[r] > 0 ? 1.0f / l[r] : 0.0f;
