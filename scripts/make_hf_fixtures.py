@@ -88,6 +88,11 @@ new tokens at most, stopping at the folder's eos_token_id).
   marian-beam-stopping  generate()'s outputs on the marian-beam folder
            with early_stopping true and "never"
            (marian-beam.stopping.expected.json)
+  marian-beam-rules  generate()'s outputs on the marian-beam folder, greedy
+           and beam search, under the logits processors a
+           generation_config.json can set: repetition_penalty,
+           no_repeat_ngram_size, bad_words_ids, min_length, min_new_tokens
+           (marian-beam.rules.expected.json)
 
 Usage: python3 scripts/make_hf_fixtures.py [--out tests/fixtures/hf]
 Needs: torch, transformers, safetensors, sentence-transformers, sentencepiece (pip install ...).
@@ -682,6 +687,46 @@ def make_marian_beam_stopping(out_dir):
     print("marian-beam-stopping:", differ, "outputs differ from early_stopping=False")
 
 
+# generate()'s logits processors on the marian-beam folder: each case is
+# the generate() keywords (a generation_config.json's fields) and its
+# outputs; the outputs without them give the count that the rules change.
+# bad_words_ids keeps the folder's [[pad]] (qkv never outputs <pad>) and adds
+# the commonest output id and the commonest pair of the plain outputs.
+def make_marian_beam_rules(out_dir):
+    from collections import Counter
+    from transformers import MarianMTModel
+    model = MarianMTModel.from_pretrained(os.path.join(out_dir, "marian-beam"), dtype=torch.float32).eval()
+    with open(os.path.join(out_dir, "marian-beam.expected.json")) as f:
+        sources = json.load(f)["sources"]
+    pad, eos = model.config.pad_token_id, model.config.eos_token_id
+    width = max(len(r) for r in sources)
+    input_ids = torch.tensor([r + [pad] * (width - len(r)) for r in sources])
+    mask = (input_ids != pad).long()
+
+    def outputs(**kw):
+        with torch.no_grad():
+            out = model.generate(input_ids=input_ids, attention_mask=mask, do_sample=False, **kw)
+        return [row[:row.index(eos)] if eos in row else [t for t in row if t != pad] for row in out[:, 1:].tolist()]
+
+    plain = outputs(num_beams=1, max_new_tokens=12)
+    ids = Counter(t for row in plain for t in row).most_common(1)[0][0]
+    pair = Counter(tuple(row[i:i + 2]) for row in plain for i in range(len(row) - 1)).most_common(1)[0][0]
+    rules = [{"repetition_penalty": 1.5}, {"repetition_penalty": 0.6}, {"no_repeat_ngram_size": 2},
+             {"no_repeat_ngram_size": 1}, {"bad_words_ids": [[pad], [ids], list(pair)]}, {"min_length": 8},
+             {"min_new_tokens": 10}, {"repetition_penalty": 1.3, "no_repeat_ngram_size": 3, "min_new_tokens": 4}]
+    cases, differ = [], 0
+    for r in rules:
+        for beams, penalty, new in ((1, 1.0, 12), (4, 1.0, 12), (3, 2.0, 14)):
+            kw = {"num_beams": beams, "length_penalty": penalty, "max_new_tokens": new}
+            got = outputs(**kw, **r)
+            differ += sum(a != b for a, b in zip(got, outputs(**kw)))
+            cases.append({**kw, "rules": r, "outputs": got})
+    with open(os.path.join(out_dir, "marian-beam.rules.expected.json"), "w") as f:
+        json.dump({"cases": cases}, f)
+        f.write("\n")
+    print("marian-beam-rules:", differ, "of", len(cases) * len(sources), "outputs differ from those without the rules")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures", "hf"))
@@ -694,7 +739,8 @@ def main():
               "llama-dynamic": make_llama_dynamic, "qwen2": None, "qwen3": None, "mistral": None, "mixtral": None,
               "gpt2": None, "bert": make_bert, "vit": make_vit, "vit-resize": make_vit_resize, "marian": make_marian,
               "marian-attention": make_marian_attention, "marian-beam": make_marian_beam,
-              "marian-beam-stopping": make_marian_beam_stopping, "qwen2-chat": make_qwen2_chat}
+              "marian-beam-stopping": make_marian_beam_stopping, "marian-beam-rules": make_marian_beam_rules,
+              "qwen2-chat": make_qwen2_chat}
     for name in args.only or makers:
         if name not in makers:
             ap.error(f"no fixture '{name}': " + ", ".join(makers))

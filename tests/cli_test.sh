@@ -114,6 +114,14 @@ check "translate --beam 3 with generation_config.json" 0 sh -c "\"$QKV\" transla
 cmp -s "$tmp/out" "$tmp/gen-default.txt" || { echo "FAIL translate's default beam is not num_beams"; failures=$((failures + 1)); }
 check "eval --beam 1 with generation_config.json" 0 "$QKV" eval --json --beam 1 --model "$tmp/gen-model" --test "$tmp/demo/zh-ja.test.tsv"
 grep -q '"beam": *1' "$tmp/out" || { echo "FAIL --beam wins over num_beams"; cat "$tmp/out"; failures=$((failures + 1)); }
+# Its logits processors too: no <eos> before 12 outputs lengthens 私は中国人です.
+echo '{"min_new_tokens": 12}' >"$tmp/gen-model/generation_config.json"
+check "translate with min_new_tokens" 0 sh -c "\"$QKV\" translate --model \"$tmp/gen-model\" < \"$tmp/in.txt\""
+[ "$(head -1 "$tmp/out" | LC_ALL=C.UTF-8 wc -m)" -ge 13 ] ||
+  { echo "FAIL min_new_tokens not applied: $(head -1 "$tmp/out")"; failures=$((failures + 1)); }
+echo '{"bad_words_ids": [[1000000]]}' >"$tmp/gen-model/generation_config.json"
+check "translate with a bad word past the vocabulary" nonzero sh -c "\"$QKV\" translate --model \"$tmp/gen-model\" < \"$tmp/in.txt\""
+one_line_error "translate with a bad word past the vocabulary"
 echo '{"num_beams": 0}' >"$tmp/gen-model/generation_config.json"
 check "translate with num_beams 0" nonzero sh -c "\"$QKV\" translate --model \"$tmp/gen-model\" < \"$tmp/in.txt\""
 one_line_error "translate with num_beams 0"

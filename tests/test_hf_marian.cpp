@@ -187,6 +187,50 @@ TEST(HfMarian, BeamSearchStopsAsEarlyStoppingSays) {
   EXPECT_EQ(differ, 45) << "the cases should tell the rules apart";
 }
 
+// generate()'s logits processors that a generation_config.json can set, on
+// the same folder, greedy and beam search: repetition_penalty above and below
+// 1, no_repeat_ngram_size 1 and 2, bad_words_ids of one and two ids,
+// min_length, min_new_tokens, and three together, each under three
+// decodings (make_hf_fixtures.py --only marian-beam-rules). 288 of the 384
+// outputs differ from those without the rules, so leaving one rule out, or
+// taking it on the logits in beam search (generate() takes the
+// log-probabilities there), fails here.
+TEST(HfMarian, TokenRulesChangeOutputsAsGenerateDoes) {
+  ModelFolder folder = load_model_folder(marian_fixture("marian-beam"));
+  auto model = std::dynamic_pointer_cast<Seq2Seq>(folder.model);
+  ASSERT_NE(model, nullptr);
+  const auto sources = nlohmann::json::parse(read_file(marian_fixture("marian-beam.expected.json")))["sources"]
+                           .get<std::vector<std::vector<int64_t>>>();
+  const nlohmann::json e = nlohmann::json::parse(read_file(marian_fixture("marian-beam.rules.expected.json")));
+  int64_t differ = 0, cases = 0;
+  for (const nlohmann::json& c : e["cases"]) {
+    // The rules as a folder's generation_config.json gives them.
+    const std::string dir = testing::temp_dir("rules");
+    write_file_atomic(dir + "/generation_config.json", c["rules"].dump());
+    const TokenRules rules = read_generation_defaults(dir).rules;
+    ASSERT_FALSE(rules.empty()) << c["rules"].dump();
+    const int64_t beams = c["num_beams"].get<int64_t>(), max_len = c["max_new_tokens"].get<int64_t>();
+    const auto want = c["outputs"].get<std::vector<std::vector<int64_t>>>();
+    std::vector<std::vector<int64_t>> got, plain;
+    if (beams == 1) {
+      got = greedy_translate(*model, sources, max_len, 5, rules);
+      plain = greedy_translate(*model, sources, max_len, 5);
+    } else {
+      BeamOptions o{.beam = beams, .length_penalty = c["length_penalty"].get<float>(), .batch_size = 5, .rules = rules};
+      for (auto& h : beam_translate(*model, sources, max_len, o)) got.push_back(h.tokens);
+      o.rules = {};
+      for (auto& h : beam_translate(*model, sources, max_len, o)) plain.push_back(h.tokens);
+    }
+    for (size_t i = 0; i < sources.size(); ++i) {
+      EXPECT_EQ(got[i], want[i]) << "source " << i << ", rules " << c["rules"].dump() << ", beam " << beams;
+      differ += plain[i] != want[i];
+    }
+    ++cases;
+  }
+  EXPECT_EQ(cases, 24);
+  EXPECT_EQ(differ, 288) << "the cases should tell the rules apart";
+}
+
 // generation_config.json as defaults: num_beams, length_penalty,
 // early_stopping and the length (max_new_tokens, else max_length less the
 // start token); what a command asks wins; bad fields are one error each.
@@ -214,6 +258,17 @@ TEST(HfMarian, GenerationConfigGivesTheDefaults) {
   EXPECT_EQ(d.num_beams, 1);
   EXPECT_EQ(d.early_stopping, EarlyStopping::Heuristic);
 
+  d = read_generation_defaults(folder_with(
+      R"({"repetition_penalty": 1.2, "no_repeat_ngram_size": 3, "bad_words_ids": [[58100], [5, 6]], "min_length": 4})"));
+  EXPECT_EQ(d.rules.repetition_penalty, 1.2f);
+  EXPECT_EQ(d.rules.no_repeat_ngram_size, 3);
+  EXPECT_EQ(d.rules.bad_words, (std::vector<std::vector<int64_t>>{{58100}, {5, 6}}));
+  EXPECT_EQ(d.rules.min_new_tokens, 3);  // min_length counts the start token
+  d = read_generation_defaults(folder_with(R"({"min_length": 4, "min_new_tokens": 7, "repetition_penalty": null})"));
+  EXPECT_EQ(d.rules.min_new_tokens, 7);
+  EXPECT_EQ(d.rules.repetition_penalty, 1.0f);
+  EXPECT_TRUE(read_generation_defaults(folder_with(R"({"min_length": 0})")).rules.empty());
+
   TranslationModel m;
   m.generation = {.num_beams = 6, .max_new_tokens = 40};
   EXPECT_EQ(translation_decoding(m, 0, 0).beam, 6);
@@ -233,6 +288,11 @@ TEST(HfMarian, GenerationConfigGivesTheDefaults) {
            {R"({"length_penalty": "long"})", "length_penalty must be a number, got \"long\""},
            {R"({"early_stopping": "sometimes"})", "early_stopping must be true, false or \"never\", got \"sometimes\""},
            {R"({"max_length": 1})", "max_length must be a whole number from 2 to"},
+           {R"({"repetition_penalty": 0})", "repetition_penalty must be a positive number, got 0"},
+           {R"({"no_repeat_ngram_size": -1})", "no_repeat_ngram_size must be a whole number from 0 to"},
+           {R"({"bad_words_ids": [5]})", "bad_words_ids must be a list of non-empty lists of token ids, got [5]"},
+           {R"({"bad_words_ids": [[]]})", "bad_words_ids must be a list of non-empty lists of token ids, got [[]]"},
+           {R"({"min_new_tokens": 1.5})", "min_new_tokens must be a whole number from 0 to"},
            {R"([4])", "expected a JSON object"}}) {
     const std::string dir = folder_with(text);
     const std::string error = error_of([&] { read_generation_defaults(dir); });

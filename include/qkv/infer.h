@@ -28,6 +28,9 @@ struct GenerationDefaults {
   float length_penalty = 1.0f;
   EarlyStopping early_stopping = EarlyStopping::Heuristic;
   int64_t max_new_tokens = 0;  // 0: not given
+  // repetition_penalty, no_repeat_ngram_size, bad_words_ids, min_length and
+  // min_new_tokens (generate()'s logits processors), for every decoding.
+  TokenRules rules;
 };
 // dir/generation_config.json's (defaults where it is absent); a field of the
 // wrong type or out of range is an error naming the file and the field.

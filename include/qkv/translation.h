@@ -37,11 +37,32 @@ Tensor translation_loss(Seq2Seq& model, const Batch& batch, float label_smoothin
 constexpr int64_t kMaxDecodeLength = 4096;
 void check_max_len(int64_t max_len);
 
+// The logits processors of transformers' generate() that a
+// generation_config.json can ask for and that change which tokens come out,
+// in generate()'s order, on one row of scores of a sequence (its start token
+// first, as generate()'s input_ids): greedy decoding takes them on the
+// logits, beam search on the log-probabilities, as generate() does.
+struct TokenRules {
+  float repetition_penalty = 1.0f;   // each id in the sequence, once: score / p if positive, else score * p
+  int64_t no_repeat_ngram_size = 0;  // an id that would make an n-gram the sequence has: -inf
+  // The last id of each, where the sequence ends with the others: -inf (a
+  // one-id list always; a list of the eos alone is dropped, as generate() drops it).
+  std::vector<std::vector<int64_t>> bad_words;
+  int64_t min_new_tokens = 0;  // eos: -inf before this many outputs (min_length less the start, or min_new_tokens)
+  bool empty() const {
+    return repetition_penalty == 1.0f && no_repeat_ngram_size == 0 && bad_words.empty() && min_new_tokens == 0;
+  }
+  // scores[0, vocab) of the token after `sequence` (length n). An id past the
+  // vocabulary in bad_words is an error.
+  void apply(const int64_t* sequence, int64_t n, int64_t eos, float* scores, int64_t vocab) const;
+};
+
 // Greedy decoding from <bos> until <eos> or max_len tokens (the model's
-// decoding_ids()), sentences in batches. Returns the target ids without <bos>/<eos>.
-std::vector<std::vector<int64_t>> greedy_translate(Seq2Seq& model,
-                                                   const std::vector<std::vector<int64_t>>& sources, int64_t max_len,
-                                                   int64_t batch_size = 64);
+// decoding_ids()), sentences in batches, each step's logits through `rules`.
+// Returns the target ids without <bos>/<eos>.
+std::vector<std::vector<int64_t>> greedy_translate(Seq2Seq& model, const std::vector<std::vector<int64_t>>& sources,
+                                                   int64_t max_len, int64_t batch_size = 64,
+                                                   const TokenRules& rules = {});
 
 // When a sentence's beam search stops, as generate()'s early_stopping says
 // (src/models/beam_search.cpp): Heuristic (false, its default) once `beam`
@@ -57,6 +78,7 @@ struct BeamOptions {
   float length_penalty = 1.0f;  // finished hypotheses ranked by score / length^length_penalty
   int64_t batch_size = 16;      // sentences decoded together (each with `beam` rows)
   EarlyStopping early_stopping = EarlyStopping::Heuristic;
+  TokenRules rules;  // on each step's log-probabilities
 };
 struct BeamHypothesis {
   std::vector<int64_t> tokens;  // without <bos>/<eos>

@@ -3,6 +3,7 @@
 #include "qkv/checkpoint.h"
 #include "qkv/infer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <limits>
@@ -65,6 +66,31 @@ GenerationDefaults read_generation_defaults(const std::string& dir) {
                        : v.get<bool>() ? EarlyStopping::First
                                        : EarlyStopping::Heuristic;
   }
+  const auto given = [&](const char* name) { return g.contains(name) && !g[name].is_null(); };
+  if (given("repetition_penalty")) {
+    const nlohmann::json& v = g["repetition_penalty"];
+    QKV_CHECK(v.is_number() && v.get<double>() > 0 && std::isfinite(v.get<double>()), path,
+              ": repetition_penalty must be a positive number, got ", v.dump());
+    d.rules.repetition_penalty = v.get<float>();
+  }
+  if (given("no_repeat_ngram_size")) d.rules.no_repeat_ngram_size = count("no_repeat_ngram_size", 0, 1 << 20);
+  if (given("bad_words_ids")) {
+    const nlohmann::json& v = g["bad_words_ids"];
+    const auto id_list = [](const nlohmann::json& w) {
+      if (!w.is_array() || w.empty()) return false;
+      for (const nlohmann::json& id : w)
+        if (!id.is_number_integer() || id.get<int64_t>() < 0) return false;
+      return true;
+    };
+    QKV_CHECK(v.is_array() && std::all_of(v.begin(), v.end(), id_list), path,
+              ": bad_words_ids must be a list of non-empty lists of token ids, got ", v.dump());
+    d.rules.bad_words = v.get<std::vector<std::vector<int64_t>>>();
+  }
+  // min_length counts the decoder's start token, as max_length does.
+  if (given("min_length")) d.rules.min_new_tokens = count("min_length", 0, 1 << 20) - 1;
+  if (given("min_new_tokens"))
+    d.rules.min_new_tokens = std::max(d.rules.min_new_tokens, count("min_new_tokens", 0, 1 << 20));
+  d.rules.min_new_tokens = std::max<int64_t>(d.rules.min_new_tokens, 0);
   if (g.contains("max_new_tokens") && !g["max_new_tokens"].is_null())
     d.max_new_tokens = count("max_new_tokens", 1, std::numeric_limits<int64_t>::max());
   else if (g.contains("max_length") && !g["max_length"].is_null())  // the decoder's start token counts in it
@@ -87,11 +113,14 @@ std::vector<std::string> translate_ids(TranslationModel& m, const std::vector<st
                                        int64_t max_len, int64_t beam) {
   std::vector<std::string> out;
   if (beam > 1) {
-    const BeamOptions o{
-        .beam = beam, .length_penalty = m.generation.length_penalty, .early_stopping = m.generation.early_stopping};
+    const BeamOptions o{.beam = beam,
+                        .length_penalty = m.generation.length_penalty,
+                        .early_stopping = m.generation.early_stopping,
+                        .rules = m.generation.rules};
     for (auto& h : beam_translate(*m.model, sources, max_len, o)) out.push_back(m.tokenizer->decode(h.tokens));
   } else {
-    for (auto& t : greedy_translate(*m.model, sources, max_len)) out.push_back(m.tokenizer->decode(t));
+    for (auto& t : greedy_translate(*m.model, sources, max_len, 64, m.generation.rules))
+      out.push_back(m.tokenizer->decode(t));
   }
   return out;
 }

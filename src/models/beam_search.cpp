@@ -15,6 +15,9 @@
 // finished, and with "never" and a positive length_penalty the best running
 // score is normalized by max_len, the longest it could grow to.) With the
 // model's forced_eos the last step allows only <eos>, at log-probability 0.
+// BeamOptions::rules (generate()'s logits processors) change each beam's
+// log-probabilities before the continuations are chosen, and the changed
+// values are what the scores add, as in generate().
 // The encoder runs once per sentence and its cross-attention K/V are computed
 // once and read by all its beams (the Transformer keeps them once per
 // sentence); the self-attention caches follow their hypotheses by a row
@@ -88,8 +91,8 @@ std::vector<BeamHypothesis> beam_translate(Seq2Seq& model, const std::vector<std
       const int64_t A = (int64_t)active.size();
       Tensor logp = log_softmax(model.decode_step(Tensor::from_ints(last, {A * K, 1}), *beams));
       const int64_t V = logp.size(-1);
-      const float* lp = logp.data<float>();
-      std::vector<int64_t> still_active, origin, next_last;
+      float* lp = logp.data<float>();  // each row through o.rules first
+      std::vector<int64_t> still_active, origin, next_last, sequence;
       std::vector<std::pair<float, int64_t>> row_best;
       for (int64_t a = 0; a < A; ++a) {
         const int64_t s = active[a];
@@ -102,7 +105,13 @@ std::vector<BeamHypothesis> beam_translate(Seq2Seq& model, const std::vector<std
             cand.push_back({alive[s][k].score, k * V + ids.eos});
             continue;
           }
-          best_tokens(lp + (a * K + k) * V, V, 2 * K, ids, row_best);
+          float* row = lp + (a * K + k) * V;
+          if (!o.rules.empty()) {
+            sequence.assign(1, ids.start);
+            sequence.insert(sequence.end(), alive[s][k].tokens.begin(), alive[s][k].tokens.end());
+            o.rules.apply(sequence.data(), (int64_t)sequence.size(), ids.eos, row, V);
+          }
+          best_tokens(row, V, 2 * K, ids, row_best);
           for (const auto& [logp_v, v] : row_best) cand.push_back({alive[s][k].score + logp_v, k * V + v});
         }
         const size_t keep = std::min<size_t>(cand.size(), 2 * K);

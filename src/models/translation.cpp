@@ -1,5 +1,6 @@
 // Batching, the training loss, greedy decoding.
 #include <algorithm>
+#include <limits>
 #include <numeric>
 
 #include "qkv/translation.h"
@@ -87,9 +88,37 @@ void check_max_len(int64_t max_len) {
             kMaxDecodeLength, " output tokens");
 }
 
-std::vector<std::vector<int64_t>> greedy_translate(Seq2Seq& model,
-                                                   const std::vector<std::vector<int64_t>>& sources, int64_t max_len,
-                                                   int64_t batch_size) {
+void TokenRules::apply(const int64_t* seq, int64_t n, int64_t eos, float* scores, int64_t vocab) const {
+  constexpr float kBanned = -std::numeric_limits<float>::infinity();
+  if (repetition_penalty != 1.0f) {  // each id once, however often it came
+    std::vector<int64_t> seen(seq, seq + n);
+    std::sort(seen.begin(), seen.end());
+    seen.erase(std::unique(seen.begin(), seen.end()), seen.end());
+    for (int64_t id : seen) {
+      if (id < 0 || id >= vocab) continue;
+      float& s = scores[id];
+      s = s < 0 ? s * repetition_penalty : s / repetition_penalty;
+    }
+  }
+  if (const int64_t g = no_repeat_ngram_size; g > 0 && n + 1 >= g) {
+    // Every n-gram of the sequence whose first g - 1 ids are its last g - 1
+    // bans its last id (g = 1: every id of the sequence).
+    const int64_t* tail = seq + n - (g - 1);
+    for (int64_t i = 0; i + g <= n; ++i)
+      if (std::equal(tail, seq + n, seq + i) && seq[i + g - 1] >= 0 && seq[i + g - 1] < vocab)
+        scores[seq[i + g - 1]] = kBanned;
+  }
+  for (const std::vector<int64_t>& w : bad_words) {
+    if (w.size() == 1 && w[0] == eos) continue;
+    QKV_CHECK(w.back() >= 0 && w.back() < vocab, "bad_words_ids: id ", w.back(), " is past the vocabulary of ", vocab);
+    const int64_t prefix = (int64_t)w.size() - 1;
+    if (prefix <= n && std::equal(w.begin(), w.end() - 1, seq + n - prefix)) scores[w.back()] = kBanned;
+  }
+  if (n - 1 < min_new_tokens && eos >= 0 && eos < vocab) scores[eos] = kBanned;
+}
+
+std::vector<std::vector<int64_t>> greedy_translate(Seq2Seq& model, const std::vector<std::vector<int64_t>>& sources,
+                                                   int64_t max_len, int64_t batch_size, const TokenRules& rules) {
   check_max_len(max_len);
   QKV_CHECK(batch_size >= 1, "greedy decoding: batch size must be at least 1, got ", batch_size);
   NoGradGuard no_grad;
@@ -117,9 +146,17 @@ std::vector<std::vector<int64_t>> greedy_translate(Seq2Seq& model,
       const int64_t R = (int64_t)rows.size();
       Tensor logits = model.decode_step(Tensor::from_ints(next, {R, 1}), *state);
       const int64_t V = logits.size(-1);
+      std::vector<int64_t> sequence;  // for the rules: the start token, then the outputs so far
       for (int64_t r = 0; r < R; ++r) {
         const int64_t s = rows[r];
-        next[r] = done[s] ? ids.pad : ids.next_output(logits.data<float>() + r * V, V, step == max_len - 1);
+        float* row = logits.data<float>() + r * V;
+        if (!done[s] && !rules.empty()) {
+          const std::vector<int64_t>& out = results[start + s];
+          sequence.assign(1, ids.start);
+          sequence.insert(sequence.end(), out.begin(), out.end());
+          rules.apply(sequence.data(), (int64_t)sequence.size(), ids.eos, row, V);
+        }
+        next[r] = done[s] ? ids.pad : ids.next_output(row, V, step == max_len - 1);
         if (done[s]) continue;
         if (next[r] == ids.eos) {
           done[s] = true, ++finished_rows;
