@@ -33,9 +33,19 @@ run() {  # run NAME COMMAND...: must succeed
 # the all-reduce adds the shards, the GEMMs see half the rows), so float32
 # rounding differs in the last bits, and 20 AdamW steps carry it; a weight
 # whose gradient crosses zero moves by a rounding-sized amount in absolute
-# terms, hence the 1e-7 floor (about one float32 step at 1.0). A real fault (a
-# lost shard, a doubled gradient) moves weights by about the learning rate,
-# 1e-3 and more.
+# terms, hence the 1e-7 floor (about one float32 step at 1.0). A lost shard
+# moves weights by about the learning rate, 1e-3 and more.
+#
+# AdamW's eps is 1e-4 here, not 1e-8. A step moves a weight by lr m / (sqrt(v)
+# + eps): where the gradient g is near eps, the step follows g's rounding
+# noise dg (about lr dg / eps), however small g is. With eps 1e-8, a weight
+# whose gradient was 1.4e-8 (one of the lm's 1,024 k_proj weights; the rest
+# were 1e-4 and more) stepped 1.45e-4 in one run and 3.8e-7 more or less in
+# the other, past the floor, after a change of summation order in the
+# attention kernel alone. With eps 1e-4, lr dg / eps is about 1e-9 for a dg
+# of 1e-10 (float32's rounding of a gradient of 1e-3): two orders below the
+# floor. (A doubled gradient shows only where g is near eps: elsewhere
+# AdamW's step ignores the gradient's scale.)
 same() {  # same NAME DIR_A DIR_B RTOL ATOL
   if "$COMPARE" "$2" "$3" "$4" "$5" >"$tmp/cmp"; then echo "ok   $1: $(tail -1 "$tmp/cmp")"; else fail "$1"; cat "$tmp/cmp"; fi
 }
@@ -47,10 +57,11 @@ cut -f2 "$tmp/pairs.tsv" >"$tmp/text.txt"
 # it only ever receives rounding noise, which AdamW scales to full steps.
 printf '{"d_model": 32, "nhead": 4, "num_encoder_layers": 1, "num_decoder_layers": 1, "dim_feedforward": 64,
  "dropout": 0, "qkv_layout": "separate", "k_bias": false,
- "train": {"steps": 20, "batch_tokens": 512, "eval_every": 10, "eval_sentences": 8, "warmup_steps": 5}}\n' >"$tmp/mt.json"
+ "train": {"steps": 20, "batch_tokens": 512, "eval_every": 10, "eval_sentences": 8, "warmup_steps": 5,
+ "adam_eps": 1e-4}}\n' >"$tmp/mt.json"
 printf '{"arch": "decoder", "tokenizer": "bytes", "d_model": 32, "nhead": 4, "num_layers": 2, "dim_feedforward": 64,
  "context": 24, "dropout": 0, "qkv_layout": "separate", "k_bias": false,
- "train": {"steps": 20, "batch_size": 5, "eval_every": 10, "warmup_steps": 4}}\n' >"$tmp/lm.json"
+ "train": {"steps": 20, "batch_size": 5, "eval_every": 10, "warmup_steps": 4, "adam_eps": 1e-4}}\n' >"$tmp/lm.json"
 # 30 8x8 images of two classes (dark and light, with noise), as IDX files.
 mkdir -p "$tmp/idx"
 idx_images() {
@@ -64,7 +75,7 @@ cp "$tmp/idx/train-images-idx3-ubyte" "$tmp/idx/t10k-images-idx3-ubyte"
 cp "$tmp/idx/train-labels-idx1-ubyte" "$tmp/idx/t10k-labels-idx1-ubyte"
 printf '{"arch": "vit", "image_size": 8, "patch_size": 4, "d_model": 16, "nhead": 2, "num_layers": 1, "num_classes": 2,
  "dropout": 0, "qkv_bias": false,
- "train": {"epochs": 3, "batch_size": 7, "warmup_steps": 2, "augment_flip": true}}\n' >"$tmp/vit.json"
+ "train": {"epochs": 3, "batch_size": 7, "warmup_steps": 2, "augment_flip": true, "adam_eps": 1e-4}}\n' >"$tmp/vit.json"
 
 for family in mt lm vit; do
   data="$tmp/pairs.tsv"

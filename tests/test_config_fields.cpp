@@ -42,6 +42,10 @@ TEST(ConfigFields, ErrorsNameTheFileTheKeyAndWhatIsAllowed) {
             "t.json: 'train.precision' is 'fp8', expected one of: f32, bf16");
   EXPECT_EQ(LmTrainOptions::from_json(R"({"train": {"precision": "bf16"}})", "t.json").precision, Precision::Bf16);
   EXPECT_EQ(TrainOptions::from_json(R"({"train": {}})", "t.json").precision, Precision::F32);
+  EXPECT_EQ(TrainOptions::from_json(R"({"train": {}})", "t.json").adam_eps, 1e-8f);
+  EXPECT_EQ(VitTrainOptions::from_json(R"({"train": {"adam_eps": 1e-4}})", "t.json").adam_eps, 1e-4f);
+  EXPECT_EQ(error_of([] { LmTrainOptions::from_json(R"({"train": {"adam_eps": 0}})", "t.json"); }),
+            "t.json: 'train.adam_eps' must be positive, got 0");
   EXPECT_EQ(error_of([] { LmTrainOptions::from_json(R"({"train": {"seed": -1}})", "t.json"); }),
             "t.json: 'train.seed' must not be negative, got -1");
   EXPECT_EQ(error_of([] { VitTrainOptions::from_json(R"({"train": []})", "t.json"); }),

@@ -25,6 +25,7 @@ struct LmTrainOptions {
   float lr = 1e-3f;
   int64_t warmup_steps = 100;
   float weight_decay = 0.1f;
+  float adam_eps = 1e-8f;  // AdamW's eps (as torch.optim.AdamW's)
   float clip_norm = 1.0f;
   uint64_t seed = 1;
   int64_t eval_every = 200;

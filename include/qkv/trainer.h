@@ -25,6 +25,7 @@ struct TrainOptions {
   int64_t warmup_steps = 200;
   LrSchedule schedule = LrSchedule::InverseSqrt;
   float weight_decay = 0.01f;
+  float adam_eps = 1e-8f;  // AdamW's eps (as torch.optim.AdamW's)
   float clip_norm = 1.0f;
   float label_smoothing = 0.1f;
   uint64_t seed = 1;

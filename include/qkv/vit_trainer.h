@@ -25,6 +25,7 @@ struct VitTrainOptions {
   int64_t warmup_steps = 200;
   float min_lr_ratio = 0.01f;  // the cosine ends at lr * min_lr_ratio
   float weight_decay = 0.05f;
+  float adam_eps = 1e-8f;  // AdamW's eps (as torch.optim.AdamW's)
   float clip_norm = 1.0f;
   float label_smoothing = 0.0f;
   uint64_t seed = 1;

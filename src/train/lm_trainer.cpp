@@ -19,7 +19,7 @@ namespace qkv {
 LmTrainOptions LmTrainOptions::from_json(const std::string& text, const std::string& source) {
   using O = LmTrainOptions;
   static const config::Fields<O> fields =
-      add_stopping_fields(config::Fields<O>("train.")
+      add_loop_fields(config::Fields<O>("train.")
           .add("steps", &O::steps).at_least(1)
           .add("batch_size", &O::batch_size).at_least(1).at_most(config::limits::kBatch)
           .add("lr", &O::lr).positive()

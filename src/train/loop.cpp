@@ -225,7 +225,7 @@ TrainOutcome run_training(TrainTask& task, const LoopOptions& o, const std::stri
   Module& model = task.model();
   require_training_fits(model);
   model.train();
-  AdamW opt(model.parameters(), {.lr = o.lr, .weight_decay = o.weight_decay});
+  AdamW opt(model.parameters(), {.lr = o.lr, .eps = o.adam_eps, .weight_decay = o.weight_decay});
   const int64_t total = task.total_steps();
   Resumed s;
   s.best = task.worst_score();

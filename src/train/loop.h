@@ -118,6 +118,7 @@ public:
 
 struct LoopOptions {
   float lr = 1e-3f, weight_decay = 0.01f, clip_norm = 1.0f;
+  float adam_eps = 1e-8f;  // AdamW's eps: the denominator's floor, sqrt(v) + eps
   int64_t max_skipped_in_a_row = 20;
   int64_t patience = 0;  // end after this many validations in a row without a better score (0: never)
   float plateau_factor = 0;      // multiply the lr by this after plateau_patience validations without a better one
@@ -131,7 +132,7 @@ struct LoopOptions {
 // The loop's part of a trainer's options (TrainOptions, LmTrainOptions, VitTrainOptions).
 template <class Options>
 LoopOptions loop_options(const Options& o, ProcessGroup* group) {
-  return {.lr = o.lr, .weight_decay = o.weight_decay, .clip_norm = o.clip_norm,
+  return {.lr = o.lr, .weight_decay = o.weight_decay, .clip_norm = o.clip_norm, .adam_eps = o.adam_eps,
           .max_skipped_in_a_row = o.max_skipped_in_a_row, .patience = o.patience,
           .plateau_factor = o.plateau_factor, .plateau_patience = o.plateau_patience,
           .keep_checkpoints = o.keep_checkpoints, .precision = o.precision, .resume = o.resume, .group = group};
@@ -149,17 +150,18 @@ inline uint64_t fnv1a(const void* data, size_t n, uint64_t h = kFnvStart) {
 // or holds) is not the same on all: `what` says what differs.
 void require_same_everywhere(ProcessGroup* group, uint64_t hash, const std::string& what);
 
-// The "train" keys of the loop's stopping, saving and precision options,
-// shared by every trainer's section (TrainOptions, LmTrainOptions,
+// The "train" keys of the loop's stopping, saving, precision and optimizer
+// options, shared by every trainer's section (TrainOptions, LmTrainOptions,
 // VitTrainOptions), so their names and ranges are written once.
 template <class Options>
-config::Fields<Options>& add_stopping_fields(config::Fields<Options>& f) {
+config::Fields<Options>& add_loop_fields(config::Fields<Options>& f) {
   using O = Options;
   return f.add("patience", &O::patience).at_least(0)
       .add("plateau_factor", &O::plateau_factor).fraction()
       .add("plateau_patience", &O::plateau_patience).at_least(1)
       .add("keep_checkpoints", &O::keep_checkpoints).at_least(0)
-      .add("precision", &O::precision);
+      .add("precision", &O::precision)
+      .add("adam_eps", &O::adam_eps).positive();
 }
 
 // Trains `task` into the model folder `out_dir`; with options.resume, from

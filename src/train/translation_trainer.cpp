@@ -24,7 +24,7 @@ namespace qkv {
 TrainOptions TrainOptions::from_json(const std::string& text, const std::string& source) {
   using O = TrainOptions;
   static const config::Fields<O> fields =
-      add_stopping_fields(config::Fields<O>("train.")
+      add_loop_fields(config::Fields<O>("train.")
           .add("steps", &O::steps).at_least(1)
           .add("batch_tokens", &O::batch_tokens).at_least(1).at_most(config::limits::kBatch)
           .add("lr", &O::lr).positive()

@@ -18,7 +18,7 @@ namespace qkv {
 VitTrainOptions VitTrainOptions::from_json(const std::string& text, const std::string& source) {
   using O = VitTrainOptions;
   static const config::Fields<O> fields =
-      add_stopping_fields(config::Fields<O>("train.")
+      add_loop_fields(config::Fields<O>("train.")
           .add("epochs", &O::epochs).at_least(1)
           .add("batch_size", &O::batch_size).at_least(1).at_most(config::limits::kBatch)
           .add("lr", &O::lr).positive()
