@@ -233,40 +233,65 @@ inline __mmask16 visible_lanes(int64_t j, int64_t vis) {
   return vis - j >= 16 ? (__mmask16)0xffff : vis <= j ? (__mmask16)0 : (__mmask16)((1u << (vis - j)) - 1);
 }
 
-// The forward's softmax step for one row of a tile, on the packed path, in
-// two passes over its scores s (the row max, then the rest): with m' the new
-// running max, p_j = e^{s_j - m'} for the visible keys j < vis and zero past
-// them to the end of the row's last chunk of 32; the row's running sum,
-// kept as 16 partial sums in l16, is rescaled by alpha = e^{m - m'} and adds
-// the p_j lane by lane (it is summed across lanes once, after the last key
-// tile); and the p_j go, rounded to bfloat16 (VCVTNE2PS2BF16), straight into
-// the row's place in the packed P tile (p_row: 32 values per chunk side by
-// side, chunks 256 words apart). This is the work of the loop over rows
-// below plus pack_a of P, without writing the p_j as float32 and reading them
-// back, and without a sum and a max across lanes per row and tile. Returns
-// alpha (1 when the max did not move: the accumulator then needs no
-// rescaling), or 1 for a row that sees no key of the tile (p all zero).
-__attribute__((target("avx512bf16"))) float softmax_row_into_packed(const float* s, int64_t vis, int64_t chunks,
-                                                                    float& m, float* l16, uint32_t* p_row) {
-  if (vis == 0) {
-    for (int64_t c = 0; c < chunks; ++c) _mm512_storeu_si512(p_row + c * 256, _mm512_setzero_si512());
-    return 1.0f;
-  }
+// The forward's softmax step for one row of a tile, at the avx512 level: with
+// m' the row's new running max over its visible scores (keys j < vis),
+// p_j = e^{s_j - m'}, zero past vis; the row's running sum, kept as 16
+// partial sums in l16 (summed across lanes once, after the last key tile),
+// is rescaled by alpha = e^{m - m'} and adds the p_j lane by lane. Two
+// passes over s, each a few vector instructions per 16 scores: the max, then
+// the rest. Taking a max and a sum across lanes per row and tile instead
+// (scalar chains) set the pace of the bf16 forward on AMX.
+//
+// move_row_max: sets m = m' and returns alpha (1 when the max did not move:
+// the row's accumulator then needs no rescaling).
+inline float move_row_max(const float* s, int64_t vis, float& m) {
   __m512 mx = _mm512_set1_ps(-INFINITY);
   for (int64_t j = 0; j < vis; j += 16)
     mx = _mm512_maskz_max_ps(kAll, mx, _mm512_mask_loadu_ps(mx, visible_lanes(j, vis), s + j));
   const float m_new = std::max(m, _mm512_cvtss_f32(max_lanes(mx)));
   const float alpha = m_new == m ? 1.0f : fast_exp(m - m_new);
   m = m_new;
+  return alpha;
+}
+
+// p for lanes [j, j + 16) (zero from vis on), added to sum.
+inline __m512 exp_lanes(const float* s, int64_t j, int64_t vis, __m512 m, __m512& sum) {
+  const __mmask16 in = visible_lanes(j, vis);
+  const __m512 p = _mm512_maskz_mov_ps(in, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(in, s + j), m)));
+  sum = _mm512_add_ps(sum, p);
+  return p;
+}
+
+// The step with float32 products (and Rounded ones, which round P after):
+// p written over s[0, cols). Returns alpha; 1 for a row that sees no key of
+// the tile (its p all zero).
+inline float softmax_row_in_place(float* s, int64_t vis, int64_t cols, float& m, float* l16) {
+  if (vis == 0) return std::fill(s, s + cols, 0.0f), 1.0f;
+  const float alpha = move_row_max(s, vis, m);
   __m512 sum = _mm512_mul_ps(_mm512_loadu_ps(l16), _mm512_set1_ps(alpha));
-  const __m512 shift = _mm512_set1_ps(m_new);
+  const __m512 shift = _mm512_set1_ps(m);
+  for (int64_t j = 0; j < cols; j += 16)
+    _mm512_mask_storeu_ps(s + j, visible_lanes(j, cols), exp_lanes(s, j, vis, shift, sum));
+  _mm512_storeu_ps(l16, sum);
+  return alpha;
+}
+
+// The step on the packed path: p rounded to bfloat16 (VCVTNE2PS2BF16)
+// straight into the row's place in the packed P tile (p_row: 32 values per
+// chunk of k side by side, chunks 256 words apart, zero to the end of the
+// last chunk), instead of written as float32 and read back by pack_a.
+__attribute__((target("avx512bf16"))) float softmax_row_into_packed(const float* s, int64_t vis, int64_t chunks,
+                                                                    float& m, float* l16, uint32_t* p_row) {
+  if (vis == 0) {
+    for (int64_t c = 0; c < chunks; ++c) _mm512_storeu_si512(p_row + c * 256, _mm512_setzero_si512());
+    return 1.0f;
+  }
+  const float alpha = move_row_max(s, vis, m);
+  __m512 sum = _mm512_mul_ps(_mm512_loadu_ps(l16), _mm512_set1_ps(alpha));
+  const __m512 shift = _mm512_set1_ps(m);
   for (int64_t c = 0; c < chunks; ++c) {
-    const int64_t j = c * 32;
-    const __mmask16 lo = visible_lanes(j, vis), hi = visible_lanes(j + 16, vis);
-    const __m512 p_lo = _mm512_maskz_mov_ps(lo, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(lo, s + j), shift)));
-    const __m512 p_hi = _mm512_maskz_mov_ps(hi, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(hi, s + j + 16), shift)));
-    sum = _mm512_add_ps(sum, _mm512_add_ps(p_lo, p_hi));
-    _mm512_storeu_si512(p_row + c * 256, (__m512i)_mm512_cvtne2ps_pbh(p_hi, p_lo));
+    const __m512 lo = exp_lanes(s, c * 32, vis, shift, sum), hi = exp_lanes(s, c * 32 + 16, vis, shift, sum);
+    _mm512_storeu_si512(p_row + c * 256, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
   }
   _mm512_storeu_ps(l16, sum);
   return alpha;
@@ -281,9 +306,10 @@ void forward_tiles(const FlashShape& f, const float* q, const float* k, const fl
   const int64_t tasks = f.batch * f.heads * q_tiles;
   const bool packed = mode == Products::Packed, rounded = mode == Products::Rounded;
 #if defined(__AVX512F__)
+  constexpr bool kLaneSums = true;                    // the softmax_row_ functions above
   const bool fused = packed && avx512_bf16_usable();  // softmax_row_into_packed
 #else
-  const bool fused = false;
+  constexpr bool kLaneSums = false;
 #endif
   // Packed: each K/V head's K [S, Dh] and V^T [Dv, S], once.
   const int64_t kv_heads = f.batch * f.kv_heads;
@@ -298,12 +324,12 @@ void forward_tiles(const FlashShape& f, const float* q, const float* k, const fl
   }
 #pragma omp parallel if (tasks > 1)
   {
-    Scratch scores(Br * Bc), acc(Br * f.dv), row_max(Br), row_sum(Br), row_sums16(fused ? Br * 16 : 1);
+    Scratch scores(Br * Bc), acc(Br * f.dv), row_max(Br), row_sum(Br), row_sums16(kLaneSums ? Br * 16 : 1);
     float* S = scores.data();
     float* O = acc.data();
     float* m = row_max.data();
     float* l = row_sum.data();
-    float* l16 = row_sums16.data();  // fused: each row's sum as 16 partial sums
+    float* l16 = row_sums16.data();  // kLaneSums: each row's sum as 16 partial sums
     PackBuffer tile_words(packed ? bf16_packed_words(Br, f.dh) + bf16_packed_words(Br, Bc) : 0);
     const Packed Qp = packed ? tile_words.take(Br, f.dh) : Packed{}, Pp = packed ? tile_words.take(Br, Bc) : Packed{};
 #pragma omp for schedule(dynamic)
@@ -316,7 +342,7 @@ void forward_tiles(const FlashShape& f, const float* q, const float* k, const fl
       const int64_t tile_hi = visible_keys(f, b, q0 + rows - 1);  // rows see more keys further down
       std::fill(m, m + rows, -INFINITY);
       std::fill(l, l + rows, 0.0f);
-      if (fused) std::fill(l16, l16 + rows * 16, 0.0f);
+      if (kLaneSums) std::fill(l16, l16 + rows * 16, 0.0f);
       std::fill(O, O + rows * f.dv, 0.0f);
       const int64_t bh_kv = b * f.kv_heads + h / G;
       if (packed) pack_a({Qp.words, rows, f.dh}, Q, L.q.row, false);
@@ -352,6 +378,10 @@ void forward_tiles(const FlashShape& f, const float* q, const float* k, const fl
         for (int64_t r = 0; r < rows; ++r) {
           float* s = S + r * Bc;
           const int64_t vis = std::clamp<int64_t>(visible_keys(f, b, q0 + r) - k0, 0, cols);
+#if defined(__AVX512F__)
+          const float alpha = softmax_row_in_place(s, vis, cols, m[r], l16 + r * 16);
+          if (alpha == 1.0f) continue;
+#else
           const float mx = max_of(s, vis);
           std::fill(s + vis, s + cols, 0.0f);
           if (vis == 0) continue;
@@ -365,6 +395,7 @@ void forward_tiles(const FlashShape& f, const float* q, const float* k, const fl
           }
           l[r] = l[r] * alpha + sum;
           m[r] = m_new;
+#endif
           float* o = O + r * f.dv;
           for (int64_t d = 0; d < f.dv; ++d) o[d] *= alpha;
         }
@@ -383,8 +414,7 @@ void forward_tiles(const FlashShape& f, const float* q, const float* k, const fl
         }
       }
 #if defined(__AVX512F__)
-      if (fused)
-        for (int64_t r = 0; r < rows; ++r) l[r] = hsum(_mm512_loadu_ps(l16 + r * 16));
+      for (int64_t r = 0; r < rows; ++r) l[r] = hsum(_mm512_loadu_ps(l16 + r * 16));
 #endif
       for (int64_t r = 0; r < rows; ++r) {
         float* dst = out + at(L.o, b, h) + (q0 + r) * L.o.row;
