@@ -691,7 +691,9 @@ def make_marian_beam_stopping(out_dir):
 # the generate() keywords (a generation_config.json's fields) and its
 # outputs; the outputs without them give the count that the rules change.
 # bad_words_ids keeps the folder's [[pad]] (qkv never outputs <pad>) and adds
-# the commonest output id and the commonest pair of the plain outputs.
+# the commonest output id in one case and the commonest pair of the plain
+# outputs in another (alone, so that its first id stays allowed and only the
+# pair is barred).
 def make_marian_beam_rules(out_dir):
     from collections import Counter
     from transformers import MarianMTModel
@@ -712,7 +714,8 @@ def make_marian_beam_rules(out_dir):
     ids = Counter(t for row in plain for t in row).most_common(1)[0][0]
     pair = Counter(tuple(row[i:i + 2]) for row in plain for i in range(len(row) - 1)).most_common(1)[0][0]
     rules = [{"repetition_penalty": 1.5}, {"repetition_penalty": 0.6}, {"no_repeat_ngram_size": 2},
-             {"no_repeat_ngram_size": 1}, {"bad_words_ids": [[pad], [ids], list(pair)]}, {"min_length": 8},
+             {"no_repeat_ngram_size": 1}, {"bad_words_ids": [[pad], [ids]]}, {"bad_words_ids": [[pad], list(pair)]},
+             {"min_length": 8},
              {"min_new_tokens": 10}, {"repetition_penalty": 1.3, "no_repeat_ngram_size": 3, "min_new_tokens": 4}]
     cases, differ = [], 0
     for r in rules:

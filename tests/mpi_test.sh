@@ -39,8 +39,8 @@ run() {  # run NAME COMMAND...: must succeed
 # AdamW's eps is 1e-4 here, not 1e-8. A step moves a weight by lr m / (sqrt(v)
 # + eps): where the gradient g is near eps, the step follows g's rounding
 # noise dg (about lr dg / eps), however small g is. With eps 1e-8, a weight
-# whose gradient was 1.4e-8 (one of the lm's 1,024 k_proj weights; the rest
-# were 1e-4 and more) stepped 1.45e-4 in one run and 3.8e-7 more or less in
+# whose gradient was 1.4e-8 (one of the 1,024 weights of the lm's first
+# k_proj; the others moved a full first step, so their gradients were well above eps) stepped 1.45e-4 in one run and 3.8e-7 more or less in
 # the other, past the floor, after a change of summation order in the
 # attention kernel alone. With eps 1e-4, lr dg / eps is about 1e-9 for a dg
 # of 1e-10 (float32's rounding of a gradient of 1e-3): two orders below the

@@ -697,6 +697,32 @@ TEST(Kernels, FlashAttentionInBfloat16MatchesItsTwinWithinTheRoundingBound) {
   }
 }
 
+// A NaN among the keys makes every score of its column NaN, and every query
+// that sees it must come out NaN, on every level, in float32 and bfloat16
+// (130 tokens: the avx512 level's packed path), as in the reference: a
+// level whose exponential clamped NaN to a finite score once gave the mean
+// of V there instead, and an lse of -inf.
+TEST(Kernels, FlashAttentionCarriesANaNScoreToTheOutput) {
+  const int64_t T = 130, D = 32;
+  for (const Kernels* kt : levels()) {
+    for (const bool bf16 : {false, true}) {
+      Rng rng(3);
+      FlashShape f{1, 1, 1, T, T, D, D};
+      f.scale = 1.0f / std::sqrt((float)D), f.bf16 = bf16;
+      Tensor q = Tensor::randn({T * D}, rng), k = Tensor::randn({T * D}, rng), v = Tensor::randn({T * D}, rng);
+      k.data<float>()[5 * D + 3] = NAN;  // key 5, seen by every query
+      for (const bool reference : {false, true}) {
+        Tensor out = Tensor::empty({T * D}), lse = Tensor::empty({T});
+        (reference ? ref::flash_attention_forward : kt->flash_attention_forward)(
+            f, q.data<float>(), k.data<float>(), v.data<float>(), out.data<float>(), lse.data<float>());
+        const std::vector<float> o = out.to_vector();
+        const int64_t finite = std::count_if(o.begin(), o.end(), [](float x) { return !std::isnan(x); });
+        EXPECT_EQ(finite, 0) << (reference ? "reference" : kt->name) << (bf16 ? " bf16" : " f32");
+      }
+    }
+  }
+}
+
 // The rounding itself, exactly: with q = 0 every key weighs 1/S, and each
 // exp(0) = 1 is exact, so the output is v as rounded to bfloat16: 1 + 2^-12
 // becomes 1 (it lies halfway below 1 + 2^-7 and rounds to even), on every

@@ -48,12 +48,13 @@ struct TokenRules {
   // The last id of each, where the sequence ends with the others: -inf (a
   // one-id list always; a list of the eos alone is dropped, as generate() drops it).
   std::vector<std::vector<int64_t>> bad_words;
-  int64_t min_new_tokens = 0;  // eos: -inf before this many outputs (min_length less the start, or min_new_tokens)
+  int64_t min_new_tokens =
+      0;  // eos: -inf before this many outputs (the larger of min_length less the start and min_new_tokens)
   bool empty() const {
     return repetition_penalty == 1.0f && no_repeat_ngram_size == 0 && bad_words.empty() && min_new_tokens == 0;
   }
-  // scores[0, vocab) of the token after `sequence` (length n). An id past the
-  // vocabulary in bad_words is an error.
+  // scores[0, vocab) of the token after `sequence` (length n). An id of
+  // bad_words past the vocabulary is an error.
   void apply(const int64_t* sequence, int64_t n, int64_t eos, float* scores, int64_t vocab) const;
 };
 
@@ -104,8 +105,9 @@ struct AlignedTranslation {
   // the start token and tokens[0 .. T-2] (query t is what predicted tokens[t]).
   Tensor encoder_self, decoder_self;
 };
-AlignedTranslation translate_with_attention(Seq2Seq& model, const std::vector<int64_t>& source,
-                                            int64_t max_len);
+// Greedy, each step's logits through `rules` (a folder's generation_config.json: as translate_ids decodes).
+AlignedTranslation translate_with_attention(Seq2Seq& model, const std::vector<int64_t>& source, int64_t max_len,
+                                            const TokenRules& rules = {});
 
 // sacreBLEU-compatible corpus scores on a 0-100 scale.
 // chrF: character n-grams 1..6, beta 2, whitespace removed (sacreBLEU's chrF defaults).

@@ -281,7 +281,7 @@ struct Translator : ModelBase {
     std::vector<int64_t> src;
     run([&] {
       src = encode_source(m, source, {}, "attention: source");
-      a = translate_with_attention(*m.model, src, max_len);
+      a = translate_with_attention(*m.model, src, max_len, m.generation.rules);
     });
     const int64_t T = (int64_t)a.tokens.size(), S = a.source_length;
     Tensor w;

@@ -82,8 +82,8 @@ GenerationDefaults read_generation_defaults(const std::string& dir) {
         if (!id.is_number_integer() || id.get<int64_t>() < 0) return false;
       return true;
     };
-    QKV_CHECK(v.is_array() && std::all_of(v.begin(), v.end(), id_list), path,
-              ": bad_words_ids must be a list of non-empty lists of token ids, got ", v.dump());
+    QKV_CHECK(v.is_array() && !v.empty() && std::all_of(v.begin(), v.end(), id_list), path,
+              ": bad_words_ids must be a non-empty list of non-empty lists of token ids, got ", v.dump());
     d.rules.bad_words = v.get<std::vector<std::vector<int64_t>>>();
   }
   // min_length counts the decoder's start token, as max_length does.

@@ -110,7 +110,9 @@ void TokenRules::apply(const int64_t* seq, int64_t n, int64_t eos, float* scores
   }
   for (const std::vector<int64_t>& w : bad_words) {
     if (w.size() == 1 && w[0] == eos) continue;
-    QKV_CHECK(w.back() >= 0 && w.back() < vocab, "bad_words_ids: id ", w.back(), " is past the vocabulary of ", vocab);
+    for (int64_t id : w)
+      QKV_CHECK(id >= 0 && id < vocab, "generation_config.json: bad_words_ids: id ", id, " is past the vocabulary of ",
+                vocab);
     const int64_t prefix = (int64_t)w.size() - 1;
     if (prefix <= n && std::equal(w.begin(), w.end() - 1, seq + n - prefix)) scores[w.back()] = kBanned;
   }
@@ -176,8 +178,8 @@ std::vector<std::vector<int64_t>> greedy_translate(Seq2Seq& model, const std::ve
   return results;
 }
 
-AlignedTranslation translate_with_attention(Seq2Seq& model, const std::vector<int64_t>& source,
-                                            int64_t max_len) {
+AlignedTranslation translate_with_attention(Seq2Seq& model, const std::vector<int64_t>& source, int64_t max_len,
+                                            const TokenRules& rules) {
   check_max_len(max_len);
   NoGradGuard no_grad;
   const DecodingIds ids = model.decoding_ids();
@@ -194,6 +196,11 @@ AlignedTranslation translate_with_attention(Seq2Seq& model, const std::vector<in
     if (Tensor h = model.cross_weights_by_head(); h.defined()) {  // [L, H, S] this step
       out.layers = h.size(0), out.nheads = h.size(1);
       by_step.push_back(h.contiguous().to_vector());
+    }
+    if (!rules.empty()) {
+      std::vector<int64_t> sequence = {ids.start};
+      sequence.insert(sequence.end(), out.tokens.begin(), out.tokens.end());
+      rules.apply(sequence.data(), (int64_t)sequence.size(), ids.eos, logits.data<float>(), logits.size(-1));
     }
     next = ids.next_output(logits.data<float>(), logits.size(-1), step == max_len - 1);
     out.tokens.push_back(next);

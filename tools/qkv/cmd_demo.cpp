@@ -10,6 +10,7 @@
 // gets every check right or the step budget is spent, and the demo says which.
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -61,7 +62,8 @@ int run_demo(const DemoArgs& a) {
   // distinct pairs would leave the constructions with few combinations, such
   // as X 很好 -> X はいいです, a handful of examples among 20,000.
   std::vector<SentencePair> train = sample_zh_ja(a.train_pairs, 1, checks);
-  const size_t distinct = std::set<std::string>(std::views::keys(train).begin(), std::views::keys(train).end()).size();
+  const auto sources = std::views::keys(train);
+  const size_t distinct = std::set<std::string>(sources.begin(), sources.end()).size();
   std::printf(
       "1. corpus from qkv's grammar, no sentence in two sets: %lld training pairs drawn (%zu distinct); %zu "
       "check sentences and %lld more for validation; %lld held-out test pairs\n",
@@ -75,7 +77,8 @@ int run_demo(const DemoArgs& a) {
   write_file_atomic(train_path, format_parallel_tsv(train));
   write_file_atomic(valid_path, format_parallel_tsv(valid));
   write_file_atomic(test_path, format_parallel_tsv(test));
-  for (int i = 0; i < 3; ++i) std::printf("     %s\t%s\n", train[i].first.c_str(), train[i].second.c_str());
+  for (size_t i = 0; i < std::min<size_t>(3, train.size()); ++i)
+    std::printf("     %s\t%s\n", train[i].first.c_str(), train[i].second.c_str());
 
   std::string config_text = read_file(a.config);
   TrainOptions o = TrainOptions::from_json(config_text, a.config);

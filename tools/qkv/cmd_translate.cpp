@@ -227,7 +227,7 @@ int run_eval(const EvalArgs& a) {
 
 void write_attention_map(TranslationModel& m, const std::string& source, const std::vector<int64_t>& src,
                          const std::string& path, int64_t max_len) {
-  AlignedTranslation a = translate_with_attention(*m.model, src, max_len);
+  AlignedTranslation a = translate_with_attention(*m.model, src, max_len, m.generation.rules);
   std::vector<std::string> rows = m.tokenizer->pieces(a.tokens), cols = m.tokenizer->pieces(src);
   if (cols.empty()) cols.push_back("");
   std::string title = source + "  ->  " + m.tokenizer->decode(a.tokens) + "\n" + m.model->attention_name();

@@ -862,7 +862,7 @@ private:
     AlignedTranslation a;
     {
       const ModelTurn turn(*this);
-      a = translate_with_attention(*translation_.model, source, max_len);
+      a = translate_with_attention(*translation_.model, source, max_len, translation_.generation.rules);
     }
     const int64_t T = (int64_t)a.tokens.size(), S = a.source_length;
     const std::vector<std::string> source_pieces = translation_.tokenizer->pieces(source);

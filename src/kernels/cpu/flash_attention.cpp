@@ -205,8 +205,10 @@ constexpr __mmask16 kAll = 0xffff;
 
 // exp of 16 lanes, each as fast_exp computes it (vec_math.h).
 inline __m512 exp16(__m512 x) {
+  // Max and min return their second operand when either is NaN: x there, so
+  // a NaN stays one (as in fast_exp), not a clamped -87.3.
   const __m512 c =
-      _mm512_maskz_min_ps(kAll, _mm512_maskz_max_ps(kAll, x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.3f));
+      _mm512_maskz_min_ps(kAll, _mm512_set1_ps(88.3f), _mm512_maskz_max_ps(kAll, _mm512_set1_ps(-87.3f), x));
   const __m512 big = _mm512_set1_ps(12582912.0f);
   const __m512 n = _mm512_sub_ps(_mm512_fmadd_ps(c, _mm512_set1_ps(1.44269504088896341f), big), big);
   __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), c);
