@@ -48,8 +48,8 @@ struct TokenRules {
   // The last id of each, where the sequence ends with the others: -inf (a
   // one-id list always; a list of the eos alone is dropped, as generate() drops it).
   std::vector<std::vector<int64_t>> bad_words;
-  int64_t min_new_tokens =
-      0;  // eos: -inf before this many outputs (the larger of min_length less the start and min_new_tokens)
+  // eos: -inf before this many outputs (the larger of min_length less the start, and min_new_tokens).
+  int64_t min_new_tokens = 0;
   bool empty() const {
     return repetition_penalty == 1.0f && no_repeat_ngram_size == 0 && bad_words.empty() && min_new_tokens == 0;
   }
