@@ -658,7 +658,9 @@ def make_marian_beam(out_dir):
 CASES_MARIAN_BEAM_STOPPING = ((4, 1.0, 12), (4, 2.0, 12), (6, 3.0, 16), (5, 0.5, 12), (3, -1.0, 10))
 
 
-def make_marian_beam_stopping(out_dir):
+def marian_beam_outputs(out_dir):
+    """The marian-beam folder's sources and a function from generate()'s
+    keywords to its outputs on them (less the start token, cut at </s>)."""
     from transformers import MarianMTModel
     model = MarianMTModel.from_pretrained(os.path.join(out_dir, "marian-beam"), dtype=torch.float32).eval()
     with open(os.path.join(out_dir, "marian-beam.expected.json")) as f:
@@ -673,6 +675,11 @@ def make_marian_beam_stopping(out_dir):
             out = model.generate(input_ids=input_ids, attention_mask=mask, do_sample=False, **kw)
         return [row[:row.index(eos)] if eos in row else [t for t in row if t != pad] for row in out[:, 1:].tolist()]
 
+    return sources, pad, outputs
+
+
+def make_marian_beam_stopping(out_dir):
+    _, _, outputs = marian_beam_outputs(out_dir)
     cases, differ = [], 0
     for beams, penalty, new in CASES_MARIAN_BEAM_STOPPING:
         heuristic = outputs(num_beams=beams, length_penalty=penalty, max_new_tokens=new, early_stopping=False)
@@ -696,20 +703,7 @@ def make_marian_beam_stopping(out_dir):
 # pair is barred).
 def make_marian_beam_rules(out_dir):
     from collections import Counter
-    from transformers import MarianMTModel
-    model = MarianMTModel.from_pretrained(os.path.join(out_dir, "marian-beam"), dtype=torch.float32).eval()
-    with open(os.path.join(out_dir, "marian-beam.expected.json")) as f:
-        sources = json.load(f)["sources"]
-    pad, eos = model.config.pad_token_id, model.config.eos_token_id
-    width = max(len(r) for r in sources)
-    input_ids = torch.tensor([r + [pad] * (width - len(r)) for r in sources])
-    mask = (input_ids != pad).long()
-
-    def outputs(**kw):
-        with torch.no_grad():
-            out = model.generate(input_ids=input_ids, attention_mask=mask, do_sample=False, **kw)
-        return [row[:row.index(eos)] if eos in row else [t for t in row if t != pad] for row in out[:, 1:].tolist()]
-
+    sources, pad, outputs = marian_beam_outputs(out_dir)
     plain = outputs(num_beams=1, max_new_tokens=12)
     ids = Counter(t for row in plain for t in row).most_common(1)[0][0]
     pair = Counter(tuple(row[i:i + 2]) for row in plain for i in range(len(row) - 1)).most_common(1)[0][0]
