@@ -31,6 +31,18 @@ std::string marian_fixture(const std::string& name) { return std::string(QKV_FIX
 
 nlohmann::json expected_json() { return nlohmann::json::parse(read_file(marian_fixture("marian.expected.json"))); }
 
+// The marian-beam folder's model (null if it is not a Seq2Seq) and the
+// sources its expected files were made from (marian-beam.expected.json's).
+struct MarianBeam {
+  std::shared_ptr<Seq2Seq> model;
+  std::vector<std::vector<int64_t>> sources;
+};
+MarianBeam marian_beam() {
+  ModelFolder folder = load_model_folder(marian_fixture("marian-beam"));
+  const nlohmann::json e = nlohmann::json::parse(read_file(marian_fixture("marian-beam.expected.json")));
+  return {std::dynamic_pointer_cast<Seq2Seq>(folder.model), e["sources"].get<std::vector<std::vector<int64_t>>>()};
+}
+
 // Every attention weight of the teacher-forced pass (Seq2Seq::attention_weights,
 // which the explorer page draws) against transformers' output_attentions
 // (eager attention), for the five sources of different lengths (padding
@@ -132,12 +144,10 @@ TEST(HfMarian, LogitsGreedyTokensAndTextMatchTransformers) {
 // finished, no forced </s>) gave other outputs for 18 of the 128, 11 of
 // them where the limit played no part.
 TEST(HfMarian, BeamSearchRanksAsGenerateDoes) {
-  ModelFolder folder = load_model_folder(marian_fixture("marian-beam"));
-  auto model = std::dynamic_pointer_cast<Seq2Seq>(folder.model);
+  const auto [model, sources] = marian_beam();
   ASSERT_NE(model, nullptr);
   ASSERT_TRUE(model->decoding_ids().forced_eos);
   const nlohmann::json e = nlohmann::json::parse(read_file(marian_fixture("marian-beam.expected.json")));
-  const auto sources = e["sources"].get<std::vector<std::vector<int64_t>>>();
   std::set<size_t> lengths;
   for (const nlohmann::json& c : e["cases"]) {
     const int64_t beams = c["num_beams"].get<int64_t>(), max_len = c["max_new_tokens"].get<int64_t>();
@@ -163,11 +173,8 @@ TEST(HfMarian, BeamSearchRanksAsGenerateDoes) {
 // the 160 outputs differ from early_stopping false's; qkv's search with the
 // rule left at false gave other outputs for them.
 TEST(HfMarian, BeamSearchStopsAsEarlyStoppingSays) {
-  ModelFolder folder = load_model_folder(marian_fixture("marian-beam"));
-  auto model = std::dynamic_pointer_cast<Seq2Seq>(folder.model);
+  const auto [model, sources] = marian_beam();
   ASSERT_NE(model, nullptr);
-  const auto sources = nlohmann::json::parse(read_file(marian_fixture("marian-beam.expected.json")))["sources"]
-                           .get<std::vector<std::vector<int64_t>>>();
   const nlohmann::json e = nlohmann::json::parse(read_file(marian_fixture("marian-beam.stopping.expected.json")));
   int64_t differ = 0;
   for (const nlohmann::json& c : e["cases"]) {
@@ -197,11 +204,8 @@ TEST(HfMarian, BeamSearchStopsAsEarlyStoppingSays) {
 // changes some, so leaving one rule out, or taking it on the logits in beam
 // search (generate() takes the log-probabilities there), fails here.
 TEST(HfMarian, TokenRulesChangeOutputsAsGenerateDoes) {
-  ModelFolder folder = load_model_folder(marian_fixture("marian-beam"));
-  auto model = std::dynamic_pointer_cast<Seq2Seq>(folder.model);
+  const auto [model, sources] = marian_beam();
   ASSERT_NE(model, nullptr);
-  const auto sources = nlohmann::json::parse(read_file(marian_fixture("marian-beam.expected.json")))["sources"]
-                           .get<std::vector<std::vector<int64_t>>>();
   const nlohmann::json e = nlohmann::json::parse(read_file(marian_fixture("marian-beam.rules.expected.json")));
   int64_t differ = 0, cases = 0;
   std::map<std::string, int64_t> differ_by_rules;

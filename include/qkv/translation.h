@@ -53,9 +53,9 @@ struct TokenRules {
   bool empty() const {
     return repetition_penalty == 1.0f && no_repeat_ngram_size == 0 && bad_words.empty() && min_new_tokens == 0;
   }
-  // scores[0, vocab) of the token after `sequence` (length n). An id of
-  // bad_words past the vocabulary is an error.
-  void apply(const int64_t* sequence, int64_t n, int64_t eos, float* scores, int64_t vocab) const;
+  // scores[0, vocab) of the token after the sequence `start`, then `outputs`
+  // (nothing when empty()). An id of bad_words past the vocabulary is an error.
+  void apply(int64_t start, const std::vector<int64_t>& outputs, int64_t eos, float* scores, int64_t vocab) const;
 };
 
 // Greedy decoding from <bos> until <eos> or max_len tokens (the model's

@@ -51,14 +51,15 @@ GenerationDefaults read_generation_defaults(const std::string& dir) {
               " must be a whole number from ", low, " to ", high, ", got ", v.dump());
     return v.get<int64_t>();
   };
-  if (g.contains("num_beams") && !g["num_beams"].is_null()) d.num_beams = count("num_beams", 1, 64);
-  if (g.contains("length_penalty") && !g["length_penalty"].is_null()) {
+  const auto given = [&](const char* name) { return g.contains(name) && !g[name].is_null(); };  // null: not given
+  if (given("num_beams")) d.num_beams = count("num_beams", 1, 64);
+  if (given("length_penalty")) {
     const nlohmann::json& v = g["length_penalty"];
     QKV_CHECK(v.is_number() && std::isfinite(v.get<double>()), path, ": length_penalty must be a number, got ",
               v.dump());
     d.length_penalty = v.get<float>();
   }
-  if (g.contains("early_stopping") && !g["early_stopping"].is_null()) {
+  if (given("early_stopping")) {
     const nlohmann::json& v = g["early_stopping"];
     QKV_CHECK(v.is_boolean() || v == "never", path, ": early_stopping must be true, false or \"never\", got ",
               v.dump());
@@ -66,7 +67,6 @@ GenerationDefaults read_generation_defaults(const std::string& dir) {
                        : v.get<bool>() ? EarlyStopping::First
                                        : EarlyStopping::Heuristic;
   }
-  const auto given = [&](const char* name) { return g.contains(name) && !g[name].is_null(); };
   if (given("repetition_penalty")) {
     const nlohmann::json& v = g["repetition_penalty"];
     QKV_CHECK(v.is_number() && v.get<double>() > 0 && std::isfinite(v.get<double>()), path,
@@ -91,9 +91,9 @@ GenerationDefaults read_generation_defaults(const std::string& dir) {
   if (given("min_new_tokens"))
     d.rules.min_new_tokens = std::max(d.rules.min_new_tokens, count("min_new_tokens", 0, 1 << 20));
   d.rules.min_new_tokens = std::max<int64_t>(d.rules.min_new_tokens, 0);
-  if (g.contains("max_new_tokens") && !g["max_new_tokens"].is_null())
+  if (given("max_new_tokens"))
     d.max_new_tokens = count("max_new_tokens", 1, std::numeric_limits<int64_t>::max());
-  else if (g.contains("max_length") && !g["max_length"].is_null())  // the decoder's start token counts in it
+  else if (given("max_length"))  // the decoder's start token counts in it
     d.max_new_tokens = count("max_length", 2, std::numeric_limits<int64_t>::max()) - 1;
   return d;
 }

@@ -92,7 +92,7 @@ std::vector<BeamHypothesis> beam_translate(Seq2Seq& model, const std::vector<std
       Tensor logp = log_softmax(model.decode_step(Tensor::from_ints(last, {A * K, 1}), *beams));
       const int64_t V = logp.size(-1);
       float* lp = logp.data<float>();  // each row through o.rules first
-      std::vector<int64_t> still_active, origin, next_last, sequence;
+      std::vector<int64_t> still_active, origin, next_last;
       std::vector<std::pair<float, int64_t>> row_best;
       for (int64_t a = 0; a < A; ++a) {
         const int64_t s = active[a];
@@ -106,11 +106,7 @@ std::vector<BeamHypothesis> beam_translate(Seq2Seq& model, const std::vector<std
             continue;
           }
           float* row = lp + (a * K + k) * V;
-          if (!o.rules.empty()) {
-            sequence.assign(1, ids.start);
-            sequence.insert(sequence.end(), alive[s][k].tokens.begin(), alive[s][k].tokens.end());
-            o.rules.apply(sequence.data(), (int64_t)sequence.size(), ids.eos, row, V);
-          }
+          o.rules.apply(ids.start, alive[s][k].tokens, ids.eos, row, V);
           best_tokens(row, V, 2 * K, ids, row_best);
           for (const auto& [logp_v, v] : row_best) cand.push_back({alive[s][k].score + logp_v, k * V + v});
         }

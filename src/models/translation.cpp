@@ -88,7 +88,13 @@ void check_max_len(int64_t max_len) {
             kMaxDecodeLength, " output tokens");
 }
 
-void TokenRules::apply(const int64_t* seq, int64_t n, int64_t eos, float* scores, int64_t vocab) const {
+void TokenRules::apply(int64_t start, const std::vector<int64_t>& outputs, int64_t eos, float* scores,
+                       int64_t vocab) const {
+  if (empty()) return;
+  std::vector<int64_t> sequence = {start};
+  sequence.insert(sequence.end(), outputs.begin(), outputs.end());
+  const int64_t* seq = sequence.data();
+  const int64_t n = (int64_t)sequence.size();
   constexpr float kBanned = -std::numeric_limits<float>::infinity();
   if (repetition_penalty != 1.0f) {  // each id once, however often it came
     std::vector<int64_t> seen(seq, seq + n);
@@ -148,16 +154,10 @@ std::vector<std::vector<int64_t>> greedy_translate(Seq2Seq& model, const std::ve
       const int64_t R = (int64_t)rows.size();
       Tensor logits = model.decode_step(Tensor::from_ints(next, {R, 1}), *state);
       const int64_t V = logits.size(-1);
-      std::vector<int64_t> sequence;  // for the rules: the start token, then the outputs so far
       for (int64_t r = 0; r < R; ++r) {
         const int64_t s = rows[r];
         float* row = logits.data<float>() + r * V;
-        if (!done[s] && !rules.empty()) {
-          const std::vector<int64_t>& out = results[start + s];
-          sequence.assign(1, ids.start);
-          sequence.insert(sequence.end(), out.begin(), out.end());
-          rules.apply(sequence.data(), (int64_t)sequence.size(), ids.eos, row, V);
-        }
+        if (!done[s]) rules.apply(ids.start, results[start + s], ids.eos, row, V);
         next[r] = done[s] ? ids.pad : ids.next_output(row, V, step == max_len - 1);
         if (done[s]) continue;
         if (next[r] == ids.eos) {
@@ -197,11 +197,7 @@ AlignedTranslation translate_with_attention(Seq2Seq& model, const std::vector<in
       out.layers = h.size(0), out.nheads = h.size(1);
       by_step.push_back(h.contiguous().to_vector());
     }
-    if (!rules.empty()) {
-      std::vector<int64_t> sequence = {ids.start};
-      sequence.insert(sequence.end(), out.tokens.begin(), out.tokens.end());
-      rules.apply(sequence.data(), (int64_t)sequence.size(), ids.eos, logits.data<float>(), logits.size(-1));
-    }
+    rules.apply(ids.start, out.tokens, ids.eos, logits.data<float>(), logits.size(-1));
     next = ids.next_output(logits.data<float>(), logits.size(-1), step == max_len - 1);
     out.tokens.push_back(next);
     if (next == ids.eos) break;

@@ -203,7 +203,10 @@ private:
 // the plain ones make GCC 12 warn of an undefined source.)
 constexpr __mmask16 kAll = 0xffff;
 
-// exp of 16 lanes, each as fast_exp computes it (vec_math.h).
+// exp of 16 lanes, each as fast_exp computes it (vec_math.h), bit for bit.
+// Written again in intrinsics: fast_exp under `omp simd` over a 16-float
+// array, stored and loaded back, made the bf16 forward 10% slower (2,048
+// tokens: 15.5-15.8 ms against 14.1-14.4 on the Intel Xeon, family 6 model 167).
 inline __m512 exp16(__m512 x) {
   // Max and min return their second operand when either is NaN: x there, so
   // a NaN stays one (as in fast_exp), not a clamped -87.3.
