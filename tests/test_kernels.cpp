@@ -303,14 +303,17 @@ TEST(Kernels, GemmBf16SaysHowItRuns) {
 // against its float64 twin, on the shapes of the bf16 test: ragged k (a last
 // block shorter than 32, a last 64-byte chunk with one block), strided rows,
 // alpha, beta, bias, k = 0, a row of A with an all-zero block (scale 0), and
-// up to 4 rows (the integer paths) and more (VNNI tiles, or dequantized). Both
+// up to 4 rows (the integer paths) and more (AMX or VNNI tiles, or dequantized). All
 // sides multiply the same quantized values, so the bound is float32's:
 // gamma_(k+4) of the sum of |terms| (the "+4" for rounding the two scales'
 // product, or both dequantized operands, and the product), plus one unit of
 // the result. Skipping the last 64-value chunk of the VNNI path failed the
 // first case with k > 64 (2 x 17 x 65) by 0.51 against a bound of 2.4e-4;
 // skipping the last group of 4 k in each block of the VNNI tiles failed
-// 17 x 33 x 100 by 31.9 against 4.5e-4.
+// 17 x 33 x 100 by 31.9 against 4.5e-4. AMX-INT8: leaving out the last
+// block's scaling, or loading rows 0-15 of a block into both A tiles,
+// failed 67 x 45 x 130; quantizing A rounding toward zero (the vector
+// quantizer) failed 3 x 5 x 7.
 TEST(Kernels, GemmInt8MatchesTheReference) {
   omp_set_num_threads(2);
   Rng rng(8);
@@ -318,6 +321,7 @@ TEST(Kernels, GemmInt8MatchesTheReference) {
   std::vector<Path> paths;
   for (const Kernels* k : levels()) paths.push_back({k->name, k->gemm_int8});
   if (isa_supported(CpuIsa::Avx512)) {
+    if (cpu::avx512::amx_int8_usable()) paths.push_back({"avx512 AMX-INT8", &cpu::avx512::gemm_int8_amx});
     if (cpu::avx512::avx512_vnni_usable()) paths.push_back({"avx512 VNNI", &cpu::avx512::gemm_int8_vnni});
     paths.push_back({"avx512 dequantized", &cpu::avx512::gemm_int8_dequantized});
   }
@@ -326,14 +330,17 @@ TEST(Kernels, GemmInt8MatchesTheReference) {
     float alpha, beta;
     bool bias;
   };
-  for (const Case& c : {Case{1, 1, 1, 0, 1, 0, false}, Case{3, 5, 7, 2, 0.5f, 0.75f, true},
-                        Case{4, 33, 31, 0, 1, 0, true}, Case{2, 17, 65, 3, 1, 1, false},
-                        Case{1, 45, 130, 1, -2, 0, true}, Case{4, 300, 1000, 3, 1, 0.5f, true},
-                        Case{1, 700, 96, 0, 1, 0, true}, Case{2, 40, 64, 0, 1, 0, false},
-                        Case{17, 33, 100, 2, 1, 0, true}, Case{67, 45, 130, 1, 1, 0.5f, true},
-                        // more than 4 rows: every remainder of the VNNI tiles' 4 rows, several panels of 32
-                        Case{130, 70, 300, 0, 1, 0.5f, true}, Case{9, 100, 64, 1, -1, 0, false},
-                        Case{7, 64, 33, 0, 1, 0, true}, Case{4, 6, 0, 0, 1, 0.5f, true}}) {
+  for (const Case& c :
+       {Case{1, 1, 1, 0, 1, 0, false}, Case{3, 5, 7, 2, 0.5f, 0.75f, true}, Case{4, 33, 31, 0, 1, 0, true},
+        Case{2, 17, 65, 3, 1, 1, false}, Case{1, 45, 130, 1, -2, 0, true}, Case{4, 300, 1000, 3, 1, 0.5f, true},
+        Case{1, 700, 96, 0, 1, 0, true}, Case{2, 40, 64, 0, 1, 0, false}, Case{17, 33, 100, 2, 1, 0, true},
+        Case{67, 45, 130, 1, 1, 0.5f, true},
+        // more than 4 rows: every remainder of the VNNI tiles' 4 rows, several panels of 32
+        Case{130, 70, 300, 0, 1, 0.5f, true}, Case{9, 100, 64, 1, -1, 0, false}, Case{7, 64, 33, 0, 1, 0, true},
+        Case{4, 6, 0, 0, 1, 0.5f, true},
+        // AMX: a last block of 32 rows with 13 (a partial first tile) and with 18
+        // (a partial second one); 22 panels of a long k, two groups per thread
+        Case{45, 40, 96, 1, 1, 0.5f, true}, Case{50, 33, 64, 0, 2, 0, false}, Case{40, 700, 1000, 0, 1, 0, true}}) {
     const int64_t kb = (c.k + 31) / 32, lda = c.k + c.pad, ldb = c.k + 2 * c.pad, lds = kb + c.pad,
                   ldc = c.n + c.pad;
     Tensor a = Tensor::randn({c.m, lda}, rng), w = Tensor::randn({c.n, ldb}, rng);
@@ -413,7 +420,8 @@ TEST(Kernels, GemmInt8SaysHowItRuns) {
                "int32 loops for up to 4 rows, float32 BLAS on dequantized weights above");
   if (isa_supported(CpuIsa::Avx512) && cpu::avx512::avx512_vnni_usable()) {
     EXPECT_STREQ(cpu::kernels(CpuIsa::Avx512).gemm_int8_path(),
-                 "AVX512-VNNI (rows streamed up to 4, register-blocked tiles above)");
+                 cpu::avx512::amx_int8_usable() ? "AMX-INT8 tiles (AVX512-VNNI for up to 4 rows)"
+                                                : "AVX512-VNNI (rows streamed up to 4, register-blocked tiles above)");
   }
 }
 

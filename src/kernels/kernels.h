@@ -340,14 +340,19 @@ bool has_feature(const char* feature);
 // AMX tiles (the CPU has AMX-BF16 and Linux granted the tile state), then
 // AVX512-BF16's dot-product instruction, then float32 BLAS on widened copies.
 namespace avx512 {
+// The CPU has AMX tiles and Linux granted this process their state (asked once).
+bool amx_tile_state_granted();
 bool amx_bf16_usable();
 void gemm_bf16_amx(const GemmBf16Args& g);
 bool avx512_bf16_usable();
 void gemm_bf16_avx512_bf16(const GemmBf16Args& g);
 void gemm_bf16_widened(const GemmBf16Args& g);
-// gemm_int8's paths: AVX512-VNNI integer dot products (rows of A streamed
+// gemm_int8's paths: AMX-INT8 tiles (above 4 rows; rows streamed through
+// AVX512-VNNI up to 4), AVX512-VNNI integer dot products (rows of A streamed
 // up to 4, register-blocked tiles above), and float32 BLAS on dequantized
 // copies (any m).
+bool amx_int8_usable();
+void gemm_int8_amx(const GemmInt8Args& g);
 bool avx512_vnni_usable();
 void gemm_int8_vnni(const GemmInt8Args& g);
 void gemm_int8_dequantized(const GemmInt8Args& g);

@@ -199,9 +199,8 @@ private:
 };
 
 #if defined(__AVX512F__)
-// (Max, min, shuffles and permutes in their maskz forms, all lanes kept:
-// the plain ones make GCC 12 warn of an undefined source.)
-constexpr __mmask16 kAll = 0xffff;
+// (Max, min, shuffles and permutes in their maskz forms, all lanes kept
+// (simd.h's kAll): the plain ones make GCC 12 warn of an undefined source.)
 
 // exp of 16 lanes, each as fast_exp computes it (vec_math.h), bit for bit.
 // Written again in intrinsics: fast_exp under `omp simd` over a 16-float
@@ -223,14 +222,6 @@ inline __m512 exp16(__m512 x) {
       _mm512_maskz_slli_epi32(kAll, _mm512_maskz_cvttps_epi32(kAll, _mm512_add_ps(n, _mm512_set1_ps(127.0f))), 23);
   // x < -87.3 (or -inf) gives 0; the unordered compare keeps a NaN's result.
   return _mm512_maskz_mul_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_NLT_UQ), p, _mm512_castsi512_ps(scale));
-}
-
-// The largest of 16 lanes, in every lane.
-inline __m512 max_lanes(__m512 v) {
-  v = _mm512_maskz_max_ps(kAll, v, _mm512_maskz_shuffle_f32x4(kAll, v, v, 0x4e));  // 256-bit halves
-  v = _mm512_maskz_max_ps(kAll, v, _mm512_maskz_shuffle_f32x4(kAll, v, v, 0xb1));  // 128-bit quarters
-  v = _mm512_maskz_max_ps(kAll, v, _mm512_maskz_permute_ps(kAll, v, 0x4e));        // pairs
-  return _mm512_maskz_max_ps(kAll, v, _mm512_maskz_permute_ps(kAll, v, 0xb1));
 }
 
 // Lanes [j, j + 16) of a row that are below `vis`.

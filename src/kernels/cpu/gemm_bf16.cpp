@@ -381,19 +381,6 @@ void with_packed(const GemmBf16Args& g, Blocks&& blocks) {
 
 // --- AMX ---
 
-// Linux hands the tile data state (8 KB per thread) only to a process that
-// asks for it: arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA).
-bool request_tile_state() {
-  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtileData = 18;
-  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtileData) == 0;
-}
-
-struct alignas(64) TileConfig {
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
 // The 32 x 32 blocks of r, on this thread. (The target attribute is on the
 // thread's body, not on a function holding the OpenMP region: the region's
 // outlined function would not inherit it.)
@@ -582,8 +569,17 @@ void gemv(const GemmBf16Args& g) {
 
 #if defined(__AVX512F__)
 
+// Linux hands the tile data state (8 KB per thread) only to a process that
+// asks for it: arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA).
+bool amx_tile_state_granted() {
+  static const bool granted = [] {
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtileData = 18;
+    return has_feature("amx_tile") && syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtileData) == 0;
+  }();
+  return granted;
+}
 bool amx_bf16_usable() {
-  static const bool usable = has_feature("amx_tile") && has_feature("amx_bf16") && request_tile_state();
+  static const bool usable = has_feature("amx_bf16") && amx_tile_state_granted();
   return usable;
 }
 bool avx512_bf16_usable() {

@@ -23,6 +23,14 @@
 
 namespace qkv::cpu::QKV_CPU_NS {
 
+// AMX's tile configuration (palette 1): for each tile register, its rows and
+// the bytes of each row. _tile_loadconfig reads it.
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
 // Chunks of 32 along k, and blocks of 16 rows (rounded up to even).
 constexpr int64_t bf16_chunks(int64_t k) { return (k + 31) / 32; }
 constexpr int64_t bf16_blocks(int64_t rows) { return ((rows + 15) / 16 + 1) / 2 * 2; }

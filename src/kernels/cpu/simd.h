@@ -14,6 +14,18 @@
 namespace qkv::cpu::QKV_CPU_NS {
 
 #if defined(__AVX512F__)
+// All 16 lanes, for the maskz forms of intrinsics: their plain forms make
+// GCC 12 warn of an undefined source.
+constexpr __mmask16 kAll = 0xffff;
+
+// The largest of 16 lanes, in every lane.
+inline __m512 max_lanes(__m512 v) {
+  v = _mm512_maskz_max_ps(kAll, v, _mm512_maskz_shuffle_f32x4(kAll, v, v, 0x4e));  // 256-bit halves
+  v = _mm512_maskz_max_ps(kAll, v, _mm512_maskz_shuffle_f32x4(kAll, v, v, 0xb1));  // 128-bit quarters
+  v = _mm512_maskz_max_ps(kAll, v, _mm512_maskz_permute_ps(kAll, v, 0x4e));        // pairs
+  return _mm512_maskz_max_ps(kAll, v, _mm512_maskz_permute_ps(kAll, v, 0xb1));
+}
+
 // The sum of the 16 lanes, through memory: GCC 12 warns on the lane-extract
 // intrinsics that a reduction would use.
 inline float hsum(__m512 v) {
