@@ -93,6 +93,9 @@ new tokens at most, stopping at the folder's eos_token_id).
            generation_config.json can set: repetition_penalty,
            no_repeat_ngram_size, bad_words_ids, min_length, min_new_tokens
            (marian-beam.rules.expected.json)
+  llama-rules  generate()'s greedy outputs on the llama folder for 8 prompts
+           under the same logits processors, with a second eos
+           (llama.rules.expected.json)
 
 Usage: python3 scripts/make_hf_fixtures.py [--out tests/fixtures/hf]
 Needs: torch, transformers, safetensors, sentence-transformers, sentencepiece (pip install ...).
@@ -724,6 +727,56 @@ def make_marian_beam_rules(out_dir):
     print("marian-beam-rules:", differ, "of", len(cases) * len(sources), "outputs differ from those without the rules")
 
 
+# generate()'s logits processors on a decoder: the llama folder's greedy
+# outputs for several prompts under each rule set, the rules counting the
+# prompt as generate() does (repetition_penalty and no_repeat_ngram_size see
+# its ids, min_length its length). A second eos, the commonest id of the
+# plain outputs, makes some of them end early, so that min_length and
+# min_new_tokens have something to hold back; bad_words_ids bars the next
+# commonest id in one case and the commonest pair in another.
+def make_llama_rules(out_dir):
+    from collections import Counter
+    folder = os.path.join(out_dir, "llama")
+    model = LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    tok = PreTrainedTokenizerFast(tokenizer_file=os.path.join(folder, "tokenizer.json"))
+    prompts = [PROMPT, "attention", "The quick brown fox", "私は中国人です", "1 2 3 4 5", "emoji 🙂 and more",
+               "heads look back", "我是"]
+    new = 24
+
+    def outputs(eos, **rules):
+        got = []
+        for prompt in prompts:
+            ids = tok(prompt, return_tensors="pt")
+            with torch.no_grad():
+                out = model.generate(**ids, max_new_tokens=new, do_sample=False, eos_token_id=eos, pad_token_id=eos[0],
+                                     **rules)[0, ids["input_ids"].size(1):].tolist()
+            got.append(out[:next((i for i, t in enumerate(out) if t in eos), len(out))])
+        return got
+
+    plain = outputs([1])
+    counts = Counter(t for row in plain for t in row).most_common()
+    eos = [1, counts[0][0]]
+    barred = counts[1][0]
+    ended = outputs(eos)
+    pair = Counter(tuple(row[i:i + 2]) for row in ended for i in range(len(row) - 1)).most_common(1)[0][0]
+    rules = [{"repetition_penalty": 1.5}, {"repetition_penalty": 0.6}, {"no_repeat_ngram_size": 2},
+             {"no_repeat_ngram_size": 1}, {"bad_words_ids": [[barred]]}, {"bad_words_ids": [list(pair)]},
+             {"min_length": 14}, {"min_new_tokens": 8},
+             {"repetition_penalty": 1.3, "no_repeat_ngram_size": 3, "min_new_tokens": 4}]
+    cases, differ = [], 0
+    for r in rules:
+        got = outputs(eos, **r)
+        differ += sum(a != b for a, b in zip(got, ended))
+        cases.append({"rules": r, "outputs": got})
+    with open(os.path.join(out_dir, "llama.rules.expected.json"), "w") as f:
+        json.dump({"eos_token_id": eos, "max_new_tokens": new, "prompts": prompts,
+                   "prompt_ids": [tok(p)["input_ids"] for p in prompts], "outputs": ended, "cases": cases}, f,
+                  ensure_ascii=False)
+        f.write("\n")
+    print("llama-rules:", differ, "of", len(cases) * len(prompts), "outputs differ from those without the rules;",
+          sum(len(row) < new for row in ended), "of", len(prompts), "end early without them")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures", "hf"))
@@ -737,6 +790,7 @@ def main():
               "gpt2": None, "bert": make_bert, "vit": make_vit, "vit-resize": make_vit_resize, "marian": make_marian,
               "marian-attention": make_marian_attention, "marian-beam": make_marian_beam,
               "marian-beam-stopping": make_marian_beam_stopping, "marian-beam-rules": make_marian_beam_rules,
+              "llama-rules": make_llama_rules,
               "qwen2-chat": make_qwen2_chat}
     for name in args.only or makers:
         if name not in makers:

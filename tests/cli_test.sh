@@ -294,6 +294,23 @@ check "generate from a Hugging Face folder" 0 "$QKV" generate --model "$FIXTURES
 # The prompt, then what transformers' generate() gave (the fixture's "text").
 python3 -c 'import json, sys; e = json.load(open(sys.argv[1])); print(e["prompt"] + e["text"])' "$FIXTURES/hf/llama.expected.json" >"$tmp/expected"
 cmp -s "$tmp/out" "$tmp/expected" || { echo "FAIL generate from a Hugging Face folder"; cat "$tmp/out"; failures=$((failures + 1)); }
+# The sampling flags not given come from the folder's generation_config.json: do_sample false is greedy
+# (whatever its temperature), its max_new_tokens the length; a flag given wins over the file.
+mkdir -p "$tmp/hf-sampling" && cp "$FIXTURES/hf/llama/config.json" "$FIXTURES/hf/llama/model.safetensors" "$FIXTURES/hf/llama/tokenizer.json" "$tmp/hf-sampling/"
+printf '{"eos_token_id": 1, "do_sample": false, "temperature": 0.6, "max_new_tokens": 5}\n' >"$tmp/hf-sampling/generation_config.json"
+check "generate, the folder's sampling" 0 "$QKV" generate --model "$tmp/hf-sampling" --prompt "我是中国人 -> 私は"
+cp "$tmp/out" "$tmp/folder-greedy"
+check "generate, greedy by flags" 0 "$QKV" generate --model "$FIXTURES/hf/llama" --prompt "我是中国人 -> 私は" --temperature 0 --max-new-tokens 5
+cmp -s "$tmp/out" "$tmp/folder-greedy" || { echo "FAIL generate: the folder's do_sample false and max_new_tokens"; cat "$tmp/folder-greedy" "$tmp/out"; failures=$((failures + 1)); }
+check "generate, flags over the folder's" 0 "$QKV" generate --model "$tmp/hf-sampling" --prompt "我是中国人 -> 私は" --temperature 0.9 --seed 3 --max-new-tokens 8
+cp "$tmp/out" "$tmp/folder-sampled"
+check "generate, sampled" 0 "$QKV" generate --model "$FIXTURES/hf/llama" --prompt "我是中国人 -> 私は" --temperature 0.9 --seed 3 --max-new-tokens 8
+cmp -s "$tmp/out" "$tmp/folder-sampled" || { echo "FAIL generate: flags over the folder's"; cat "$tmp/folder-sampled" "$tmp/out"; failures=$((failures + 1)); }
+check "generate, greedy 8" 0 "$QKV" generate --model "$FIXTURES/hf/llama" --prompt "我是中国人 -> 私は" --temperature 0 --max-new-tokens 8
+! cmp -s "$tmp/out" "$tmp/folder-sampled" || { echo "FAIL generate: --temperature 0.9 over the folder's do_sample false still greedy"; failures=$((failures + 1)); }
+printf '{"do_sample": "yes"}\n' >"$tmp/hf-sampling/generation_config.json"
+check "generate, a bad generation_config.json" nonzero "$QKV" generate --model "$tmp/hf-sampling" --prompt "a"
+one_line_error "generate, a bad generation_config.json"
 # qkv chat: a line of stdin is a user message in the folder's chat template (the qwen2 fixture's, a default
 # system message first); the answer is what generate continues that text with, up to <|im_end|>. A second line
 # outgrows the 64-token context: the oldest turn goes, with a note on stderr.

@@ -7,6 +7,7 @@
 
 #include "qkv/batching.h"
 #include "qkv/ops.h"
+#include "qkv/utf8.h"
 
 namespace qkv {
 namespace {
@@ -141,6 +142,35 @@ TEST(Batching, GeneratorGivesWhatGenerateGivesWhateverSharesTheBatch) {
   EXPECT_EQ(s.waiting, 0);
   // Batched: far fewer steps than tokens (each request's first token comes from its prefill).
   EXPECT_LT(s.steps, tokens - (int64_t)prompts.size());
+}
+
+// A folder's logits processors (LanguageModel::generation.rules) act in the
+// batch as in generate(): each request's rules see its own prompt and
+// outputs, whatever shares the step; they change all three greedy texts.
+TEST(Batching, TheFoldersRulesActAsInGenerate) {
+  LanguageModel m = random_byte_model(kRope);
+  const std::vector<std::string> prompts = {"a", "the cat", "私は", "hello world", "xyz"};
+  std::vector<std::string> plain;
+  for (const std::string& p : prompts)
+    plain.push_back(
+        replace_invalid_utf8(m.tokenizer->decode(generate(m, p, {.max_new_tokens = 12, .temperature = 0}))));
+  m.generation.rules = {.repetition_penalty = 1.5f, .no_repeat_ngram_size = 2, .min_new_tokens = 3};
+  BatchGenerator g(m, 3, m.model->config().context, 8);
+  std::vector<Collected> got(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    GenerateOptions o{.max_new_tokens = 12, .temperature = i % 2 ? 0.8f : 0.0f, .seed = 7 + i};
+    ASSERT_TRUE(g.submit(request_for(m, prompts[i], o, got[i])));
+  }
+  run_until_idle(g);
+  int changed = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    GenerateOptions o{.max_new_tokens = 12, .temperature = i % 2 ? 0.8f : 0.0f, .seed = 7 + i};
+    const std::string want = replace_invalid_utf8(m.tokenizer->decode(generate(m, prompts[i], o)));
+    ASSERT_TRUE(got[i].done) << i;
+    EXPECT_EQ(got[i].result.text, want) << "request " << i;
+    changed += i % 2 == 0 && want != plain[i];
+  }
+  EXPECT_EQ(changed, 3) << "the rules should change the greedy texts";
 }
 
 TEST(Batching, StopSequencesEndTheTextBeforeThem) {

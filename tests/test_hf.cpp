@@ -101,6 +101,53 @@ TEST_P(HfParity, GenerateGivesTransformersTextThroughTheTokenizer) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, HfParity, ::testing::Values("llama", "qwen2", "qwen3", "mistral", "mixtral", "gpt2"));
 
+// generate()'s logits processors on a decoder, from a generation_config.json,
+// counting the prompt as generate() does (make_hf_fixtures.py --only
+// llama-rules): 8 prompts, greedy, 24 new tokens, a second eos id that ends
+// 4 of the plain outputs early; repetition_penalty above and below 1,
+// no_repeat_ngram_size 1 and 2, bad_words_ids of one id and of a pair,
+// min_length, min_new_tokens and three together. 38 of the 72 outputs differ
+// from those without the rules and every rule set changes some, so a rule
+// left out, or one that skips the prompt (min_length counting the outputs
+// only; the penalty on the outputs alone), fails here.
+TEST(Hf, TokenRulesChangeADecodersOutputsAsGenerateDoes) {
+  const nlohmann::json e = nlohmann::json::parse(read_file(hf("llama.rules.expected.json")));
+  const auto prompts = e["prompts"].get<std::vector<std::string>>();
+  const auto prompt_ids = e["prompt_ids"].get<std::vector<std::vector<int64_t>>>();
+  const auto plain = e["outputs"].get<std::vector<std::vector<int64_t>>>();
+  const GenerateOptions greedy{.max_new_tokens = e["max_new_tokens"].get<int64_t>(), .temperature = 0};
+  // The folder with a generation_config.json of the second eos and `rules`.
+  const auto folder = [&](const nlohmann::json& rules) {
+    const std::string dir = testing::temp_dir("hf-rules");
+    for (const char* f : {"config.json", "model.safetensors", "tokenizer.json"})
+      std::filesystem::copy_file(hf("llama") + "/" + f, dir + "/" + f);
+    nlohmann::json g = rules;
+    g["eos_token_id"] = e["eos_token_id"];
+    write_file_atomic(dir + "/generation_config.json", g.dump());
+    return dir;
+  };
+  LanguageModel m = load_language_model(folder(nlohmann::json::object()));
+  ASSERT_TRUE(m.generation.rules.empty());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ASSERT_EQ(m.tokenizer->encode_prompt(prompts[i]), prompt_ids[i]) << prompts[i];
+    EXPECT_EQ(generate(m, prompts[i], greedy), plain[i]) << prompts[i];
+  }
+  int64_t differ = 0;
+  for (const nlohmann::json& c : e["cases"]) {
+    m = load_language_model(folder(c["rules"]));
+    ASSERT_FALSE(m.generation.rules.empty()) << c["rules"].dump();
+    const auto want = c["outputs"].get<std::vector<std::vector<int64_t>>>();
+    int64_t changed = 0;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      EXPECT_EQ(generate(m, prompts[i], greedy), want[i]) << prompts[i] << ", rules " << c["rules"].dump();
+      changed += want[i] != plain[i];
+    }
+    EXPECT_GT(changed, 0) << c["rules"].dump() << " changes no output";
+    differ += changed;
+  }
+  EXPECT_EQ(differ, 38) << "the cases should tell the rules apart";
+}
+
 TEST(Hf, TheEosIdsComeFromGenerationConfig) {
   EXPECT_EQ(load_language_model(hf("qwen2")).tokenizer->specials().eos, (std::vector<int64_t>{2, 0}));
   EXPECT_EQ(load_language_model(hf("llama")).tokenizer->specials().eos, std::vector<int64_t>{1});

@@ -271,11 +271,30 @@ TEST(HfMarian, GenerationConfigGivesTheDefaults) {
   EXPECT_EQ(d.rules.repetition_penalty, 1.2f);
   EXPECT_EQ(d.rules.no_repeat_ngram_size, 3);
   EXPECT_EQ(d.rules.bad_words, (std::vector<std::vector<int64_t>>{{58100}, {5, 6}}));
-  EXPECT_EQ(d.rules.min_new_tokens, 3);  // min_length counts the start token
+  EXPECT_EQ(d.rules.min_length, 4);  // counting the start token, as the rules count it
   d = read_generation_defaults(folder_with(R"({"min_length": 4, "min_new_tokens": 7, "repetition_penalty": null})"));
+  EXPECT_EQ(d.rules.min_length, 4);
   EXPECT_EQ(d.rules.min_new_tokens, 7);
   EXPECT_EQ(d.rules.repetition_penalty, 1.0f);
   EXPECT_TRUE(read_generation_defaults(folder_with(R"({"min_length": 0})")).rules.empty());
+
+  // A decoder's sampling: greedy unless do_sample; top_k 50 when not given, as generate() has it.
+  d = read_generation_defaults(folder_with(""));
+  EXPECT_FALSE(d.from_file);
+  d = read_generation_defaults(folder_with(R"({"temperature": 0.6, "max_length": 4096})"));
+  EXPECT_TRUE(d.from_file);
+  EXPECT_FALSE(d.do_sample);
+  EXPECT_EQ(d.temperature, 0.6f);
+  EXPECT_EQ(d.top_k, 50);
+  EXPECT_EQ(d.top_p, 1.0f);
+  EXPECT_EQ(d.decoder_max_new_tokens, 0);  // max_length counts a decoder's prompt: not read for decoders
+  d = read_generation_defaults(
+      folder_with(R"({"do_sample": true, "temperature": 0.7, "top_k": 0, "top_p": 0.9, "max_new_tokens": 64})"));
+  EXPECT_TRUE(d.do_sample);
+  EXPECT_EQ(d.temperature, 0.7f);
+  EXPECT_EQ(d.top_k, 0);
+  EXPECT_EQ(d.top_p, 0.9f);
+  EXPECT_EQ(d.decoder_max_new_tokens, 64);
 
   TranslationModel m;
   m.generation = {.num_beams = 6, .max_new_tokens = 40};
@@ -305,6 +324,11 @@ TEST(HfMarian, GenerationConfigGivesTheDefaults) {
            {R"({"bad_words_ids": []})",
             "bad_words_ids must be a non-empty list of non-empty lists of token ids, got []"},
            {R"({"min_new_tokens": 1.5})", "min_new_tokens must be a whole number from 0 to"},
+           {R"({"do_sample": 1})", "do_sample must be true or false, got 1"},
+           {R"({"temperature": -0.5})", "temperature must be a number from 0 to"},
+           {R"({"top_k": 2.5})", "top_k must be a whole number from 0 to"},
+           {R"({"top_p": 1.5})", "top_p must be a number from 0 to 1, got 1.5"},
+           {R"({"top_p": 0})", "top_p must be above 0, got 0"},
            {R"([4])", "expected a JSON object"}}) {
     const std::string dir = folder_with(text);
     const std::string error = error_of([&] { read_generation_defaults(dir); });

@@ -19,17 +19,28 @@ namespace qkv {
 
 // --- translation (families of the Translation domain: transformer, rnn_attention, conv) ---
 
-// What a Hugging Face folder's generation_config.json asks of generate(),
-// read as the defaults of translating with it: num_beams, length_penalty,
-// early_stopping (true, false or "never"), and max_new_tokens, or else
-// max_length less the decoder's start token. Other fields are not read.
+// What a Hugging Face folder's generation_config.json asks of generate().
+// Translating reads num_beams, length_penalty, early_stopping (true, false
+// or "never"), and max_new_tokens, or else max_length less the decoder's
+// start token, as its defaults. Decoders (qkv generate and qkv chat, where
+// their flags are not given) read do_sample, temperature, top_k, top_p and
+// max_new_tokens. Both read the logits processors. Other fields are not read.
 struct GenerationDefaults {
+  bool from_file = false;  // the folder has a generation_config.json
   int64_t num_beams = 1;
   float length_penalty = 1.0f;
   EarlyStopping early_stopping = EarlyStopping::Heuristic;
-  int64_t max_new_tokens = 0;  // 0: not given
+  int64_t max_new_tokens = 0;  // translation's (0: not given)
+  // Sampling, as generate() defaults it: do_sample false is greedy, whatever
+  // the temperature; top_k is 50 when the file does not give it.
+  bool do_sample = false;
+  float temperature = 1.0f;
+  int64_t top_k = 50;
+  float top_p = 1.0f;
+  int64_t decoder_max_new_tokens = 0;  // max_new_tokens as given (max_length, counting the prompt, is not read)
   // repetition_penalty, no_repeat_ngram_size, bad_words_ids, min_length and
-  // min_new_tokens (generate()'s logits processors), for every decoding.
+  // min_new_tokens (generate()'s logits processors), for every decoding:
+  // translation, greedy or beam, and a decoder's, greedy or sampled.
   TokenRules rules;
 };
 // dir/generation_config.json's (defaults where it is absent); a field of the
@@ -123,6 +134,7 @@ std::vector<std::string> translate_ids(TranslationModel& m, const std::vector<st
 struct LanguageModel {
   std::shared_ptr<const Tokenizer> tokenizer;
   std::shared_ptr<DecoderLM> model;
+  GenerationDefaults generation;  // the folder's; generate() applies its rules on every step
 };
 LanguageModel load_language_model(const std::string& dir, const std::string& command = "generate",
                                   const std::string& dtype = "");
@@ -143,7 +155,8 @@ struct GenerateOptions {
 };
 
 // Prefills the prompt, then samples one token at a time with the KV cache,
-// until <eos> or max_new_tokens. `emit` receives the text as it grows, in
+// until <eos> or max_new_tokens, each step's logits through the folder's
+// rules (m.generation.rules) on the prompt's ids and the outputs. `emit` receives the text as it grows, in
 // pieces that never split a UTF-8 character (a character still arriving is
 // held back; bytes that can never form one, and a character generation stops
 // inside, become U+FFFD), so the pieces add up to replace_invalid_utf8 of the

@@ -4,6 +4,7 @@
 
 #include <functional>
 #include <string>
+#include <span>
 #include <vector>
 
 #include "qkv/data.h"
@@ -39,23 +40,27 @@ void check_max_len(int64_t max_len);
 
 // The logits processors of transformers' generate() that a
 // generation_config.json can ask for and that change which tokens come out,
-// in generate()'s order, on one row of scores of a sequence (its start token
-// first, as generate()'s input_ids): greedy decoding takes them on the
-// logits, beam search on the log-probabilities, as generate() does.
+// in generate()'s order, on one row of scores of a sequence: what
+// generate()'s input_ids hold before the outputs (a translation's start
+// token, a decoder's prompt), then the outputs. Greedy decoding and sampling
+// take them on the logits (before temperature, top-k and top-p), beam search
+// on the log-probabilities, as generate() does.
 struct TokenRules {
   float repetition_penalty = 1.0f;   // each id in the sequence, once: score / p if positive, else score * p
   int64_t no_repeat_ngram_size = 0;  // an id that would make an n-gram the sequence has: -inf
   // The last id of each, where the sequence ends with the others: -inf (a
-  // one-id list always; a list of the eos alone is dropped, as generate() drops it).
+  // one-id list always; a list of an eos alone is dropped, as generate() drops it).
   std::vector<std::vector<int64_t>> bad_words;
-  // eos: -inf before this many outputs (the larger of min_length less the start, and min_new_tokens).
-  int64_t min_new_tokens = 0;
+  int64_t min_length = 0;      // every eos: -inf while the sequence (prefix and outputs) is shorter
+  int64_t min_new_tokens = 0;  // every eos: -inf while there are fewer outputs
   bool empty() const {
-    return repetition_penalty == 1.0f && no_repeat_ngram_size == 0 && bad_words.empty() && min_new_tokens == 0;
+    return repetition_penalty == 1.0f && no_repeat_ngram_size == 0 && bad_words.empty() && min_length == 0 &&
+           min_new_tokens == 0;
   }
-  // scores[0, vocab) of the token after the sequence `start`, then `outputs`
-  // (nothing when empty()). An id of bad_words past the vocabulary is an error.
-  void apply(int64_t start, const std::vector<int64_t>& outputs, int64_t eos, float* scores, int64_t vocab) const;
+  // scores[0, vocab) of the token after the sequence `prefix`, then
+  // `outputs` (nothing when empty()). An id of bad_words past the vocabulary is an error.
+  void apply(std::span<const int64_t> prefix, std::span<const int64_t> outputs, std::span<const int64_t> eos,
+             float* scores, int64_t vocab) const;
 };
 
 // Greedy decoding from <bos> until <eos> or max_len tokens (the model's

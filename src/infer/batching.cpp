@@ -90,8 +90,9 @@ void BatchGenerator::admit(Slot& s, BatchRequest r) {
     return finish(s, "error", e.what());
   }
   const int64_t V = logits.size(-1);
-  accept(s, detail::sample_token(logits.data<float>() + (logits.size(1) - 1) * V, V, s.request.options,
-                                 model_.tokenizer->specials(), s.rng));
+  accept(s,
+         detail::next_token(logits.data<float>() + (logits.size(1) - 1) * V, V, s.request.options,
+                            model_.tokenizer->specials(), s.rng, model_.generation.rules, s.request.prompt, s.tokens));
 }
 
 namespace {
@@ -222,8 +223,9 @@ bool BatchGenerator::step() {
     for (size_t b = 0; b < rows.size(); ++b) {
       Slot& s = *rows[b];
       s.pending = -1;
-      accept(s, detail::sample_token(logits.data<float>() + (int64_t)b * V, V, s.request.options,
-                                     model_.tokenizer->specials(), s.rng));
+      accept(s, detail::next_token(logits.data<float>() + (int64_t)b * V, V, s.request.options,
+                                   model_.tokenizer->specials(), s.rng, model_.generation.rules, s.request.prompt,
+                                   s.tokens));
     }
   }
   std::lock_guard<std::mutex> lock(mutex_);

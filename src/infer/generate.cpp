@@ -67,7 +67,7 @@ double language_model_loss(DecoderLM& model, const std::vector<int64_t>& tokens,
 
 LanguageModel load_language_model(const std::string& dir, const std::string& command, const std::string& dtype) {
   ModelFolder f = load_model_folder(dir, Task::Generate, command, {dtype});
-  return {f.tokenizer, std::dynamic_pointer_cast<DecoderLM>(f.model)};
+  return {f.tokenizer, std::dynamic_pointer_cast<DecoderLM>(f.model), read_generation_defaults(dir)};
 }
 
 namespace detail {
@@ -125,6 +125,15 @@ int64_t sample_token(const float* logits, int64_t V, const GenerateOptions& o, c
   return cand[keep - 1].second;
 }
 
+int64_t next_token(const float* logits, int64_t V, const GenerateOptions& o, const Tokenizer::Specials& specials,
+                   Rng& rng, const TokenRules& rules, std::span<const int64_t> prefix,
+                   std::span<const int64_t> outputs) {
+  if (rules.empty()) return sample_token(logits, V, o, specials, rng);
+  std::vector<float> scores(logits, logits + V);
+  rules.apply(prefix, outputs, specials.eos, scores.data(), V);
+  return sample_token(scores.data(), V, o, specials, rng);
+}
+
 }  // namespace detail
 
 std::vector<int64_t> generate(LanguageModel& m, const std::string& prompt, const GenerateOptions& o,
@@ -158,7 +167,7 @@ std::vector<int64_t> generate(LanguageModel& m, const std::string& prompt, const
   size_t emitted = 0;
   for (int64_t i = 0; i < o.max_new_tokens && caches[0].length < capacity; ++i) {
     const float* last = logits.data<float>() + (logits.size(1) - 1) * V;
-    const int64_t next = detail::sample_token(last, V, o, specials, rng);
+    const int64_t next = detail::next_token(last, V, o, specials, rng, m.generation.rules, ids, out);
     if (m.tokenizer->is_eos(next)) break;  // never drawn with ignore_eos
     out.push_back(next);
     if (emit) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 
 #include "qkv/infer.h"
@@ -20,5 +21,11 @@ size_t complete_utf8_prefix(const std::string& s);
 // tokenizer's never_sampled ids are never drawn, nor its eos with ignore_eos.
 int64_t sample_token(const float* logits, int64_t V, const GenerateOptions& o, const Tokenizer::Specials& specials,
                      Rng& rng);
+
+// The token after `prefix` (the prompt's ids) and `outputs`: sample_token on
+// the logits after `rules` (on a copy; the logits are not changed).
+int64_t next_token(const float* logits, int64_t V, const GenerateOptions& o, const Tokenizer::Specials& specials,
+                   Rng& rng, const TokenRules& rules, std::span<const int64_t> prefix,
+                   std::span<const int64_t> outputs);
 
 }  // namespace qkv::detail

@@ -45,6 +45,7 @@ GenerationDefaults read_generation_defaults(const std::string& dir) {
   if (!std::filesystem::exists(path)) return d;
   const nlohmann::json g = parse_json(read_file(path), path);
   QKV_CHECK(g.is_object(), path, ": expected a JSON object");
+  d.from_file = true;
   const auto count = [&](const char* name, int64_t low, int64_t high) -> int64_t {
     const nlohmann::json& v = g[name];
     QKV_CHECK(v.is_number_integer() && v.get<int64_t>() >= low && v.get<int64_t>() <= high, path, ": ", name,
@@ -86,15 +87,27 @@ GenerationDefaults read_generation_defaults(const std::string& dir) {
               ": bad_words_ids must be a non-empty list of non-empty lists of token ids, got ", v.dump());
     d.rules.bad_words = v.get<std::vector<std::vector<int64_t>>>();
   }
-  // min_length counts the decoder's start token, as max_length does.
-  if (given("min_length")) d.rules.min_new_tokens = count("min_length", 0, 1 << 20) - 1;
-  if (given("min_new_tokens"))
-    d.rules.min_new_tokens = std::max(d.rules.min_new_tokens, count("min_new_tokens", 0, 1 << 20));
-  d.rules.min_new_tokens = std::max<int64_t>(d.rules.min_new_tokens, 0);
+  // min_length counts what comes before the outputs (a translation's start token, a decoder's prompt).
+  if (given("min_length")) d.rules.min_length = count("min_length", 0, 1 << 20);
+  if (given("min_new_tokens")) d.rules.min_new_tokens = count("min_new_tokens", 0, 1 << 20);
   if (given("max_new_tokens"))
-    d.max_new_tokens = count("max_new_tokens", 1, std::numeric_limits<int64_t>::max());
+    d.decoder_max_new_tokens = d.max_new_tokens = count("max_new_tokens", 1, std::numeric_limits<int64_t>::max());
   else if (given("max_length"))  // the decoder's start token counts in it
     d.max_new_tokens = count("max_length", 2, std::numeric_limits<int64_t>::max()) - 1;
+  if (given("do_sample")) {
+    QKV_CHECK(g["do_sample"].is_boolean(), path, ": do_sample must be true or false, got ", g["do_sample"].dump());
+    d.do_sample = g["do_sample"].get<bool>();
+  }
+  const auto number = [&](const char* name, double low, double high) -> float {
+    const nlohmann::json& v = g[name];
+    QKV_CHECK(v.is_number() && v.get<double>() >= low && v.get<double>() <= high, path, ": ", name,
+              " must be a number from ", low, " to ", high, ", got ", v.dump());
+    return v.get<float>();
+  };
+  if (given("temperature")) d.temperature = number("temperature", 0, 1e6);
+  if (given("top_k")) d.top_k = count("top_k", 0, std::numeric_limits<int32_t>::max());
+  if (given("top_p")) d.top_p = number("top_p", 0, 1);
+  QKV_CHECK(d.top_p > 0, path, ": top_p must be above 0, got 0");
   return d;
 }
 

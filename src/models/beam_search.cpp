@@ -106,7 +106,7 @@ std::vector<BeamHypothesis> beam_translate(Seq2Seq& model, const std::vector<std
             continue;
           }
           float* row = lp + (a * K + k) * V;
-          o.rules.apply(ids.start, alive[s][k].tokens, ids.eos, row, V);
+          o.rules.apply({&ids.start, 1}, alive[s][k].tokens, {&ids.eos, 1}, row, V);
           best_tokens(row, V, 2 * K, ids, row_best);
           for (const auto& [logp_v, v] : row_best) cand.push_back({alive[s][k].score + logp_v, k * V + v});
         }

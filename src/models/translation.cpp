@@ -88,10 +88,10 @@ void check_max_len(int64_t max_len) {
             kMaxDecodeLength, " output tokens");
 }
 
-void TokenRules::apply(int64_t start, const std::vector<int64_t>& outputs, int64_t eos, float* scores,
-                       int64_t vocab) const {
+void TokenRules::apply(std::span<const int64_t> prefix, std::span<const int64_t> outputs, std::span<const int64_t> eos,
+                       float* scores, int64_t vocab) const {
   if (empty()) return;
-  std::vector<int64_t> sequence = {start};
+  std::vector<int64_t> sequence(prefix.begin(), prefix.end());
   sequence.insert(sequence.end(), outputs.begin(), outputs.end());
   const int64_t* seq = sequence.data();
   const int64_t n = (int64_t)sequence.size();
@@ -114,15 +114,18 @@ void TokenRules::apply(int64_t start, const std::vector<int64_t>& outputs, int64
       if (std::equal(tail, seq + n, seq + i) && seq[i + g - 1] >= 0 && seq[i + g - 1] < vocab)
         scores[seq[i + g - 1]] = kBanned;
   }
+  const auto is_eos = [&](int64_t id) { return std::find(eos.begin(), eos.end(), id) != eos.end(); };
   for (const std::vector<int64_t>& w : bad_words) {
-    if (w.size() == 1 && w[0] == eos) continue;
+    if (w.size() == 1 && is_eos(w[0])) continue;
     for (int64_t id : w)
       QKV_CHECK(id >= 0 && id < vocab, "generation_config.json: bad_words_ids: id ", id, " is past the vocabulary of ",
                 vocab);
     const int64_t prefix = (int64_t)w.size() - 1;
     if (prefix <= n && std::equal(w.begin(), w.end() - 1, seq + n - prefix)) scores[w.back()] = kBanned;
   }
-  if (n - 1 < min_new_tokens && eos >= 0 && eos < vocab) scores[eos] = kBanned;
+  if (n < min_length || (int64_t)outputs.size() < min_new_tokens)
+    for (int64_t id : eos)
+      if (id >= 0 && id < vocab) scores[id] = kBanned;
 }
 
 std::vector<std::vector<int64_t>> greedy_translate(Seq2Seq& model, const std::vector<std::vector<int64_t>>& sources,
@@ -157,7 +160,7 @@ std::vector<std::vector<int64_t>> greedy_translate(Seq2Seq& model, const std::ve
       for (int64_t r = 0; r < R; ++r) {
         const int64_t s = rows[r];
         float* row = logits.data<float>() + r * V;
-        if (!done[s]) rules.apply(ids.start, results[start + s], ids.eos, row, V);
+        if (!done[s]) rules.apply({&ids.start, 1}, results[start + s], {&ids.eos, 1}, row, V);
         next[r] = done[s] ? ids.pad : ids.next_output(row, V, step == max_len - 1);
         if (done[s]) continue;
         if (next[r] == ids.eos) {
@@ -197,7 +200,7 @@ AlignedTranslation translate_with_attention(Seq2Seq& model, const std::vector<in
       out.layers = h.size(0), out.nheads = h.size(1);
       by_step.push_back(h.contiguous().to_vector());
     }
-    rules.apply(ids.start, out.tokens, ids.eos, logits.data<float>(), logits.size(-1));
+    rules.apply({&ids.start, 1}, out.tokens, {&ids.eos, 1}, logits.data<float>(), logits.size(-1));
     next = ids.next_output(logits.data<float>(), logits.size(-1), step == max_len - 1);
     out.tokens.push_back(next);
     if (next == ids.eos) break;

@@ -71,7 +71,21 @@ struct GenerateArgs {
   GenerateOptions options;
   std::string dtype;
   int threads = 0;
+  const CLI::App* command = nullptr;  // which flags were given
 };
+
+// The sampling flags not given take the folder's generation_config.json,
+// where it has one, as transformers' generate() reads it: do_sample false is
+// greedy; else its temperature, top_k (50 when absent) and top_p. Its
+// max_new_tokens, where given, replaces the default of --max-new-tokens.
+void take_folder_sampling(const CLI::App& command, const GenerationDefaults& d, GenerateOptions& o) {
+  if (!d.from_file) return;
+  if (command.count("--temperature") == 0) o.temperature = d.do_sample ? d.temperature : 0.0f;
+  if (command.count("--top-k") == 0) o.top_k = d.top_k;
+  if (command.count("--top-p") == 0) o.top_p = d.top_p;
+  if (command.count("--max-new-tokens") == 0 && d.decoder_max_new_tokens > 0)
+    o.max_new_tokens = d.decoder_max_new_tokens;
+}
 
 // The language model of a folder, with its tokenizer, for `command`, on `threads` threads.
 LanguageModel load_with_tokenizer(const std::string& model, const std::string& dtype, int threads,
@@ -90,6 +104,7 @@ void print_piece(const std::string& piece) {
 
 int run_generate(GenerateArgs a) {
   LanguageModel m = load_with_tokenizer(a.model, a.dtype, a.threads, "generate");
+  take_folder_sampling(*a.command, m.generation, a.options);
   QKV_CHECK(invalid_utf8_offset(a.prompt) == std::string::npos, "generate: the prompt is not valid UTF-8");
   std::fputs(a.prompt.c_str(), stdout);
   std::fflush(stdout);
@@ -102,10 +117,13 @@ int run_generate(GenerateArgs a) {
   return 0;
 }
 
-// --temperature, --top-k, --top-p and --seed, as generate and chat take them.
+// --temperature, --top-k, --top-p and --seed, as generate and chat take them
+// (those not given: the folder's generation_config.json, take_folder_sampling).
 void add_sampling_options(CLI::App* sub, GenerateOptions& o) {
-  sub->add_option("--temperature", o.temperature, "Sampling temperature (0: greedy)")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  sub->add_option("--temperature", o.temperature,
+                  "Sampling temperature (0: greedy; not given: the folder's generation_config.json, if any)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   sub->add_option("--top-k", o.top_k, "Sample from the k most likely tokens (0: all)")
       ->capture_default_str()->check(CLI::NonNegativeNumber);
   sub->add_option("--top-p", o.top_p, "Sample from the smallest set with this much probability")
@@ -118,6 +136,7 @@ struct ChatArgs {
   GenerateOptions options;
   std::string dtype;
   int threads = 0;
+  const CLI::App* command = nullptr;
 };
 
 // One line of stdin, one user message; the answer streams to stdout, ending
@@ -125,6 +144,7 @@ struct ChatArgs {
 // its oldest turns (after a system message) are dropped.
 int run_chat(ChatArgs a) {
   LanguageModel m = load_with_tokenizer(a.model, a.dtype, a.threads, "chat");
+  take_folder_sampling(*a.command, m.generation, a.options);
   const ChatTemplate t = chat_template_of_folder(a.model);
   QKV_CHECK(t.format != ChatFormat::None, "chat: ", a.model, " has no chat template (chat_template.jinja, or ",
             "chat_template in tokenizer_config.json); qkv generate continues plain text");
@@ -174,6 +194,7 @@ Run add_chat(CLI::App& app) {
   add_sampling_options(sub, args->options);
   add_dtype_option(sub, args->dtype);
   sub->add_option("--threads", args->threads, "Threads (0: all cores)");
+  args->command = sub;
   return [args] { return run_chat(*args); };
 }
 
@@ -193,6 +214,7 @@ Run add_generate(CLI::App& app) {
                 "Keep the prompt's last tokens when it does not fit the context (default: an error)");
   add_dtype_option(sub, args->dtype);
   sub->add_option("--threads", args->threads, "Threads (0: all cores)");
+  args->command = sub;
   return [args] { return run_generate(*args); };
 }
 

@@ -167,7 +167,7 @@ void with_quantized_a(const GemmInt8Args& g, Body&& body, int64_t row_multiple =
   qa.d = d.data();
   quantize_a(g, qa);
   std::memset(qa.q + g.m * qa.stride, 0, (rows - g.m) * qa.stride);
-  std::fill(qa.d + g.m * qa.kb, qa.d + rows * qa.kb, 0.0f);
+  std::memset(qa.d + g.m * qa.kb, 0, sizeof(float) * (rows - g.m) * qa.kb);
   body(qa);
 }
 
