@@ -313,7 +313,8 @@ TEST(Kernels, GemmBf16SaysHowItRuns) {
 // 17 x 33 x 100 by 31.9 against 4.5e-4. AMX-INT8: leaving out the last
 // block's scaling, or loading rows 0-15 of a block into both A tiles,
 // failed 67 x 45 x 130; quantizing A rounding toward zero (the vector
-// quantizer) failed 3 x 5 x 7.
+// quantizer) failed 3 x 5 x 7; the gathered panels' compensation left at
+// the plain sum (not times -128) failed 17 x 33 x 100.
 TEST(Kernels, GemmInt8MatchesTheReference) {
   omp_set_num_threads(2);
   Rng rng(8);
@@ -339,8 +340,9 @@ TEST(Kernels, GemmInt8MatchesTheReference) {
         Case{130, 70, 300, 0, 1, 0.5f, true}, Case{9, 100, 64, 1, -1, 0, false}, Case{7, 64, 33, 0, 1, 0, true},
         Case{4, 6, 0, 0, 1, 0.5f, true},
         // AMX: a last block of 32 rows with 13 (a partial first tile) and with 18
-        // (a partial second one); 22 panels of a long k, two groups per thread
-        Case{45, 40, 96, 1, 1, 0.5f, true}, Case{50, 33, 64, 0, 2, 0, false}, Case{40, 700, 1000, 0, 1, 0, true}}) {
+        // (a partial second one); 22 panels of a long k, two groups per thread; its fewest rows
+        Case{45, 40, 96, 1, 1, 0.5f, true}, Case{50, 33, 64, 0, 2, 0, false}, Case{40, 700, 1000, 0, 1, 0, true},
+        Case{24, 64, 64, 0, 1, 0, true}}) {
     const int64_t kb = (c.k + 31) / 32, lda = c.k + c.pad, ldb = c.k + 2 * c.pad, lds = kb + c.pad,
                   ldc = c.n + c.pad;
     Tensor a = Tensor::randn({c.m, lda}, rng), w = Tensor::randn({c.n, ldb}, rng);
