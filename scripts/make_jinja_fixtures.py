@@ -208,6 +208,28 @@ TEMPLATES = {
         "    {%- elif message['role'] == 'assistant' %}{{- ' ' + message['content'] | trim + eos_token }}\n"
         "    {%- endif %}\n"
         "{%- endfor %}\n"),
+    # Filters the published templates of Llama 3.1, Gemma, Command R and
+    # others use (found by rendering those with qkv and jinja2 side by side):
+    # reject/select with a test, dictsort (keys without case, by value,
+    # reversed), min and max, indent, a filter on none; `in` an undefined
+    # name; an unknown filter inside an if branch that does not run (jinja2
+    # only fails on it when it runs); str.format.
+    "filters": (
+        "{%- set builtin = ['code_interpreter', 'brave_search', 'wolfram'] %}"
+        "Tools: {{ builtin | reject('equalto', 'code_interpreter') | join(', ') }}\n"
+        "{{ [0, 1, '', 'a', none] | select | list | tojson }} {{ [1, 2, 3, 4] | reject('odd') | list }}\n"
+        "{%- set props = {'b': 2, 'A': 3, 'c': 1} %}\n"
+        "{% for k, v in props | dictsort %}{{ k }}={{ v }} {% endfor %}|"
+        "{% for k, v in props | dictsort(by='value') %}{{ k }} {% endfor %}|"
+        "{% for k, v in props | dictsort(true, reverse=true) %}{{ k }} {% endfor %}\n"
+        "{{ [3, 1, 2] | min }} {{ [3, 1, 2] | max }} {{ ['b', 'A', 'c'] | min }} {{ ['b', 'A', 'c'] | max }} "
+        "{{ messages | max(attribute='content') | tojson }}\n"
+        "[{{ 'one\ntwo\n\nthree\n' | indent(2) }}]"
+        "[{{ 'one\ntwo' | indent(first=true, width='> ') }}][{{ 'a\n\nb' | indent(1, blank=true) }}]\n"
+        "{{ none | selectattr('role') | list | length }} {{ tools | map(attribute='type') | list }}\n"
+        "{{ 'citations' in controls }} {{ 'x' not in controls }}\n"
+        "{%- if tools is defined and tools is string %}{{ tools | from_json }}{% endif %}\n"
+        "{{ '<eos{}>'.format(2) }} {{ '{1}-{0}'.format('a', 'b') }} {{ '{{{name}}}'.format(name=messages | length) }}\n"),
 }
 
 CASES = [
@@ -235,6 +257,8 @@ CASES = [
     ("last-user", {"messages": CHAT, "bos_token": "<s>", "eos_token": "</s>", "tools": TOOLS}),
     ("last-user", {"messages": NO_SYSTEM, "bos_token": "<s>", "eos_token": "</s>", "tools": None}),
     ("last-user", {"messages": BAD_ORDER, "bos_token": "<s>", "eos_token": "</s>", "tools": None}),
+    ("filters", {"messages": CHAT}),
+    ("filters", {"messages": CHAT, "tools": TOOLS}),
 ]
 
 

@@ -32,7 +32,7 @@ TEST(Jinja, RendersWhatTransformersRenders) {
     }
     ++compared;
   }
-  EXPECT_EQ(compared, 19);
+  EXPECT_EQ(compared, 21);
 }
 
 TEST(Jinja, WhatItDoesNotRunIsOneErrorNamingTheLine) {
@@ -49,7 +49,17 @@ TEST(Jinja, WhatItDoesNotRunIsOneErrorNamingTheLine) {
   auto render_error = [](const std::string& source, const nlohmann::ordered_json& context) {
     return error_of([&] { Template(source).render(context); });
   };
-  EXPECT_EQ(render_error("{{ x | wordcount }}", {{"x", "a"}}), "line 1: the filter 'wordcount' is not supported");
+  EXPECT_EQ(parse_error("{{ x | wordcount }}"), "line 1: the filter 'wordcount' is not supported");
+  EXPECT_EQ(parse_error("{{ x is nonsuch }}"), "line 1: the test 'nonsuch' is not supported");
+  // Inside an if, as in jinja2, only when it runs.
+  EXPECT_EQ(render_error("{% if x %}\n{{ x | wordcount }}{% endif %}", {{"x", "a"}}),
+            "line 2: the filter 'wordcount' is not supported");
+  EXPECT_EQ(render_error("{% if x is nonsuch %}{% endif %}", {{"x", "a"}}),
+            "line 1: the test 'nonsuch' is not supported");
+  EXPECT_EQ(Template("{% if x %}a{% elif y is nonsuch %}{{ y | wordcount }}{% endif %}b").render({{"x", true}}), "ab");
+  EXPECT_EQ(render_error("{{ '{}{}'.format(1) }}", nlohmann::ordered_json::object()), "format: no argument 1 for {}{}");
+  EXPECT_EQ(render_error("{{ '{:>4}'.format(1) }}", nlohmann::ordered_json::object()),
+            "format: the field '{:>4}' (qkv's format takes {}, {N} and {name}, without specs)");
   EXPECT_EQ(render_error("\n{{ m.content.strip() }}", {{"m", nlohmann::ordered_json::object()}}),
             "line 2: 'content' is undefined (reading .strip)");
   EXPECT_EQ(render_error("{{ 1 / 0 }}", nlohmann::ordered_json::object()), "line 1: division by zero");

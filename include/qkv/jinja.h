@@ -17,15 +17,20 @@
 //     strftime_now(format)
 //   filters: trim, length/count, tojson, upper, lower, capitalize, title,
 //     default/d, first, last, join, list, items, string, int, float, replace,
-//     safe, selectattr, rejectattr, map(attribute=), unique, reverse, sort
+//     safe, selectattr, rejectattr, select, reject, map(attribute=), unique,
+//     reverse, sort, dictsort, min, max, indent
 //   tests: defined, undefined, none, string, number, integer, float, mapping,
 //     iterable, sequence, boolean, true, false, equalto/eq/==, ne, odd, even,
 //     divisibleby, in
 //   methods: str.strip/lstrip/rstrip/startswith/endswith/split/upper/lower/
-//     replace/title/capitalize, dict.get/items/keys/values
+//     replace/title/capitalize/format ({}, {N}, {name}; no specs),
+//     dict.get/items/keys/values
 //
 // Anything else (include, extends, blocks, call blocks, other filters) is an
-// error naming it, at the line where it stands, before anything renders. A
+// error naming it, at the line where it stands, before anything renders;
+// except a filter or test inside an if, which (as in jinja2) is an error
+// only when it runs, so that a branch the template does not take may use
+// one. One newline at the end of the source is dropped, as jinja2 drops it. A
 // template cannot loop or recurse without end: ranges, loop iterations,
 // output and macro depth are bounded. Errors are one line (a raised message's
 // newlines become spaces).

@@ -22,9 +22,10 @@ namespace qkv::jinja {
 // Renderer::filter and Renderer::test below run each of these.
 const std::set<std::string>& filter_names() {
   static const std::set<std::string> names = {
-      "trim", "length",  "count",   "tojson", "upper", "lower",      "capitalize", "title", "string",
-      "safe", "default", "d",       "first",  "last",  "list",       "reverse",    "join",  "items",
-      "int",  "float",   "replace", "unique", "sort",  "selectattr", "rejectattr", "map"};
+      "trim",       "length", "count",   "tojson", "upper",    "lower",  "capitalize", "title",
+      "string",     "safe",   "default", "d",      "first",    "last",   "list",       "reverse",
+      "join",       "items",  "int",     "float",  "replace",  "unique", "sort",       "selectattr",
+      "rejectattr", "map",    "select",  "reject", "dictsort", "min",    "max",        "indent"};
   return names;
 }
 const std::set<std::string>& test_names() {
@@ -652,6 +653,11 @@ private:
   std::unique_ptr<Stmt> parse_if() {
     auto s = stmt(Stmt::Kind::If);
     const int line = line_;
+    ++if_depth_;
+    struct Leave {
+      int& depth;
+      ~Leave() { --depth; }
+    } leave{if_depth_};
     ExprPtr cond = expression();
     expect_end();
     while (true) {
@@ -962,7 +968,10 @@ private:
       } else if (accept("|")) {
         auto f = node(Expr::Kind::Filter);
         f->name = name_token("a filter");
-        if (!filter_names().count(f->name)) fail_at(line_, "the filter '" + f->name + "' is not supported");
+        // Unknown inside an if (its condition or branches) fails only if it runs, as in jinja2
+        // (templates test for their filters that way); elsewhere, now.
+        if (!filter_names().count(f->name) && if_depth_ == 0)
+          fail_at(line_, "the filter '" + f->name + "' is not supported");
         f->items.push_back(std::move(e));
         if (accept("(")) arguments(*f);
         e = std::move(f);
@@ -972,7 +981,8 @@ private:
         t->name = peek().kind == Token::Kind::Name ? next().text : "";
         if (t->name.empty() && (is_op("==") || is_op("!="))) t->name = next().text;
         if (t->name.empty()) fail_at(line_, "expected a test after 'is'");
-        if (!test_names().count(t->name)) fail_at(line_, "the test '" + t->name + "' is not supported");
+        if (!test_names().count(t->name) && if_depth_ == 0)
+          fail_at(line_, "the test '" + t->name + "' is not supported");
         t->items.push_back(std::move(e));
         if (accept("(")) {
           arguments(*t);
@@ -1059,6 +1069,7 @@ private:
   std::vector<Token> tokens_;
   size_t pos_ = 0;
   int line_ = 1;
+  int if_depth_ = 0;  // if statements being parsed around the present token
   int depth_ = 0;   // expressions being read, one inside another
   int blocks_ = 0;  // blocks being read, one inside another
   int loops_ = 0;   // for loops around the statement being read
@@ -1444,6 +1455,42 @@ private:
           }
           return Value::boolean(false);
         });
+      if (name == "format")  // "{}", "{0}", "{name}" and "{{" "}}"; no format specs
+        return Value::function([s](Args& a) {
+          std::string out;
+          size_t next_auto = 0;
+          for (size_t i = 0; i < s.size(); ++i) {
+            const char c = s[i];
+            if ((c == '{' || c == '}') && i + 1 < s.size() && s[i + 1] == c) {
+              out += c, ++i;
+              continue;
+            }
+            QKV_CHECK(c != '}', "format: a single '}' in ", s);
+            if (c != '{') {
+              out += c;
+              continue;
+            }
+            const size_t end = s.find('}', i);
+            QKV_CHECK(end != std::string::npos, "format: a '{' without its '}' in ", s);
+            const std::string field = s.substr(i + 1, end - i - 1);
+            QKV_CHECK(field.find_first_of(":!.[") == std::string::npos, "format: the field '{", field,
+                      "}' (qkv's format takes {}, {N} and {name}, without specs)");
+            const Value* v = nullptr;
+            if (field.empty() || std::all_of(field.begin(), field.end(), [](char d) { return d >= '0' && d <= '9'; })) {
+              QKV_CHECK(field.size() <= 9, "format: no argument ", field, " for ", s);
+              const size_t k = field.empty() ? next_auto++ : std::stoul(field);
+              QKV_CHECK(k < a.positional.size(), "format: no argument ", k, " for ", s);
+              v = &a.positional[k];
+            } else {
+              for (auto& [key, x] : a.named)
+                if (key == field) v = &x;
+              QKV_CHECK(v != nullptr, "format: no argument '", field, "' for ", s);
+            }
+            out += to_string(*v);
+            i = end;
+          }
+          return Value::str(out);
+        });
       if (name == "split")
         return Value::function([s](Args& a) {
           List parts;
@@ -1554,7 +1601,7 @@ private:
       case Value::Kind::List:
         return std::any_of(container.list->begin(), container.list->end(), [&](const Value& e) { return equal(e, x); });
       case Value::Kind::Dict: return x.kind == Value::Kind::Str && container.find(x.s) != nullptr;
-      case Value::Kind::Undefined: fail_at(line, "'" + container.s + "' is undefined (right of 'in')");
+      case Value::Kind::Undefined: return false;  // jinja2's Undefined: an empty container
       default: fail_at(line, std::string("'in' ") + kind_name(container));
     }
   }
@@ -1659,6 +1706,96 @@ private:
         return less(key(x), key(y), line) != reverse && !equal(key(x), key(y));
       });
       return Value::of_list(std::move(l));
+    }
+    // jinja2 skips a false value (none, an empty list) in these, whatever its kind.
+    if ((name == "selectattr" || name == "rejectattr" || name == "select" || name == "reject" || name == "map") &&
+        !truthy(v))
+      return Value::of_list({});
+    if (name == "select" || name == "reject") {  // the items that pass a test (none given: that are true)
+      List out;
+      for (const Value& e : iterate(v, line)) {
+        bool pass;
+        if (a.positional.empty()) {
+          pass = truthy(e);
+        } else {
+          Args rest;
+          rest.positional.assign(a.positional.begin() + 1, a.positional.end());
+          pass = test(str_arg(a, 0, name.c_str()), e, rest, line);
+        }
+        if (pass == (name == "select")) out.push_back(e);
+      }
+      return Value::of_list(std::move(out));
+    }
+    if (name == "dictsort") {  // [key, value] pairs by key (or by="value"), strings without case by default
+      if (v.kind != Value::Kind::Dict) fail_at(line, std::string("dictsort of ") + kind_name(v));
+      bool case_sensitive = false, by_value = false, reverse = false;
+      if (!a.positional.empty()) case_sensitive = truthy(a.positional[0]);
+      if (a.positional.size() > 1) by_value = to_string(a.positional[1]) == "value";
+      if (a.positional.size() > 2) reverse = truthy(a.positional[2]);
+      for (auto& [k, x] : a.named) {
+        if (k == "case_sensitive") case_sensitive = truthy(x);
+        if (k == "by") by_value = to_string(x) == "value";
+        if (k == "reverse") reverse = truthy(x);
+      }
+      List l;
+      for (const auto& [k, x] : *v.dict) l.push_back(Value::of_list({Value::str(k), x}));
+      auto key = [&](const Value& pair) {
+        const Value& x = (*pair.list)[by_value ? 1 : 0];
+        return !case_sensitive && x.kind == Value::Kind::Str ? Value::str(lower(x.s)) : x;
+      };
+      std::stable_sort(l.begin(), l.end(), [&](const Value& x, const Value& y) {
+        return reverse ? less(key(y), key(x), line) : less(key(x), key(y), line);
+      });
+      return Value::of_list(std::move(l));
+    }
+    if (name == "min" || name == "max") {  // strings compared without case unless case_sensitive
+      bool case_sensitive = false;
+      std::string attr;
+      for (auto& [k, x] : a.named) {
+        if (k == "case_sensitive") case_sensitive = truthy(x);
+        if (k == "attribute") attr = to_string(x);
+      }
+      const List l = iterate(v, line);
+      if (l.empty()) return Value::undefined(name);
+      auto key = [&](const Value& e) {
+        const Value x = attr.empty() ? e : attribute(e, attr, line);
+        return !case_sensitive && x.kind == Value::Kind::Str ? Value::str(lower(x.s)) : x;
+      };
+      const Value* best = &l.front();
+      for (const Value& e : l)
+        if (name == "min" ? less(key(e), key(*best), line) : less(key(*best), key(e), line)) best = &e;
+      return *best;
+    }
+    if (name == "indent") {  // the lines after the first (with first=true, it too); blank lines left alone
+      Value width = Value::integer(4);
+      bool first = false, blank = false;
+      if (!a.positional.empty()) width = a.positional[0];
+      if (a.positional.size() > 1) first = truthy(a.positional[1]);
+      if (a.positional.size() > 2) blank = truthy(a.positional[2]);
+      for (auto& [k, x] : a.named) {
+        if (k == "width") width = x;
+        if (k == "first") first = truthy(x);
+        if (k == "blank") blank = truthy(x);
+      }
+      std::string pad;
+      if (width.kind == Value::Kind::Str)
+        pad = width.s;
+      else if (width.kind == Value::Kind::Int)
+        pad.assign((size_t)std::clamp<int64_t>(width.i, 0, 1024), ' ');
+      else
+        fail_at(line, "indent's width must be a number or a string");
+      // The text's lines at each "\n" (jinja2 adds a newline, then splitlines: the same pieces).
+      const std::string s = to_string(v);
+      std::vector<std::string> lines;
+      for (size_t at = 0;;) {
+        const size_t nl = s.find('\n', at);
+        lines.push_back(s.substr(at, nl == std::string::npos ? std::string::npos : nl - at));
+        if (nl == std::string::npos) break;
+        at = nl + 1;
+      }
+      std::string out = lines[0];
+      for (size_t i = 1; i < lines.size(); ++i) out += "\n" + (blank || !lines[i].empty() ? pad : "") + lines[i];
+      return Value::str(first ? pad + out : out);
     }
     if (name == "selectattr" || name == "rejectattr") {
       const std::string attr = str_arg(a, 0, name.c_str());
@@ -1830,7 +1967,13 @@ struct Template::Impl {
 };
 
 Template::Template(const std::string& source) : impl_(std::make_unique<Impl>()) {
-  detail::Parser parser(detail::split(source));
+  // One newline at the very end is dropped, as jinja2 drops it (keep_trailing_newline false).
+  std::string text = source;
+  if (text.ends_with("\r\n"))
+    text.resize(text.size() - 2);
+  else if (text.ends_with('\n'))
+    text.pop_back();
+  detail::Parser parser(detail::split(text));
   impl_->body = parser.parse_all();
 }
 
