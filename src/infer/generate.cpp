@@ -129,7 +129,8 @@ int64_t next_token(const float* logits, int64_t V, const GenerateOptions& o, con
                    Rng& rng, const TokenRules& rules, std::span<const int64_t> prefix,
                    std::span<const int64_t> outputs) {
   if (rules.empty()) return sample_token(logits, V, o, specials, rng);
-  std::vector<float> scores(logits, logits + V);
+  thread_local std::vector<float> scores;  // one vocabulary's row per thread, kept between tokens
+  scores.assign(logits, logits + V);
   rules.apply(prefix, outputs, specials.eos, scores.data(), V);
   return sample_token(scores.data(), V, o, specials, rng);
 }
