@@ -10,7 +10,8 @@ or {"error": "why"} when the peer cannot run (not installed, no converter).
   --peer transformers            AutoModelForCausalLM in float32 with its own KV cache
   --peer llama.cpp --type T      llama-cpp-python on DIR converted to GGUF (T: f32, bf16, f16 or q8_0) by
                                  llama.cpp's convert_hf_to_gguf.py, found at $QKV_CONVERT_HF_TO_GGUF (it ships in
-                                 the llama-cpp-python source package, vendor/llama.cpp); the GGUF is kept in DIR
+                                 the llama-cpp-python source package, vendor/llama.cpp); the GGUF is kept in DIR;
+                                 with QKV_LLAMA_NO_EXTRA_BUFTS=1 set, llama.cpp's extra (repacked) buffers are off
 
 Usage: bench_generate_peers.py --model DIR --peer transformers|llama.cpp [--type f32] --prompt-len N
                                --new-tokens N --threads N
@@ -67,6 +68,17 @@ def run_llama_cpp(args):
                               env=env, capture_output=True, text=True)
         if done.returncode != 0:
             return {"error": "convert_hf_to_gguf.py failed: " + done.stderr.strip().splitlines()[-1]}
+    if os.environ.get("QKV_LLAMA_NO_EXTRA_BUFTS"):
+        # llama.cpp's extra CPU buffer types (weights repacked for AMX and other kernels) off: its Q8_0 on
+        # AMX died in them on the Intel Xeon here (docs/benchmarks.md); llama-cpp-python has no argument for it.
+        defaults = llama_cpp.llama_cpp.llama_model_default_params
+
+        def without_extra_bufts():
+            p = defaults()
+            p.use_extra_bufts = False
+            return p
+
+        llama_cpp.llama_cpp.llama_model_default_params = without_extra_bufts
     llm = llama_cpp.Llama(model_path=gguf, n_ctx=args.prompt_len + args.new_tokens + 8, n_batch=args.prompt_len,
                           n_threads=args.threads, n_threads_batch=args.threads, verbose=False)
     prompt = prompt_ids(llm.n_vocab(), args.prompt_len)
