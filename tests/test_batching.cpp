@@ -171,6 +171,23 @@ TEST(Batching, TheFoldersRulesActAsInGenerate) {
     changed += i % 2 == 0 && want != plain[i];
   }
   EXPECT_EQ(changed, 3) << "the rules should change the greedy texts";
+
+  // A rule that fails on this vocabulary (a folder's file is checked when it
+  // loads; these rules are set by hand) ends its request with the error, and
+  // the generator goes on serving.
+  m.generation.rules = {.bad_words = {{1 << 20}}};
+  BatchGenerator h(m, 2, m.model->config().context, 4);
+  Collected bad, good;
+  ASSERT_TRUE(h.submit(request_for(m, "a", {.max_new_tokens = 4, .temperature = 0}, bad)));
+  run_until_idle(h);
+  ASSERT_TRUE(bad.done);
+  EXPECT_EQ(bad.result.finish_reason, "error");
+  EXPECT_NE(bad.result.error.find("past the vocabulary"), std::string::npos) << bad.result.error;
+  m.generation.rules = {};
+  BatchGenerator ok(m, 2, m.model->config().context, 4);
+  ASSERT_TRUE(ok.submit(request_for(m, "a", {.max_new_tokens = 4, .temperature = 0}, good)));
+  run_until_idle(ok);
+  EXPECT_EQ(good.result.finish_reason, "length");
 }
 
 TEST(Batching, StopSequencesEndTheTextBeforeThem) {

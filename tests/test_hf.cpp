@@ -146,6 +146,10 @@ TEST(Hf, TokenRulesChangeADecodersOutputsAsGenerateDoes) {
     differ += changed;
   }
   EXPECT_EQ(differ, 38) << "the cases should tell the rules apart";
+  // An id past the vocabulary is one error when the folder loads, not at the first token.
+  const std::string bad = folder({{"bad_words_ids", {{5}, {4, 100000}}}});
+  EXPECT_EQ(testing::error_of([&] { load_language_model(bad); }),
+            bad + "/generation_config.json: bad_words_ids: id 100000 is past the vocabulary of 512");
 }
 
 TEST(Hf, TheEosIdsComeFromGenerationConfig) {

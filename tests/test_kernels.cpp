@@ -347,6 +347,7 @@ TEST(Kernels, GemmInt8MatchesTheReference) {
                   ldc = c.n + c.pad;
     Tensor a = Tensor::randn({c.m, lda}, rng), w = Tensor::randn({c.n, ldb}, rng);
     if (c.m > 1 && c.k > 32) std::fill_n(a.data<float>() + lda, 32, 0.0f);  // row 1, block 0: all zeros
+    if (c.m > 2 && c.k > 32) std::fill_n(a.data<float>() + 2 * lda, 32, 1e-38f);  // row 2, block 0: below normal
     std::vector<int8_t> q(c.n * ldb, 0);
     std::vector<float> scales(c.n * lds, 0.0f);
     for (int64_t j = 0; j < c.n; ++j)
@@ -414,6 +415,13 @@ TEST(Kernels, Int8QuantizationRoundsToTheNearestStepOfItsBlock) {
   EXPECT_EQ(int8_block_scale(zeros, 3), 0.0f);
   int8_quantize(zeros, 3, 0.0f, q);
   EXPECT_EQ(std::vector<int>(q, q + 3), (std::vector<int>{0, 0, 0}));
+  // A block whose largest value is under about 1e-37 has a scale below the
+  // smallest normal float, whose reciprocal overflows: its values are 0; so is a NaN.
+  const float tiny[3] = {1e-38f, 0.0f, -2e-38f}, with_nan[3] = {1.0f, NAN, -1.0f};
+  int8_quantize(tiny, 3, int8_block_scale(tiny, 3), q);
+  EXPECT_EQ(std::vector<int>(q, q + 3), (std::vector<int>{0, 0, 0}));
+  int8_quantize(with_nan, 3, int8_block_scale(with_nan, 3), q);
+  EXPECT_EQ(std::vector<int>(q, q + 3), (std::vector<int>{127, 0, -127}));
 }
 
 TEST(Kernels, GemmInt8SaysHowItRuns) {
@@ -422,7 +430,7 @@ TEST(Kernels, GemmInt8SaysHowItRuns) {
                "int32 loops for up to 4 rows, float32 BLAS on dequantized weights above");
   if (isa_supported(CpuIsa::Avx512) && cpu::avx512::avx512_vnni_usable()) {
     EXPECT_STREQ(cpu::kernels(CpuIsa::Avx512).gemm_int8_path(),
-                 cpu::avx512::amx_int8_usable() ? "AMX-INT8 tiles (AVX512-VNNI for up to 4 rows)"
+                 cpu::avx512::amx_int8_usable() ? "AMX-INT8 tiles from 24 rows (AVX512-VNNI below)"
                                                 : "AVX512-VNNI (rows streamed up to 4, register-blocked tiles above)");
   }
 }

@@ -96,6 +96,7 @@ private:
   struct Slot;
   void admit(Slot& slot, BatchRequest request);
   // Appends the token sampled for `slot`, emits its text, and finishes it when it is done.
+  void draw(Slot& slot, const float* logits, int64_t vocab);
   void accept(Slot& slot, int64_t token);
   void finish(Slot& slot, const std::string& reason, const std::string& error = "");
   void loop(int threads);

@@ -45,7 +45,9 @@ struct GenerationDefaults {
 };
 // dir/generation_config.json's (defaults where it is absent); a field of the
 // wrong type or out of range is an error naming the file and the field.
-GenerationDefaults read_generation_defaults(const std::string& dir);
+// With `vocab` (> 0), so is an id of bad_words_ids past it (else that is an
+// error when a decoding first applies the rules).
+GenerationDefaults read_generation_defaults(const std::string& dir, int64_t vocab = 0);
 
 struct TranslationModel {
   std::shared_ptr<const Tokenizer> tokenizer;

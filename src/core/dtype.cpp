@@ -66,8 +66,13 @@ float int8_block_scale(const float* x, int64_t n) {
 }
 
 void int8_quantize(const float* x, int64_t n, float scale, int8_t* q) {
-  const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
-  for (int64_t i = 0; i < n; ++i) q[i] = (int8_t)std::clamp(std::nearbyint(x[i] * inv), -127.0f, 127.0f);
+  // A scale below the smallest normal float (every value under about 1e-37)
+  // quantizes to zeros: its reciprocal would overflow. A NaN value is 0.
+  const float inv = scale >= std::numeric_limits<float>::min() ? 1.0f / scale : 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    const float r = std::nearbyint(x[i] * inv);
+    q[i] = r == r ? (int8_t)std::clamp(r, -127.0f, 127.0f) : 0;
+  }
 }
 
 namespace {

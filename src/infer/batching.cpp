@@ -90,9 +90,20 @@ void BatchGenerator::admit(Slot& s, BatchRequest r) {
     return finish(s, "error", e.what());
   }
   const int64_t V = logits.size(-1);
-  accept(s,
-         detail::next_token(logits.data<float>() + (logits.size(1) - 1) * V, V, s.request.options,
-                            model_.tokenizer->specials(), s.rng, model_.generation.rules, s.request.prompt, s.tokens));
+  draw(s, logits.data<float>() + (logits.size(1) - 1) * V, V);
+}
+
+// The slot's next token from its row of logits, or the slot finished with
+// the error (a rule that fails on this vocabulary) instead of the thread.
+void BatchGenerator::draw(Slot& s, const float* logits, int64_t V) {
+  int64_t token = 0;
+  try {
+    token = detail::next_token(logits, V, s.request.options, model_.tokenizer->specials(), s.rng,
+                               model_.generation.rules, s.request.prompt, s.tokens);
+  } catch (const std::exception& e) {
+    return finish(s, "error", e.what());
+  }
+  accept(s, token);
 }
 
 namespace {
@@ -223,9 +234,7 @@ bool BatchGenerator::step() {
     for (size_t b = 0; b < rows.size(); ++b) {
       Slot& s = *rows[b];
       s.pending = -1;
-      accept(s, detail::next_token(logits.data<float>() + (int64_t)b * V, V, s.request.options,
-                                   model_.tokenizer->specials(), s.rng, model_.generation.rules, s.request.prompt,
-                                   s.tokens));
+      draw(s, logits.data<float>() + (int64_t)b * V, V);
     }
   }
   std::lock_guard<std::mutex> lock(mutex_);

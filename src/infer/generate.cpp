@@ -67,7 +67,8 @@ double language_model_loss(DecoderLM& model, const std::vector<int64_t>& tokens,
 
 LanguageModel load_language_model(const std::string& dir, const std::string& command, const std::string& dtype) {
   ModelFolder f = load_model_folder(dir, Task::Generate, command, {dtype});
-  return {f.tokenizer, std::dynamic_pointer_cast<DecoderLM>(f.model), read_generation_defaults(dir)};
+  auto model = std::dynamic_pointer_cast<DecoderLM>(f.model);
+  return {f.tokenizer, model, read_generation_defaults(dir, model->config().vocab_size)};
 }
 
 namespace detail {

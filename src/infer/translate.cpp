@@ -39,7 +39,7 @@ std::vector<int64_t> encode_source(const TranslationModel& m, const std::string&
   return ids;
 }
 
-GenerationDefaults read_generation_defaults(const std::string& dir) {
+GenerationDefaults read_generation_defaults(const std::string& dir, int64_t vocab) {
   GenerationDefaults d;
   const std::string path = dir + "/generation_config.json";
   if (!std::filesystem::exists(path)) return d;
@@ -86,6 +86,9 @@ GenerationDefaults read_generation_defaults(const std::string& dir) {
     QKV_CHECK(v.is_array() && !v.empty() && std::all_of(v.begin(), v.end(), id_list), path,
               ": bad_words_ids must be a non-empty list of non-empty lists of token ids, got ", v.dump());
     d.rules.bad_words = v.get<std::vector<std::vector<int64_t>>>();
+    for (const auto& w : d.rules.bad_words)
+      for (int64_t id : w)
+        QKV_CHECK(vocab <= 0 || id < vocab, path, ": bad_words_ids: id ", id, " is past the vocabulary of ", vocab);
   }
   // min_length counts what comes before the outputs (a translation's start token, a decoder's prompt).
   if (given("min_length")) d.rules.min_length = count("min_length", 0, 1 << 20);

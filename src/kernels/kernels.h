@@ -347,10 +347,10 @@ void gemm_bf16_amx(const GemmBf16Args& g);
 bool avx512_bf16_usable();
 void gemm_bf16_avx512_bf16(const GemmBf16Args& g);
 void gemm_bf16_widened(const GemmBf16Args& g);
-// gemm_int8's paths: AMX-INT8 tiles (above 4 rows; rows streamed through
-// AVX512-VNNI up to 4), AVX512-VNNI integer dot products (rows of A streamed
-// up to 4, register-blocked tiles above), and float32 BLAS on dequantized
-// copies (any m).
+// gemm_int8's paths: AMX-INT8 tiles (from 24 rows; AVX512-VNNI's below),
+// AVX512-VNNI integer dot products (rows of A streamed up to 4,
+// register-blocked tiles above), and float32 BLAS on dequantized copies
+// (any m).
 bool amx_int8_usable();
 void gemm_int8_amx(const GemmInt8Args& g);
 bool avx512_vnni_usable();

@@ -268,8 +268,8 @@ public:
     } else if (domain == Domain::Vision) {
       vit_ = std::dynamic_pointer_cast<VisionTransformer>(folder_.model);
     } else if (domain == Domain::Language) {
-      LanguageModel lm{folder_.tokenizer, std::dynamic_pointer_cast<DecoderLM>(folder_.model),
-                       read_generation_defaults(dir)};
+      auto decoder = std::dynamic_pointer_cast<DecoderLM>(folder_.model);
+      LanguageModel lm{folder_.tokenizer, decoder, read_generation_defaults(dir, decoder->config().vocab_size)};
       const int64_t model_context = lm.model->config().context;
       QKV_CHECK(o.context <= model_context, "serve: --ctx ", o.context, " is past the model's context of ",
                 model_context);

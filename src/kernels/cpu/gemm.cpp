@@ -99,8 +99,6 @@ void gemv(const GemmArgs& g) {
 // copies (packs) all of W on every call: with 16 rows that copy took 40% of a
 // serving step.
 constexpr int64_t kMaxTiledRows = 64;
-// Rows of A the streaming kernel takes when the tiles can (gemm below).
-constexpr int64_t kMaxGemvRowsBeforeTiles = 2;
 // The block of W's rows a thread's tiles sweep with every row of A before
 // moving on, in bytes: it stays in L2 while the next block is fetched into L2
 // beside it (64 KiB and 256 KiB measured about the same, 512 KiB slower).
@@ -275,18 +273,7 @@ void blas(const GemmArgs& g) {
 void gemm(const GemmArgs& g) {
   if (g.m == 0 || g.n == 0) return;
 #ifdef QKV_HAVE_GEMV
-#if defined(__AVX512F__)
-  // With the tiles below (inference), only up to 2 rows stream: each of the
-  // streaming kernel's dot products ends in a sum across lanes of its own,
-  // where a tile sums four at once. On the Intel Xeon (family 6 model 167),
-  // microseconds a product, streamed / tiled: 512 x 1408 at 1 row 17.9 /
-  // 27.0, 2 rows 28.1 / 31.9, 3 rows 43.8 / 36.8, 4 rows 50.5 / 35.1;
-  // 512 x 4096 at 4 rows 239 / 153 (a 4-stream server step 4.2 ms -> 3.2).
-  const int64_t gemv_rows = g.inference ? kMaxGemvRowsBeforeTiles : kMaxGemvRows;
-#else
-  const int64_t gemv_rows = kMaxGemvRows;
-#endif
-  if (!g.trans_a && g.trans_b && g.m <= gemv_rows && g.k >= 16) {
+  if (!g.trans_a && g.trans_b && g.m <= kMaxGemvRows && g.k >= 16) {
     gemv(g);  // bias included
     if (g.act_out) activate_rows(g);
     return;

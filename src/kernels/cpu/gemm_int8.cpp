@@ -15,7 +15,7 @@
 //                         goes in as |q| and its signs move onto W (W never
 //                         holds -128, whose negation would not fit). Without
 //                         VNNI, the same sums in plain loops.
-//   AMX-INT8 tiles        32 rows and more (prefill) where the CPU has
+//   AMX-INT8 tiles        24 rows and more (prefill) where the CPU has
 //                         AMX-INT8 (Sapphire Rapids and later): the same
 //                         integer block sums as tile products, scaled by
 //                         AVX-512 block by block (below).
@@ -34,6 +34,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "src/kernels/cpu/float_copies.h"
 #include "src/kernels/cpu/gemm_bf16_packed.h"
@@ -67,8 +68,11 @@ inline float block_scale(const float* x, int64_t n) {
 }
 
 inline void quantize(const float* x, int64_t n, float scale, int8_t* q) {
-  const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
-  for (int64_t i = 0; i < n; ++i) q[i] = (int8_t)std::clamp(std::nearbyint(x[i] * inv), -127.0f, 127.0f);
+  const float inv = scale >= std::numeric_limits<float>::min() ? 1.0f / scale : 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    const float r = std::nearbyint(x[i] * inv);
+    q[i] = r == r ? (int8_t)std::clamp(r, -127.0f, 127.0f) : 0;
+  }
 }
 
 int64_t blocks_of(int64_t k) { return (k + kBlock - 1) / kBlock; }
@@ -95,12 +99,12 @@ inline void quantize_block(const float* x, int64_t len, float* d, int8_t* q) {
   const __m512 a0 = _mm512_maskz_max_ps(kAll, _mm512_abs_ps(x0), zero);
   const __m512 a1 = _mm512_maskz_max_ps(kAll, _mm512_abs_ps(x1), zero);
   const float amax = _mm512_cvtss_f32(max_lanes(_mm512_maskz_max_ps(kAll, a0, a1)));
-  const float scale = amax / 127.0f, inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+  const float scale = amax / 127.0f, inv = scale >= std::numeric_limits<float>::min() ? 1.0f / scale : 0.0f;
   *d = scale;
   const __m512 lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f), vinv = _mm512_set1_ps(inv);
   auto round = [&](__m512 v) {
-    const __m512 r =
-        _mm512_maskz_roundscale_ps(kAll, _mm512_mul_ps(v, vinv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_maskz_roundscale_ps(kAll, _mm512_mul_ps(v, vinv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    r = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(r, r, _CMP_ORD_Q), r);  // a NaN is 0, as in the scalar lines
     const __m512 c = _mm512_maskz_min_ps(kAll, _mm512_maskz_max_ps(kAll, r, lo), hi);
     return _mm512_maskz_cvtepi32_epi8(kAll, _mm512_maskz_cvtps_epi32(kAll, c));
   };
@@ -605,7 +609,7 @@ void gemm_int8(const GemmInt8Args& g) {
 
 const char* gemm_int8_path() {
 #if defined(__AVX512F__)
-  if (amx_int8_usable()) return "AMX-INT8 tiles (AVX512-VNNI for up to 4 rows)";
+  if (amx_int8_usable()) return "AMX-INT8 tiles from 24 rows (AVX512-VNNI below)";
   if (avx512_vnni_usable()) return "AVX512-VNNI (rows streamed up to 4, register-blocked tiles above)";
 #endif
   return "int32 loops for up to 4 rows, float32 BLAS on dequantized weights above";
