@@ -221,6 +221,13 @@ std::string quote_python(const std::string& s) {  // Python's repr of a str (wit
 std::string repr(const Value& v);
 
 // What {{ v }} prints: Python's str().
+// A dict's (key, value) pair, as Python's items() gives it: a tuple.
+Value key_value(const std::string& key, const Value& value) {
+  Value pair = Value::of_list({Value::str(key), value});
+  pair.is_tuple = true;
+  return pair;
+}
+
 std::string to_string(const Value& v) {
   switch (v.kind) {
     case Value::Kind::Undefined: return "";
@@ -1533,7 +1540,7 @@ private:
       if (name == "items")
         return Value::function([d](Args&) {
           List l;
-          for (const auto& [k, v] : *d.dict) l.push_back(Value::of_list({Value::str(k), v}));
+          for (const auto& [k, v] : *d.dict) l.push_back(key_value(k, v));
           return Value::of_list(std::move(l));
         });
       if (name == "keys")
@@ -1666,7 +1673,7 @@ private:
     if (name == "items") {
       if (v.kind != Value::Kind::Dict) fail_at(line, std::string("items of ") + kind_name(v));
       List l;
-      for (const auto& [k, x] : *v.dict) l.push_back(Value::of_list({Value::str(k), x}));
+      for (const auto& [k, x] : *v.dict) l.push_back(key_value(k, x));
       return Value::of_list(std::move(l));
     }
     if (name == "int") {
@@ -1738,7 +1745,7 @@ private:
         if (k == "reverse") reverse = truthy(x);
       }
       List l;
-      for (const auto& [k, x] : *v.dict) l.push_back(Value::of_list({Value::str(k), x}));
+      for (const auto& [k, x] : *v.dict) l.push_back(key_value(k, x));
       auto key = [&](const Value& pair) {
         const Value& x = (*pair.list)[by_value ? 1 : 0];
         return !case_sensitive && x.kind == Value::Kind::Str ? Value::str(lower(x.s)) : x;

@@ -209,19 +209,21 @@ Tensor packed_self_attention(const Tensor& qkv, int64_t heads, int64_t kv_heads,
             shape_str(qkv.shape()), " for H = ", heads, ", Hkv = ", kv_heads);
   const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2), Dh = C / (heads + 2 * kv_heads);
   QKV_CHECK(Dh > 0, "attention: packed qkv has no head dimension: ", shape_str(qkv.shape()));
-  // Heads [from, from + count) of x as [B, count, T, Dh]: x split into its
-  // heads first, then sliced, so that a contiguous x gives views (slicing
-  // first and then splitting made reshape copy every slice).
-  auto split_heads = [&](const Tensor& x, int64_t from, int64_t count) {
-    return x.reshape({B, T, heads + 2 * kv_heads, Dh}).slice(2, from, from + count).permute({0, 2, 1, 3});
+  // Heads [from, from + count) of x4 ([B, T, H + 2 Hkv, Dh]: the packed rows
+  // split into their heads, a view of a contiguous x; slicing the rows first
+  // and then splitting made reshape copy every slice) as [B, count, T, Dh].
+  auto heads_of = [&](const Tensor& x) { return x.reshape({B, T, heads + 2 * kv_heads, Dh}); };
+  auto split_heads = [&](const Tensor& x4, int64_t from, int64_t count) {
+    return x4.slice(2, from, from + count).permute({0, 2, 1, 3});
   };
   if (!use_flash(o)) {  // the composed path: the same ops a caller would write
-    Tensor out = scaled_dot_product_attention(split_heads(qkv, 0, heads), split_heads(qkv, heads, kv_heads),
-                                              split_heads(qkv, heads + kv_heads, kv_heads), o);
+    const Tensor x4 = heads_of(qkv);
+    Tensor out = scaled_dot_product_attention(split_heads(x4, 0, heads), split_heads(x4, heads, kv_heads),
+                                              split_heads(x4, heads + kv_heads, kv_heads), o);
     return out.permute({0, 2, 1, 3}).reshape({B, T, heads * Dh});
   }
   // Shapes and masks checked as for the unpacked call (views of detached values: nothing recorded).
-  const Tensor values = qkv.detach();
+  const Tensor values = heads_of(qkv.detach());
   const Dims d = check_attention(split_heads(values, 0, heads), split_heads(values, heads, kv_heads),
                                  split_heads(values, heads + kv_heads, kv_heads), o);
   Tensor packed = contiguous_values(qkv);
