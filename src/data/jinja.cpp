@@ -1718,21 +1718,6 @@ private:
     if ((name == "selectattr" || name == "rejectattr" || name == "select" || name == "reject" || name == "map") &&
         !truthy(v))
       return Value::of_list({});
-    if (name == "select" || name == "reject") {  // the items that pass a test (none given: that are true)
-      List out;
-      for (const Value& e : iterate(v, line)) {
-        bool pass;
-        if (a.positional.empty()) {
-          pass = truthy(e);
-        } else {
-          Args rest;
-          rest.positional.assign(a.positional.begin() + 1, a.positional.end());
-          pass = test(str_arg(a, 0, name.c_str()), e, rest, line);
-        }
-        if (pass == (name == "select")) out.push_back(e);
-      }
-      return Value::of_list(std::move(out));
-    }
     if (name == "dictsort") {  // [key, value] pairs by key (or by="value"), strings without case by default
       if (v.kind != Value::Kind::Dict) fail_at(line, std::string("dictsort of ") + kind_name(v));
       bool case_sensitive = false, by_value = false, reverse = false;
@@ -1804,20 +1789,27 @@ private:
       for (size_t i = 1; i < lines.size(); ++i) out += "\n" + (blank || !lines[i].empty() ? pad : "") + lines[i];
       return Value::str(first ? pad + out : out);
     }
-    if (name == "selectattr" || name == "rejectattr") {
-      const std::string attr = str_arg(a, 0, name.c_str());
+    // The items (select, reject) or the dicts whose attribute (selectattr,
+    // rejectattr: its name first) pass a test: its name and arguments next;
+    // without one, that are true.
+    if (name == "select" || name == "reject" || name == "selectattr" || name == "rejectattr") {
+      const bool by_attribute = name.ends_with("attr");
+      const size_t at = by_attribute ? 1 : 0;  // where the test's name is
+      const std::string attr = by_attribute ? str_arg(a, 0, name.c_str()) : "";
       List out;
       for (const Value& e : iterate(v, line)) {
-        const Value x = e.kind == Value::Kind::Dict ? attribute(e, attr, line) : Value::undefined(attr);
+        const Value x = !by_attribute                 ? e
+                        : e.kind == Value::Kind::Dict ? attribute(e, attr, line)
+                                                      : Value::undefined(attr);
         bool pass;
-        if (a.positional.size() < 2) {
+        if (a.positional.size() <= at) {
           pass = truthy(x);
         } else {
           Args rest;
-          rest.positional.assign(a.positional.begin() + 2, a.positional.end());
-          pass = test(str_arg(a, 1, name.c_str()), x, rest, line);
+          rest.positional.assign(a.positional.begin() + (std::ptrdiff_t)at + 1, a.positional.end());
+          pass = test(str_arg(a, at, name.c_str()), x, rest, line);
         }
-        if (pass == (name == "selectattr")) out.push_back(e);
+        if (pass == name.starts_with("select")) out.push_back(e);
       }
       return Value::of_list(std::move(out));
     }
