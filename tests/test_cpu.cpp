@@ -6,7 +6,10 @@
 #include <omp.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "qkv/cpu.h"
 #include "qkv/rng.h"
@@ -69,12 +72,13 @@ TEST(Cpu, GemmKernelFollowsTheLevel) {
 }
 
 // Each level the CPU runs against the reference on a few kernels in one
-// process: the GEMM through BLAS, through the streaming GEMV and (avx512)
-// through the register tiles of a few dozen rows (13 rows: tiles of 4 with
-// one left over; 45 columns: one left over; k 130: a masked tail of 2), on
-// one thread and (37 x 301 x 203) split between two; softmax, layer norm and
-// GELU (the vectorized exp and erf). Dropping the masked tail of the tiles'
-// k loop failed both tiled cases.
+// process: the GEMM through BLAS, through the streaming GEMV (3 rows outside
+// inference; on avx2 in inference too) and (avx512, in inference) through
+// the register tiles of a few rows (3 and 13 rows: tiles of 4 with one left
+// over; 45 columns: one left over; k 130: a masked tail of 2), on one thread
+// and (37 x 301 x 203) split between two; softmax, layer norm and GELU (the
+// vectorized exp and erf). Dropping the masked tail of the tiles' k loop
+// failed both tiled cases.
 TEST(Cpu, EveryLevelMatchesTheReference) {
   omp_set_num_threads(2);
   Rng rng(5);
@@ -84,16 +88,17 @@ TEST(Cpu, EveryLevelMatchesTheReference) {
   for (CpuIsa isa : kLevels) {
     if (!isa_supported(isa)) continue;
     const Kernels& fast = cpu::kernels(isa);
-    for (int64_t rows : {m, (int64_t)3, (int64_t)13}) {  // BLAS, the few-row GEMV path, the tiles
+    for (auto [rows, inference] : {std::pair{m, true}, {3, false}, {3, true}, {13, true}}) {
       GemmArgs g;
-      g.trans_b = true, g.m = rows, g.n = n, g.k = k, g.inference = true;
+      g.trans_b = true, g.m = rows, g.n = n, g.k = k, g.inference = inference;
       g.a = a.data<float>(), g.lda = k, g.b = w.data<float>(), g.ldb = k, g.bias = bias.data<float>(), g.ldc = n;
       Tensor c_fast = Tensor::zeros({rows, n}), c_ref = Tensor::zeros({rows, n});
       g.c = c_fast.data<float>();
       fast.gemm(g);
       g.c = c_ref.data<float>();
       ref::gemm(g);
-      EXPECT_TRUE(testing::gemm_close(c_fast, c_ref, a.slice(0, 0, rows), w, bias)) << isa_name(isa) << " gemm " << rows;
+      EXPECT_TRUE(testing::gemm_close(c_fast, c_ref, a.slice(0, 0, rows), w, bias))
+          << isa_name(isa) << " gemm " << rows << (inference ? " inference" : "");
     }
     // Large enough for the tiles to split W's rows between the threads; alpha
     // and beta too. With k 2051 a block of W (kTiledBlockBytes) is 12 rows,
@@ -128,6 +133,48 @@ TEST(Cpu, EveryLevelMatchesTheReference) {
     // erf to 3e-7 absolute (src/kernels/cpu/vec_math.h): a few units of rounding.
     EXPECT_TRUE(testing::float32_close(y_fast, y_ref, {.terms = 1, .stages = 8})) << isa_name(isa) << " gelu";
   }
+}
+
+// In inference, a row of A gets the same bits whether it is multiplied alone
+// or with others: `qkv serve` relies on it so that a stream's tokens do not
+// depend on how many streams share its step. The avx512 level's tiles sum
+// every output in one order for 1 to 64 rows; the avx2 level's streaming
+// GEMV does for 1 to 4 (BLAS above); the generic level has only BLAS, whose
+// order may change with the shape, and is not held to it. 301 columns x 203:
+// one row runs on one thread, 16 rows split W between two, the last column a
+// group of its own. Sending 1-4 rows to the GEMV on avx512 again (as before
+// 2026-12-05) fails this test from 5 rows.
+TEST(Cpu, AnInferenceRowDoesNotDependOnTheRowsBesideIt) {
+  omp_set_num_threads(2);
+  Rng rng(11);
+  const int64_t n = 301, k = 203;
+  Tensor a = Tensor::randn({64, k}, rng), w = Tensor::randn({n, k}, rng), bias = Tensor::randn({n}, rng);
+  auto product = [&](const Kernels& fast, const float* rows, int64_t m) {
+    Tensor c = Tensor::zeros({m, n});
+    GemmArgs g;
+    g.trans_b = true, g.m = m, g.n = n, g.k = k, g.inference = true;
+    g.a = rows, g.lda = k, g.b = w.data<float>(), g.ldb = k, g.bias = bias.data<float>(), g.c = c.data<float>(),
+    g.ldc = n;
+    fast.gemm(g);
+    return c;
+  };
+  int levels = 0;
+  for (CpuIsa isa : kLevels) {
+    const int64_t most = isa == CpuIsa::Avx512 ? 64 : isa == CpuIsa::Avx2 ? 4 : 0;
+    if (!isa_supported(isa) || most == 0) continue;
+    ++levels;
+    const Kernels& fast = cpu::kernels(isa);
+    std::vector<Tensor> alone;
+    for (int64_t i = 0; i < most; ++i) alone.push_back(product(fast, a.data<float>() + i * k, 1));
+    for (int64_t m : {2, 3, 4, 5, 8, 16, 17, 64}) {
+      if (m > most) break;
+      Tensor together = product(fast, a.data<float>(), m);
+      for (int64_t i = 0; i < m; ++i)
+        EXPECT_EQ(0, std::memcmp(together.data<float>() + i * n, alone[i].data<float>(), n * sizeof(float)))
+            << isa_name(isa) << ": row " << i << " of " << m;
+    }
+  }
+  if (levels == 0) GTEST_SKIP() << "this CPU runs neither the avx2 nor the avx512 level";
 }
 
 }  // namespace

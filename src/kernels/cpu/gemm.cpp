@@ -1,9 +1,14 @@
 // Fast GEMM: the single place qkv calls BLAS (OpenBLAS, OpenMP build, loaded
 // by src/kernels/blas.cpp), plus its own kernel for the case BLAS handles
 // worst: a few rows of activations against a weight matrix stored [out, in],
-// as in y = x W^T with one token per sequence (decoding). That product is bound by reading W once from memory, so
-// the kernel streams W's rows exactly once, with wide FMA accumulators, and
-// splits the rows between the OpenMP threads.
+// as in y = x W^T with one token per sequence (decoding). That product is
+// bound by reading W once from memory, so the kernels read W's rows exactly
+// once, with wide FMA accumulators, and split the rows between the OpenMP
+// threads. In inference on the avx512 level, register tiles take every count
+// of rows up to kMaxTiledRows: each output is summed in the same order
+// whatever the count, so a sequence decoded beside others (`qkv serve`'s
+// streams) gets bit for bit what it gets alone. Elsewhere (training's few-row
+// products, the avx2 level) a streaming GEMV takes up to 4 rows.
 //
 // Larger products are split between the threads too (C's rows, or its columns
 // when it is wider than tall), one single-threaded BLAS call per thread: for
@@ -97,7 +102,10 @@ void gemv(const GemmArgs& g) {
 // serve`, the sentences of a greedy batch; GemmArgs::inference), W's rows are
 // read in place by register tiles instead of going to BLAS, which first
 // copies (packs) all of W on every call: with 16 rows that copy took 40% of a
-// serving step.
+// serving step. From one row on: with one row the tiles (four rows of W at a
+// time, the next block prefetched) were also faster than the GEMV, 2.17-2.23
+// against 2.34-2.45 ms a step of `qkv bench streams` on the lm-20m shape, and
+// with 3-4 rows twice as fast (Intel Xeon with AMX, 2026-12-05).
 constexpr int64_t kMaxTiledRows = 64;
 // The block of W's rows a thread's tiles sweep with every row of A before
 // moving on, in bytes: it stays in L2 while the next block is fetched into L2
@@ -120,9 +128,6 @@ inline __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {
                     _mm_add_ps(_mm_load_ps(lanes + 8), _mm_load_ps(lanes + 12)));
 }
 
-// C[i0 .. i0+MR) x [j0 .. j0+NR): MR x NR dot products over k in 16-lane
-// accumulators (kept in registers: the loops unroll), each row of A and of
-// W read once, in place.
 // A part of the next block of W to bring into this core's cache while a tile
 // computes from the current one: `lines` cache lines from `at`, a few per step.
 struct Prefetch {
@@ -130,6 +135,11 @@ struct Prefetch {
   int64_t lines = 0;
 };
 
+// C[i0 .. i0+MR) x [j0 .. j0+NR): MR x NR dot products over k in 16-lane
+// accumulators (kept in registers: the loops unroll), each row of A and of
+// W read once, in place. An output's sum does not depend on MR: one
+// accumulator over k, its lanes summed by hsum4 or hsum as the column's
+// group of 4 is whole or not (fixed by n alone).
 template <int MR, int NR>
 void tile(const GemmArgs& g, int64_t i0, int64_t j0, Prefetch pf) {
   __m512 acc[MR][NR];
@@ -273,11 +283,6 @@ void blas(const GemmArgs& g) {
 void gemm(const GemmArgs& g) {
   if (g.m == 0 || g.n == 0) return;
 #ifdef QKV_HAVE_GEMV
-  if (!g.trans_a && g.trans_b && g.m <= kMaxGemvRows && g.k >= 16) {
-    gemv(g);  // bias included
-    if (g.act_out) activate_rows(g);
-    return;
-  }
 #if defined(__AVX512F__)
   if (g.inference && !g.trans_a && g.trans_b && g.m <= kMaxTiledRows && g.k >= 16) {
     tiled(g);  // bias included
@@ -285,6 +290,11 @@ void gemm(const GemmArgs& g) {
     return;
   }
 #endif
+  if (!g.trans_a && g.trans_b && g.m <= kMaxGemvRows && g.k >= 16) {
+    gemv(g);  // bias included
+    if (g.act_out) activate_rows(g);
+    return;
+  }
 #endif
   const int64_t threads = omp_in_parallel() ? 1 : omp_get_max_threads();
   if (threads > 1 && std::max(g.m, g.n) >= 64 * threads && g.m * g.n * g.k >= (1 << 20)) {
