@@ -218,14 +218,51 @@ void pack_a_tile(const GemmBf16Args& g, const Operand& a, bool vector_round, int
 
 bool vector_round_a(const GemmBf16Args& g) { return g.a_f32 && !g.a_transposed && avx512_bf16_usable(); }
 
-// Blocks [b0, b1) of 16 rows of g's A, packed into out (block b0 first), on this thread.
-void pack_a_blocks(const GemmBf16Args& g, int64_t b0, int64_t b1, uint32_t* out) {
-  const int64_t kb = bf16_chunks(g.k);
-  const bool vector_round = vector_round_a(g);
+// Words from one row of A to the next in a thread's block of rows
+// (pack_a_rows): its kb chunks of 16 pairs, and 64 bytes more, so that the 16
+// rows of a tile do not all fall into the same few sets of L1.
+constexpr int64_t a_row_words(int64_t kb) { return kb * 16 + 16; }
+
+// Elements [k0, k0 + 32) of row i of float32 A, rounded to bfloat16 into
+// out (zeros past k, and for a row past m).
+__attribute__((target("avx512bf16"))) inline void round_segment(const GemmBf16Args& g, int64_t i, int64_t k0,
+                                                                uint16_t* out) {
+  if (i >= g.m) return _mm512_storeu_si512(out, _mm512_setzero_si512());
+  const float* x = g.a_f32 + i * g.lda + k0;
+  if (k0 + 32 <= g.k) return round32(x, out);
+  alignas(64) float staged[32] = {};
+  std::memcpy(staged, x, sizeof(float) * (g.k - k0));
+  round32(staged, out);
+}
+
+// Rows [i0, i0 + rows) of float32 A as pack_a_rows lays them out.
+__attribute__((target("avx512bf16"))) void round_rows(const GemmBf16Args& g, int64_t i0, int64_t rows, int64_t kb,
+                                                      uint32_t* out) {
+  for (int64_t i = i0; i < i0 + rows; ++i) {
+    uint16_t* row = reinterpret_cast<uint16_t*>(out + (i - i0) * a_row_words(kb));
+    for (int64_t p = 0; p < kb; ++p) round_segment(g, i, p * 32, row + p * 32);
+  }
+}
+
+// Rows [i0, i0 + rows) of g's A (not transposed), as bfloat16 rows of
+// a_row_words(kb) words each into out, on this thread: rounded when given
+// in float32, zeros past k and past m. The kernels read their tiles from
+// these rows in place (ATiles), so A costs one pass, row by row.
+void pack_a_rows(const GemmBf16Args& g, int64_t i0, int64_t rows, int64_t kb, uint32_t* out) {
+  if (vector_round_a(g)) return round_rows(g, i0, rows, kb, out);
   const Operand a = operand_a(g);
-  for (int64_t blk = b0 * kb; blk < b1 * kb; ++blk)
-    pack_a_tile(g, a, vector_round, blk / kb * 16, blk % kb * 32,
-                reinterpret_cast<uint16_t*>(out + (blk - b0 * kb) * 256));
+  const int64_t stride = a_row_words(kb);
+  for (int64_t i = i0; i < i0 + rows; ++i) {
+    uint16_t* row = reinterpret_cast<uint16_t*>(out + (i - i0) * stride);
+    if (i >= g.m) {
+      std::memset(row, 0, kb * 64);
+    } else if (g.a) {
+      std::memcpy(row, g.a + i * g.lda, g.k * 2);
+      std::memset(row + g.k, 0, (kb * 32 - g.k) * 2);
+    } else {
+      for (int64_t p = 0; p < kb * 32; ++p) row[p] = p < g.k ? a.at(i, p) : 0;
+    }
+  }
 }
 
 }  // namespace
@@ -299,14 +336,25 @@ struct BlockRange {
 };
 
 // Packed A as a thread's blocks read it: pk's, when the caller packed it
-// whole, or else one block of rows at a time, packed on this thread into
-// `buffer` just before its blocks use it (A read once from memory, into
-// L1, not packed whole, written out and read back).
+// whole, or else one block of rows at a time, rounded on this thread into
+// `buffer` as rows (pack_a_rows) just before its blocks use it (A read once
+// from memory, into L1 or L2, not packed whole, written out and read back).
 struct RowsOfA {
   const PackedBf16& pk;
   int64_t rows16;
   uint32_t* buffer;
-  int64_t buffer_words() const { return pk.a ? 0 : rows16 * pk.kb * 256; }
+  // Two blocks of rows: amx_range_rounding rounds the next while the tiles multiply one.
+  int64_t buffer_words() const { return pk.a ? 0 : 2 * rows16 * 16 * a_row_words(pk.kb); }
+};
+
+// Where the kernels find a block of 16 rows of A: the tile of chunk p at
+// `at + p * chunk`, each of its 16 rows (16 pairs of k) `row` words after
+// the one before, and the next 16 rows `block` words on. Packed A's tiles
+// are 1 KB each (chunk 256, row 16); a thread's rows of A lie row by row
+// (chunk 16, row a_row_words).
+struct ATiles {
+  const uint32_t* at;
+  int64_t chunk, row, block;
 };
 
 // Blocks of 32 columns of C (two blocks of packed B, 2 KB per chunk of k)
@@ -317,20 +365,22 @@ int64_t panel_blocks(int64_t kb) { return std::max<int64_t>(1, kPanelBytes / (2 
 // time (with more panels every block of rows would be packed once per panel).
 bool b_fits_one_panel(const GemmBf16Args& g) { return bf16_blocks(g.n) / 2 <= panel_blocks(bf16_chunks(g.k)); }
 
-// Calls block(mb, nb, a, a_stride) for every block of r, with a the block's
-// first 16 rows of packed A and a_stride the words from one 16 rows to the
-// next: per panel of B, one block of rows of A after another, each against
+// Calls block(mb, nb, a) for every block of r, with a the block's rows of
+// A: per panel of B, one block of rows of A after another, each against
 // every block of the panel.
 template <class Block>
 void in_panels(const GemmBf16Args& g, const RowsOfA& from, const BlockRange& r, Block&& block) {
-  const int64_t panel = panel_blocks(from.pk.kb), rows16 = from.rows16;
-  const int64_t stride = from.pk.a ? from.pk.a_stride : from.pk.kb * 256;
+  const PackedBf16& pk = from.pk;
+  const int64_t panel = panel_blocks(pk.kb), rows16 = from.rows16, row = a_row_words(pk.kb);
   for (int64_t n0 = r.n0; n0 < r.n1; n0 += panel) {
     const int64_t n1 = std::min(n0 + panel, r.n1);
     for (int64_t mb = r.m0; mb < r.m1; ++mb) {
-      const uint32_t* a = from.pk.a ? from.pk.a + mb * rows16 * stride : from.buffer;
-      if (!from.pk.a) pack_a_blocks(g, mb * rows16, (mb + 1) * rows16, from.buffer);
-      for (int64_t nb = n0; nb < n1; ++nb) block(mb, nb, a, stride);
+      ATiles a{from.buffer, 16, row, 16 * row};
+      if (pk.a)
+        a = ATiles{pk.a + mb * rows16 * pk.a_stride, 256, 16, pk.a_stride};
+      else
+        pack_a_rows(g, mb * rows16 * 16, rows16 * 16, pk.kb, from.buffer);
+      for (int64_t nb = n0; nb < n1; ++nb) block(mb, nb, a);
     }
   }
 }
@@ -381,78 +431,128 @@ void with_packed(const GemmBf16Args& g, Blocks&& blocks) {
 
 // --- AMX ---
 
+// This thread's tiles as the AMX kernel uses them: 16 rows of 64 bytes each.
+__attribute__((target("amx-tile"))) void amx_configure() {
+  TileConfig cfg;
+  for (int t = 0; t < 8; ++t) cfg.rows[t] = 16, cfg.colsb[t] = 64;  // every tile 16 rows of 64 bytes
+  load_tile_config(cfg);
+}
+
+// One 32 x 32 block of C (rows m2 * 32.., columns n2 * 32..) from the rows
+// of A at `a` and packed B, in tiles configured by amx_configure. between(p)
+// runs after the products of each chunk p of k: work for the core's vector
+// units while the tile unit multiplies.
+template <class Between>
+__attribute__((target("amx-tile,amx-bf16"))) inline void amx_block(const GemmBf16Args& g, const PackedBf16& pk,
+                                                                   int64_t m2, int64_t n2, const ATiles& a,
+                                                                   Between&& between) {
+  const uint32_t *a0 = a.at, *a1 = a.at + a.block;
+  const int64_t a_bytes = a.row * 4;
+  const uint32_t* b0 = pk.b + (2 * n2) * pk.b_stride;
+  const uint32_t* b1 = b0 + pk.b_stride;
+  const int64_t i0 = m2 * 32, j0 = n2 * 32;
+  float* c = g.c + i0 * g.ldc + j0;
+  const int64_t ldc = g.ldc * 4;  // bytes
+  // A whole block with alpha 1 and beta 0 or 1 starts its tiles at what C
+  // must add to the products (the bias in every row, C itself, or zero)
+  // and stores them into C: no pass over the sums after the tiles.
+  const bool in_place =
+      i0 + 32 <= g.m && j0 + 32 <= g.n && g.alpha == 1.0f && (g.beta == 0.0f || (g.beta == 1.0f && !g.bias));
+  if (!in_place || (g.beta == 0.0f && !g.bias)) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+  } else if (g.beta == 1.0f) {
+    _tile_loadd(0, c, ldc);
+    _tile_loadd(1, c + 16, ldc);
+    _tile_loadd(2, c + 16 * g.ldc, ldc);
+    _tile_loadd(3, c + 16 * g.ldc + 16, ldc);
+  } else {  // the bias, the same 16 values in each of a tile's rows (a row stride of 0)
+    _tile_loadd(0, g.bias + j0, 0);
+    _tile_loadd(1, g.bias + j0 + 16, 0);
+    _tile_loadd(2, g.bias + j0, 0);
+    _tile_loadd(3, g.bias + j0 + 16, 0);
+  }
+  for (int64_t p = 0; p < pk.kb; ++p) {  // each load just before its first use, so loads overlap products
+    _tile_loadd(4, a0 + p * a.chunk, a_bytes);
+    _tile_loadd(6, b0 + p * 256, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_loadd(7, b1 + p * 256, 64);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_loadd(5, a1 + p * a.chunk, a_bytes);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+    between(p);
+  }
+  if (in_place) {
+    _tile_stored(0, c, ldc);
+    _tile_stored(1, c + 16, ldc);
+    _tile_stored(2, c + 16 * g.ldc, ldc);
+    _tile_stored(3, c + 16 * g.ldc + 16, ldc);
+    return;
+  }
+  alignas(64) float sums[4][256];
+  _tile_stored(0, sums[0], 64);
+  _tile_stored(1, sums[1], 64);
+  _tile_stored(2, sums[2], 64);
+  _tile_stored(3, sums[3], 64);
+  finish_tile(g, sums[0], i0, j0, 16);
+  finish_tile(g, sums[1], i0, j0 + 16, 16);
+  finish_tile(g, sums[2], i0 + 16, j0, 16);
+  finish_tile(g, sums[3], i0 + 16, j0 + 16, 16);
+}
+
 // The 32 x 32 blocks of r, on this thread. (The target attribute is on the
 // thread's body, not on a function holding the OpenMP region: the region's
 // outlined function would not inherit it.)
 __attribute__((target("amx-tile,amx-bf16"))) void amx_range(const GemmBf16Args& g, const RowsOfA& from,
                                                             const BlockRange& r) {
-  const PackedBf16& pk = from.pk;
-  const int64_t kb = pk.kb;
-  TileConfig cfg;
-  for (int t = 0; t < 8; ++t) cfg.rows[t] = 16, cfg.colsb[t] = 64;  // every tile 16 rows of 64 bytes
-  _tile_loadconfig(&cfg);
-  alignas(64) float sums[4][256];
+  amx_configure();
   in_panels(
-      g, from, r,
-      [&](int64_t m2, int64_t n2, const uint32_t* a0, int64_t a_stride) __attribute__((target("amx-tile,amx-bf16"))) {
-        const uint32_t* a1 = a0 + a_stride;
-        const uint32_t* b0 = pk.b + (2 * n2) * pk.b_stride;
-        const uint32_t* b1 = b0 + pk.b_stride;
-        const int64_t i0 = m2 * 32, j0 = n2 * 32;
-        float* c = g.c + i0 * g.ldc + j0;
-        const int64_t ldc = g.ldc * 4;  // bytes
-        // A whole block with alpha 1 and beta 0 or 1 starts its tiles at what C
-        // must add to the products (the bias in every row, C itself, or zero)
-        // and stores them into C: no pass over the sums after the tiles.
-        const bool in_place =
-            i0 + 32 <= g.m && j0 + 32 <= g.n && g.alpha == 1.0f && (g.beta == 0.0f || (g.beta == 1.0f && !g.bias));
-        if (!in_place || (g.beta == 0.0f && !g.bias)) {
-          _tile_zero(0);
-          _tile_zero(1);
-          _tile_zero(2);
-          _tile_zero(3);
-        } else if (g.beta == 1.0f) {
-          _tile_loadd(0, c, ldc);
-          _tile_loadd(1, c + 16, ldc);
-          _tile_loadd(2, c + 16 * g.ldc, ldc);
-          _tile_loadd(3, c + 16 * g.ldc + 16, ldc);
-        } else {  // the bias, the same 16 values in each of a tile's rows (a row stride of 0)
-          _tile_loadd(0, g.bias + j0, 0);
-          _tile_loadd(1, g.bias + j0 + 16, 0);
-          _tile_loadd(2, g.bias + j0, 0);
-          _tile_loadd(3, g.bias + j0 + 16, 0);
-        }
-        for (int64_t p = 0; p < kb; ++p) {  // each load just before its first use, so loads overlap products
-          _tile_loadd(4, a0 + p * 256, 64);
-          _tile_loadd(6, b0 + p * 256, 64);
-          _tile_dpbf16ps(0, 4, 6);
-          _tile_loadd(7, b1 + p * 256, 64);
-          _tile_dpbf16ps(1, 4, 7);
-          _tile_loadd(5, a1 + p * 256, 64);
-          _tile_dpbf16ps(2, 5, 6);
-          _tile_dpbf16ps(3, 5, 7);
-        }
-        if (in_place) {
-          _tile_stored(0, c, ldc);
-          _tile_stored(1, c + 16, ldc);
-          _tile_stored(2, c + 16 * g.ldc, ldc);
-          _tile_stored(3, c + 16 * g.ldc + 16, ldc);
-          return;
-        }
-        _tile_stored(0, sums[0], 64);
-        _tile_stored(1, sums[1], 64);
-        _tile_stored(2, sums[2], 64);
-        _tile_stored(3, sums[3], 64);
-        finish_tile(g, sums[0], i0, j0, 16);
-        finish_tile(g, sums[1], i0, j0 + 16, 16);
-        finish_tile(g, sums[2], i0 + 16, j0, 16);
-        finish_tile(g, sums[3], i0 + 16, j0 + 16, 16);
+      g, from, r, [&](int64_t m2, int64_t n2, const ATiles& a) __attribute__((target("amx-tile,amx-bf16"))) {
+        amx_block(g, from.pk, m2, n2, a, [](int64_t) {});
       });
   _tile_release();
 }
 
+// amx_range for a float32 A rounded on this thread (B in one panel): while
+// the tiles multiply a block of 32 rows of A by the panel, the vector units
+// round the next 32 rows, a few segments of 32 after each chunk's products,
+// into the other of two buffers (the tile unit works beside the vector
+// units). Rounded first and multiplied after, A's rounding was a quarter of
+// the samples of a 2048 x 1024 x 256 product (`perf`, Intel Xeon with AMX);
+// spread between the products, that product took 3-8% less time, the other
+// bench shapes about the same (docs/benchmarks.md).
+__attribute__((target("amx-tile,amx-bf16,avx512bf16"))) void amx_range_rounding(const GemmBf16Args& g,
+                                                                                const RowsOfA& from,
+                                                                                const BlockRange& r) {
+  const PackedBf16& pk = from.pk;
+  const int64_t kb = pk.kb, row = a_row_words(kb), segments = 32 * kb;
+  const int64_t steps = (r.n1 - r.n0) * kb, per_step = (segments + steps - 1) / steps;
+  uint32_t* rows[2] = {from.buffer, from.buffer + 32 * row};
+  round_rows(g, r.m0 * 32, 32, kb, rows[0]);
+  amx_configure();
+  for (int64_t m2 = r.m0; m2 < r.m1; ++m2) {
+    const ATiles a{rows[(m2 - r.m0) & 1], 16, row, 16 * row};
+    uint32_t* next = rows[(m2 - r.m0 + 1) & 1];
+    const int64_t i_next = (m2 + 1) * 32, todo = m2 + 1 < r.m1 ? segments : 0;
+    int64_t s = 0;
+    const auto round_some = [&](int64_t) __attribute__((target("avx512bf16"))) {
+      for (const int64_t end = std::min(todo, s + per_step); s < end; ++s)
+        round_segment(g, i_next + s / kb, s % kb * 32, reinterpret_cast<uint16_t*>(next + s / kb * row) + s % kb * 32);
+    };
+    for (int64_t n2 = r.n0; n2 < r.n1; ++n2) amx_block(g, pk, m2, n2, a, round_some);
+  }
+  _tile_release();
+}
+
 void amx_blocks(const GemmBf16Args& g, const PackedBf16& pk) {
-  split_blocks(g, pk, 2, pk.nb / 2, [&](const BlockRange& r, const RowsOfA& from) { amx_range(g, from, r); });
+  const bool rounding = !pk.a && vector_round_a(g);
+  split_blocks(g, pk, 2, pk.nb / 2, [&](const BlockRange& r, const RowsOfA& from) {
+    if (rounding) return amx_range_rounding(g, from, r);
+    amx_range(g, from, r);
+  });
 }
 
 // --- AVX512-BF16 ---
@@ -463,8 +563,7 @@ __attribute__((target("avx512bf16"))) void dpbf16_range(const GemmBf16Args& g, c
   const PackedBf16& pk = from.pk;
   const int64_t kb = pk.kb;
   in_panels(
-      g, from,
-      blocks, [&](int64_t mb, int64_t n2, const uint32_t* a_block, int64_t) __attribute__((target("avx512bf16"))) {
+      g, from, blocks, [&](int64_t mb, int64_t n2, const ATiles& a_block) __attribute__((target("avx512bf16"))) {
         const uint32_t* b0 = pk.b + (2 * n2) * pk.b_stride;
         const uint32_t* b1 = b0 + pk.b_stride;
         alignas(64) float sums[2][256];
@@ -472,13 +571,13 @@ __attribute__((target("avx512bf16"))) void dpbf16_range(const GemmBf16Args& g, c
           __m512 acc[8][2];
           for (auto& r : acc) r[0] = r[1] = _mm512_setzero_ps();
           for (int64_t p = 0; p < kb; ++p) {
-            const uint32_t* a = a_block + p * 256 + half * 8 * 16;
+            const uint32_t* a = a_block.at + p * a_block.chunk + half * 8 * a_block.row;
             for (int64_t q = 0; q < 16; ++q) {
               const __m512bh v0 = (__m512bh)_mm512_loadu_si512(b0 + (p * 16 + q) * 16);
               const __m512bh v1 = (__m512bh)_mm512_loadu_si512(b1 + (p * 16 + q) * 16);
 #pragma GCC unroll 8
               for (int r = 0; r < 8; ++r) {
-                const __m512bh x = (__m512bh)_mm512_set1_epi32((int)a[r * 16 + q]);
+                const __m512bh x = (__m512bh)_mm512_set1_epi32((int)a[r * a_block.row + q]);
                 acc[r][0] = _mm512_dpbf16_ps(acc[r][0], x, v0);
                 acc[r][1] = _mm512_dpbf16_ps(acc[r][1], x, v1);
               }

@@ -17,6 +17,10 @@
 
 #include "src/kernels/kernels.h"
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 #ifndef QKV_CPU_NS
 #error "gemm_bf16_packed.h belongs to a kernel variant: define QKV_CPU_NS (CMake does for src/kernels/cpu)"
 #endif
@@ -30,6 +34,17 @@ struct alignas(64) TileConfig {
   uint16_t colsb[16] = {};
   uint8_t rows[16] = {};
 };
+
+#if defined(__AVX512F__)
+// LDTILECFG of cfg. GCC 12 does not count the instruction as a read of cfg:
+// with the function that filled cfg inlined into its caller, it kept only
+// the palette byte of the stores (a zero configuration, and the first tile
+// instruction faulted). The barrier makes every store happen first.
+__attribute__((target("amx-tile"))) inline void load_tile_config(const TileConfig& cfg) {
+  asm volatile("" : : "r"(&cfg) : "memory");
+  _tile_loadconfig(&cfg);
+}
+#endif
 
 // Chunks of 32 along k, and blocks of 16 rows (rounded up to even).
 constexpr int64_t bf16_chunks(int64_t k) { return (k + 31) / 32; }

@@ -528,7 +528,7 @@ __attribute__((target("amx-tile,amx-int8"))) void amx_panels(const GemmInt8Args&
   for (int t = 0; t < 4; ++t) cfg.rows[t] = 16, cfg.colsb[t] = 64;  // C: 16 x 16 int32
   for (int t = 4; t < 6; ++t) cfg.rows[t] = 16, cfg.colsb[t] = 32;  // A: 16 rows of 32 k
   for (int t = 6; t < 8; ++t) cfg.rows[t] = 8, cfg.colsb[t] = 64;   // B: 8 groups of 4 k by 16 columns
-  _tile_loadconfig(&cfg);
+  load_tile_config(cfg);
   const int64_t per_panel = WPanel::floats(qa.kb);
   for (int64_t g0 = p0; g0 < p1; g0 += group) {
     const int64_t g1 = std::min(p1, g0 + group);
