@@ -27,6 +27,9 @@ library, a test text, and what the library makes of each of its lines.
           "always"), the Unigram model (Viterbi over piece scores; characters
           outside the vocabulary fused into one <unk>), a template $A </s>,
           the Metaspace decoder
+  xlmr    XLM-R's kind: a SentencePiece Unigram model trained with nmt_nfkc,
+          its compiled rules as the Precompiled normalizer (then runs of
+          spaces made one), Metaspace, a template <s> $A </s>
 text.txt has 5,000 lines of English, Chinese, Japanese, emoji, digits, runs
 of white space (tabs, U+00A0, U+3000, U+0085, carriage returns), combining
 accents, added tokens written out, and invalid UTF-8. Lines are split at
@@ -44,7 +47,7 @@ skip_special_tokens=True), as UTF-8). The C++ test recomputes all three.
 
 Usage: python3 scripts/make_tokenizer_fixtures.py [--out DIR] [--only NAME ...]   (--only: just those, text.txt kept)
        python3 scripts/make_tokenizer_fixtures.py --show NAME LINE   (the ids of one line, for a failing test)
-Needs: tokenizers and sentencepiece (pip install tokenizers sentencepiece).
+Needs: tokenizers, sentencepiece and protobuf (pip install tokenizers sentencepiece protobuf).
 """
 import argparse
 import json
@@ -173,7 +176,39 @@ def build_unigram(corpus):
     return tok
 
 
+def build_xlmr(corpus):
+    """XLM-R's kind: a SentencePiece Unigram model trained with the nmt_nfkc rules, as a tokenizer.json the
+    way transformers converts one: the Precompiled normalizer (SentencePiece's compiled rules), runs of
+    spaces made one, Metaspace, the model's pieces and scores, <s> $A </s>."""
+    import tempfile
+
+    import sentencepiece as spm
+    from sentencepiece import sentencepiece_model_pb2
+    with tempfile.TemporaryDirectory() as tmp:
+        prefix = os.path.join(tmp, "xlmr")
+        spm.SentencePieceTrainer.train(sentence_iterator=iter([c for c in corpus if c]), model_prefix=prefix,
+                                       vocab_size=VOCAB, model_type="unigram", normalization_rule_name="nmt_nfkc",
+                                       character_coverage=0.98, num_threads=1, minloglevel=2)
+        proto = sentencepiece_model_pb2.ModelProto()
+        with open(prefix + ".model", "rb") as f:
+            proto.ParseFromString(f.read())
+    pieces = [(p.piece, p.score) for p in proto.pieces]
+    unk = next(i for i, p in enumerate(proto.pieces) if p.type == sentencepiece_model_pb2.ModelProto.SentencePiece.UNKNOWN)
+    tok = Tokenizer(models.Unigram(pieces, unk_id=unk, byte_fallback=False))
+    tok.normalizer = normalizers.Sequence([normalizers.Precompiled(proto.normalizer_spec.precompiled_charsmap),
+                                           normalizers.Replace(Regex(" {2,}"), " ")])
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement=SPACE, prepend_scheme="always", split=True)
+    bos, eos = tok.token_to_id("<s>"), tok.token_to_id("</s>")
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>",
+                                                       special_tokens=[("<s>", bos), ("</s>", eos)])
+    tok.decoder = decoders.Metaspace(replacement=SPACE, prepend_scheme="always", split=True)
+    tok.add_special_tokens(["<s>", "</s>", "<unk>"])
+    return tok
+
+
 def build(name, corpus):
+    if name == "xlmr":
+        return build_xlmr(corpus)
     if name == "bert":
         return build_wordpiece(corpus)
     if name == "unigram":
@@ -272,7 +307,7 @@ def main():
     if not args.only:
         with open(os.path.join(args.out, "text.txt"), "wb") as f:
             f.write(b"\n".join(text))
-    for name in args.only or ("gpt2", "llama3", "qwen2", "llama2", "spm", "bert", "unigram", "llama2-spm"):
+    for name in args.only or ("gpt2", "llama3", "qwen2", "llama2", "spm", "bert", "unigram", "xlmr", "llama2-spm"):
         if name == "llama2-spm":
             make_sentencepiece_folder(args.out, corpus, text)
             continue

@@ -50,7 +50,8 @@ TEST_P(TokenizerParity, IdsAndDecodedTextMatchTheTokenizersLibraryOnEveryLine) {
   EXPECT_GT(ids_total, 30000u);  // the text is long enough to mean something (unigram: 34,654 ids)
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, TokenizerParity, ::testing::Values("gpt2", "llama3", "qwen2", "llama2", "spm", "bert", "unigram"));
+INSTANTIATE_TEST_SUITE_P(Fixtures, TokenizerParity,
+                         ::testing::Values("gpt2", "llama3", "qwen2", "llama2", "spm", "bert", "unigram", "xlmr"));
 
 // A folder with a Llama 2 kind of tokenizer.model and no tokenizer.json
 // (tests/fixtures/tokenizers/llama2-spm): SentencePiece's own ids with <s>
@@ -156,6 +157,25 @@ TEST(HfTokenizer, UnigramAsT5DoesIt) {
   EXPECT_EQ(t5->decode(t5->encode("hello world")), "hello world");
 }
 
+// XLM-R's kind: SentencePiece's compiled nmt_nfkc rules (the Precompiled
+// normalizer) before Unigram, applied per grapheme cluster as `tokenizers`
+// does: full-width letters, half-width kana and circled digits folded, a
+// decomposed "Å" and "ö" composed (each a cluster of two characters), and
+// "\r\n" one cluster that becomes one space, as "\r" alone does.
+// (Expected ids: what `tokenizers` gives for the fixture.)
+TEST(HfTokenizer, PrecompiledRulesAsXlmRDoesThem) {
+  std::unique_ptr<Tokenizer> xlmr = load_hf_tokenizer(fixture("xlmr.json"), {});
+  using Ids = std::vector<int64_t>;
+  EXPECT_EQ(xlmr->encode("\xEF\xBC\xA1\xEF\xBC\xA2\xEF\xBC\xA3 abc"), (Ids{3, 0, 100, 503, 510}));  // ＡＢＣ abc
+  EXPECT_EQ(xlmr->encode("A\xCC\x8Angstro\xCC\x88m"), Ids{14});  // Ångström, decomposed
+  EXPECT_EQ(xlmr->encode("\xC3\x85ngstr\xC3\xB6m"), Ids{14});    // Ångström, composed
+  EXPECT_EQ(xlmr->encode("a\r\nb"), (Ids{100, 3, 503}));
+  EXPECT_EQ(xlmr->encode("a\rb"), (Ids{100, 3, 503}));
+  EXPECT_EQ(xlmr->encode("\xEF\xBD\xB6\xEF\xBE\x80\xEF\xBD\xB6\xEF\xBE\x85"), Ids{85});  // ｶﾀｶﾅ: カタカナ
+  EXPECT_EQ(xlmr->encode("x\xE3\x80\x80y"), (Ids{3, 91, 3, 505}));                       // U+3000
+  EXPECT_EQ(xlmr->encode("\xE2\x91\xA0"), (Ids{3, 36}));                                 // ①
+}
+
 TEST(HfTokenizer, ALongLineEncodesAndDecodesBack) {
   std::unique_ptr<Tokenizer> tok = load_hf_tokenizer(fixture("llama3.json"), {});
   std::string line;
@@ -185,8 +205,13 @@ TEST(HfTokenizer, WhatIsNotReadIsOneErrorNamingTheField) {
   EXPECT_EQ(error_with({{"decoder", {{"type", "Strip"}, {"content", "ab"}, {"start", 1}, {"stop", 0}}}}),
             ": decoder.content must be one character");
   EXPECT_EQ(error_with({{"normalizer", {{"type", "Replace"}, {"content", "x"}}}}), ": normalizer: no 'pattern'");
-  EXPECT_EQ(error_with({{"normalizer", {{"type", "Precompiled"}}}}),
-            ": normalizer: normalizer type 'Precompiled' is not supported yet");
+  EXPECT_EQ(error_with({{"normalizer", {{"type", "Precompiled"}}}}), ": normalizer: no 'precompiled_charsmap'");
+  EXPECT_EQ(error_with({{"normalizer", {{"type", "Precompiled"}, {"precompiled_charsmap", "AB$C"}}}}),
+            ": normalizer.precompiled_charsmap is not base64 (character 3 is outside its alphabet)");
+  EXPECT_EQ(error_with({{"normalizer", {{"type", "Precompiled"}, {"precompiled_charsmap", "AAAA"}}}}),
+            ": normalizer.precompiled_charsmap is not SentencePiece's compiled rules (3 bytes, the trie's size 0)");
+  EXPECT_EQ(error_with({{"normalizer", {{"type", "Precompiled"}, {"precompiled_charsmap", "EAAAAAAAAAA="}}}}),
+            ": normalizer.precompiled_charsmap is not SentencePiece's compiled rules (8 bytes, the trie's size 16)");
   EXPECT_EQ(error_with({{"normalizer", {{"type", "BertNormalizer"}, {"strip_accents", "yes"}}}}),
             ": normalizer.strip_accents must be true, false or null");
   EXPECT_EQ(error_with({{"pre_tokenizer", {{"type", "Whitespace"}}}}),

@@ -4,16 +4,18 @@
 //        -> post-processor (the ids around the text); ids -> decoder -> text
 //
 // Read here: normalizers NFC/NFD/NFKC/NFKD (utf8proc), Prepend, Replace,
-// BertNormalizer, Lowercase, StripAccents and Sequence; pre-tokenizers
+// BertNormalizer, Lowercase, StripAccents, Precompiled and Sequence; pre-tokenizers
 // ByteLevel (GPT-2's byte-to-character table and, with use_regex, its split
 // pattern), Split (a regex run by PCRE2, or a string), Metaspace,
 // BertPreTokenizer and Sequence; the models BPE (merges by rank,
-// ignore_merges, unk_token, byte_fallback) and WordPiece (longest match
-// first, "##" continuations); post-processors ByteLevel, TemplateProcessing,
-// BertProcessing, RobertaProcessing and Sequence; the decoders ByteLevel,
-// ByteFallback, Replace, Fuse, Strip, Metaspace, WordPiece and Sequence
-// (byte-level BPE as GPT-2, Llama 3 and Qwen2 use it; SentencePiece BPE with
-// byte fallback as Llama 2 and Mistral do; WordPiece as BERT does).
+// ignore_merges, unk_token, byte_fallback), WordPiece (longest match
+// first, "##" continuations) and Unigram (Viterbi over piece scores);
+// post-processors ByteLevel, TemplateProcessing, BertProcessing,
+// RobertaProcessing and Sequence; the decoders ByteLevel, ByteFallback,
+// Replace, Fuse, Strip, Metaspace, WordPiece and Sequence (byte-level BPE as
+// GPT-2, Llama 3 and Qwen2 use it; SentencePiece BPE with byte fallback as
+// Llama 2 and Mistral do; WordPiece as BERT does; SentencePiece's Unigram
+// behind its compiled normalization rules as T5 and XLM-R do).
 // Anything else is one error naming the field, never a different tokenizer.
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
@@ -27,6 +29,7 @@
 #include <queue>
 #include <unordered_map>
 
+#include "qkv/base64.h"
 #include "qkv/error.h"
 #include "qkv/io.h"
 #include "qkv/tokenizer.h"
@@ -353,6 +356,108 @@ private:
   }
 };
 
+// SentencePiece's normalization rules as a tokenizer.json carries them: the
+// `Precompiled` normalizer (T5's, ALBERT's, XLM-R's), its
+// precompiled_charsmap the base64 of SentencePiece's compiled rules:
+//
+//   [n: uint32, little-endian] [n bytes: a double-array trie, darts-clone's
+//   32-bit units, over the UTF-8 bytes of the texts to replace]
+//   [their replacements, each ended by a NUL; a key's value is the offset
+//   of its replacement]
+//
+// `tokenizers` applies it per extended grapheme cluster: a cluster of fewer
+// than 6 bytes is replaced whole when some key begins it (by the shortest
+// such key's replacement, even when that key covers only part of the
+// cluster: "\r\n" goes as "\r" does); otherwise each of its characters
+// is, or stays as it is. qkv does the same, the clusters from utf8proc.
+class Precompiled {
+public:
+  Precompiled(const Json& j, const std::string& where) {
+    const Json& field_json = field(j, "precompiled_charsmap", where);
+    QKV_CHECK(field_json.is_string(), where, ".precompiled_charsmap must be a base64 string");
+    std::string blob, error;
+    QKV_CHECK(base64_decode(field_json.get<std::string>(), &blob, &error), where,
+              ".precompiled_charsmap is not base64 (", error, ")");
+    uint32_t n = 0;
+    if (blob.size() >= 4)
+      n = (uint8_t)blob[0] | (uint8_t)blob[1] << 8 | (uint8_t)blob[2] << 16 | (uint32_t)(uint8_t)blob[3] << 24;
+    QKV_CHECK(blob.size() >= 4 && n >= 4 && n % 4 == 0 && n <= blob.size() - 4, where,
+              ".precompiled_charsmap is not SentencePiece's compiled rules (", blob.size(), " bytes, the trie's size ",
+              n, ")");
+    trie_.resize(n / 4);
+    for (size_t u = 0; u < trie_.size(); ++u) {
+      const char* b = blob.data() + 4 + 4 * u;
+      trie_[u] = (uint8_t)b[0] | (uint8_t)b[1] << 8 | (uint8_t)b[2] << 16 | (uint32_t)(uint8_t)b[3] << 24;
+    }
+    replacements_ = blob.substr(4 + n);
+    QKV_CHECK(invalid_utf8_offset(replacements_) == std::string::npos, where,
+              ".precompiled_charsmap: its replacements are not UTF-8");
+  }
+
+  std::string apply(const std::string& s) const {
+    std::string out;
+    out.reserve(s.size());
+    std::string_view text(s), rule;
+    utf8proc_int32_t state = 0, prev = -1;
+    size_t cluster = 0;  // where the current grapheme cluster began
+    auto finish = [&](size_t end) {
+      const std::string_view g = text.substr(cluster, end - cluster);
+      if (g.size() < 6 && lookup(g, &rule)) return (void)out.append(rule);
+      for (size_t i = 0; i < g.size();) {
+        int len = 1;
+        utf8_code_point(s, cluster + i, &len);
+        const std::string_view c = g.substr(i, (size_t)len);
+        out.append(lookup(c, &rule) ? rule : c);
+        i += (size_t)len;
+      }
+    };
+    for (size_t i = 0; i < s.size();) {
+      int len = 1;
+      const utf8proc_int32_t cp = (utf8proc_int32_t)utf8_code_point(s, i, &len);
+      if (prev >= 0 && utf8proc_grapheme_break_stateful(prev, cp, &state)) {
+        finish(i);
+        cluster = i;
+      }
+      prev = cp;
+      i += (size_t)len;
+    }
+    if (cluster < s.size()) finish(s.size());
+    return out;
+  }
+
+private:
+  // The replacement of the shortest key that begins `text` (read up to a
+  // NUL byte), if there is one. Units: bits 0-7 the label (bit 31 set on a
+  // value unit, so no label matches it), bit 8 "has a value", bits 10-31
+  // the offset to the children (shifted 8 more when bit 9 is set).
+  bool lookup(std::string_view text, std::string_view* out) const {
+    const auto offset = [](uint32_t unit) { return (size_t)(unit >> 10) << ((unit & (1u << 9)) >> 6); };
+    size_t node = offset(trie_[0]);
+    for (const char ch : text) {
+      const uint8_t c = (uint8_t)ch;
+      if (c == 0) return false;
+      node ^= c;
+      if (node >= trie_.size()) return false;
+      const uint32_t unit = trie_[node];
+      if ((unit & ((1u << 31) | 0xFF)) != c) return false;
+      node ^= offset(unit);
+      if (!((unit >> 8) & 1)) continue;
+      if (node >= trie_.size()) return false;
+      const size_t at = trie_[node] & ((1u << 31) - 1);
+      // (a broken file's offset past the end or inside a character: no rule)
+      if (at > replacements_.size() || (at < replacements_.size() && ((uint8_t)replacements_[at] & 0xC0) == 0x80))
+        return false;
+      const size_t end = std::min(replacements_.find('\0', at), replacements_.size());
+      *out = std::string_view(replacements_).substr(at, end - at);
+      return true;
+    }
+    return false;
+  }
+
+  std::vector<uint32_t> trie_;
+  std::string replacements_;
+};
+
 class Normalizer {
 public:
   Normalizer(const Json& j, const std::string& where) { add(j, where); }
@@ -363,6 +468,8 @@ public:
         s = step.replace->apply(s);
       } else if (step.bert) {
         s = step.bert->apply(s);
+      } else if (step.precompiled) {
+        s = step.precompiled->apply(s);
       } else if (step.utf8proc == 0) {  // Prepend, to a text that is not empty
         if (!s.empty()) s.insert(0, step.prepend);
       } else {
@@ -377,7 +484,8 @@ private:
     int utf8proc = 0;                      // NFC, NFD, NFKC, NFKD: utf8proc options; or
     std::string prepend;                   // Prepend; or
     std::shared_ptr<Replacement> replace;  // Replace; or
-    std::shared_ptr<BertSteps> bert;       // BertNormalizer, Lowercase, StripAccents
+    std::shared_ptr<BertSteps> bert;       // BertNormalizer, Lowercase, StripAccents; or
+    std::shared_ptr<Precompiled> precompiled;
   };
 
   void add(const Json& j, const std::string& where) {
@@ -411,6 +519,8 @@ private:
       steps_.push_back({0, "", nullptr, std::make_shared<BertSteps>(BertSteps{.lowercase = true})});
     } else if (type == "StripAccents") {
       steps_.push_back({0, "", nullptr, std::make_shared<BertSteps>(BertSteps{.strip_accents = true})});
+    } else if (type == "Precompiled") {
+      steps_.push_back({0, "", nullptr, nullptr, std::make_shared<Precompiled>(j, where)});
     } else {
       fail(where, ": normalizer type '", type, "' is not supported yet");
     }

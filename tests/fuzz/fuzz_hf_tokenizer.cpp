@@ -2,9 +2,10 @@
 // tokenizer.json (load_hf_tokenizer), then used on a fixed text. Any other
 // input is text, encoded by the gpt2, llama3 and llama2 fixtures: every id in range,
 // and decoding gives the text back (invalid UTF-8 replaced) whenever it holds
-// no special token (decode skips those); and by the bert (WordPiece) and
-// unigram fixtures, which lowercase or fuse unknown characters, so only
-// the ids are checked and decoding must not fail.
+// no special token (decode skips those); and by the bert (WordPiece),
+// unigram and xlmr (SentencePiece's compiled rules) fixtures, which
+// lowercase, fold or fuse unknown characters, so only the ids are checked
+// and decoding must not fail.
 #include "qkv/tokenizer.h"
 #include "qkv/utf8.h"
 #include "tests/fuzz/fuzz.h"
@@ -49,6 +50,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   });
   static const auto bert = qkv::load_hf_tokenizer(QKV_FIXTURES_DIR "/tokenizers/bert.json", {});
   static const auto unigram = qkv::load_hf_tokenizer(QKV_FIXTURES_DIR "/tokenizers/unigram.json", {});
-  for (const qkv::Tokenizer* tok : {bert.get(), unigram.get()}) qkv::fuzz::expect_clean([&] { use(*tok, input); });
+  static const auto xlmr = qkv::load_hf_tokenizer(QKV_FIXTURES_DIR "/tokenizers/xlmr.json", {});
+  for (const qkv::Tokenizer* tok : {bert.get(), unigram.get(), xlmr.get()})
+    qkv::fuzz::expect_clean([&] { use(*tok, input); });
   return 0;
 }

@@ -18,6 +18,7 @@
 #include <utility>
 #include <nlohmann/json.hpp>
 
+#include "qkv/base64.h"
 #include "qkv/batching.h"
 #include "qkv/chat.h"
 #include "qkv/encoder.h"
@@ -121,21 +122,7 @@ std::vector<std::string> strings_field(const json& body, const char* name, size_
   return out;
 }
 
-// Bytes as standard base64 (RFC 4648, with padding).
-std::string to_base64(const std::string& bytes) {
-  static const char* kDigits = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  std::string out;
-  out.reserve((bytes.size() + 2) / 3 * 4);
-  for (size_t i = 0; i < bytes.size(); i += 3) {
-    const size_t n = std::min<size_t>(3, bytes.size() - i);
-    uint32_t v = 0;
-    for (size_t k = 0; k < 3; ++k) v = (v << 8) | (k < n ? (uint8_t)bytes[i + k] : 0u);
-    for (size_t k = 0; k < 4; ++k) out += k <= n ? kDigits[(v >> (18 - 6 * k)) & 63] : '=';
-  }
-  return out;
-}
-
-// Standard base64 (RFC 4648, padding optional) to bytes; a data: URL prefix
+// Standard base64 (qkv/base64.h) to bytes; a data: URL prefix
 // ("data:image/png;base64,") is skipped. Anything else is an error naming `param`.
 std::string from_base64(const std::string& text, const std::string& param) {
   std::string_view in(text);
@@ -145,24 +132,8 @@ std::string from_base64(const std::string& text, const std::string& param) {
       bad(param, param + " is a data: URL that is not base64");
     in.remove_prefix(comma + 1);
   }
-  while (!in.empty() && in.back() == '=') in.remove_suffix(1);
-  std::string out;
-  out.reserve(in.size() * 3 / 4);
-  uint32_t acc = 0;
-  int bits = 0;
-  for (size_t i = 0; i < in.size(); ++i) {
-    const char c = in[i];
-    int v = c >= 'A' && c <= 'Z' ? c - 'A' : c >= 'a' && c <= 'z' ? c - 'a' + 26 : c >= '0' && c <= '9' ? c - '0' + 52
-          : c == '+' ? 62 : c == '/' ? 63 : -1;
-    if (v < 0) bad(param, param + " is not base64 (character " + std::to_string(i + 1) + ")");
-    acc = (acc << 6) | (uint32_t)v;
-    bits += 6;
-    if (bits >= 8) {
-      bits -= 8;
-      out.push_back((char)((acc >> bits) & 0xFF));
-    }
-  }
-  if (bits >= 6) bad(param, param + " is not base64 (its length is impossible)");
+  std::string out, error;
+  if (!base64_decode(in, &out, &error)) bad(param, param + " is not base64 (" + error + ")");
   return out;
 }
 
@@ -1017,7 +988,7 @@ private:
       if (format == "base64") {
         std::string bytes(vector.size() * sizeof(float), '\0');
         std::memcpy(bytes.data(), vector.data(), bytes.size());  // x86-64: little-endian already
-        e["embedding"] = to_base64(bytes);
+        e["embedding"] = base64_encode(bytes);
       } else {
         e["embedding"] = vector;
       }
