@@ -110,6 +110,32 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, HfParity, ::testing::Values("llama", "qwen2",
 // from those without the rules and every rule set changes some, so a rule
 // left out, or one that skips the prompt (min_length counting the outputs
 // only; the penalty on the outputs alone), fails here.
+// min_p (as transformers' MinPLogitsWarper and llama.cpp's min-p sampler):
+// only tokens at least min_p times as likely as the most likely one, after
+// the temperature. Logits 0, -1, -2, -3, -10, -0.5 are, at temperature 1,
+// 1, 0.37, 0.14, 0.05, 0.00005 and 0.61 times the first's probability: min_p
+// 0.1 keeps ids 0, 1, 2 and 5; at temperature 2 id 3 (0.22) too.
+TEST(Sampling, MinPKeepsOnlyTokensNearTheMostLikely) {
+  const std::vector<float> logits = {0, -1, -2, -3, -10, -0.5f};
+  Tokenizer::Specials specials;
+  specials.never_sampled.clear();  // (by default qkv's <pad>, <bos> and <unk>: ids 0, 1 and 3)
+  auto counts = [&](float temperature, float min_p) {
+    std::vector<int> seen(logits.size());
+    Rng rng(3);
+    const GenerateOptions o{.temperature = temperature, .min_p = min_p};
+    for (int i = 0; i < 4000; ++i)
+      ++seen[detail::sample_token(logits.data(), (int64_t)logits.size(), o, specials, rng)];
+    return seen;
+  };
+  const std::vector<int> t1 = counts(1.0f, 0.1f), t2 = counts(2.0f, 0.1f), off = counts(1.0f, 0.0f);
+  for (int v : {0, 1, 2, 5}) EXPECT_GT(t1[v], 0) << v;
+  EXPECT_EQ(t1[3], 0);
+  EXPECT_EQ(t1[4], 0);
+  for (int v : {0, 1, 2, 3, 5}) EXPECT_GT(t2[v], 0) << v;
+  EXPECT_EQ(t2[4], 0);
+  EXPECT_GT(off[3], 0);  // without min_p, id 3 (2.3% of the mass) is drawn
+}
+
 TEST(Hf, TokenRulesChangeADecodersOutputsAsGenerateDoes) {
   const nlohmann::json e = nlohmann::json::parse(read_file(hf("llama.rules.expected.json")));
   const auto prompts = e["prompts"].get<std::vector<std::string>>();

@@ -287,13 +287,16 @@ TEST(HfMarian, GenerationConfigGivesTheDefaults) {
   EXPECT_EQ(d.temperature, 0.6f);
   EXPECT_EQ(d.top_k, 50);
   EXPECT_EQ(d.top_p, 1.0f);
+  EXPECT_EQ(d.min_p, 0.0f);
   EXPECT_EQ(d.decoder_max_new_tokens, 0);  // max_length counts a decoder's prompt: not read for decoders
   d = read_generation_defaults(
-      folder_with(R"({"do_sample": true, "temperature": 0.7, "top_k": 0, "top_p": 0.9, "max_new_tokens": 64})"));
+      folder_with(R"({"do_sample": true, "temperature": 0.7, "top_k": 0, "top_p": 0.9, "min_p": 0.05,
+                      "max_new_tokens": 64})"));
   EXPECT_TRUE(d.do_sample);
   EXPECT_EQ(d.temperature, 0.7f);
   EXPECT_EQ(d.top_k, 0);
   EXPECT_EQ(d.top_p, 0.9f);
+  EXPECT_EQ(d.min_p, 0.05f);
   EXPECT_EQ(d.decoder_max_new_tokens, 64);
 
   TranslationModel m;
@@ -329,6 +332,7 @@ TEST(HfMarian, GenerationConfigGivesTheDefaults) {
            {R"({"top_k": 2.5})", "top_k must be a whole number from 0 to"},
            {R"({"top_p": 1.5})", "top_p must be a number from 0 to 1, got 1.5"},
            {R"({"top_p": 0})", "top_p must be above 0, got 0"},
+           {R"({"min_p": 2})", "min_p must be a number from 0 to 1, got 2"},
            {R"([4])", "expected a JSON object"}}) {
     const std::string dir = folder_with(text);
     const std::string error = error_of([&] { read_generation_defaults(dir); });

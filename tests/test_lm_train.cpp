@@ -81,10 +81,12 @@ TEST(LanguageModel, ReproducesARepetitiveTextAndGeneratesFromTheCache) {
   }
   EXPECT_EQ(out, recomputed);
 
-  // Sampling: the same seed gives the same text; top-k 1 is greedy.
+  // Sampling: the same seed gives the same text; top-k 1 is greedy, and so
+  // is min-p 1 (only the most likely token is as likely as itself).
   GenerateOptions s{.max_new_tokens = 15, .temperature = 1.5f, .top_k = 0, .top_p = 0.9f, .seed = 7};
   EXPECT_EQ(generate(loaded, "the", s), generate(loaded, "the", s));
   EXPECT_EQ(generate(loaded, "the cat sat", {.max_new_tokens = 20, .temperature = 1.0f, .top_k = 1}), out);
+  EXPECT_EQ(generate(loaded, "the cat sat", {.max_new_tokens = 20, .temperature = 1.0f, .min_p = 1.0f}), out);
 
   // Too long a prompt: an error, or its last tokens with --truncate-prompt.
   const std::string long_prompt(60, 'a');

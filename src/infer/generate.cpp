@@ -117,8 +117,11 @@ int64_t sample_token(const float* logits, int64_t V, const GenerateOptions& o, c
       mass += p[keep++] / total;
       if (mass >= o.top_p) break;
     }
-    total = std::accumulate(p.begin(), p.begin() + keep, 0.0);
   }
+  // min_p: only tokens at least min_p times as likely as the first (p[0] is
+  // 1), as transformers' MinPLogitsWarper keeps them after top-k and top-p.
+  while (keep > 1 && p[keep - 1] < o.min_p) --keep;
+  if (keep < cand.size()) total = std::accumulate(p.begin(), p.begin() + keep, 0.0);
   double u = rng.next_uniform() * total;
   for (size_t i = 0; i < keep; ++i) {
     if ((u -= p[i]) <= 0) return cand[i].second;
@@ -140,8 +143,9 @@ int64_t next_token(const float* logits, int64_t V, const GenerateOptions& o, con
 
 std::vector<int64_t> generate(LanguageModel& m, const std::string& prompt, const GenerateOptions& o,
                               const std::function<void(const std::string&)>& emit) {
-  QKV_CHECK(o.max_new_tokens >= 0 && o.top_k >= 0 && o.top_p > 0 && o.top_p <= 1 && o.temperature >= 0,
-            "generate: max-new-tokens, top-k and temperature must not be negative, top-p in (0, 1]");
+  QKV_CHECK(o.max_new_tokens >= 0 && o.top_k >= 0 && o.top_p > 0 && o.top_p <= 1 && o.temperature >= 0 &&
+                o.min_p >= 0 && o.min_p <= 1,
+            "generate: max-new-tokens, top-k and temperature must not be negative, top-p in (0, 1], min-p in [0, 1]");
   NoGradGuard no_grad;
   DecoderLM& model = *m.model;
   model.eval();

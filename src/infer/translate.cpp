@@ -111,6 +111,7 @@ GenerationDefaults read_generation_defaults(const std::string& dir, int64_t voca
   if (given("top_k")) d.top_k = count("top_k", 0, std::numeric_limits<int32_t>::max());
   if (given("top_p")) d.top_p = number("top_p", 0, 1);
   QKV_CHECK(d.top_p > 0, path, ": top_p must be above 0, got 0");
+  if (given("min_p")) d.min_p = number("min_p", 0, 1);
   return d;
 }
 

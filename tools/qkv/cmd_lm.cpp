@@ -76,13 +76,14 @@ struct GenerateArgs {
 
 // The sampling flags not given take the folder's generation_config.json,
 // where it has one, as transformers' generate() reads it: do_sample false is
-// greedy; else its temperature, top_k (50 when absent) and top_p. Its
+// greedy; else its temperature, top_k (50 when absent), top_p and min_p. Its
 // max_new_tokens, where given, replaces the default of --max-new-tokens.
 void take_folder_sampling(const CLI::App& command, const GenerationDefaults& d, GenerateOptions& o) {
   if (!d.from_file) return;
   if (command.count("--temperature") == 0) o.temperature = d.do_sample ? d.temperature : 0.0f;
   if (command.count("--top-k") == 0) o.top_k = d.top_k;
   if (command.count("--top-p") == 0) o.top_p = d.top_p;
+  if (command.count("--min-p") == 0) o.min_p = d.min_p;
   if (command.count("--max-new-tokens") == 0 && d.decoder_max_new_tokens > 0)
     o.max_new_tokens = d.decoder_max_new_tokens;
 }
@@ -117,7 +118,7 @@ int run_generate(GenerateArgs a) {
   return 0;
 }
 
-// --temperature, --top-k, --top-p and --seed, as generate and chat take them
+// --temperature, --top-k, --top-p, --min-p and --seed, as generate and chat take them
 // (those not given: the folder's generation_config.json, take_folder_sampling).
 void add_sampling_options(CLI::App* sub, GenerateOptions& o) {
   sub->add_option("--temperature", o.temperature,
@@ -127,6 +128,9 @@ void add_sampling_options(CLI::App* sub, GenerateOptions& o) {
   sub->add_option("--top-k", o.top_k, "Sample from the k most likely tokens (0: all)")
       ->capture_default_str()->check(CLI::NonNegativeNumber);
   sub->add_option("--top-p", o.top_p, "Sample from the smallest set with this much probability")
+      ->capture_default_str()->check(CLI::Range(0.0, 1.0));
+  sub->add_option("--min-p", o.min_p,
+                  "Sample only from tokens at least this fraction as likely as the most likely one (0: off)")
       ->capture_default_str()->check(CLI::Range(0.0, 1.0));
   sub->add_option("--seed", o.seed, "Seed of the sampling")->capture_default_str();
 }
