@@ -4,11 +4,11 @@
 // as in y = x W^T with one token per sequence (decoding). That product is
 // bound by reading W once from memory, so the kernels read W's rows exactly
 // once, with wide FMA accumulators, and split the rows between the OpenMP
-// threads. In inference on the avx512 level, register tiles take every count
-// of rows up to kMaxTiledRows: each output is summed in the same order
-// whatever the count, so a sequence decoded beside others (`qkv serve`'s
-// streams) gets bit for bit what it gets alone. Elsewhere (training's few-row
-// products, the avx2 level) a streaming GEMV takes up to 4 rows.
+// threads. In inference (on the avx512 and avx2 levels) register tiles take
+// every count of rows up to kMaxTiledRows: each output is summed in the same
+// order whatever the count, so a sequence decoded beside others (`qkv
+// serve`'s streams) gets bit for bit what it gets alone. Training's few-row
+// products take a streaming GEMV (up to 4 rows).
 //
 // Larger products are split between the threads too (C's rows, or its columns
 // when it is wider than tall), one single-threaded BLAS call per thread: for
@@ -97,7 +97,6 @@ void gemv(const GemmArgs& g) {
   }
 }
 
-#if defined(__AVX512F__)
 // Up to this many rows of A (a batch of decoding steps: the streams of `qkv
 // serve`, the sentences of a greedy batch; GemmArgs::inference), W's rows are
 // read in place by register tiles instead of going to BLAS, which first
@@ -105,13 +104,41 @@ void gemv(const GemmArgs& g) {
 // serving step. From one row on: with one row the tiles (four rows of W at a
 // time, the next block prefetched) were also faster than the GEMV, 2.17-2.23
 // against 2.34-2.45 ms a step of `qkv bench streams` on the lm-20m shape, and
-// with 3-4 rows twice as fast (Intel Xeon with AMX, 2026-12-05).
+// with 3-4 rows twice as fast (Intel Xeon with AMX, 2026-12-05). On the avx2
+// level (QKV_ISA=avx2, same machine), against the GEMV up to 4 rows and BLAS
+// above: 1 row 2.25-2.28 against 2.51 ms, 4 rows 3.40 against 5.70-6.52, 16
+// rows 10.2-10.5 against 11.3-11.8.
 constexpr int64_t kMaxTiledRows = 64;
 // The block of W's rows a thread's tiles sweep with every row of A before
 // moving on, in bytes: it stays in L2 while the next block is fetched into L2
 // beside it (64 KiB and 256 KiB measured about the same, 512 KiB slower).
 constexpr int64_t kTiledBlockBytes = 128 << 10;
 
+// The tiles' vectors: 16 lanes on the avx512 level, 8 on the avx2 level.
+#if defined(__AVX512F__)
+using Vec = __m512;
+constexpr int kLanes = 16;
+// Rows of A per tile: 4 x 4 accumulators, 4 vectors of W and one of A fit
+// the 32 registers; on the avx2 level's 16, 2 x 4 accumulators do.
+constexpr int kTileRows = 4;
+inline Vec vzero() { return _mm512_setzero_ps(); }
+inline Vec vload(const float* p) { return _mm512_loadu_ps(p); }
+inline Vec vload_first(const float* p, int64_t n) { return _mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1), p); }
+inline Vec vfma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+#else
+using Vec = __m256;
+constexpr int kLanes = 8;
+constexpr int kTileRows = 2;
+inline Vec vzero() { return _mm256_setzero_ps(); }
+inline Vec vload(const float* p) { return _mm256_loadu_ps(p); }
+inline Vec vload_first(const float* p, int64_t n) {  // the first n < 8 floats at p, zeros after
+  return _mm256_maskload_ps(p,
+                            _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+}
+inline Vec vfma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+#endif
+
+#if defined(__AVX512F__)
 // The sums of the 16 lanes of a, b, c and d, as [sum a, sum b, sum c, sum d]:
 // unpacks pair them up within each 128-bit lane (no lane-crossing shuffle),
 // then the four lanes are added.
@@ -127,6 +154,16 @@ inline __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {
   return _mm_add_ps(_mm_add_ps(_mm_load_ps(lanes), _mm_load_ps(lanes + 4)),
                     _mm_add_ps(_mm_load_ps(lanes + 8), _mm_load_ps(lanes + 12)));
 }
+#endif
+
+// The sum of each accumulator's lanes, in an order fixed by NR alone.
+template <int NR>
+inline void lane_sums(const Vec* acc, float* sums) {
+#if defined(__AVX512F__)
+  if constexpr (NR == 4) return _mm_storeu_ps(sums, hsum4(acc[0], acc[1], acc[2], acc[3]));
+#endif
+  for (int j = 0; j < NR; ++j) sums[j] = hsum(acc[j]);
+}
 
 // A part of the next block of W to bring into this core's cache while a tile
 // computes from the current one: `lines` cache lines from `at`, a few per step.
@@ -138,51 +175,47 @@ struct Prefetch {
 // C[i0 .. i0+MR) x [j0 .. j0+NR): MR x NR dot products over k in 16-lane
 // accumulators (kept in registers: the loops unroll), each row of A and of
 // W read once, in place. An output's sum does not depend on MR: one
-// accumulator over k, its lanes summed by hsum4 or hsum as the column's
-// group of 4 is whole or not (fixed by n alone).
+// accumulator over k, its lanes summed by hsum4 (avx512) or hsum as the
+// column's group of 4 is whole or not (fixed by n alone).
 template <int MR, int NR>
 void tile(const GemmArgs& g, int64_t i0, int64_t j0, Prefetch pf) {
-  __m512 acc[MR][NR];
+  Vec acc[MR][NR];
 #pragma GCC unroll 4
   for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 4
-    for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
+    for (int j = 0; j < NR; ++j) acc[i][j] = vzero();
   const float* a = g.a + i0 * g.lda;
   const float* w = g.b + j0 * g.ldb;
   const int64_t lda = g.lda, ldb = g.ldb, k = g.k;
   int64_t p = 0;
-  const int64_t per_step = pf.lines ? (pf.lines + k / 16) / std::max<int64_t>(1, k / 16) : 0;
-  for (; p + 16 <= k; p += 16) {
+  const int64_t steps = std::max<int64_t>(1, k / kLanes);
+  const int64_t per_step = pf.lines ? (pf.lines + steps) / steps : 0;
+  for (; p + kLanes <= k; p += kLanes) {
     for (int64_t l = 0; l < per_step && pf.lines > 0; ++l, --pf.lines, pf.at += 64) _mm_prefetch(pf.at, _MM_HINT_T1);
-    __m512 wv[NR];
+    Vec wv[NR];
 #pragma GCC unroll 4
-    for (int j = 0; j < NR; ++j) wv[j] = _mm512_loadu_ps(w + j * ldb + p);
+    for (int j = 0; j < NR; ++j) wv[j] = vload(w + j * ldb + p);
 #pragma GCC unroll 4
     for (int i = 0; i < MR; ++i) {
-      const __m512 av = _mm512_loadu_ps(a + i * lda + p);
+      const Vec av = vload(a + i * lda + p);
 #pragma GCC unroll 4
-      for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(av, wv[j], acc[i][j]);
+      for (int j = 0; j < NR; ++j) acc[i][j] = vfma(av, wv[j], acc[i][j]);
     }
   }
   if (p < k) {
-    const __mmask16 lanes = (__mmask16)((1u << (k - p)) - 1);
-    __m512 wv[NR];
+    Vec wv[NR];
 #pragma GCC unroll 4
-    for (int j = 0; j < NR; ++j) wv[j] = _mm512_maskz_loadu_ps(lanes, w + j * ldb + p);
+    for (int j = 0; j < NR; ++j) wv[j] = vload_first(w + j * ldb + p, k - p);
 #pragma GCC unroll 4
     for (int i = 0; i < MR; ++i) {
-      const __m512 av = _mm512_maskz_loadu_ps(lanes, a + i * lda + p);
+      const Vec av = vload_first(a + i * lda + p, k - p);
 #pragma GCC unroll 4
-      for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(av, wv[j], acc[i][j]);
+      for (int j = 0; j < NR; ++j) acc[i][j] = vfma(av, wv[j], acc[i][j]);
     }
   }
   for (int i = 0; i < MR; ++i) {
     float sums[NR];
-    if constexpr (NR == 4) {
-      _mm_storeu_ps(sums, hsum4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]));
-    } else {
-      for (int j = 0; j < NR; ++j) sums[j] = hsum(acc[i][j]);
-    }
+    lane_sums<NR>(acc[i], sums);
     for (int j = 0; j < NR; ++j)
       store(g.c + (i0 + i) * g.ldc + j0 + j, sums[j], g.alpha, g.beta, g.bias ? g.bias[j0 + j] : 0.0f);
   }
@@ -214,18 +247,25 @@ void tiled_cols(const GemmArgs& g, int64_t j0, int64_t j1) {
     const char* pf_begin = reinterpret_cast<const char*>(g.b + je * g.ldb);
     const char* pf_end = next > je ? reinterpret_cast<const char*>(g.b + (next - 1) * g.ldb + g.k) : pf_begin;
     const int64_t pf_lines = (pf_end - pf_begin + 63) / 64;
-    const int64_t tiles = ((g.m + 3) / 4) * ((je - jb + 3) / 4), share = (pf_lines + tiles - 1) / tiles;
+    const int64_t tiles = ((g.m + kTileRows - 1) / kTileRows) * ((je - jb + 3) / 4);
+    const int64_t share = (pf_lines + tiles - 1) / tiles;
     int64_t t = 0;
-    for (int64_t i = 0; i < g.m; i += 4) {
-      const int64_t rows = std::min<int64_t>(4, g.m - i);
+    for (int64_t i = 0; i < g.m; i += kTileRows) {
+      const int64_t rows = std::min<int64_t>(kTileRows, g.m - i);
       for (int64_t j = jb; j < je; j += 4, ++t) {
         const int64_t cols = std::min<int64_t>(4, je - j);
         const Prefetch pf{pf_begin + t * share * 64, std::max<int64_t>(0, std::min(share, pf_lines - t * share))};
-        switch (rows) {
-          case 1: tile_cols<1>(g, i, j, cols, pf); break;
-          case 2: tile_cols<2>(g, i, j, cols, pf); break;
-          case 3: tile_cols<3>(g, i, j, cols, pf); break;
-          default: tile_cols<4>(g, i, j, cols, pf); break;
+        if constexpr (kTileRows == 4) {
+          switch (rows) {
+            case 1: tile_cols<1>(g, i, j, cols, pf); break;
+            case 2: tile_cols<2>(g, i, j, cols, pf); break;
+            case 3: tile_cols<3>(g, i, j, cols, pf); break;
+            default: tile_cols<4>(g, i, j, cols, pf); break;
+          }
+        } else if (rows == 1) {
+          tile_cols<1>(g, i, j, cols, pf);
+        } else {
+          tile_cols<2>(g, i, j, cols, pf);
         }
       }
     }
@@ -243,7 +283,6 @@ void tiled(const GemmArgs& g) {
     tiled_cols(g, std::min(g.n, 4 * (groups * t / threads)), std::min(g.n, 4 * (groups * (t + 1) / threads)));
   }
 }
-#endif
 
 }  // namespace
 #endif
@@ -283,13 +322,11 @@ void blas(const GemmArgs& g) {
 void gemm(const GemmArgs& g) {
   if (g.m == 0 || g.n == 0) return;
 #ifdef QKV_HAVE_GEMV
-#if defined(__AVX512F__)
   if (g.inference && !g.trans_a && g.trans_b && g.m <= kMaxTiledRows && g.k >= 16) {
     tiled(g);  // bias included
     if (g.act_out) activate_rows(g);
     return;
   }
-#endif
   if (!g.trans_a && g.trans_b && g.m <= kMaxGemvRows && g.k >= 16) {
     gemv(g);  // bias included
     if (g.act_out) activate_rows(g);
