@@ -152,11 +152,15 @@ class Completions(unittest.TestCase):
                                              top_p=0.9, seed=7, extra_body={"top_k": 5})
         self.assertEqual(r.choices[0].text, cli_generate(self.model, "the", "--max-new-tokens", "25", "--temperature",
                                                          "0.9", "--top-p", "0.9", "--top-k", "5", "--seed", "7"))
-        # min_p (llama-server's field): the same draw as qkv generate --min-p
+        # min_p and typical_p (llama-server's fields): the same draw as qkv generate --min-p --typical-p
         r = self.s.client.completions.create(model="small", prompt="the", max_tokens=25, temperature=1.2, seed=5,
                                              extra_body={"min_p": 0.2})
         self.assertEqual(r.choices[0].text, cli_generate(self.model, "the", "--max-new-tokens", "25", "--temperature",
                                                          "1.2", "--min-p", "0.2", "--seed", "5"))
+        r = self.s.client.completions.create(model="small", prompt="the", max_tokens=25, temperature=1.2, seed=6,
+                                             extra_body={"typical_p": 0.5})
+        self.assertEqual(r.choices[0].text, cli_generate(self.model, "the", "--max-new-tokens", "25", "--temperature",
+                                                         "1.2", "--typical-p", "0.5", "--seed", "6"))
 
     def test_streaming_gives_the_same_text_in_pieces(self):
         whole = self.s.client.completions.create(model="small", prompt="the cat", max_tokens=30, temperature=0.8,
@@ -237,6 +241,7 @@ class Completions(unittest.TestCase):
             (dict(body={"prompt": "a", "temperature": 3}), 400, "temperature"),
             (dict(body={"prompt": "a", "top_p": 0}), 400, "top_p"),
             (dict(body={"prompt": "a", "min_p": 1.5}), 400, "min_p"),
+            (dict(body={"prompt": "a", "typical_p": 0}), 400, "typical_p"),
             (dict(body={"prompt": "a", "stream": "yes"}), 400, "stream"),
             (dict(body={"prompt": "a", "stop": [""]}), 400, "stop"),
             (dict(body={"prompt": "a", "n": 2}), 400, "n"),

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "qkv/checkpoint.h"
@@ -134,6 +135,44 @@ TEST(Sampling, MinPKeepsOnlyTokensNearTheMostLikely) {
   for (int v : {0, 1, 2, 3, 5}) EXPECT_GT(t2[v], 0) << v;
   EXPECT_EQ(t2[4], 0);
   EXPECT_GT(off[3], 0);  // without min_p, id 3 (2.3% of the mass) is drawn
+}
+
+// typical_p, epsilon_cutoff and eta_cutoff keep the tokens transformers'
+// TypicalLogitsWarper, EpsilonLogitsWarper and EtaLogitsWarper keep (the
+// expected sets are theirs, after TemperatureLogitsWarper and, in one case,
+// MinPLogitsWarper, on the same logits): 3,000 draws must meet every kept
+// token and no other. Typical sampling can leave out the most likely token
+// (typical_p 0.2 keeps only id 5, whose surprise is nearest the entropy).
+TEST(Sampling, TypicalEpsilonAndEtaKeepTheTokensTransformersKeeps) {
+  const std::vector<float> logits = {0, -1, -2, -3, -10, -0.5f};
+  Tokenizer::Specials specials;
+  specials.never_sampled.clear();
+  struct Case {
+    GenerateOptions o;
+    std::set<int64_t> kept;
+  };
+  const std::vector<Case> cases = {
+      {{.temperature = 1, .typical_p = 0.5f}, {0, 1, 5}},
+      {{.temperature = 1, .typical_p = 0.2f}, {5}},
+      {{.temperature = 1, .typical_p = 0.99f}, {0, 1, 2, 3, 5}},
+      {{.temperature = 2, .typical_p = 0.95f}, {0, 1, 2, 3, 5}},
+      {{.temperature = 0.5f, .typical_p = 0.6f}, {0}},
+      {{.temperature = 1, .epsilon_cutoff = 0.2f}, {0, 5}},
+      {{.temperature = 1, .epsilon_cutoff = 0.05f}, {0, 1, 2, 5}},
+      {{.temperature = 2, .epsilon_cutoff = 0.05f}, {0, 1, 2, 3, 5}},
+      {{.temperature = 1, .eta_cutoff = 0.9f}, {0, 5}},
+      {{.temperature = 1, .eta_cutoff = 0.1f}, {0, 1, 5}},
+      {{.temperature = 1, .eta_cutoff = 0.02f}, {0, 1, 2, 3, 5}},
+      {{.temperature = 1, .min_p = 0.1f, .typical_p = 0.5f}, {0, 5}},
+      {{.temperature = 1, .typical_p = 0.9f, .epsilon_cutoff = 0.1f}, {0, 1, 5}},
+  };
+  for (size_t c = 0; c < cases.size(); ++c) {
+    std::set<int64_t> seen;
+    Rng rng(11);
+    for (int i = 0; i < 3000; ++i)
+      seen.insert(detail::sample_token(logits.data(), (int64_t)logits.size(), cases[c].o, specials, rng));
+    EXPECT_EQ(seen, cases[c].kept) << "case " << c;
+  }
 }
 
 TEST(Hf, TokenRulesChangeADecodersOutputsAsGenerateDoes) {

@@ -288,15 +288,21 @@ TEST(HfMarian, GenerationConfigGivesTheDefaults) {
   EXPECT_EQ(d.top_k, 50);
   EXPECT_EQ(d.top_p, 1.0f);
   EXPECT_EQ(d.min_p, 0.0f);
+  EXPECT_EQ(d.typical_p, 1.0f);
+  EXPECT_EQ(d.epsilon_cutoff, 0.0f);
+  EXPECT_EQ(d.eta_cutoff, 0.0f);
   EXPECT_EQ(d.decoder_max_new_tokens, 0);  // max_length counts a decoder's prompt: not read for decoders
   d = read_generation_defaults(
       folder_with(R"({"do_sample": true, "temperature": 0.7, "top_k": 0, "top_p": 0.9, "min_p": 0.05,
-                      "max_new_tokens": 64})"));
+                      "typical_p": 0.95, "epsilon_cutoff": 0.0003, "eta_cutoff": 1, "max_new_tokens": 64})"));
   EXPECT_TRUE(d.do_sample);
   EXPECT_EQ(d.temperature, 0.7f);
   EXPECT_EQ(d.top_k, 0);
   EXPECT_EQ(d.top_p, 0.9f);
   EXPECT_EQ(d.min_p, 0.05f);
+  EXPECT_EQ(d.typical_p, 0.95f);
+  EXPECT_EQ(d.epsilon_cutoff, 0.0003f);
+  EXPECT_EQ(d.eta_cutoff, 0.0f);  // 1 is off, as generate() leaves it out
   EXPECT_EQ(d.decoder_max_new_tokens, 64);
 
   TranslationModel m;
@@ -333,6 +339,8 @@ TEST(HfMarian, GenerationConfigGivesTheDefaults) {
            {R"({"top_p": 1.5})", "top_p must be a number from 0 to 1, got 1.5"},
            {R"({"top_p": 0})", "top_p must be above 0, got 0"},
            {R"({"min_p": 2})", "min_p must be a number from 0 to 1, got 2"},
+           {R"({"typical_p": 0})", "typical_p must be above 0, got 0"},
+           {R"({"eta_cutoff": -1})", "eta_cutoff must be a number from 0 to 1, got -1"},
            {R"([4])", "expected a JSON object"}}) {
     const std::string dir = folder_with(text);
     const std::string error = error_of([&] { read_generation_defaults(dir); });

@@ -23,8 +23,8 @@ namespace qkv {
 // Translating reads num_beams, length_penalty, early_stopping (true, false
 // or "never"), and max_new_tokens, or else max_length less the decoder's
 // start token, as its defaults. Decoders (qkv generate and qkv chat, where
-// their flags are not given) read do_sample, temperature, top_k, top_p, min_p
-// and max_new_tokens. Both read the logits processors. Other fields are not read.
+// their flags are not given) read do_sample, temperature, top_k, top_p, min_p,
+// typical_p, epsilon_cutoff, eta_cutoff and max_new_tokens. Both read the logits processors. Other fields are not read.
 struct GenerationDefaults {
   bool from_file = false;  // the folder has a generation_config.json
   int64_t num_beams = 1;
@@ -38,6 +38,8 @@ struct GenerationDefaults {
   int64_t top_k = 50;
   float top_p = 1.0f;
   float min_p = 0.0f;
+  float typical_p = 1.0f;
+  float epsilon_cutoff = 0.0f, eta_cutoff = 0.0f;
   int64_t decoder_max_new_tokens = 0;  // max_new_tokens as given (max_length, counting the prompt, is not read)
   // repetition_penalty, no_repeat_ngram_size, bad_words_ids, min_length and
   // min_new_tokens (generate()'s logits processors), for every decoding:
@@ -153,6 +155,13 @@ struct GenerateOptions {
   int64_t top_k = 0;         // 0: all
   float top_p = 1.0f;        // nucleus: the smallest set of tokens with this much probability
   float min_p = 0.0f;        // only tokens at least this fraction as likely as the most likely one (0: off)
+  // Locally typical sampling: the tokens whose surprise is nearest the
+  // entropy, as many as make up this much probability (1: off).
+  float typical_p = 1.0f;
+  // Tokens below this probability (epsilon sampling), or below min(eta,
+  // sqrt(eta) * exp(-entropy)) (eta sampling); 0: off. As transformers'
+  // epsilon_cutoff and eta_cutoff, after top-k, top-p, min-p and typical-p.
+  float epsilon_cutoff = 0.0f, eta_cutoff = 0.0f;
   uint64_t seed = 1;
   bool truncate_prompt = false;  // keep the prompt's last tokens when it does not fit the context
   bool ignore_eos = false;       // never sample <eos>: exactly max_new_tokens (or up to the context)

@@ -84,6 +84,61 @@ size_t complete_utf8_prefix(const std::string& s) {
   return n;
 }
 
+namespace {
+
+// The rest of sample_token with typical_p, epsilon_cutoff or eta_cutoff: the
+// first `keep` candidates (most likely first, weights p) filtered in
+// generate()'s order, each filter on the probabilities of what the ones
+// before it left, then one drawn. Typical sampling keeps at least the most
+// typical token, the cutoffs the most likely one.
+int64_t draw_among(const std::vector<std::pair<float, int64_t>>& cand, const std::vector<double>& p, size_t keep,
+                   const GenerateOptions& o, Rng& rng) {
+  std::vector<size_t> left(keep);
+  std::iota(left.begin(), left.end(), 0);
+  // The probabilities of the tokens left (log and plain) and their entropy.
+  std::vector<double> logp(cand.size());
+  auto entropy = [&] {
+    double sum = 0, h = 0;
+    for (size_t i : left) sum += p[i];
+    for (size_t i : left) logp[i] = std::log(p[i] / sum);
+    for (size_t i : left) h -= std::exp(logp[i]) * logp[i];
+    return h;
+  };
+  if (o.typical_p < 1) {
+    // Locally typical sampling (TypicalLogitsWarper): tokens by how far their
+    // surprise -log p lies from the entropy, nearest first; the first ones
+    // until their mass reaches typical_p, and any as near as the last.
+    const double h = entropy();
+    std::vector<double> far(cand.size());
+    for (size_t i : left) far[i] = std::abs(-logp[i] - h);
+    std::vector<size_t> order = left;
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return far[a] < far[b]; });
+    size_t last = 0;
+    for (double mass = 0; last + 1 < order.size(); ++last) {
+      mass += std::exp(logp[order[last]]);
+      if (mass >= o.typical_p) break;
+    }
+    const double bound = far[order[last]];
+    std::erase_if(left, [&](size_t i) { return far[i] > bound; });
+  }
+  // epsilon_cutoff: tokens of probability below it; eta_cutoff: below
+  // min(eta, sqrt(eta) * exp(-entropy)) (EpsilonLogitsWarper, EtaLogitsWarper).
+  for (const auto& [on, eta] : {std::pair{o.epsilon_cutoff > 0, false}, std::pair{o.eta_cutoff > 0, true}}) {
+    if (!on) continue;
+    const double h = entropy();
+    const double cut = eta ? std::min<double>(o.eta_cutoff, std::sqrt(o.eta_cutoff) * std::exp(-h)) : o.epsilon_cutoff;
+    std::erase_if(left, [&](size_t i) { return i != 0 && std::exp(logp[i]) < cut; });
+  }
+  double total = 0;
+  for (size_t i : left) total += p[i];
+  double u = rng.next_uniform() * total;
+  for (size_t i : left)
+    if ((u -= p[i]) <= 0) return cand[i].second;
+  return cand[left.back()].second;
+}
+
+}  // namespace
+
 int64_t sample_token(const float* logits, int64_t V, const GenerateOptions& o, const Tokenizer::Specials& specials,
                      Rng& rng) {
   auto in = [](const std::vector<int64_t>& ids, int64_t v) { return std::find(ids.begin(), ids.end(), v) != ids.end(); };
@@ -121,6 +176,7 @@ int64_t sample_token(const float* logits, int64_t V, const GenerateOptions& o, c
   // min_p: only tokens at least min_p times as likely as the first (p[0] is
   // 1), as transformers' MinPLogitsWarper keeps them after top-k and top-p.
   while (keep > 1 && p[keep - 1] < o.min_p) --keep;
+  if (o.typical_p < 1 || o.epsilon_cutoff > 0 || o.eta_cutoff > 0) return draw_among(cand, p, keep, o, rng);
   if (keep < cand.size()) total = std::accumulate(p.begin(), p.begin() + keep, 0.0);
   double u = rng.next_uniform() * total;
   for (size_t i = 0; i < keep; ++i) {
@@ -144,8 +200,10 @@ int64_t next_token(const float* logits, int64_t V, const GenerateOptions& o, con
 std::vector<int64_t> generate(LanguageModel& m, const std::string& prompt, const GenerateOptions& o,
                               const std::function<void(const std::string&)>& emit) {
   QKV_CHECK(o.max_new_tokens >= 0 && o.top_k >= 0 && o.top_p > 0 && o.top_p <= 1 && o.temperature >= 0 &&
-                o.min_p >= 0 && o.min_p <= 1,
-            "generate: max-new-tokens, top-k and temperature must not be negative, top-p in (0, 1], min-p in [0, 1]");
+                o.min_p >= 0 && o.min_p <= 1 && o.typical_p > 0 && o.typical_p <= 1 && o.epsilon_cutoff >= 0 &&
+                o.epsilon_cutoff < 1 && o.eta_cutoff >= 0 && o.eta_cutoff < 1,
+            "generate: max-new-tokens, top-k and temperature must not be negative, top-p and typical-p in (0, 1], "
+            "min-p in [0, 1], epsilon and eta cutoffs in [0, 1)");
   NoGradGuard no_grad;
   DecoderLM& model = *m.model;
   model.eval();

@@ -112,6 +112,13 @@ GenerationDefaults read_generation_defaults(const std::string& dir, int64_t voca
   if (given("top_p")) d.top_p = number("top_p", 0, 1);
   QKV_CHECK(d.top_p > 0, path, ": top_p must be above 0, got 0");
   if (given("min_p")) d.min_p = number("min_p", 0, 1);
+  if (given("typical_p")) d.typical_p = number("typical_p", 0, 1);
+  QKV_CHECK(d.typical_p > 0, path, ": typical_p must be above 0, got 0");
+  for (auto [name, cutoff] : {std::pair{"epsilon_cutoff", &d.epsilon_cutoff}, std::pair{"eta_cutoff", &d.eta_cutoff}}) {
+    if (!given(name)) continue;
+    const float v = number(name, 0, 1);
+    *cutoff = v < 1 ? v : 0.0f;  // generate() leaves out a cutoff of 1, as it does 0
+  }
   return d;
 }
 

@@ -76,7 +76,8 @@ struct GenerateArgs {
 
 // The sampling flags not given take the folder's generation_config.json,
 // where it has one, as transformers' generate() reads it: do_sample false is
-// greedy; else its temperature, top_k (50 when absent), top_p and min_p. Its
+// greedy; else its temperature, top_k (50 when absent), top_p, min_p,
+// typical_p, epsilon_cutoff and eta_cutoff. Its
 // max_new_tokens, where given, replaces the default of --max-new-tokens.
 void take_folder_sampling(const CLI::App& command, const GenerationDefaults& d, GenerateOptions& o) {
   if (!d.from_file) return;
@@ -84,6 +85,8 @@ void take_folder_sampling(const CLI::App& command, const GenerationDefaults& d, 
   if (command.count("--top-k") == 0) o.top_k = d.top_k;
   if (command.count("--top-p") == 0) o.top_p = d.top_p;
   if (command.count("--min-p") == 0) o.min_p = d.min_p;
+  if (command.count("--typical-p") == 0) o.typical_p = d.typical_p;
+  o.epsilon_cutoff = d.epsilon_cutoff, o.eta_cutoff = d.eta_cutoff;  // (no flags: the file's only)
   if (command.count("--max-new-tokens") == 0 && d.decoder_max_new_tokens > 0)
     o.max_new_tokens = d.decoder_max_new_tokens;
 }
@@ -118,7 +121,7 @@ int run_generate(GenerateArgs a) {
   return 0;
 }
 
-// --temperature, --top-k, --top-p, --min-p and --seed, as generate and chat take them
+// --temperature, --top-k, --top-p, --min-p, --typical-p and --seed, as generate and chat take them
 // (those not given: the folder's generation_config.json, take_folder_sampling).
 void add_sampling_options(CLI::App* sub, GenerateOptions& o) {
   sub->add_option("--temperature", o.temperature,
@@ -132,6 +135,10 @@ void add_sampling_options(CLI::App* sub, GenerateOptions& o) {
   sub->add_option("--min-p", o.min_p,
                   "Sample only from tokens at least this fraction as likely as the most likely one (0: off)")
       ->capture_default_str()->check(CLI::Range(0.0, 1.0));
+  sub->add_option("--typical-p", o.typical_p,
+                  "Locally typical sampling: the tokens whose surprise is nearest the entropy, this much "
+                  "probability of them (1: off)")
+      ->capture_default_str()->check(CLI::Range(1e-6, 1.0));
   sub->add_option("--seed", o.seed, "Seed of the sampling")->capture_default_str();
 }
 

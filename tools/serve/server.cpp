@@ -461,8 +461,8 @@ private:
 
   void completions(const httplib::Request& req, httplib::Response& res, const InFlightToken& token) {
     json body = parse_body(
-        req, {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stream", "n",
-              "echo", "logprobs", "presence_penalty", "frequency_penalty", "user", "ignore_eos"});
+        req, {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "min_p", "typical_p", "seed", "stop",
+              "stream", "n", "echo", "logprobs", "presence_penalty", "frequency_penalty", "user", "ignore_eos"});
     if (!generator_) bad("model", "model '" + name_ + "' is " + kind() + "; /v1/completions needs a decoder model");
     check_model_field(body);
     if (bool_field(body, "echo", false)) bad("echo", "echo is not supported");
@@ -485,8 +485,8 @@ private:
   void chat_completions(const httplib::Request& req, httplib::Response& res, const InFlightToken& token) {
     json body =
         parse_body(req, {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
-                         "min_p", "seed", "stop", "stream", "n", "presence_penalty", "frequency_penalty", "user",
-                         "ignore_eos", "tools", "tool_choice", "parallel_tool_calls"});
+                         "min_p", "typical_p", "seed", "stop", "stream", "n", "presence_penalty", "frequency_penalty",
+                         "user", "ignore_eos", "tools", "tool_choice", "parallel_tool_calls"});
     if (!generator_)
       bad("model", "model '" + name_ + "' is " + kind() + "; /v1/chat/completions needs a decoder model");
     check_model_field(body);
@@ -681,6 +681,7 @@ private:
     r.options.top_p = (float)number_field(body, "top_p", 1.0, 1e-6, 1);
     r.options.top_k = int_field(body, "top_k", 0, 0, 1 << 20);
     r.options.min_p = (float)number_field(body, "min_p", 0.0, 0, 1);
+    r.options.typical_p = (float)number_field(body, "typical_p", 1.0, 1e-6, 1);
     r.options.seed = (uint64_t)int_field(body, "seed", (int64_t)(seeds_++ + 1), 0, INT64_MAX);
     r.options.ignore_eos = bool_field(body, "ignore_eos", false);
     r.stop = strings_field(body, "stop", 4);
