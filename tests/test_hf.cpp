@@ -166,13 +166,17 @@ TEST(Sampling, TypicalEpsilonAndEtaKeepTheTokensTransformersKeeps) {
       {{.temperature = 1, .min_p = 0.1f, .typical_p = 0.5f}, {0, 5}},
       {{.temperature = 1, .typical_p = 0.9f, .epsilon_cutoff = 0.1f}, {0, 1, 5}},
   };
-  for (size_t c = 0; c < cases.size(); ++c) {
-    std::set<int64_t> seen;
-    Rng rng(11);
-    for (int i = 0; i < 3000; ++i)
-      seen.insert(detail::sample_token(logits.data(), (int64_t)logits.size(), cases[c].o, specials, rng));
-    EXPECT_EQ(seen, cases[c].kept) << "case " << c;
-  }
+  // The same with id 4 at -inf (as a rule such as bad_words_ids leaves it):
+  // its probability 0 must not make the entropy NaN.
+  const std::vector<float> ruled = {0, -1, -2, -3, -INFINITY, -0.5f};
+  for (const std::vector<float>* l : {&logits, &ruled})
+    for (size_t c = 0; c < cases.size(); ++c) {
+      std::set<int64_t> seen;
+      Rng rng(11);
+      for (int i = 0; i < 3000; ++i)
+        seen.insert(detail::sample_token(l->data(), (int64_t)l->size(), cases[c].o, specials, rng));
+      EXPECT_EQ(seen, cases[c].kept) << "case " << c << (l == &ruled ? ", id 4 at -inf" : "");
+    }
 }
 
 TEST(Hf, TokenRulesChangeADecodersOutputsAsGenerateDoes) {

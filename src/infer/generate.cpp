@@ -95,13 +95,17 @@ int64_t draw_among(const std::vector<std::pair<float, int64_t>>& cand, const std
                    const GenerateOptions& o, Rng& rng) {
   std::vector<size_t> left(keep);
   std::iota(left.begin(), left.end(), 0);
-  // The probabilities of the tokens left (log and plain) and their entropy.
+  // The log probabilities of the tokens left (from the logits, so that a
+  // tiny probability does not underflow) and their entropy, where a token of
+  // probability 0 (a logit of -inf, as a rule leaves it) adds nothing.
   std::vector<double> logp(cand.size());
   auto entropy = [&] {
     double sum = 0, h = 0;
     for (size_t i : left) sum += p[i];
-    for (size_t i : left) logp[i] = std::log(p[i] / sum);
-    for (size_t i : left) h -= std::exp(logp[i]) * logp[i];
+    const double log_sum = std::log(sum);
+    for (size_t i : left) logp[i] = (double)(cand[i].first - cand[0].first) / o.temperature - log_sum;
+    for (size_t i : left)
+      if (p[i] > 0) h -= std::exp(logp[i]) * logp[i];
     return h;
   };
   if (o.typical_p < 1) {
