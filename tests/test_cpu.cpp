@@ -53,6 +53,10 @@ TEST(Cpu, TheForcedLevelIsTheOneThatRuns) {
   EXPECT_EQ(cpu::kernels().isa, expected);
   const std::string summary = runtime_summary();
   EXPECT_NE(summary.find(std::string("kernels:  ") + isa_name(expected)), std::string::npos) << summary;
+  const char* decode = expected == CpuIsa::Avx512 ? "decode:   register tiles of 16 lanes"
+                       : expected == CpuIsa::Avx2 ? "decode:   register tiles of 8 lanes"
+                                                  : "decode:   BLAS";
+  EXPECT_NE(summary.find(decode), std::string::npos) << summary;
 }
 
 TEST(Cpu, GemmKernelFollowsTheLevel) {

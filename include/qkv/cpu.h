@@ -64,9 +64,14 @@ const char* gemm_f16_path();
 // How an int8-weight GEMM runs: "AVX512-VNNI (rows streamed up to 4, ...)" or
 // "int32 loops for up to 4 rows, ...".
 const char* gemm_int8_path();
+// How the float32 GEMM runs a decoding step's products (up to 64 rows against
+// W^T in inference): "register tiles, 16 lanes, ..." on the avx512 level, 8
+// lanes on avx2, BLAS on the generic level.
+const char* gemm_decode_path();
 
 // Several lines, "name: value", for `qkv info` and every `qkv bench` header:
-// the CPU, its features, the kernel level, the BLAS and its kernel, threads.
+// the CPU, its features, the kernel level, the BLAS and its kernel, the
+// decoding products' kernel, the low-precision paths, threads.
 std::string runtime_summary();
 
 }  // namespace qkv

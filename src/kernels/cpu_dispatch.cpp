@@ -52,6 +52,17 @@ const Kernels& kernels_for(Device device) {
 const char* gemm_bf16_path() { return kernels_for(Device::Cpu).gemm_bf16_path(); }
 const char* gemm_f16_path() { return kernels_for(Device::Cpu).gemm_f16_path(); }
 const char* gemm_int8_path() { return kernels_for(Device::Cpu).gemm_int8_path(); }
+const char* gemm_decode_path() {
+  if (reference_kernels()) return "the reference loops";
+  switch (cpu_isa()) {
+    case CpuIsa::Avx512:
+      return "register tiles of 16 lanes for 1 to 64 rows in inference, each row summed alike whatever the others";
+    case CpuIsa::Avx2:
+      return "register tiles of 8 lanes for 1 to 64 rows in inference, each row summed alike whatever the others";
+    case CpuIsa::Generic: break;
+  }
+  return "BLAS (the generic level has no kernel of its own)";
+}
 
 std::string runtime_summary() {
   const CpuInfo& cpu = cpu_info();
@@ -65,6 +76,7 @@ std::string runtime_summary() {
   if (cpu_isa() != cpu.best) os << " (forced by QKV_ISA; this CPU runs up to " << isa_name(cpu.best) << ")";
   else os << " (the best this CPU runs; QKV_ISA=generic|avx2|avx512 forces a lower level)";
   os << "\ngemm:     " << blas.library << "; kernel " << blas.core << ", chosen by " << blas.chosen_by << "\n";
+  os << "decode:   " << gemm_decode_path() << "\n";
   os << "bf16:     " << gemm_bf16_path() << "\n";
   os << "f16:      " << gemm_f16_path() << "\n";
   os << "int8:     " << gemm_int8_path() << "\n";
