@@ -52,17 +52,7 @@ const Kernels& kernels_for(Device device) {
 const char* gemm_bf16_path() { return kernels_for(Device::Cpu).gemm_bf16_path(); }
 const char* gemm_f16_path() { return kernels_for(Device::Cpu).gemm_f16_path(); }
 const char* gemm_int8_path() { return kernels_for(Device::Cpu).gemm_int8_path(); }
-const char* gemm_decode_path() {
-  if (reference_kernels()) return "the reference loops";
-  switch (cpu_isa()) {
-    case CpuIsa::Avx512:
-      return "register tiles of 16 lanes for 1 to 64 rows in inference, each row summed alike whatever the others";
-    case CpuIsa::Avx2:
-      return "register tiles of 8 lanes for 1 to 64 rows in inference, each row summed alike whatever the others";
-    case CpuIsa::Generic: break;
-  }
-  return "BLAS (the generic level has no kernel of its own)";
-}
+const char* gemm_decode_path() { return kernels_for(Device::Cpu).gemm_decode_path(); }
 
 std::string runtime_summary() {
   const CpuInfo& cpu = cpu_info();

@@ -172,7 +172,7 @@ struct Prefetch {
   int64_t lines = 0;
 };
 
-// C[i0 .. i0+MR) x [j0 .. j0+NR): MR x NR dot products over k in 16-lane
+// C[i0 .. i0+MR) x [j0 .. j0+NR): MR x NR dot products over k in kLanes-lane
 // accumulators (kept in registers: the loops unroll), each row of A and of
 // W read once, in place. An output's sum does not depend on MR: one
 // accumulator over k, its lanes summed by hsum4 (avx512) or hsum as the
@@ -232,6 +232,15 @@ void tile_cols(const GemmArgs& g, int64_t i0, int64_t j0, int64_t cols, Prefetch
   }
 }
 
+// The tile of the last 1 to MR rows (kTileRows at most: no tile taller than
+// the level's registers hold is compiled).
+template <int MR = kTileRows>
+void tile_rows(const GemmArgs& g, int64_t i0, int64_t j0, int64_t rows, int64_t cols, Prefetch pf) {
+  if constexpr (MR > 1)
+    if (rows < MR) return tile_rows<MR - 1>(g, i0, j0, rows, cols, pf);
+  tile_cols<MR>(g, i0, j0, cols, pf);
+}
+
 // Columns [j0, j1) of C, all its rows: W in blocks of kTiledBlockBytes, each
 // swept by every row of A while it is in this core's L2. In a decoding step W
 // comes from memory, once; the tiles of one block prefetch the next, so that
@@ -255,18 +264,7 @@ void tiled_cols(const GemmArgs& g, int64_t j0, int64_t j1) {
       for (int64_t j = jb; j < je; j += 4, ++t) {
         const int64_t cols = std::min<int64_t>(4, je - j);
         const Prefetch pf{pf_begin + t * share * 64, std::max<int64_t>(0, std::min(share, pf_lines - t * share))};
-        if constexpr (kTileRows == 4) {
-          switch (rows) {
-            case 1: tile_cols<1>(g, i, j, cols, pf); break;
-            case 2: tile_cols<2>(g, i, j, cols, pf); break;
-            case 3: tile_cols<3>(g, i, j, cols, pf); break;
-            default: tile_cols<4>(g, i, j, cols, pf); break;
-          }
-        } else if (rows == 1) {
-          tile_cols<1>(g, i, j, cols, pf);
-        } else {
-          tile_cols<2>(g, i, j, cols, pf);
-        }
+        tile_rows(g, i, j, rows, cols, pf);
       }
     }
   }
@@ -360,6 +358,18 @@ void gemm(const GemmArgs& g) {
     return;
   }
   blas(g);
+}
+
+const char* gemm_decode_path() {
+#if defined(__AVX512F__)
+  static_assert(kLanes == 16 && kMaxTiledRows == 64, "the text names them");
+  return "register tiles of 16 lanes for 1 to 64 rows in inference, each row summed alike whatever the others";
+#elif defined(QKV_HAVE_GEMV)
+  static_assert(kLanes == 8 && kMaxTiledRows == 64, "the text names them");
+  return "register tiles of 8 lanes for 1 to 64 rows in inference, each row summed alike whatever the others";
+#else
+  return "BLAS (the generic level has no kernel of its own)";
+#endif
 }
 
 void gemm_batched(const GemmArgs& g, int64_t batch, const int64_t* a_offsets, const int64_t* b_offsets,
