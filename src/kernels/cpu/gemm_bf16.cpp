@@ -107,19 +107,26 @@ __attribute__((target("avx512bf16"))) inline void round32(const float* x, uint16
   _mm512_storeu_si512(out, (__m512i)v);
 }
 
+// Elements [k0, k0 + 32) of row i of float32 A (not transposed), rounded to
+// bfloat16 into out (zeros past k, and for a row past m); the last, partial
+// segment zero-padded, then rounded as a whole one.
+__attribute__((target("avx512bf16"))) inline void round_segment(const GemmBf16Args& g, int64_t i, int64_t k0,
+                                                                uint16_t* out) {
+  if (i >= g.m) return _mm512_storeu_si512(out, _mm512_setzero_si512());
+  const float* x = g.a_f32 + i * g.lda + k0;
+  if (k0 + 32 <= g.k) return round32(x, out);
+  alignas(64) float staged[32] = {};
+  std::memcpy(staged, x, sizeof(float) * (g.k - k0));
+  round32(staged, out);
+}
+
 // Row i of A, elements [k0, k0 + 32), as 32 bfloat16 (zeros past k or m).
+// vector_round: A is float32, not transposed, and the CPU has AVX512-BF16.
 void pack_a_segment(const GemmBf16Args& g, const Operand& a, int64_t i, int64_t k0, bool vector_round,
                     uint16_t* out) {
+  if (vector_round) return round_segment(g, i, k0, out);
   if (i >= g.m) return (void)std::memset(out, 0, 64);
-  if (k0 + 32 <= g.k) {
-    if (g.a) return (void)std::memcpy(out, g.a + i * g.lda + k0, 64);
-    if (vector_round) return round32(g.a_f32 + i * g.lda + k0, out);
-  }
-  if (vector_round) {  // the last, partial segment: zero-padded, then rounded as a whole one
-    alignas(64) float staged[32] = {};
-    std::memcpy(staged, g.a_f32 + i * g.lda + k0, sizeof(float) * (g.k - k0));
-    return round32(staged, out);
-  }
+  if (k0 + 32 <= g.k && g.a) return (void)std::memcpy(out, g.a + i * g.lda + k0, 64);
   for (int64_t q = 0; q < 32; ++q) out[q] = k0 + q < g.k ? a.at(i, k0 + q) : 0;
 }
 
@@ -223,18 +230,6 @@ bool vector_round_a(const GemmBf16Args& g) { return g.a_f32 && !g.a_transposed &
 // rows of a tile do not all fall into the same few sets of L1.
 constexpr int64_t a_row_words(int64_t kb) { return kb * 16 + 16; }
 
-// Elements [k0, k0 + 32) of row i of float32 A, rounded to bfloat16 into
-// out (zeros past k, and for a row past m).
-__attribute__((target("avx512bf16"))) inline void round_segment(const GemmBf16Args& g, int64_t i, int64_t k0,
-                                                                uint16_t* out) {
-  if (i >= g.m) return _mm512_storeu_si512(out, _mm512_setzero_si512());
-  const float* x = g.a_f32 + i * g.lda + k0;
-  if (k0 + 32 <= g.k) return round32(x, out);
-  alignas(64) float staged[32] = {};
-  std::memcpy(staged, x, sizeof(float) * (g.k - k0));
-  round32(staged, out);
-}
-
 // Rows [i0, i0 + rows) of float32 A as pack_a_rows lays them out.
 __attribute__((target("avx512bf16"))) void round_rows(const GemmBf16Args& g, int64_t i0, int64_t rows, int64_t kb,
                                                       uint32_t* out) {
@@ -249,19 +244,11 @@ __attribute__((target("avx512bf16"))) void round_rows(const GemmBf16Args& g, int
 // in float32, zeros past k and past m. The kernels read their tiles from
 // these rows in place (ATiles), so A costs one pass, row by row.
 void pack_a_rows(const GemmBf16Args& g, int64_t i0, int64_t rows, int64_t kb, uint32_t* out) {
-  if (vector_round_a(g)) return round_rows(g, i0, rows, kb, out);
+  if (vector_round_a(g)) return round_rows(g, i0, rows, kb, out);  // the fast path: its segments inlined
   const Operand a = operand_a(g);
-  const int64_t stride = a_row_words(kb);
   for (int64_t i = i0; i < i0 + rows; ++i) {
-    uint16_t* row = reinterpret_cast<uint16_t*>(out + (i - i0) * stride);
-    if (i >= g.m) {
-      std::memset(row, 0, kb * 64);
-    } else if (g.a) {
-      std::memcpy(row, g.a + i * g.lda, g.k * 2);
-      std::memset(row + g.k, 0, (kb * 32 - g.k) * 2);
-    } else {
-      for (int64_t p = 0; p < kb * 32; ++p) row[p] = p < g.k ? a.at(i, p) : 0;
-    }
+    uint16_t* row = reinterpret_cast<uint16_t*>(out + (i - i0) * a_row_words(kb));
+    for (int64_t p = 0; p < kb; ++p) pack_a_segment(g, a, i, p * 32, false, row + p * 32);
   }
 }
 
