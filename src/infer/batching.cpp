@@ -53,12 +53,7 @@ BatchGenerator::~BatchGenerator() {
 }
 
 bool BatchGenerator::submit(BatchRequest r) {
-  const GenerateOptions& o = r.options;
-  QKV_CHECK(o.max_new_tokens >= 0 && o.top_k >= 0 && o.top_p > 0 && o.top_p <= 1 && o.temperature >= 0 &&
-                o.min_p >= 0 && o.min_p <= 1 && o.typical_p > 0 && o.typical_p <= 1 && o.epsilon_cutoff >= 0 &&
-                o.epsilon_cutoff < 1 && o.eta_cutoff >= 0 && o.eta_cutoff < 1,
-            "generate: max_new_tokens, top_k and temperature must not be negative, top_p and typical_p in (0, 1], "
-            "min_p in [0, 1], epsilon and eta cutoffs in [0, 1)");
+  detail::check_options(r.options);
   QKV_CHECK(!r.prompt.empty() && (int64_t)r.prompt.size() < context_, "generate: the prompt is ", r.prompt.size(),
             " tokens; it must be 1 to ", context_ - 1, " (the context is ", context_, ")");
   for (const std::string& s : r.stop) QKV_CHECK(!s.empty(), "generate: a stop sequence must not be empty");

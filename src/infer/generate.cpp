@@ -189,6 +189,14 @@ int64_t sample_token(const float* logits, int64_t V, const GenerateOptions& o, c
   return cand[keep - 1].second;
 }
 
+void check_options(const GenerateOptions& o) {
+  QKV_CHECK(o.max_new_tokens >= 0 && o.top_k >= 0 && o.top_p > 0 && o.top_p <= 1 && o.temperature >= 0 &&
+                o.min_p >= 0 && o.min_p <= 1 && o.typical_p > 0 && o.typical_p <= 1 && o.epsilon_cutoff >= 0 &&
+                o.epsilon_cutoff < 1 && o.eta_cutoff >= 0 && o.eta_cutoff < 1,
+            "generate: max-new-tokens, top-k and temperature must not be negative, top-p and typical-p in (0, 1], "
+            "min-p in [0, 1], epsilon and eta cutoffs in [0, 1)");
+}
+
 int64_t next_token(const float* logits, int64_t V, const GenerateOptions& o, const Tokenizer::Specials& specials,
                    Rng& rng, const TokenRules& rules, std::span<const int64_t> prefix,
                    std::span<const int64_t> outputs) {
@@ -203,11 +211,7 @@ int64_t next_token(const float* logits, int64_t V, const GenerateOptions& o, con
 
 std::vector<int64_t> generate(LanguageModel& m, const std::string& prompt, const GenerateOptions& o,
                               const std::function<void(const std::string&)>& emit) {
-  QKV_CHECK(o.max_new_tokens >= 0 && o.top_k >= 0 && o.top_p > 0 && o.top_p <= 1 && o.temperature >= 0 &&
-                o.min_p >= 0 && o.min_p <= 1 && o.typical_p > 0 && o.typical_p <= 1 && o.epsilon_cutoff >= 0 &&
-                o.epsilon_cutoff < 1 && o.eta_cutoff >= 0 && o.eta_cutoff < 1,
-            "generate: max-new-tokens, top-k and temperature must not be negative, top-p and typical-p in (0, 1], "
-            "min-p in [0, 1], epsilon and eta cutoffs in [0, 1)");
+  detail::check_options(o);
   NoGradGuard no_grad;
   DecoderLM& model = *m.model;
   model.eval();

@@ -16,6 +16,11 @@ namespace qkv::detail {
 // (a multi-byte character still arriving is held back).
 size_t complete_utf8_prefix(const std::string& s);
 
+// An error unless o's numbers are in range (max_new_tokens, top_k and
+// temperature not negative, top_p and typical_p in (0, 1], min_p in [0, 1],
+// the cutoffs in [0, 1)): generate() and the batch generator both ask.
+void check_options(const GenerateOptions& o);
+
 // A token from logits [V]: the most likely at temperature 0, else drawn from
 // softmax(logits / temperature) restricted by top_k and top_p. The
 // tokenizer's never_sampled ids are never drawn, nor its eos with ignore_eos.
