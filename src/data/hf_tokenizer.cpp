@@ -22,6 +22,7 @@
 #include <utf8proc.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -378,17 +379,14 @@ public:
     std::string blob, error;
     QKV_CHECK(base64_decode(field_json.get<std::string>(), &blob, &error), where,
               ".precompiled_charsmap is not base64 (", error, ")");
+    static_assert(std::endian::native == std::endian::little, "the charsmap is little-endian; so is this code");
     uint32_t n = 0;
-    if (blob.size() >= 4)
-      n = (uint8_t)blob[0] | (uint8_t)blob[1] << 8 | (uint8_t)blob[2] << 16 | (uint32_t)(uint8_t)blob[3] << 24;
+    if (blob.size() >= 4) std::memcpy(&n, blob.data(), 4);
     QKV_CHECK(blob.size() >= 4 && n >= 4 && n % 4 == 0 && n <= blob.size() - 4, where,
               ".precompiled_charsmap is not SentencePiece's compiled rules (", blob.size(), " bytes, the trie's size ",
               n, ")");
     trie_.resize(n / 4);
-    for (size_t u = 0; u < trie_.size(); ++u) {
-      const char* b = blob.data() + 4 + 4 * u;
-      trie_[u] = (uint8_t)b[0] | (uint8_t)b[1] << 8 | (uint8_t)b[2] << 16 | (uint32_t)(uint8_t)b[3] << 24;
-    }
+    std::memcpy(trie_.data(), blob.data() + 4, n);
     replacements_ = blob.substr(4 + n);
     QKV_CHECK(invalid_utf8_offset(replacements_) == std::string::npos, where,
               ".precompiled_charsmap: its replacements are not UTF-8");
