@@ -431,7 +431,14 @@ TEST(Hf, OptionsQkvDoesNotImplementAreOneErrorNamingTheField) {
   EXPECT_EQ(error_with({{"mlp_bias", true}}),
             "config.json: 'mlp_bias': true is not supported yet (a different model would run)");
   EXPECT_EQ(error_with({{"vocab_size", nullptr}}), "config.json: 'vocab_size' is missing");
-  EXPECT_EQ(error_with({{"hidden_size", "wide"}}).rfind("config.json: a field has the wrong type (", 0), 0u);
+  EXPECT_EQ(error_with({{"hidden_size", "wide"}}),
+            "config.json: 'hidden_size' must be a whole number from 1 to 262144, got \"wide\"");
+  // A float where a count belongs is refused, never cast (1e30 does not fit an integer).
+  EXPECT_EQ(error_with({{"hidden_size", 1e30}}),
+            "config.json: 'hidden_size' must be a whole number from 1 to 262144, got 1e+30");
+  EXPECT_EQ(error_with({{"max_position_embeddings", 64.5}}),
+            "config.json: 'max_position_embeddings' must be a whole number from 1 to 9223372036854775807, got 64.5");
+  EXPECT_EQ(error_with({{"rope_theta", "big"}}).rfind("config.json: a field has the wrong type (", 0), 0u);
   EXPECT_EQ(error_with({{"num_key_value_heads", 3}}).rfind("config.json: ", 0), 0u);  // 4 heads over 3: the decoder's check
   EXPECT_EQ(error_with({{"architectures", {"T5Model"}}}),
             "config.json: a Hugging Face model of architecture T5Model; qkv reads MarianMTModel, LlamaForCausalLM, "

@@ -2,6 +2,7 @@
 // defined in its folder's family.cpp and listed once in src/models/registry.cpp.
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
 #include <new>
 #include <nlohmann/json.hpp>
@@ -70,6 +71,22 @@ inline nlohmann::json required(const nlohmann::json& j, const char* key, const s
 // The value of `key` in a Hugging Face config, or `fallback` when it is absent or null.
 inline nlohmann::json field(const nlohmann::json& j, const char* key, nlohmann::json fallback) {
   return j.contains(key) && !j[key].is_null() ? j[key] : fallback;
+}
+
+// A whole number of a Hugging Face config (`v`, read from `key`): an error
+// naming the key and the file unless it is an integer from `low` to `high`
+// (high >= 0). A float such as 1e30 is refused here, never cast.
+inline int64_t whole(const nlohmann::json& v, const char* key, const std::string& source, int64_t low, int64_t high) {
+  bool ok = false;
+  if (v.is_number_unsigned()) {
+    const uint64_t u = v.get<uint64_t>();
+    ok = u <= (uint64_t)high && (low <= 0 || u >= (uint64_t)low);
+  } else if (v.is_number_integer()) {
+    const int64_t i = v.get<int64_t>();
+    ok = i >= low && i <= high;
+  }
+  QKV_CHECK(ok, source, ": '", key, "' must be a whole number from ", low, " to ", high, ", got ", v.dump());
+  return v.get<int64_t>();
 }
 
 // A file beside a Hugging Face config.json (the preprocessor's, the

@@ -12,11 +12,13 @@
 // changes the math and that qkv does not implement is an error naming the
 // field, never a different model.
 #include <cmath>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <map>
 #include <regex>
 
 #include "qkv/lm.h"
+#include "src/config/fields.h"
 #include "src/core/json.h"
 #include "src/models/families.h"
 
@@ -116,7 +118,7 @@ HfImport import_gpt2(const nlohmann::json& hf, const std::string& source) {
   if (field(hf, "scale_attn_by_inverse_layer_idx", false) != false)
     unsupported(source, "'scale_attn_by_inverse_layer_idx': true");
   if (field(hf, "add_cross_attention", false) != false) unsupported(source, "'add_cross_attention': true");
-  const int64_t d = required(hf, "n_embd", source).get<int64_t>();
+  const int64_t d = whole(required(hf, "n_embd", source), "n_embd", source, 1, config::limits::kWidth);
   nlohmann::ordered_json c = {
       {"arch", "decoder"},
       {"vocab_size", required(hf, "vocab_size", source)},
@@ -201,11 +203,14 @@ HfImport import_hf_causal_lm(const std::string& text, const std::string& source)
     } else if (kind == "dynamic") {
       // transformers scales past max_position_embeddings (the context it was
       // trained on); qkv allows factor times that.
-      const int64_t original = field(hf, "max_position_embeddings", 2048).get<int64_t>();
+      const int64_t original = whole(field(hf, "max_position_embeddings", 2048), "max_position_embeddings", source, 1,
+                                     config::limits::kPositions);
       const double factor = required(r, "factor", where).get<double>();
       scaling = {
           {"rope_scaling_type", "dynamic"}, {"rope_scaling_factor", factor}, {"rope_original_context", original}};
-      dynamic_context = (int64_t)std::floor((double)original * std::max(factor, 1.0));
+      // Past the limit stays past it (the decoder's config names it), never an overflowing cast.
+      dynamic_context = (int64_t)std::min(std::floor((double)original * std::max(factor, 1.0)),
+                                          (double)config::limits::kPositions + 1);
     } else if (kind != "default") {
       unsupported(std::string("'") + key + "' of type '" + kind + "'");
     }
@@ -214,15 +219,18 @@ HfImport import_hf_causal_lm(const std::string& text, const std::string& source)
   if (field(hf, "use_sliding_window", false) != false) unsupported("'use_sliding_window': true");
   for (const nlohmann::json& kind : field(hf, "layer_types", nlohmann::json::array()))
     if (kind != "full_attention") unsupported("'layer_types' with " + kind.dump());
-  const int64_t heads = required(hf, "num_attention_heads", source).get<int64_t>();
-  const int64_t d = required(hf, "hidden_size", source).get<int64_t>();
-  int64_t context = field(hf, "max_position_embeddings", 2048).get<int64_t>();
+  const int64_t heads =
+      whole(required(hf, "num_attention_heads", source), "num_attention_heads", source, 1, config::limits::kHeads);
+  const int64_t d = whole(required(hf, "hidden_size", source), "hidden_size", source, 1, config::limits::kWidth);
+  int64_t context = whole(field(hf, "max_position_embeddings", 2048), "max_position_embeddings", source, 1,
+                          std::numeric_limits<int64_t>::max());
   if (dynamic_context > 0) context = dynamic_context;
   // Mistral and Mixtral attend to the last sliding_window positions: the
   // same model as full attention up to that length, which is then the
   // context (longer is the decoder's "exceeds the context" error).
   if (type == "mistral" || type == "mixtral")
-    context = std::min(context, field(hf, "sliding_window", context).get<int64_t>());
+    context = std::min(context, whole(field(hf, "sliding_window", context), "sliding_window", source, 1,
+                                      std::numeric_limits<int64_t>::max()));
   const bool qkv_bias = type == "qwen2" || field(hf, "attention_bias", false).get<bool>();
   const bool out_bias = type != "qwen2" && field(hf, "attention_bias", false).get<bool>();
   const bool qk_norm = type == "qwen3";
@@ -234,7 +242,7 @@ HfImport import_hf_causal_lm(const std::string& text, const std::string& source)
       {"d_model", d},
       {"nhead", heads},
       {"num_kv_heads", field(hf, "num_key_value_heads", heads)},
-      {"head_dim", field(hf, "head_dim", d / std::max<int64_t>(heads, 1))},
+      {"head_dim", field(hf, "head_dim", d / heads)},
       {"dim_feedforward", required(hf, "intermediate_size", source)},
       {"dropout", 0.0},
       {"activation", "silu"},

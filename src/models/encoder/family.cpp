@@ -99,7 +99,7 @@ HfImport import_hf_bert(const std::string& text, const std::string& source) {
             {"nhead", required(hf, "num_attention_heads", source)},
             {"dim_feedforward", required(hf, "intermediate_size", source)},
             {"context", required(hf, "max_position_embeddings", source)},
-            {"type_vocab_size", hf.value("type_vocab_size", 2)},
+            {"type_vocab_size", field(hf, "type_vocab_size", 2)},
             {"norm_eps", hf.value("layer_norm_eps", 1e-12)},
             {"activation", kActivations.at(act)},
             {"dropout", hf.value("hidden_dropout_prob", 0.1)}};

@@ -7,14 +7,17 @@
 // folded into the patch embedding: fold_normalization). An option that
 // changes the math and that qkv does not implement is an error naming the
 // field.
+#include <charconv>
 #include <cmath>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <system_error>
 
 #include "qkv/io.h"
 #include "qkv/vit.h"
+#include "src/config/fields.h"
 #include "src/core/json.h"
 #include "src/models/families.h"
 
@@ -178,14 +181,15 @@ HfImport import_hf_vit(const std::string& text, const std::string& source) {
   const Json hf = parse_json(text, source);
   const std::string act = hf.value("hidden_act", std::string("gelu"));
   if (act != "gelu") unsupported(source, "\"hidden_act\": \"" + act + "\"");
-  const int64_t d = required(hf, "hidden_size", source).get<int64_t>();
-  const int64_t ff = required(hf, "intermediate_size", source).get<int64_t>();
-  const int64_t image_size = required(hf, "image_size", source).get<int64_t>();
-  QKV_CHECK(d > 0 && ff > 0, source, ": hidden_size and intermediate_size must be positive");
+  using config::limits::kWidth;
+  const int64_t d = whole(required(hf, "hidden_size", source), "hidden_size", source, 1, kWidth);
+  const int64_t ff = whole(required(hf, "intermediate_size", source), "intermediate_size", source, 1, kWidth);
+  const int64_t image_size = whole(required(hf, "image_size", source), "image_size", source, 1, kWidth);
+  const int64_t channels = whole(field(hf, "num_channels", 3), "num_channels", source, 1, kWidth);
   Json c = {{"arch", "vit"},
             {"image_size", image_size},
             {"patch_size", required(hf, "patch_size", source)},
-            {"channels", hf.value("num_channels", 3)},
+            {"channels", channels},
             {"d_model", d},
             {"nhead", required(hf, "num_attention_heads", source)},
             {"num_layers", required(hf, "num_hidden_layers", source)},
@@ -201,18 +205,17 @@ HfImport import_hf_vit(const std::string& text, const std::string& source) {
   QKV_CHECK(labels.is_object() && !labels.empty(), source, ": id2label must name the classes");
   std::vector<std::string> names(labels.size());
   for (auto& [id, name] : labels.items()) {
-    size_t at = 0;
-    const long long i = std::stoll(id, &at);
-    QKV_CHECK(at == id.size() && i >= 0 && (size_t)i < names.size() && name.is_string(), source, ": id2label: '", id,
-              "' is not one of the ids 0 to ", names.size() - 1, " with a name");
-    names[(size_t)i] = name.get<std::string>();
+    size_t i = 0;
+    const auto [end, error] = std::from_chars(id.data(), id.data() + id.size(), i);
+    QKV_CHECK(error == std::errc() && end == id.data() + id.size() && i < names.size() && name.is_string(), source,
+              ": id2label: '", id, "' is not one of the ids 0 to ", names.size() - 1, " with a name");
+    names[i] = name.get<std::string>();
   }
   c["num_classes"] = names.size();
   c["class_names"] = names;
   QKV_CHECK((int64_t)std::llround(c["mlp_ratio"].get<double>() * (double)d) == ff, source,
             ": intermediate_size ", ff, " is not a whole multiple qkv's mlp_ratio keeps");
-  const Preprocessor pre =
-      read_preprocessor(std::filesystem::path(source).parent_path(), image_size, c["channels"].get<int64_t>());
+  const Preprocessor pre = read_preprocessor(std::filesystem::path(source).parent_path(), image_size, channels);
   c["resize_to"] = pre.resize_to;
   c["resample"] = pre.resample;
   const PixelNormalization& pixels = pre.pixels;
