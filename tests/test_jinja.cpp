@@ -124,5 +124,30 @@ TEST(Jinja, AHostileTemplateStaysFinite) {
   EXPECT_EQ(error_of([&] { Template{nested}; }), "line 1: blocks nested too deep");
 }
 
+// Integers are exact to 64 bits (Python's have no bound): past them is an
+// error naming the operation, never a wrapped or rounded number (the fuzzer
+// found the cast of 2e93 to an integer, undefined behaviour, in `**`).
+TEST(Jinja, IntegerArithmeticIsExactOrAnError) {
+  const nlohmann::ordered_json none = nlohmann::ordered_json::object();
+  auto render = [&](const std::string& source) { return Template(source).render(none); };
+  // 2^53 + 1 is not a double: a sum in floating point gave ...992.
+  EXPECT_EQ(render("{{ 9007199254740993 + 0 }} {{ 3 ** 39 }} {{ -7 // 2 }} {{ -7 % 3 }} {{ 7 % -3 }} {{ 2 ** -1 }}"),
+            "9007199254740993 4052555153018976267 -4 2 -2 0.5");
+  EXPECT_EQ(render("{{ range(9223372036854775800, 9223372036854775807, 5) | list | length }} {{ "
+                   "'abc'[::9223372036854775807] }}"),
+            "2 a");
+  EXPECT_EQ(render("{{ (-9223372036854775807 - 1) % -1 }} {{ true + true }} {{ 1e18 | int }}"),
+            "0 2 1000000000000000000");
+  for (const auto& [source, error] : std::initializer_list<std::pair<std::string, std::string>>{
+           {"{{ 99999999999 ** 9 }}", "line 1: integer overflow: '**' past 64 bits"},
+           {"{{ 4611686018427387904 * 2 }}", "line 1: integer overflow: '*' past 64 bits"},
+           {"{{ 9223372036854775807 + 1 }}", "line 1: integer overflow: '+' past 64 bits"},
+           {"{{ (-9223372036854775807 - 1) // -1 }}", "line 1: integer overflow: '//' past 64 bits"},
+           {"{{ -(-9223372036854775807 - 1) }}", "line 1: integer overflow: '-' past 64 bits"},
+           {"{{ 1e300 | int }}", "line 1: int of 1e+300: past 64 bits"},
+           {"{{ 'ab' * 9223372036854775807 }}", "line 1: a string too long"}})
+    EXPECT_EQ(error_of([&] { render(source); }), error) << source;
+}
+
 }  // namespace
 }  // namespace qkv::jinja

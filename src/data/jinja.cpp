@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <cstdio>
 #include <ctime>
 #include <functional>
@@ -1136,9 +1137,10 @@ private:
       const int64_t start = n.size() > 1 ? n[0] : 0, stop = n.size() > 1 ? n[1] : n[0], step = n.size() > 2 ? n[2] : 1;
       QKV_CHECK(step != 0, "range: a step of 0");
       List l;
-      for (int64_t x = start; step > 0 ? x < stop : x > stop; x += step) {
+      for (int64_t x = start; step > 0 ? x < stop : x > stop;) {
         QKV_CHECK((int64_t)l.size() < kMaxRange, "range: more than ", kMaxRange, " items");
         l.push_back(Value::integer(x));
+        if (__builtin_add_overflow(x, step, &x)) break;  // the next would be past 64 bits, so past stop
       }
       return Value::of_list(std::move(l));
     });
@@ -1375,7 +1377,10 @@ private:
     const int64_t start = from ? clamp(*from) : (step > 0 ? 0 : n - 1);
     const int64_t stop = to ? clamp(*to) : (step > 0 ? n : -1);
     List out;
-    for (int64_t k = start; step > 0 ? k < stop : k > stop; k += step) out.push_back(src[(size_t)k]);
+    for (int64_t k = start; step > 0 ? k < stop : k > stop;) {
+      out.push_back(src[(size_t)k]);
+      if (__builtin_add_overflow(k, step, &k)) break;  // a step past 64 bits leaves the bounds
+    }
     if (obj.kind == Value::Kind::Str) {
       std::string s;
       for (const Value& c : out) s += c.s;
@@ -1678,7 +1683,11 @@ private:
     }
     if (name == "int") {
       if (v.kind == Value::Kind::Int) return v;
-      if (v.kind == Value::Kind::Float) return Value::integer((int64_t)v.f);
+      if (v.kind == Value::Kind::Float) {
+        // Python's int() of a float: toward zero; beyond 64 bits (or inf, nan) qkv has no such integer.
+        if (!(std::abs(v.f) < 0x1p63)) fail_at(line, "int of " + format_float(v.f) + ": past 64 bits");
+        return Value::integer((int64_t)v.f);
+      }
       if (v.kind == Value::Kind::Bool) return Value::integer(v.b);
       if (v.kind == Value::Kind::Str) {
         char* end = nullptr;
@@ -1849,13 +1858,17 @@ private:
       }
     }
     if (op == "*" && l.kind == Value::Kind::Str && r.kind == Value::Kind::Int) {
-      QKV_CHECK(r.i <= 0 || (int64_t)l.s.size() * r.i <= (int64_t)kMaxOutput, "line ", line, ": a string too long");
+      QKV_CHECK(r.i <= 0 || l.s.empty() || r.i <= (int64_t)kMaxOutput / (int64_t)l.s.size(), "line ", line,
+                ": a string too long");
       std::string out;
       for (int64_t k = 0; k < r.i; ++k) out += l.s;
       return Value::str(out);
     }
     if (!l.is_number() || !r.is_number()) fail_at(line, "'" + op + "' of " + kind_name(l) + " and " + kind_name(r));
     const bool ints = l.kind != Value::Kind::Float && r.kind != Value::Kind::Float;
+    if (ints && op != "/")
+      return integer_arithmetic(op, l.kind == Value::Kind::Bool ? l.b : l.i, r.kind == Value::Kind::Bool ? r.b : r.i,
+                                line);
     const double a = l.number(), b = r.number();
     if (op == "/") {
       if (b == 0) fail_at(line, "division by zero");
@@ -1863,18 +1876,45 @@ private:
     }
     if (op == "//" || op == "%") {
       if (b == 0) fail_at(line, "division by zero");
-      if (ints) {
-        const int64_t x = (int64_t)a, y = (int64_t)b;
-        int64_t q = x / y, m = x % y;
-        if (m != 0 && ((m < 0) != (y < 0))) --q, m += y;  // Python floors
-        return Value::integer(op == "//" ? q : m);
-      }
       const double q = std::floor(a / b);
       return Value::real(op == "//" ? q : a - q * b);
     }
-    if (op == "**") return ints && b >= 0 ? Value::integer((int64_t)std::pow(a, b)) : Value::real(std::pow(a, b));
-    const double x = op == "+" ? a + b : op == "-" ? a - b : a * b;
-    return ints ? Value::integer((int64_t)x) : Value::real(x);
+    if (op == "**") return Value::real(std::pow(a, b));
+    return Value::real(op == "+" ? a + b : op == "-" ? a - b : a * b);
+  }
+
+  // +, -, *, //, % and ** of two integers, exactly (Python's floor division
+  // and modulo; a negative power is a float). Python's integers have no
+  // bound; past 64 bits here is an error, never a wrapped number.
+  static Value integer_arithmetic(const std::string& op, int64_t x, int64_t y, int line) {
+    int64_t out = 0;
+    bool overflow = false;
+    if (op == "+") {
+      overflow = __builtin_add_overflow(x, y, &out);
+    } else if (op == "-") {
+      overflow = __builtin_sub_overflow(x, y, &out);
+    } else if (op == "*") {
+      overflow = __builtin_mul_overflow(x, y, &out);
+    } else if (op == "//" || op == "%") {
+      if (y == 0) fail_at(line, "division by zero");
+      if (x == std::numeric_limits<int64_t>::min() && y == -1) {
+        overflow = op == "//";  // (the remainder is 0)
+      } else {
+        int64_t q = x / y, m = x % y;
+        if (m != 0 && ((m < 0) != (y < 0))) --q, m += y;  // Python floors
+        out = op == "//" ? q : m;
+      }
+    } else {  // **, by squaring
+      if (y < 0) return Value::real(std::pow((double)x, (double)y));
+      out = 1;
+      for (int64_t base = x, e = y; e > 0 && !overflow;) {
+        if (e & 1) overflow = __builtin_mul_overflow(out, base, &out);
+        // A square past 64 bits is a factor of the result (|base| >= 2 then) while e has bits left.
+        if ((e >>= 1) > 0 && !overflow) overflow = __builtin_mul_overflow(base, base, &base);
+      }
+    }
+    if (overflow) fail_at(line, "integer overflow: '" + op + "' past 64 bits");
+    return Value::integer(out);
   }
 
   Value eval(const Expr& e) {
@@ -1905,7 +1945,10 @@ private:
       case Expr::Kind::Not: return Value::boolean(!truthy(eval(*e.items[0])));
       case Expr::Kind::Neg: {
         const Value v = eval(*e.items[0]);
-        if (v.kind == Value::Kind::Int) return Value::integer(-v.i);
+        if (v.kind == Value::Kind::Int) {
+          if (v.i == std::numeric_limits<int64_t>::min()) fail_at(e.line, "integer overflow: '-' past 64 bits");
+          return Value::integer(-v.i);
+        }
         if (v.kind == Value::Kind::Float) return Value::real(-v.f);
         fail_at(e.line, std::string("'-' of ") + kind_name(v));
       }
