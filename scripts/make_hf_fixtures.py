@@ -69,6 +69,15 @@ new tokens at most, stopping at the folder's eos_token_id).
            expected: teacher-forced logits of 5 sources, 16 greedy tokens
            each, generate()'s text (greedy and beam 4), and MarianTokenizer's ids and text for
            the 5,000 lines of the tokenizer fixtures (marian.tokens.expected)
+  marian-separate  a MarianMTModel with separate vocabularies
+           (make_marian_separate: share_encoder_decoder_embeddings false,
+           MarianTokenizer's separate_vocabs), as the Tatoeba-Challenge
+           opus-mt folders have them: vocab.json and source.spm for the
+           source, target_vocab.json (fewer pieces) and target.spm for the
+           target, an embedding of each, the head tied to the target's;
+           expected: teacher-forced logits, 16 greedy tokens, generate()'s
+           text, and the tokenizer's source ids and target ids and text for
+           the 5,000 lines (marian-separate.tokens.expected)
   marian-attention  the marian folder's attention weights (output_attentions)
            for the teacher-forced inputs of marian.expected.safetensors:
            every layer's encoder self-attention, decoder masked
@@ -484,6 +493,107 @@ def make_vit_resize(out_dir):
     print("vit-resize:", {k: list(v.shape) for k, v in expected.items()})
 
 
+def make_marian_separate(out_dir):
+    """make_marian's layout with a vocabulary for each side: vocab.json (the
+    source's pieces and >>jpn<<) and target_vocab.json (the target's, fewer),
+    each </s> 0, <unk> 1, ..., <pad> last; the config's pad and
+    decoder_start_token_id are the target's <pad>. Both SentencePiece models
+    with the identity normalization (small files)."""
+    import sentencepiece as spm
+    from transformers import MarianConfig, MarianMTModel, MarianTokenizer
+    name = "marian-separate"
+    folder = os.path.join(out_dir, name)
+    shutil.rmtree(folder, ignore_errors=True)
+    os.makedirs(folder)
+    lines = open(os.path.join(TOKENIZERS, "text.txt"), "rb").read().split(b"\n")
+    corpus = [l.decode("utf-8", errors="replace") for l in lines]
+    vocabs = {}
+    for side, size, part, extra in (("source", 220, corpus[:2500], [">>jpn<<"]), ("target", 160, corpus[2500:], [])):
+        spm.SentencePieceTrainer.train(sentence_iterator=iter([l for l in part if l]),
+                                       model_prefix=os.path.join(folder, side), vocab_size=size,
+                                       model_type="unigram", normalization_rule_name="identity",
+                                       character_coverage=0.98, minloglevel=2)
+        os.rename(os.path.join(folder, side + ".model"), os.path.join(folder, side + ".spm"))
+        os.remove(os.path.join(folder, side + ".vocab"))
+        sp = spm.SentencePieceProcessor(model_file=os.path.join(folder, side + ".spm"))
+        pieces = ["</s>", "<unk>"] + extra
+        for i in range(sp.get_piece_size()):
+            if not sp.is_control(i) and not sp.is_unknown(i) and sp.id_to_piece(i) not in pieces:
+                pieces.append(sp.id_to_piece(i))
+        pieces.append("<pad>")
+        vocabs[side] = pieces
+        with open(os.path.join(folder, "vocab.json" if side == "source" else "target_vocab.json"), "w") as f:
+            json.dump({p: i for i, p in enumerate(pieces)}, f, ensure_ascii=False, indent=1)
+    with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
+        json.dump({"tokenizer_class": "MarianTokenizer", "source_lang": "zh", "target_lang": "ja",
+                   "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>", "model_max_length": 512,
+                   "separate_vocabs": True}, f, indent=1)
+    Vs, Vt = len(vocabs["source"]), len(vocabs["target"])
+    assert Vt < Vs, (Vs, Vt)
+    pad = Vt - 1
+    torch.manual_seed(0)
+    config = MarianConfig(vocab_size=Vs, decoder_vocab_size=Vt, max_position_embeddings=64, d_model=32,
+                          encoder_layers=2, decoder_layers=1, encoder_ffn_dim=64, decoder_ffn_dim=64,
+                          encoder_attention_heads=4, decoder_attention_heads=4, activation_function="swish",
+                          scale_embedding=True, pad_token_id=pad, eos_token_id=0, decoder_start_token_id=pad,
+                          forced_eos_token_id=0, init_std=0.4, share_encoder_decoder_embeddings=False,
+                          tie_word_embeddings=True)
+    model = MarianMTModel(config)
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if "layer_norm" in pname and pname.endswith(".weight"):
+                p.copy_(1.0 + 0.3 * torch.randn_like(p))
+            elif pname.endswith(".bias"):
+                p.copy_(0.3 * torch.randn_like(p))
+        model.final_logits_bias.copy_(0.1 * torch.randn_like(model.final_logits_bias))
+    model.generation_config.bad_words_ids = [[pad]]
+    model.generation_config.num_beams = 1
+    model.generation_config.max_length = 64
+    model.save_pretrained(folder)
+    model = MarianMTModel.from_pretrained(folder, dtype=torch.float32).eval()
+    tok = MarianTokenizer.from_pretrained(folder)
+    assert tok.separate_vocabs
+    batch = tok(MARIAN_SENTENCES, return_tensors="pt", padding=True)
+    lengths = batch["attention_mask"].sum(1)
+    g = torch.Generator().manual_seed(1)
+    decoder_in = torch.cat([torch.full((len(MARIAN_SENTENCES), 1), pad),
+                            torch.randint(0, Vt - 1, (len(MARIAN_SENTENCES), 7), generator=g)], dim=1)
+    with torch.no_grad():
+        logits = model(**batch, decoder_input_ids=decoder_in).logits
+        seq = torch.full((len(MARIAN_SENTENCES), 1), pad)
+        for _ in range(16):
+            step = model(**batch, decoder_input_ids=seq).logits[:, -1]
+            step[:, pad] = -float("inf")
+            seq = torch.cat([seq, step.argmax(-1, keepdim=True)], dim=1)
+        generated = model.generate(**batch, max_new_tokens=16, do_sample=False, num_beams=1)
+    assert logits.shape[-1] == Vt
+    save_file({"src": batch["input_ids"].contiguous(), "src_lengths": lengths.contiguous(),
+               "decoder_in": decoder_in.contiguous(), "logits": logits.contiguous(),
+               "greedy": seq[:, 1:].contiguous()}, os.path.join(out_dir, name + ".expected.safetensors"))
+    with open(os.path.join(out_dir, name + ".expected.json"), "w") as f:
+        # Without the decoder start: skip_special_tokens skips the ids of the
+        # source vocabulary's specials, and the target's <pad> has another id
+        # here (in the published folders both vocabularies have one size).
+        json.dump({"sentences": MARIAN_SENTENCES, "source_ids": [tok(s)["input_ids"] for s in MARIAN_SENTENCES],
+                   "translations": tok.batch_decode(generated[:, 1:], skip_special_tokens=True)},
+                  f, ensure_ascii=False, indent=1)
+        f.write("\n")
+    # Per line: the source ids (count and hash), then the target side's ids
+    # (text_target) and the text decode(skip_special_tokens=True) makes of
+    # them (decoding uses the target's vocabulary and model).
+    rows = []
+    for line in lines:
+        text = line.decode("utf-8", errors="replace")
+        ids = tok(text)["input_ids"]
+        target = tok(text_target=text)["input_ids"]
+        decoded = tok.decode(target, skip_special_tokens=True)
+        rows.append(f"{len(ids)} {fnv(struct.pack(f'<{len(ids)}I', *ids)):08x} {len(target)} "
+                    f"{fnv(struct.pack(f'<{len(target)}I', *target)):08x} {fnv(decoded.encode()):08x}")
+    with open(os.path.join(out_dir, name + ".tokens.expected"), "w") as f:
+        f.write("\n".join(rows) + "\n")
+    print(f"{name}: {sum(p.numel() for p in model.parameters())} parameters, vocabularies {Vs} and {Vt}")
+
+
 def make_marian_attention(out_dir):
     from safetensors.torch import load_file
     from transformers import MarianMTModel
@@ -788,6 +898,7 @@ def main():
     makers = {"llama": None, "llama-linear": make_llama_linear, "llama-yarn": make_llama_yarn,
               "llama-dynamic": make_llama_dynamic, "qwen2": None, "qwen3": None, "mistral": None, "mixtral": None,
               "gpt2": None, "bert": make_bert, "vit": make_vit, "vit-resize": make_vit_resize, "marian": make_marian,
+              "marian-separate": make_marian_separate,
               "marian-attention": make_marian_attention, "marian-beam": make_marian_beam,
               "marian-beam-stopping": make_marian_beam_stopping, "marian-beam-rules": make_marian_beam_rules,
               "llama-rules": make_llama_rules,

@@ -645,8 +645,8 @@ TEST_P(HfDtypes, LoadingInADtypeIsLoadingThenConverting) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, HfDtypes,
-                         ::testing::Values("llama", "qwen2", "qwen3", "mistral", "mixtral", "gpt2", "marian", "vit",
-                                           "bert"));
+                         ::testing::Values("llama", "qwen2", "qwen3", "mistral", "mixtral", "gpt2", "marian",
+                                           "marian-separate", "vit", "bert"));
 
 // Float32 weights loaded for f16 convert as they are filled in; a value
 // float16 cannot hold is an error naming the tensor, not an infinity.

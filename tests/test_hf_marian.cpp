@@ -371,6 +371,129 @@ TEST(HfMarian, TokenizerMatchesMarianTokenizerOnEveryLine) {
   EXPECT_GT(unknown, 100);  // pieces vocab.json lacks (<unk>, 1), which decoding skips, are among them
 }
 
+// Separate vocabularies (tests/fixtures/hf/marian-separate: vocab.json of
+// 221 source pieces, target_vocab.json of 160 target pieces, an embedding
+// of each): transformers' logits, greedy tokens, source ids and text.
+TEST(HfMarian, SeparateVocabulariesMatchTransformers) {
+  TranslationModel m = load_translation_model(marian_fixture("marian-separate"));
+  const auto* t = dynamic_cast<const TranslationTransformer*>(m.model.get());
+  ASSERT_NE(t, nullptr);
+  EXPECT_EQ(t->config().source_vocab_size, 221);
+  EXPECT_EQ(t->config().vocab_size, 160);
+  ASSERT_NE(t->source_embed, nullptr);
+  EXPECT_EQ(t->source_embed->weight.shape(), (std::vector<int64_t>{221, 32}));
+  EXPECT_EQ(m.tokenizer->size(), 221);
+  EXPECT_EQ(m.tokenizer->target().size(), 160);
+  EXPECT_EQ(t->config().ids.start, 159);  // the target's <pad>
+
+  SafetensorsFile expected = load_safetensors(marian_fixture("marian-separate.expected.safetensors"));
+  NoGradGuard no_grad;
+  const Tensor logits =
+      m.model->forward(*expected.find("src"), *expected.find("src_lengths"), *expected.find("decoder_in"));
+  EXPECT_TRUE(testing::all_close(logits, *expected.find("logits"), 1e-4f, 1e-4f));
+  const nlohmann::json e = nlohmann::json::parse(read_file(marian_fixture("marian-separate.expected.json")));
+  std::vector<std::vector<int64_t>> sources;
+  std::vector<std::string> sentences;
+  for (size_t i = 0; i < e["sentences"].size(); ++i) {
+    sentences.push_back(e["sentences"][i].get<std::string>());
+    sources.push_back(encode_source(m, sentences.back(), {}, "sentence"));
+    EXPECT_EQ(sources.back(), e["source_ids"][i].get<std::vector<int64_t>>()) << i;
+  }
+  const std::vector<std::vector<int64_t>> greedy = greedy_translate(*m.model, sources, 16);
+  const std::vector<int64_t> want = expected.find("greedy")->to_ints();
+  for (size_t i = 0; i < sources.size(); ++i) {
+    std::vector<int64_t> row(want.begin() + 16 * i, want.begin() + 16 * i + 15);
+    if (auto eos = std::find(row.begin(), row.end(), 0); eos != row.end()) row.erase(eos, row.end());
+    EXPECT_EQ(greedy[i], row) << "sentence " << i;
+  }
+  // The text is the target's pieces (decoding with the source's vocabulary
+  // would give other text from the same ids).
+  const std::vector<std::string> text = translate_texts(m, sentences, 16);
+  EXPECT_EQ(text, e["translations"].get<std::vector<std::string>>());
+  EXPECT_NE(m.tokenizer->decode(greedy[0]), m.tokenizer->target().decode(greedy[0]));
+}
+
+// Each side as MarianTokenizer has it on the 5,000 lines: the source's ids
+// (vocab.json, source.spm), and the target's (text_target: target_vocab.json,
+// target.spm) with the text decoding makes of them.
+TEST(HfMarian, SeparateVocabulariesTokenizeEachSideAsMarianTokenizer) {
+  TranslationModel m = load_translation_model(marian_fixture("marian-separate"));
+  const std::vector<std::string> text =
+      testing::split_lines(read_file(std::string(QKV_FIXTURES_DIR) + "/tokenizers/text.txt"));
+  std::vector<std::string> expected =
+      testing::split_lines(read_file(marian_fixture("marian-separate.tokens.expected")));
+  if (!expected.empty() && expected.back().empty()) expected.pop_back();
+  ASSERT_EQ(expected.size(), text.size());
+  const Tokenizer& target = m.tokenizer->target();
+  ASSERT_NE(&target, m.tokenizer.get());
+  int wrong = 0;
+  for (size_t i = 0; i < text.size(); ++i) {
+    std::vector<int64_t> ids = m.tokenizer->encode(text[i]), out = target.encode(text[i]);
+    ids.push_back(0), out.push_back(0);  // MarianTokenizer ends every text with </s>
+    const std::string got = std::to_string(ids.size()) + " " + testing::hex(testing::fnv(ids)) + " " +
+                            std::to_string(out.size()) + " " + testing::hex(testing::fnv(out)) + " " +
+                            testing::hex(testing::fnv(target.decode(out)));
+    if (got != expected[i] && ++wrong <= 5)
+      ADD_FAILURE() << "line " << i + 1 << " '" << replace_invalid_utf8(text[i]) << "': qkv " << got
+                    << ", MarianTokenizer " << expected[i] << ": '" << target.decode(out) << "'";
+  }
+  EXPECT_EQ(wrong, 0) << "lines that differ";
+}
+
+// A qkv folder written from it keeps both vocabularies (target_vocab.json,
+// source_vocab_size) and translates the same; the two sides' files must agree
+// with the config and each other.
+TEST(HfMarian, SeparateVocabulariesSurviveAQkvFolderAndAreChecked) {
+  TranslationModel m = load_translation_model(marian_fixture("marian-separate"));
+  const std::string dir = testing::temp_dir("marian-separate");
+  save_model_folder(dir, family_of_folder(marian_fixture("marian-separate")), *m.model, m.tokenizer.get(), "");
+  for (const char* f : {"vocab.json", "target_vocab.json", "source.spm", "target.spm", "tokenizer_config.json"})
+    EXPECT_EQ(read_file(dir + "/" + f), read_file(marian_fixture(std::string("marian-separate/") + f))) << f;
+  TranslationModel back = load_translation_model(dir);
+  const std::vector<std::string> sentences = expected_json()["sentences"].get<std::vector<std::string>>();
+  EXPECT_EQ(translate_texts(back, sentences, 15), translate_texts(m, sentences, 15));
+  EXPECT_EQ(back.model->config_json(), m.model->config_json());
+  EXPECT_NE(back.model->config_json().find("\"source_vocab_size\": 221"), std::string::npos);
+
+  // The qkv folder without its target vocabulary, or with a config that counts the sides otherwise.
+  const std::string target_vocab = read_file(dir + "/target_vocab.json"), config = read_file(dir + "/config.json");
+  std::filesystem::remove(dir + "/target_vocab.json");
+  EXPECT_EQ(error_of([&] { load_translation_model(dir); }).rfind(dir + "/target_vocab.json: ", 0), 0u);
+  write_file_atomic(dir + "/target_vocab.json", target_vocab);
+  nlohmann::json c = nlohmann::json::parse(config);
+  c.erase("source_vocab_size");
+  write_file_atomic(dir + "/config.json", c.dump());
+  EXPECT_EQ(error_of([&] { load_translation_model(dir); }),
+            dir + ": the tokenizer has a vocabulary for each side, and config.json no source_vocab_size");
+  c["source_vocab_size"] = 200;
+  write_file_atomic(dir + "/config.json", c.dump());
+  EXPECT_EQ(error_of([&] { load_translation_model(dir); }),
+            dir + ": the source's tokenizer has 221 tokens, config.json says source_vocab_size 200");
+
+  // The Hugging Face folder: the target's </s> at another id, a decoder_vocab_size the file does not have.
+  const std::string hf = testing::temp_dir("marian-separate-hf");
+  for (const auto& f : std::filesystem::directory_iterator(marian_fixture("marian-separate")))
+    std::filesystem::copy_file(f.path(), hf + "/" + f.path().filename().string());
+  nlohmann::json tv = nlohmann::json::parse(target_vocab);
+  std::swap(tv["</s>"], tv["<unk>"]);
+  write_file_atomic(hf + "/target_vocab.json", tv.dump());
+  EXPECT_EQ(error_of([&] { load_translation_model(hf); }),
+            hf + "/target_vocab.json: '</s>' is id 1, vocab.json has it at 0; qkv needs the two at one id");
+  write_file_atomic(hf + "/target_vocab.json", target_vocab);
+  nlohmann::json hc = nlohmann::json::parse(read_file(hf + "/config.json"));
+  hc["decoder_vocab_size"] = 170;
+  write_file_atomic(hf + "/config.json", hc.dump());
+  EXPECT_EQ(error_of([&] { load_translation_model(hf); }).rfind(hf + "/model.safetensors: ", 0), 0u);
+
+  // qkv trains one vocabulary for both sides: a config asking for a source's own is refused.
+  EXPECT_EQ(error_of([] {
+              new_translation_model(R"({"arch": "transformer", "source_vocab_size": 300})", "config.json",
+                                    {{"我是中国人", "私は中国人です"}}, 1);
+            }),
+            "config.json: source_vocab_size is for imported models with a vocabulary for each side (Marian's); qkv "
+            "trains one vocabulary for both");
+}
+
 TEST(HfMarian, AQkvFolderWrittenFromItTranslatesTheSame) {
   TranslationModel m = load_translation_model(marian_fixture("marian"));
   const std::string dir = testing::temp_dir("marian");
@@ -417,14 +540,16 @@ TEST(HfMarian, WhatQkvDoesNotImplementIsOneErrorNamingTheField) {
     return e;
   };
   const std::string config = dir + "/config.json: ", not_yet = " is not supported yet (a different model would run)";
-  EXPECT_EQ(with("config.json", {{"share_encoder_decoder_embeddings", false}}),
-            config + "'share_encoder_decoder_embeddings': false (separate source and target vocabularies)" + not_yet);
+  // Separate embeddings need the encoder's and the decoder's in the file, which has the shared one.
+  EXPECT_EQ(with("config.json", {{"share_encoder_decoder_embeddings", false}}).rfind(dir + "/model.safetensors: ", 0),
+            0u);
+  EXPECT_EQ(with("config.json", {{"share_encoder_decoder_embeddings", "no"}}),
+            config + "'share_encoder_decoder_embeddings' must be true or false, got \"no\"");
   EXPECT_EQ(with("config.json", {{"activation_function", "tanh"}}), config + "'activation_function' 'tanh'" + not_yet);
   EXPECT_EQ(with("config.json", {{"decoder_ffn_dim", 128}}),
             config + "'encoder_ffn_dim' different from 'decoder_ffn_dim'" + not_yet);
   EXPECT_EQ(with("config.json", {{"d_model", nullptr}}), config + "'d_model' is missing");
-  EXPECT_EQ(with("tokenizer_config.json", {{"separate_vocabs", true}}),
-            dir + "/tokenizer_config.json: 'separate_vocabs': true is not supported yet (a different tokenizer would run)");
+  EXPECT_EQ(with("tokenizer_config.json", {{"separate_vocabs", true}}).rfind(dir + "/target_vocab.json: ", 0), 0u);
   EXPECT_EQ(with("tokenizer_config.json", {{"eos_token", "<eos>"}}),
             dir + "/vocab.json: the eos_token '<eos>' is not in the vocabulary");
   write_file_atomic(dir + "/source.spm", "not a model");

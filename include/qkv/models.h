@@ -110,6 +110,10 @@ std::vector<int64_t> beam_rows(int64_t sentences, int64_t k);
 // The block keys (BlockConfig) with the translation defaults, plus its own.
 struct TransformerConfig : BlockConfig {
   int64_t vocab_size = 0;  // one joint vocabulary for source and target (shared embedding)
+  // A vocabulary of the source's own (Marian's separate vocabularies): the
+  // encoder's embedding has this many rows, and vocab_size is the target's.
+  // 0: the one joint vocabulary.
+  int64_t source_vocab_size = 0;
   int64_t num_encoder_layers = 2;
   int64_t num_decoder_layers = 2;
   int64_t max_len = 256;   // the learned positions' table size
@@ -164,7 +168,8 @@ public:
   std::string summary() const override;
   const TransformerConfig& config() const { return config_; }
 
-  std::shared_ptr<Embedding> embed;
+  std::shared_ptr<Embedding> embed;         // the target's (and the source's, with one vocabulary)
+  std::shared_ptr<Embedding> source_embed;  // with source_vocab_size only
   std::shared_ptr<LearnedPositionalEmbedding> positions;
   std::vector<std::shared_ptr<TransformerEncoderLayer>> encoder_layers;
   std::vector<std::shared_ptr<TransformerDecoderLayer>> decoder_layers;
@@ -177,7 +182,9 @@ protected:
   void linear_weights_converted(DType dtype) override;
 
 private:
-  Tensor embed_tokens(const Tensor& ids, int64_t offset);
+  // ids through `table` (embed or source_embed), scaled, plus positions from offset.
+  Tensor embed_tokens(const Tensor& ids, int64_t offset, Embedding& table);
+  Tensor embed_source(const Tensor& src) { return embed_tokens(src, 0, source_embed ? *source_embed : *embed); }
   Tensor head(const Tensor& x);  // the logits of the last decoder layer's output
   TransformerConfig config_;
   TiedHead tied_head_;  // without output_proj

@@ -29,6 +29,10 @@ public:
   virtual std::string serialize() const = 0;
   // Other files the tokenizer needs beside file_name() (name, bytes): Marian's SentencePiece models.
   virtual std::vector<std::pair<std::string, std::string>> extra_files() const { return {}; }
+  // The tokenizer of a translation's output side: this one, except for a
+  // Marian folder with separate vocabularies, whose target has its own
+  // pieces and ids (the model's vocab_size; this one numbers the source).
+  virtual const Tokenizer& target() const { return *this; }
 
   // The ids put around a text (a prompt or a document), those that end
   // generation, and those never sampled. qkv's own tokenizers: <bos> text
@@ -53,7 +57,7 @@ public:
 //   {"type": "huggingface", "eos": [ids]}: the folder's tokenizer.json, as a
 //     Hugging Face folder has it (written by qkv convert); eos ends generation
 //   {"type": "marian"}: the folder's vocab.json, source.spm and target.spm
-//     (load_marian_tokenizer)
+//     (and target_vocab.json with separate vocabularies; load_marian_tokenizer)
 //   {"type": "huggingface_sentencepiece", "eos": [ids]}: the folder's
 //     tokenizer.model (load_sentencepiece_folder_tokenizer)
 // Unknown keys and values are errors naming `source`.
@@ -88,6 +92,8 @@ std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::string& path, std::vecto
 // tokenizer_config.json's eos, unk and pad tokens): source.spm's pieces
 // numbered by vocab.json, a leading ">>xx<<" language code its own token.
 // The model appends </s> to a source (TransformerConfig::ids.source_eos).
+// With tokenizer_config.json's separate_vocabs, target() is target.spm's
+// pieces numbered by target_vocab.json (its </s> at vocab.json's id).
 bool is_marian_tokenizer_folder(const std::string& dir);
 std::unique_ptr<Tokenizer> load_marian_tokenizer(const std::string& dir);
 

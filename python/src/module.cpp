@@ -291,9 +291,9 @@ struct Translator : ModelBase {
       w = Tensor::from_vector(a.weights, {1, 1, T, S});
     }
     nb::dict d;
-    d["translation"] = m.tokenizer->decode(a.tokens);
+    d["translation"] = m.tokenizer->target().decode(a.tokens);
     d["source_tokens"] = m.tokenizer->pieces(src);
-    d["output_tokens"] = m.tokenizer->pieces(a.tokens);
+    d["output_tokens"] = m.tokenizer->target().pieces(a.tokens);
     d["weights"] = to_numpy(w);
     d["averaged"] = a.heads.empty();
     // [layers, heads, S, S] and [layers, heads, T, T] (the decoder's inputs: its start token, then the

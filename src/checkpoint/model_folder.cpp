@@ -188,6 +188,12 @@ ModelFolder load_hf(const std::string& dir, const std::string& config_path, cons
     m.tokenizer = load_marian_tokenizer(dir);
     QKV_CHECK(!vocab.is_number_integer() || m.tokenizer->size() == vocab.get<int64_t>(), dir, "/vocab.json: ",
               m.tokenizer->size(), " pieces, the model's vocab_size is ", vocab.dump());
+    // The output side's pieces (target_vocab.json with separate vocabularies) are the decoder's.
+    const Tokenizer& target = m.tokenizer->target();
+    const nlohmann::json target_vocab = config.value("decoder_vocab_size", vocab);
+    QKV_CHECK(!target_vocab.is_number_integer() || target.size() == target_vocab.get<int64_t>(), dir, "/",
+              target.file_name(), ": ", target.size(), " pieces, the model's decoder_vocab_size is ",
+              target_vocab.dump());
   } else if (is_sentencepiece_tokenizer_folder(dir)) {
     m.tokenizer = load_sentencepiece_folder_tokenizer(dir, hf_eos(dir, config, config_path));
     QKV_CHECK(!vocab.is_number_integer() || m.tokenizer->size() <= vocab.get<int64_t>(), dir, "/tokenizer.model: ",
@@ -216,9 +222,22 @@ ModelFolder load(const std::string& dir, const Task* task, const std::string& co
                                                               config["tokenizer"].value("type", "") == "huggingface_sentencepiece");
     config.erase("tokenizer");
     const nlohmann::json vocab = config.value("vocab_size", nlohmann::json(-1));
-    QKV_CHECK(vocab.is_number_integer() && (vocab.get<int64_t>() == m.tokenizer->size() ||
-                                            (at_most && m.tokenizer->size() <= vocab.get<int64_t>())),
-              dir, ": tokenizer has ", m.tokenizer->size(), " tokens, config.json says vocab_size ", vocab.dump());
+    auto fits = [&](const Tokenizer& t, const nlohmann::json& size) {
+      return size.is_number_integer() &&
+             (size.get<int64_t>() == t.size() || (at_most && t.size() <= size.get<int64_t>()));
+    };
+    // vocab_size counts the output side's ids; a translation model with
+    // separate vocabularies counts the source's in source_vocab_size.
+    const Tokenizer& target = m.tokenizer->target();
+    QKV_CHECK(fits(target, vocab), dir, ": tokenizer has ", target.size(), " tokens, config.json says vocab_size ",
+              vocab.dump());
+    if (const nlohmann::json source_vocab = config.value("source_vocab_size", nlohmann::json(0)); source_vocab != 0)
+      QKV_CHECK(fits(*m.tokenizer, source_vocab), dir, ": the source's tokenizer has ", m.tokenizer->size(),
+                " tokens, config.json says source_vocab_size ", source_vocab.dump());
+    else
+      QKV_CHECK(&target == m.tokenizer.get(), dir,
+                ": the tokenizer has a vocabulary for each side, and config.json no "
+                "source_vocab_size");
   }
   SafetensorsReader file(dir + "/model.safetensors");
   // Built as always, and converted once loaded: a folder qkv convert wrote

@@ -10,7 +10,12 @@
 //   as ' ', white space stripped at both ends
 //
 // Decoding uses source.spm too: transformers does so when one vocab.json
-// serves both sides (separate vocabularies are refused).
+// serves both sides. With separate vocabularies (tokenizer_config.json's
+// separate_vocabs, the Tatoeba-Challenge folders), the source's pieces are
+// numbered by vocab.json and the target's by target_vocab.json: the
+// tokenizer is the source's, and target() the target's (target.spm's pieces
+// and target_vocab.json's ids, decoded with target.spm, as transformers
+// decodes by default then).
 #include <sentencepiece_processor.h>
 
 #include <filesystem>
@@ -48,11 +53,42 @@ std::string python_strip(const std::string& s) {
 
 class MarianTokenizer final : public Tokenizer {
 public:
+  // The source side (and, with separate vocabularies, the target's as target()).
   explicit MarianTokenizer(const std::string& dir) {
-    const std::string vocab_path = dir + "/vocab.json", config_path = dir + "/tokenizer_config.json";
     const nlohmann::json config = read_tokenizer_config(dir, &config_text_);
-    QKV_CHECK(!config.value("separate_vocabs", false), config_path,
-              ": 'separate_vocabs': true is not supported yet (a different tokenizer would run)");
+    const std::string config_path = dir + "/tokenizer_config.json";
+    const nlohmann::json separate = config.value("separate_vocabs", nlohmann::json(false));
+    QKV_CHECK(separate.is_boolean(), config_path, ": 'separate_vocabs' must be true or false, got ", separate.dump());
+    for (const char* side : {"source", "target"}) {
+      const std::string path = dir + "/" + side + ".spm";
+      std::string& proto = side[0] == 's' ? source_proto_ : target_proto_;
+      proto = read_file(path);
+      load_sentencepiece_model(side[0] == 's' ? source_ : target_, proto, path);  // target.spm: checked, kept
+    }
+    read_vocab(dir + "/vocab.json", config, config_path);
+    if (separate.get<bool>()) {
+      target_side_ = std::unique_ptr<MarianTokenizer>(new MarianTokenizer(dir, config, config_path, target_proto_));
+      // One eos ends the source (the model's eos_token_id) and the output.
+      QKV_CHECK(target_side_->eos_ == eos_, dir, "/target_vocab.json: '", target_side_->piece(target_side_->eos_),
+                "' is id ", target_side_->eos_, ", vocab.json has it at ", eos_, "; qkv needs the two at one id");
+    }
+  }
+
+  const Tokenizer& target() const override { return target_side_ ? *target_side_ : *this; }
+
+private:
+  // The target side of separate vocabularies: target_vocab.json's ids,
+  // target.spm encoding and decoding.
+  MarianTokenizer(const std::string& dir, const nlohmann::json& config, const std::string& config_path,
+                  const std::string& target_proto)
+      : target_proto_(target_proto), side_(Side::Target) {
+    load_sentencepiece_model(target_, target_proto_, dir + "/target.spm");
+    read_vocab(dir + "/target_vocab.json", config, config_path);
+  }
+
+  // A vocabulary file ({piece: id}, the ids 0 to its size - 1) and the
+  // config's eos, unk and pad tokens in it.
+  void read_vocab(const std::string& vocab_path, const nlohmann::json& config, const std::string& config_path) {
     vocab_text_ = read_file(vocab_path);
     const nlohmann::json vocab = parse_json(vocab_text_, vocab_path);
     QKV_CHECK(vocab.is_object() && !vocab.empty(), vocab_path, ": expected an object of pieces and their ids");
@@ -77,14 +113,9 @@ public:
     specials_.suffix = {eos_};
     specials_.eos = {eos_};
     specials_.never_sampled = {pad_};
-    for (const char* side : {"source", "target"}) {
-      const std::string path = dir + "/" + side + ".spm";
-      std::string& proto = side[0] == 's' ? source_proto_ : target_proto_;
-      proto = read_file(path);
-      load_sentencepiece_model(side[0] == 's' ? source_ : target_, proto, path);  // target.spm: checked, kept
-    }
   }
 
+public:
   std::vector<int64_t> encode(const std::string& raw) const override {
     const std::string text = replace_invalid_utf8(raw);  // as Python reads bytes with errors="replace"
     std::vector<int64_t> ids;
@@ -102,7 +133,7 @@ public:
       kept.push_back(piece(id));
     }
     std::string text;
-    const auto status = source_.Decode(kept, &text);
+    const auto status = spm().Decode(kept, &text);
     QKV_CHECK(status.ok(), "SentencePiece cannot decode: ", status.ToString());
     return python_strip(boundaries_as_spaces(text));
   }
@@ -115,13 +146,15 @@ public:
 
   int64_t size() const override { return size_; }
   const Specials& specials() const override { return specials_; }
+  // What a qkv folder keeps (the source side's; its tokenizer_config.json names separate_vocabs).
   std::string config_json() const override { return R"({"type": "marian"})"; }
-  std::string file_name() const override { return "vocab.json"; }
+  std::string file_name() const override { return side_ == Side::Target ? "target_vocab.json" : "vocab.json"; }
   std::string serialize() const override { return vocab_text_; }
   std::vector<std::pair<std::string, std::string>> extra_files() const override {
     std::vector<std::pair<std::string, std::string>> files = {{"source.spm", source_proto_},
                                                               {"target.spm", target_proto_}};
     if (!config_text_.empty()) files.emplace_back("tokenizer_config.json", config_text_);
+    if (target_side_) files.emplace_back(target_side_->file_name(), target_side_->serialize());
     return files;
   }
 
@@ -135,7 +168,7 @@ private:
       }
     }
     std::vector<std::string> pieces;
-    const auto status = source_.Encode(text, &pieces);
+    const auto status = spm().Encode(text, &pieces);
     QKV_CHECK(status.ok(), "SentencePiece cannot encode '", text, "': ", status.ToString());
     for (const std::string& p : pieces) ids.push_back(id_of(p));
   }
@@ -150,6 +183,10 @@ private:
     return it == pieces_.end() ? pieces_.at(unk_) : it->second;
   }
 
+  // The SentencePiece model this side encodes and decodes with.
+  const sentencepiece::SentencePieceProcessor& spm() const { return side_ == Side::Target ? target_ : source_; }
+
+  enum class Side { Source, Target };
   std::map<std::string, int64_t> ids_;
   std::map<int64_t, std::string> pieces_;
   std::vector<std::pair<std::string, int64_t>> specials_by_text_;
@@ -157,6 +194,8 @@ private:
   Specials specials_;
   std::string vocab_text_, config_text_, source_proto_, target_proto_;
   sentencepiece::SentencePieceProcessor source_, target_;
+  Side side_ = Side::Source;
+  std::unique_ptr<MarianTokenizer> target_side_;
 };
 
 }  // namespace

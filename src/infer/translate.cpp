@@ -136,15 +136,16 @@ TranslationDecoding translation_decoding(const TranslationModel& m, int64_t beam
 std::vector<std::string> translate_ids(TranslationModel& m, const std::vector<std::vector<int64_t>>& sources,
                                        int64_t max_len, int64_t beam) {
   std::vector<std::string> out;
+  const Tokenizer& target = m.tokenizer->target();
   if (beam > 1) {
     const BeamOptions o{.beam = beam,
                         .length_penalty = m.generation.length_penalty,
                         .early_stopping = m.generation.early_stopping,
                         .rules = m.generation.rules};
-    for (auto& h : beam_translate(*m.model, sources, max_len, o)) out.push_back(m.tokenizer->decode(h.tokens));
+    for (auto& h : beam_translate(*m.model, sources, max_len, o)) out.push_back(target.decode(h.tokens));
   } else {
     for (auto& t : greedy_translate(*m.model, sources, max_len, 64, m.generation.rules))
-      out.push_back(m.tokenizer->decode(t));
+      out.push_back(target.decode(t));
   }
   return out;
 }

@@ -42,7 +42,7 @@ TrainOptions TrainOptions::from_json(const std::string& text, const std::string&
 static std::vector<EncodedPair> encode_all(const TranslationModel& m, const std::vector<SentencePair>& pairs) {
   const DecodingIds ids = m.model->decoding_ids();
   std::vector<EncodedPair> out;
-  for (auto& [s, t] : pairs) out.push_back({ids.source(m.tokenizer->encode(s)), m.tokenizer->encode(t)});
+  for (auto& [s, t] : pairs) out.push_back({ids.source(m.tokenizer->encode(s)), m.tokenizer->target().encode(t)});
   return out;
 }
 
@@ -196,6 +196,9 @@ TranslationModel new_translation_model(const std::string& config_text, const std
   nlohmann::json j = parse_json(config_text, source);
   TokenizerConfig tokenizer;
   if (j.is_object()) {
+    QKV_CHECK(!j.contains("source_vocab_size"), source,
+              ": source_vocab_size is for imported models with a vocabulary "
+              "for each side (Marian's); qkv trains one vocabulary for both");
     j.erase("train");
     if (j.contains("tokenizer")) tokenizer = TokenizerConfig::from_json(j["tokenizer"].dump(), source);
     j.erase("tokenizer");

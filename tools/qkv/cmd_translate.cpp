@@ -228,9 +228,9 @@ int run_eval(const EvalArgs& a) {
 void write_attention_map(TranslationModel& m, const std::string& source, const std::vector<int64_t>& src,
                          const std::string& path, int64_t max_len) {
   AlignedTranslation a = translate_with_attention(*m.model, src, max_len, m.generation.rules);
-  std::vector<std::string> rows = m.tokenizer->pieces(a.tokens), cols = m.tokenizer->pieces(src);
+  std::vector<std::string> rows = m.tokenizer->target().pieces(a.tokens), cols = m.tokenizer->pieces(src);
   if (cols.empty()) cols.push_back("");
-  std::string title = source + "  ->  " + m.tokenizer->decode(a.tokens) + "\n" + m.model->attention_name();
+  std::string title = source + "  ->  " + m.tokenizer->target().decode(a.tokens) + "\n" + m.model->attention_name();
   write_file_atomic(path, attention_svg(rows, cols, a.weights, title));
   std::fprintf(stderr, "attention map of \"%s\" written to %s\n", source.c_str(), path.c_str());
 }

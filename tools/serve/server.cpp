@@ -841,7 +841,8 @@ private:
     }
     const int64_t T = (int64_t)a.tokens.size(), S = a.source_length;
     const std::vector<std::string> source_pieces = translation_.tokenizer->pieces(source);
-    const std::vector<std::string> target_pieces = translation_.tokenizer->pieces(a.tokens);
+    const Tokenizer& target = translation_.tokenizer->target();
+    const std::vector<std::string> target_pieces = target.pieces(a.tokens);
     const json rows = matrix(a.weights.data(), T, S);
     const json layers = by_layer(a.heads.data(), a.layers, a.nheads, T, S);  // where the model has heads
     // The views the explorer switches between: the cross-attention, then
@@ -858,12 +859,11 @@ private:
     if (a.decoder_self.defined()) {
       std::vector<int64_t> read = {translation_.model->decoding_ids().start};
       read.insert(read.end(), a.tokens.begin(), a.tokens.end() - 1);
-      views.push_back(
-          self_view("decoder", "decoder masked self-attention", a.decoder_self, translation_.tokenizer->pieces(read)));
+      views.push_back(self_view("decoder", "decoder masked self-attention", a.decoder_self, target.pieces(read)));
     }
     send_json(res, 200,
               {{"model", name_},
-               {"translation", translation_.tokenizer->decode(a.tokens)},
+               {"translation", target.decode(a.tokens)},
                {"source_tokens", source_pieces},
                {"target_tokens", target_pieces},
                {"attention", translation_.model->attention_name()},

@@ -2,7 +2,9 @@
 // translation Transformer. Marian is the encoder-decoder of the lecture with
 // Post-Norm layers (LayerNorm after each residual sum, no final norm),
 // separate q/k/v projections with biases, a dense MLP (swish in the opus-mt
-// models), one embedding for source, target and output head, scaled by
+// models), one embedding for source, target and output head (or, with
+// share_encoder_decoder_embeddings false, one for the source and one for
+// the target and the head: qkv's source_vocab_size), scaled by
 // sqrt(d_model), and sinusoidal positions laid out as halves (every sine,
 // then every cosine). It adds final_logits_bias to the logits, starts
 // decoding from decoder_start_token_id (its <pad>) and ends the source with
@@ -42,8 +44,15 @@ const std::map<std::string, std::string> kEncoderNorms = {{"self_attn_layer_norm
 const std::map<std::string, std::string> kDecoderNorms = {
     {"self_attn_layer_norm", "norm1"}, {"encoder_attn_layer_norm", "norm2"}, {"final_layer_norm", "norm3"}};
 
-std::string marian_weight_name(const std::string& hf) {
-  if (hf == "model.shared.weight") return "embed.weight";
+// `separate`: the source's embedding is the encoder's embed_tokens, the
+// target's the decoder's (and the head's, tied to it).
+std::string marian_weight_name(const std::string& hf, bool separate) {
+  if (separate) {
+    if (hf == "model.encoder.embed_tokens.weight") return "source_embed.weight";
+    if (hf == "model.decoder.embed_tokens.weight") return "embed.weight";
+    if (hf == "lm_head.weight") return HfImport::kSkip;  // the tied copy
+  }
+  if (hf == "model.shared.weight") return separate ? "" : "embed.weight";
   if (hf == "final_logits_bias") return "output_bias";
   // The tied copies transformers may also write: the shared embedding is
   // what it loads them from.
@@ -79,11 +88,16 @@ HfImport import_hf_marian(const std::string& text, const std::string& source) {
   const nlohmann::json hf = parse_json(text, source);
   QKV_CHECK(hf.is_object(), source, ": expected a JSON object");
   auto unsupported = [&](const std::string& what) { qkv::builtin::unsupported(source, what); };
-  if (field(hf, "share_encoder_decoder_embeddings", true) != true)
-    unsupported("'share_encoder_decoder_embeddings': false (separate source and target vocabularies)");
+  const nlohmann::json shared = field(hf, "share_encoder_decoder_embeddings", true);
+  QKV_CHECK(shared.is_boolean(), source, ": 'share_encoder_decoder_embeddings' must be true or false, got ",
+            shared.dump());
+  const bool separate = !shared.get<bool>();
   if (field(hf, "tie_word_embeddings", true) != true) unsupported("'tie_word_embeddings': false");
+  // vocab_size is the source's (the encoder's embedding), decoder_vocab_size
+  // the target's; one vocabulary for both unless they are separate.
   const nlohmann::json vocab = required(hf, "vocab_size", source);
-  if (field(hf, "decoder_vocab_size", vocab) != vocab) unsupported("a 'decoder_vocab_size' other than 'vocab_size'");
+  const nlohmann::json target_vocab = field(hf, "decoder_vocab_size", vocab);
+  if (!separate && target_vocab != vocab) unsupported("a 'decoder_vocab_size' other than 'vocab_size'");
   // qkv's encoder and decoder layers share their widths (the layer counts may differ).
   for (const auto& [enc, dec] : {std::pair{"encoder_attention_heads", "decoder_attention_heads"},
                                  std::pair{"encoder_ffn_dim", "decoder_ffn_dim"}})
@@ -110,7 +124,7 @@ HfImport import_hf_marian(const std::string& text, const std::string& source) {
   if (!forced.is_null() && forced != eos) unsupported("a 'forced_eos_token_id' other than 'eos_token_id'");
   nlohmann::ordered_json c = {
       {"arch", "transformer"},
-      {"vocab_size", vocab},
+      {"vocab_size", target_vocab},
       {"num_encoder_layers", required(hf, "encoder_layers", source)},
       {"num_decoder_layers", required(hf, "decoder_layers", source)},
       {"d_model", required(hf, "d_model", source)},
@@ -137,7 +151,9 @@ HfImport import_hf_marian(const std::string& text, const std::string& source) {
       {"source_eos", true},
       {"forced_eos", !forced.is_null()},
   };
-  return {c.dump(2), marian_weight_name, marian_convert};
+  if (separate) c["source_vocab_size"] = vocab;
+  return {c.dump(2), [separate](const std::string& hf_name) { return marian_weight_name(hf_name, separate); },
+          marian_convert};
 }
 
 }  // namespace qkv::builtin

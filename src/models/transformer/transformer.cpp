@@ -17,6 +17,8 @@ static const config::Fields<TransformerConfig>& transformer_fields() {
       config::Fields<C>()
           .constant("arch", "transformer")
           .add("vocab_size", &C::vocab_size).at_least(0).at_most(config::limits::kVocab)
+          .add("source_vocab_size", &C::source_vocab_size).at_least(0).at_most(config::limits::kVocab)
+          .written_if([](const C& c) { return c.source_vocab_size > 0; })
           .add("num_encoder_layers", &C::num_encoder_layers).at_least(1).at_most(config::limits::kLayers)
           .add("num_decoder_layers", &C::num_decoder_layers).at_least(1).at_most(config::limits::kLayers)
           .add("max_len", &C::max_len).at_least(1).at_most(config::limits::kPositions)
@@ -51,6 +53,12 @@ TranslationTransformer::TranslationTransformer(const TransformerConfig& c, Rng& 
     QKV_CHECK(id < c.vocab_size, "transformer: special id ", id, " is outside the vocabulary of ", c.vocab_size);
   embed = register_module("embed", std::make_shared<Embedding>(c.vocab_size, c.d_model, rng));
   normal_(embed->weight, rng, 1.0f / std::sqrt((float)c.d_model));  // scaled back up by sqrt(D) on lookup
+  if (c.source_vocab_size > 0) {
+    QKV_CHECK(c.ids.eos < c.source_vocab_size, "transformer: eos_id ", c.ids.eos,
+              " (which ends each source) is outside the source vocabulary of ", c.source_vocab_size);
+    source_embed = register_module("source_embed", std::make_shared<Embedding>(c.source_vocab_size, c.d_model, rng));
+    normal_(source_embed->weight, rng, 1.0f / std::sqrt((float)c.d_model));
+  }
   if (c.positions == PositionKind::Learned)
     positions = register_module("positions", std::make_shared<LearnedPositionalEmbedding>(c.max_len, c.d_model, rng));
   TransformerLayerOptions lo = c.layer_options();
@@ -70,11 +78,11 @@ TranslationTransformer::TranslationTransformer(const TransformerConfig& c, Rng& 
   dropout = register_module("dropout", std::make_shared<Dropout>(c.dropout, rng.next_bits()));
 }
 
-Tensor TranslationTransformer::embed_tokens(const Tensor& ids, int64_t offset) {
+Tensor TranslationTransformer::embed_tokens(const Tensor& ids, int64_t offset, Embedding& table) {
   const int64_t len = ids.size(1);
   QKV_CHECK(offset + len <= config_.max_len || config_.positions != PositionKind::Learned, "transformer: sequence of ",
             offset + len, " tokens exceeds max_len ", config_.max_len);
-  Tensor x = embed->forward(ids);
+  Tensor x = table.forward(ids);
   if (config_.scale_embedding) x = scale(x, std::sqrt((float)config_.d_model));
   if (config_.positions == PositionKind::Sinusoidal) x = add(x, sinusoidal_encoding(len, config_.d_model, offset));
   if (config_.positions == PositionKind::SinusoidalHalves)
@@ -84,13 +92,13 @@ Tensor TranslationTransformer::embed_tokens(const Tensor& ids, int64_t offset) {
 }
 
 Tensor TranslationTransformer::encode(const Tensor& src, const Tensor& src_lengths) {
-  Tensor x = embed_tokens(src, 0);
+  Tensor x = embed_source(src);
   for (auto& layer : encoder_layers) x = layer->forward(x, {.key_padding_lengths = src_lengths});
   return encoder_norm ? encoder_norm->forward(x) : x;
 }
 
 Tensor TranslationTransformer::decode(const Tensor& tgt_in, const Tensor& memory, const Tensor& src_lengths) {
-  Tensor x = embed_tokens(tgt_in, 0);
+  Tensor x = embed_tokens(tgt_in, 0, *embed);
   for (auto& layer : decoder_layers) x = layer->forward(x, memory, {.causal = true}, {.key_padding_lengths = src_lengths});
   if (decoder_norm) x = decoder_norm->forward(x);
   return head(x);
@@ -113,13 +121,13 @@ AttentionWeights TranslationTransformer::attention_weights(const Tensor& src, co
                                                            const Tensor& tgt_in) {
   NoGradGuard no_grad;
   AttentionWeights out;
-  Tensor x = embed_tokens(src, 0);
+  Tensor x = embed_source(src);
   for (auto& layer : encoder_layers) {
     x = layer->forward(x, {.key_padding_lengths = src_lengths, .need_weights = true});
     out.encoder.push_back(std::exchange(layer->last_self_weights, Tensor()));
   }
   const Tensor memory = encoder_norm ? encoder_norm->forward(x) : x;
-  Tensor y = embed_tokens(tgt_in, 0);
+  Tensor y = embed_tokens(tgt_in, 0, *embed);
   for (auto& layer : decoder_layers) {
     y = layer->forward(y, memory, {.causal = true, .need_weights = true},
                        {.key_padding_lengths = src_lengths, .need_weights = true});
@@ -145,7 +153,7 @@ std::unique_ptr<DecodeState> TranslationTransformer::start_decoding(const Tensor
 
 Tensor TranslationTransformer::decode_step(const Tensor& ids, DecodeState& base, bool need_weights) {
   auto& st = dynamic_cast<TransformerDecodeState&>(base);
-  Tensor x = embed_tokens(ids, st.position);
+  Tensor x = embed_tokens(ids, st.position, *embed);
   for (size_t i = 0; i < decoder_layers.size(); ++i)
     x = decoder_layers[i]->forward_cached(x, st.self[i], st.cross[i].first, st.cross[i].second,
                                           {.key_padding_lengths = st.src_lengths, .need_weights = need_weights});
@@ -215,7 +223,10 @@ void TranslationTransformer::expand_beams(DecodeState& base, int64_t sentences, 
 std::string TranslationTransformer::summary() const {
   return "transformer: d_model " + std::to_string(config_.d_model) + ", " + std::to_string(config_.num_encoder_layers) +
          "+" + std::to_string(config_.num_decoder_layers) + " layers, " + std::to_string(config_.nhead) + " heads, " +
-         std::to_string(parameter_count()) + " parameters, vocabulary " + std::to_string(config_.vocab_size);
+         std::to_string(parameter_count()) + " parameters, " +
+         (config_.source_vocab_size > 0 ? "vocabularies " + std::to_string(config_.source_vocab_size) +
+                                              " (source) and " + std::to_string(config_.vocab_size) + " (target)"
+                                        : "vocabulary " + std::to_string(config_.vocab_size));
 }
 
 Tensor select_rows(const Tensor& t, const std::vector<int64_t>& rows) {
