@@ -231,6 +231,20 @@ TEMPLATES = {
         "{{ 'citations' in controls }} {{ 'x' not in controls }}\n"
         "{%- if tools is defined and tools is string %}{{ tools | from_json }}{% endif %}\n"
         "{{ '<eos{}>'.format(2) }} {{ '{1}-{0}'.format('a', 'b') }} {{ '{{{name}}}'.format(name=messages | length) }}\n"),
+    # Dicts with keys other than strings, as ByteDance-Seed-OSS's template
+    # has them (a table of thinking budgets by integer): lookup, dictsort by
+    # number, `in`, get, keys, items, a key given twice, 1 and 1.0 and true
+    # as one key, their printing and tojson.
+    "keys": (
+        "{%- set gears = {0: 0, 1024: 256, 512: 128, 8192: 1024, 2048: 512} %}"
+        "{%- set ns = namespace(interval=none) %}"
+        "{%- for k, v in gears | dictsort %}{%- if ns.interval is none and budget <= k %}"
+        "{%- set ns.interval = v %}{%- endif %}{%- endfor %}"
+        "{{ ns.interval }} {{ gears[8192] }} {{ gears[2048.0] }} {{ 512 in gears }} {{ '512' in gears }} "
+        "{{ gears.get(1024) }} {{ gears.get(7, 'none') }} {{ gears.keys() | list }} {{ gears | list | first }}\n"
+        "{%- set mixed = {1: 'a', 'b': 2, none: 'n', 1.0: 'one', true: 'yes', 2.5: 'f'} %}"
+        "{{ mixed }} {{ mixed | length }} {{ mixed[1] }} {{ mixed[none] }} {{ mixed.items() | list }}\n"
+        "{{ mixed | tojson }} {{ {'x': 1, 'x': 2} }} {{ gears[3] is defined }}\n"),
 }
 
 CASES = [
@@ -260,6 +274,8 @@ CASES = [
     ("last-user", {"messages": BAD_ORDER, "bos_token": "<s>", "eos_token": "</s>", "tools": None}),
     ("filters", {"messages": CHAT}),
     ("filters", {"messages": CHAT, "tools": TOOLS}),
+    ("keys", {"budget": 600}),
+    ("keys", {"budget": 9000}),
 ]
 
 

@@ -32,7 +32,7 @@ TEST(Jinja, RendersWhatTransformersRenders) {
     }
     ++compared;
   }
-  EXPECT_EQ(compared, 21);
+  EXPECT_EQ(compared, 23);
 }
 
 TEST(Jinja, WhatItDoesNotRunIsOneErrorNamingTheLine) {

@@ -9,7 +9,8 @@
 //     loop.previtem, loop.nextitem; for a, b in pairs
 //   {% set x = expr %}, {% set ns.attr = expr %}, {% set x %}...{% endset %}
 //   {% macro name(a, b=default) %} ... {% endmacro %} and calls of it
-//   expressions: literals (strings, numbers, true/false/none, lists, dicts),
+//   expressions: literals (strings, numbers, true/false/none, lists, dicts
+//     whose keys are strings, numbers, booleans or none),
 //     names, .attr, [key], [a:b:c], calls, filters (|f(args)), tests (is
 //     [not] t), not/and/or, == != < <= > >= in, not in, + - * / // % ~,
 //     x if c else y

@@ -58,7 +58,11 @@ std::string one_line(std::string s) {
 
 struct Value;
 using List = std::vector<Value>;
-using Dict = std::vector<std::pair<std::string, Value>>;  // in insertion order, as Python's dicts
+// In insertion order, as Python's dicts; keys are strings, numbers, booleans
+// or none (Python's hashable scalars), one entry per key as Python compares
+// them (1, 1.0 and True are one key).
+using Dict = std::vector<std::pair<Value, Value>>;
+bool equal(const Value& a, const Value& b);
 struct Args {
   std::vector<Value> positional;
   std::vector<std::pair<std::string, Value>> named;
@@ -131,7 +135,13 @@ struct Value {
   const Value* find(const std::string& key) const {
     if (kind != Kind::Dict) return nullptr;
     for (const auto& [k, v] : *dict)
-      if (k == key) return &v;
+      if (k.kind == Kind::Str && k.s == key) return &v;
+    return nullptr;
+  }
+  const Value* find(const Value& key) const {
+    if (kind != Kind::Dict) return nullptr;
+    for (const auto& [k, v] : *dict)
+      if (equal(k, key)) return &v;
     return nullptr;
   }
 };
@@ -151,7 +161,7 @@ Value from_json(const nlohmann::ordered_json& j) {
     }
     case nlohmann::ordered_json::value_t::object: {
       Dict d;
-      for (const auto& [k, v] : j.items()) d.emplace_back(k, from_json(v));
+      for (const auto& [k, v] : j.items()) d.emplace_back(Value::str(k), from_json(v));
       return Value::of_dict(std::move(d));
     }
     default: fail("a JSON value of a type Jinja has no counterpart for");
@@ -223,8 +233,8 @@ std::string repr(const Value& v);
 
 // What {{ v }} prints: Python's str().
 // A dict's (key, value) pair, as Python's items() gives it: a tuple.
-Value key_value(const std::string& key, const Value& value) {
-  Value pair = Value::of_list({Value::str(key), value});
+Value key_value(const Value& key, const Value& value) {
+  Value pair = Value::of_list({key, value});
   pair.is_tuple = true;
   return pair;
 }
@@ -253,11 +263,23 @@ std::string repr(const Value& v) {
     case Value::Kind::Dict: {
       std::string out = v.is_namespace ? "<Namespace {" : "{";
       for (size_t k = 0; k < v.dict->size(); ++k)
-        out += (k ? ", " : "") + quote_python((*v.dict)[k].first) + ": " + repr((*v.dict)[k].second);
+        out += (k ? ", " : "") + repr((*v.dict)[k].first) + ": " + repr((*v.dict)[k].second);
       return out + (v.is_namespace ? "}>" : "}");
     }
     case Value::Kind::Function: return "<function>";
     default: return to_string(v);
+  }
+}
+
+// A dict key as json.dumps writes it: a string as it is, 1 as "1", 1.5 as
+// "1.5", true as "true", none as "null".
+std::string json_key(const Value& k) {
+  switch (k.kind) {
+    case Value::Kind::Str: return k.s;
+    case Value::Kind::Int: return std::to_string(k.i);
+    case Value::Kind::Float: return format_float(k.f);
+    case Value::Kind::Bool: return k.b ? "true" : "false";
+    default: return "null";
   }
 }
 
@@ -276,7 +298,7 @@ nlohmann::ordered_json to_json(const Value& v) {
     }
     case Value::Kind::Dict: {
       nlohmann::ordered_json o = nlohmann::ordered_json::object();
-      for (const auto& [k, e] : *v.dict) o[k] = to_json(e);
+      for (const auto& [k, e] : *v.dict) o[json_key(k)] = to_json(e);
       return o;
     }
     case Value::Kind::Function: fail("tojson: a function has no JSON form");
@@ -1122,7 +1144,7 @@ private:
     });
     set("namespace", [](Args& a) {
       Dict d;
-      for (auto& [k, v] : a.named) d.emplace_back(k, v);
+      for (auto& [k, v] : a.named) d.emplace_back(Value::str(k), v);
       Value v = Value::of_dict(std::move(d));
       v.is_namespace = true;
       return v;
@@ -1186,11 +1208,11 @@ private:
         Value ns = lookup(s.text);
         if (!ns.is_namespace) fail_at(s.line, "'" + s.text + "' is not a namespace: set " + s.text + "." + s.attr);
         for (auto& [k, old] : *ns.dict)
-          if (k == s.attr) {
+          if (k.kind == Value::Kind::Str && k.s == s.attr) {
             old = std::move(v);
             return Flow::Next;
           }
-        ns.dict->emplace_back(s.attr, std::move(v));
+        ns.dict->emplace_back(Value::str(s.attr), std::move(v));
         return Flow::Next;
       }
       case Stmt::Kind::SetBlock: {
@@ -1244,7 +1266,7 @@ private:
       case Value::Kind::List: return *v.list;
       case Value::Kind::Dict: {
         List keys;
-        for (const auto& [k, x] : *v.dict) keys.push_back(Value::str(k));
+        for (const auto& [k, x] : *v.dict) keys.push_back(k);
         return keys;
       }
       case Value::Kind::Str: {  // its characters (UTF-8 sequences)
@@ -1302,15 +1324,19 @@ private:
       scopes_.emplace_back();
       Scope& scope = scopes_.back();
       bind(scope, items[(size_t)k]);
-      Value loop = Value::of_dict({{"index", Value::integer(k + 1)},
-                                   {"index0", Value::integer(k)},
-                                   {"revindex", Value::integer(n - k)},
-                                   {"revindex0", Value::integer(n - k - 1)},
-                                   {"first", Value::boolean(k == 0)},
-                                   {"last", Value::boolean(k == n - 1)},
-                                   {"length", Value::integer(n)},
-                                   {"previtem", k > 0 ? items[(size_t)k - 1] : Value::undefined("previtem")},
-                                   {"nextitem", k + 1 < n ? items[(size_t)k + 1] : Value::undefined("nextitem")}});
+      Dict fields;
+      for (auto& [name, value] : std::initializer_list<std::pair<const char*, Value>>{
+               {"index", Value::integer(k + 1)},
+               {"index0", Value::integer(k)},
+               {"revindex", Value::integer(n - k)},
+               {"revindex0", Value::integer(n - k - 1)},
+               {"first", Value::boolean(k == 0)},
+               {"last", Value::boolean(k == n - 1)},
+               {"length", Value::integer(n)},
+               {"previtem", k > 0 ? items[(size_t)k - 1] : Value::undefined("previtem")},
+               {"nextitem", k + 1 < n ? items[(size_t)k + 1] : Value::undefined("nextitem")}})
+        fields.emplace_back(Value::str(name), value);
+      Value loop = Value::of_dict(std::move(fields));
       scope["loop"] = std::move(loop);
       const Flow f = run(s.body, out);
       scopes_.pop_back();
@@ -1344,9 +1370,9 @@ private:
       if (k < 0 || k >= n) return Value::undefined("[" + std::to_string(key.i) + "]");
       return obj.kind == Value::Kind::List ? (*obj.list)[(size_t)k] : Value::str(obj.s.substr((size_t)k, 1));
     }
-    if (obj.kind == Value::Kind::Dict && key.kind == Value::Kind::Str) {
-      if (const Value* v = obj.find(key.s)) return *v;
-      return Value::undefined(key.s);
+    if (obj.kind == Value::Kind::Dict) {
+      if (const Value* v = obj.find(key)) return *v;
+      return Value::undefined(key.kind == Value::Kind::Str ? key.s : "[" + repr(key) + "]");
     }
     return Value::undefined("[?]");
   }
@@ -1537,9 +1563,7 @@ private:
       const Value d = obj;
       if (name == "get")
         return Value::function([d](Args& a) {
-          const Value& key = arg(a, 0, "get");
-          if (key.kind == Value::Kind::Str)
-            if (const Value* v = d.find(key.s)) return *v;
+          if (const Value* v = d.find(arg(a, 0, "get"))) return *v;
           return a.positional.size() > 1 ? a.positional[1] : Value::none();
         });
       if (name == "items")
@@ -1551,7 +1575,7 @@ private:
       if (name == "keys")
         return Value::function([d](Args&) {
           List l;
-          for (const auto& [k, v] : *d.dict) l.push_back(Value::str(k));
+          for (const auto& [k, v] : *d.dict) l.push_back(k);
           return Value::of_list(std::move(l));
         });
       if (name == "values")
@@ -1612,7 +1636,7 @@ private:
         return container.s.find(x.s) != std::string::npos;
       case Value::Kind::List:
         return std::any_of(container.list->begin(), container.list->end(), [&](const Value& e) { return equal(e, x); });
-      case Value::Kind::Dict: return x.kind == Value::Kind::Str && container.find(x.s) != nullptr;
+      case Value::Kind::Dict: return container.find(x) != nullptr;
       case Value::Kind::Undefined: return false;  // jinja2's Undefined: an empty container
       default: fail_at(line, std::string("'in' ") + kind_name(container));
     }
@@ -1975,8 +1999,15 @@ private:
         Dict d;
         for (size_t k = 0; k + 1 < e.items.size(); k += 2) {
           const Value key = eval(*e.items[k]);
-          if (key.kind != Value::Kind::Str) fail_at(e.line, "a dict key must be a string");
-          d.emplace_back(key.s, eval(*e.items[k + 1]));
+          if (key.kind != Value::Kind::Str && !key.is_number() && key.kind != Value::Kind::None)
+            fail_at(e.line, std::string("a dict key must be a string, a number or none, got ") + kind_name(key));
+          Value value = eval(*e.items[k + 1]);
+          const auto same = std::find_if(d.begin(), d.end(), [&](const auto& kv) { return equal(kv.first, key); });
+          if (same != d.end()) {
+            same->second = std::move(value);  // a key given twice: the last value, in the first place
+          } else {
+            d.emplace_back(key, std::move(value));
+          }
         }
         return Value::of_dict(std::move(d));
       }
