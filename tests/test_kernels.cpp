@@ -288,6 +288,62 @@ TEST(Kernels, GemmF16SaysHowItRuns) {
   }
 }
 
+// A B packed once (gemm_bf16_pack_b, what a Linear keeps for its BF16
+// weight) gives the product of B packed on the call, bit for bit, on every
+// level and avx512 path that reads one (the others report 0 words and are
+// not given one): rows 1 to 130 (the streaming path up to 4, which reads B
+// as it lies), partial blocks on every side, beta and bias, A in float32 or
+// bfloat16, B more than one panel. Packing B with its last k left out
+// (gemm_bf16_pack_b with k - 1) failed every case with more than 4 rows.
+TEST(Kernels, GemmBf16WithBPackedOnceIsTheSameProduct) {
+  omp_set_num_threads(2);
+  Rng rng(12);
+  bool any = false;
+  for (const Kernels* level : levels()) {
+    using Path = std::pair<std::string, void (*)(const GemmBf16Args&)>;
+    std::vector<Path> paths = {{level->name, level->gemm_bf16}};
+    if (level->isa == CpuIsa::Avx512) {
+      if (cpu::avx512::amx_bf16_usable()) paths.push_back({"avx512 AMX", &cpu::avx512::gemm_bf16_amx});
+      if (cpu::avx512::avx512_bf16_usable())
+        paths.push_back({"avx512 AVX512-BF16", &cpu::avx512::gemm_bf16_avx512_bf16});
+    }
+    struct Case {
+      int64_t m, n, k;
+      float beta;
+    };
+    for (const Case& c : {Case{1, 37, 33, 0}, Case{4, 301, 203, 0.5f}, Case{5, 37, 33, 0}, Case{17, 301, 203, 1},
+                          Case{64, 96, 64, 0}, Case{130, 70, 300, 0.5f}, Case{40, 520, 530, 0}}) {
+      const int64_t words = level->gemm_bf16_packed_b_words(c.n, c.k);
+      if (words == 0) continue;
+      any = true;
+      Tensor a = Tensor::randn({c.m, c.k}, rng), w = Tensor::randn({c.n, c.k}, rng).to(DType::BF16);
+      Tensor ab = a.to(DType::BF16), bias = Tensor::randn({c.n}, rng), c0 = Tensor::randn({c.m, c.n}, rng);
+      GemmBf16Args g;
+      g.m = c.m, g.n = c.n, g.k = c.k, g.beta = c.beta, g.bias = bias.data<float>();
+      g.lda = c.k, g.b = w.data<uint16_t>(), g.ldb = c.k, g.ldc = c.n;
+      std::vector<uint32_t> packed((size_t)words);
+      level->gemm_bf16_pack_b(g, packed.data());
+      for (const auto& [name, run] : paths) {
+        for (bool a_bf16 : {false, true}) {
+          GemmBf16Args h = g;
+          if (a_bf16)
+            h.a = ab.data<uint16_t>();
+          else
+            h.a_f32 = a.data<float>();
+          Tensor per_call = c0.clone(), once = c0.clone();
+          h.c = per_call.data<float>();
+          run(h);
+          h.c = once.data<float>(), h.b_packed = packed.data();
+          run(h);
+          EXPECT_EQ(0, std::memcmp(per_call.data<float>(), once.data<float>(), per_call.numel() * sizeof(float)))
+              << name << ": " << c.m << " x " << c.n << " x " << c.k << (a_bf16 ? ", A bfloat16" : "");
+        }
+      }
+    }
+  }
+  if (!any) GTEST_SKIP() << "no kernel level of this CPU reads a packed B (no AMX-BF16 or AVX512-BF16)";
+}
+
 TEST(Kernels, GemmBf16SaysHowItRuns) {
   EXPECT_STREQ(ref::table().gemm_bf16_path(), "reference (float64 sums)");
   EXPECT_STREQ(cpu::kernels(CpuIsa::Generic).gemm_bf16_path(), "float32 BLAS on widened inputs");

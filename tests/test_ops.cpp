@@ -347,6 +347,37 @@ TEST(Ops, LinearWithBf16WeightIsTheFloat32ProductOfRoundedInputs) {
   omp_set_num_threads(1);
 }
 
+// A Linear converted to BF16 keeps its weight packed as gemm_bf16 reads it
+// where the CPU has AMX or AVX512-BF16 (pack_bf16_weight), and gives the
+// product of the weight packed on each call, bit for bit, for every count of
+// rows; weights loaded afterwards (load_state_dict) are packed again, so the
+// copy never holds old values (skipping that repacking fails the last check).
+TEST(Ops, ALinearKeepsItsBf16WeightPackedAndGivesTheSameProduct) {
+  omp_set_num_threads(2);
+  Rng rng(13);
+  NoGradGuard no_grad;
+  Linear lin({.in_features = 130, .out_features = 70}, rng);
+  lin.convert_weight(DType::BF16);
+  const bool reads_packed = kernels_for(Device::Cpu).gemm_bf16_packed_b_words(70, 130) > 0;
+  ASSERT_EQ(lin.weight_packed.defined(), reads_packed);
+  for (int64_t rows : {1, 4, 5, 33, 300}) {
+    Tensor x = Tensor::randn({rows, 130}, rng);
+    const Tensor packed = lin.forward(x), per_call = linear(x, lin.weight, lin.bias);
+    EXPECT_EQ(packed.to_vector(), per_call.to_vector()) << rows << " rows";
+    EXPECT_EQ(lin.forward(x, Activation::Silu).to_vector(),
+              linear(x, lin.weight, lin.bias, Activation::Silu).to_vector())
+        << rows << " rows";
+  }
+  StateDict state = lin.state_dict();
+  state.at("weight") = Tensor::randn({70, 130}, rng).to(DType::BF16);
+  lin.load_state_dict(state);
+  Tensor x = Tensor::randn({33, 130}, rng);
+  EXPECT_EQ(lin.forward(x).to_vector(), linear(x, lin.weight, lin.bias).to_vector());
+  lin.convert_weight(DType::F32);
+  EXPECT_FALSE(lin.weight_packed.defined());
+  if (!reads_packed) GTEST_SKIP() << "this CPU's gemm_bf16 reads no packed weight: only the values were compared";
+}
+
 // Mixed precision: under Bf16AutocastGuard, a float32 weight's linear is the
 // float32 linear of operands rounded to bfloat16, forward and backward:
 // pre = r(x) r(W)^T + b, dx = r(dpre) r(W), dW = r(dpre)^T r(x), db the

@@ -81,6 +81,10 @@ public:
   // references). Every parameter must be present with its exact shape; a
   // name in `state` that the module does not have is an error too.
   void load_state_dict(const StateDict& state);
+  // Remakes each BF16 Linear weight's packed copy (Linear::weight_packed)
+  // from its values: after they are loaded (load_state_dict and
+  // StateLoader::finish call it).
+  void pack_linear_weights();
 
 protected:
   // Called by convert_linear_weights on every module, after its own Linear
@@ -120,10 +124,12 @@ public:
   explicit StateLoader(Module& module);
   // `name` must be a parameter not loaded before.
   void load(const std::string& name, Tensor t);
-  // Every parameter was loaded, else an error naming the first that was not.
+  // Every parameter was loaded, else an error naming the first that was
+  // not; then the module's packed BF16 weights are made again.
   void finish() const;
 
 private:
+  Module& module_;
   std::map<std::string, Tensor> params_;
   std::set<std::string> loaded_;
 };
@@ -159,6 +165,11 @@ struct LinearOptions {
 // y = x W^T + b; weight [out, in], bias [out]. For inference the weight may
 // be BF16, or I8 with its scales in weight_scale [out, ceil(in / 32)]
 // (blockwise int8, qkv::Int8Weight), a parameter only while the weight is I8.
+// A BF16 weight also gets weight_packed (pack_bf16_weight: the layout of the
+// AMX and AVX512-BF16 tiles, made once instead of on every product of more
+// than 4 rows; not a parameter, not saved) when it is converted to BF16 or
+// loaded (Module::pack_linear_weights), where the CPU reads one and memory
+// allows.
 class Linear : public Module {
 public:
   Linear(LinearOptions options, Rng& rng);
@@ -169,6 +180,9 @@ public:
   // adds weight_scale; leaving I8 dequantizes it and removes weight_scale).
   void convert_weight(DType dtype);
   Tensor weight, bias, weight_scale;
+  Tensor weight_packed;  // with a BF16 weight, where the CPU's gemm_bf16 reads one
+  // weight_packed made (again) from the weight's values, or dropped when the weight is not BF16.
+  void pack_weight();
 };
 
 // weight [V, D], initialized N(0, 1) as torch.nn.Embedding.

@@ -88,6 +88,19 @@ enum class Activation { Relu, Gelu, GeluTanh, Silu, Tanh };
 // the product while they are in its cache.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation activation);
 
+// A BF16 weight [out, in] as this CPU's gemm_bf16 reads it (its packed
+// layout, I32 words), for a weight used many times: Linear keeps one in
+// inference, so that a product of more than a few rows does not pack W on
+// every call. Undefined where gemm_bf16 reads W as it lies (no AMX or
+// AVX512-BF16, or a lower kernel level), and where the copy would take the
+// memory in use past half of memory_limit() (a model whose weights fill the
+// machine runs with some or none packed: the same values, slower).
+Tensor pack_bf16_weight(const Tensor& weight);
+// linear() with a BF16 weight and its pack_bf16_weight (undefined: none):
+// the same values, bit for bit.
+Tensor linear_bf16(const Tensor& x, const Tensor& weight, const Tensor& packed, const Tensor& bias = Tensor(),
+                   const Activation* activation = nullptr);
+
 // Blockwise int8 weights (docs/low-precision.md): W [out, in] as int8 values
 // [out, in] and one float32 scale per row per block of 32 along `in`, scales
 // [out, ceil(in / 32)]; W[j, p] ~= values[j, p] * scales[j, p / 32], the

@@ -83,6 +83,11 @@ struct GemmBf16Args {
   float* c = nullptr;
   int64_t ldc = 0;
   const float* bias = nullptr;
+  // B as this level's gemm_bf16 packs it (gemm_bf16_pack_b of the same b,
+  // ldb, n and k), when the caller keeps it from call to call (a Linear
+  // weight in inference): the kernel then reads it instead of packing B
+  // again. b stays set (products of a few rows stream B as it lies).
+  const uint32_t* b_packed = nullptr;
 };
 
 // The float16-weight GEMM: C[M,N] = alpha * A W^T + beta * C + bias, with W
@@ -213,6 +218,10 @@ struct SgdStep {
   void gemm_bf16(const GemmBf16Args& g);                                                                           \
   /* how gemm_bf16 runs here: "AMX-BF16 tiles", "AVX512-BF16", "float32 BLAS on widened inputs", ... */            \
   const char* gemm_bf16_path();                                                                                    \
+  /* 32-bit words of a bfloat16 B [n, k] packed as gemm_bf16 reads it here; 0: it never reads one packed */      \
+  int64_t gemm_bf16_packed_b_words(int64_t n, int64_t k);                                                          \
+  /* g's B (bfloat16, as it lies) packed into out (that many words), for GemmBf16Args::b_packed */                 \
+  void gemm_bf16_pack_b(const GemmBf16Args& g, uint32_t* out);                                                     \
   void gemm_f16(const GemmF16Args& g);                                                                             \
   /* how gemm_f16 runs here: "F16C widening in registers (rows streamed up to 4), ...", ... */                      \
   const char* gemm_f16_path();                                                                                     \
@@ -286,7 +295,7 @@ QKV_DECLARE_KERNELS
 // Every kernel by name, once: the fields of Kernels below and the entries of
 // each table (src/kernels/cpu/table.cpp, src/kernels/ref/table.cpp) come from
 // this list, so no table can miss a kernel or put one in another's place.
-#define QKV_KERNEL_LIST(X) X(gemm) X(gemm_decode_path) X(gemm_bf16) X(gemm_bf16_path) X(gemm_f16) X(gemm_f16_path) X(gemm_int8) X(gemm_int8_path) X(binary) X(masked_fill) X(unary_forward) X(unary_backward) X(sum_middle)         \
+#define QKV_KERNEL_LIST(X) X(gemm) X(gemm_decode_path) X(gemm_bf16) X(gemm_bf16_path) X(gemm_bf16_packed_b_words) X(gemm_bf16_pack_b) X(gemm_f16) X(gemm_f16_path) X(gemm_int8) X(gemm_int8_path) X(binary) X(masked_fill) X(unary_forward) X(unary_backward) X(sum_middle)         \
   X(softmax_forward) X(softmax_backward) X(log_softmax_forward) X(log_softmax_backward) X(layer_norm_forward)        \
   X(layer_norm_backward) X(rms_norm_forward) X(rms_norm_backward) X(embedding_forward) X(embedding_backward)         \
   X(cross_entropy_forward) X(cross_entropy_backward) X(rope) X(gemm_batched) X(strided_copy) X(accumulate)           \

@@ -86,6 +86,7 @@ void Module::adopt_linear_dtypes(const std::string& prefix, const StateDict& sta
       // check it failed now and then.
       if (lin->weight.device() == Device::Cpu && lin->weight.dtype() == DType::F32) lin->weight.detach().fill_(0.0f);
       lin->convert_weight(it->second.dtype());
+      lin->weight_packed = Tensor();  // made from the values when they have loaded (StateLoader::finish)
     }
   }
   for (auto& [name, child] : children_) child->adopt_linear_dtypes(prefix + name + ".", state);
@@ -190,9 +191,15 @@ void Module::load_state_dict(const StateDict& state) {
   for (auto& [name, t] : state)
     QKV_CHECK(used.count(name), "load_state_dict: unexpected tensor '", name, "' (the model has no such parameter)");
   for (auto& [name, p] : params) p.detach().copy_(state.at(name));
+  pack_linear_weights();
 }
 
-StateLoader::StateLoader(Module& module) {
+void Module::pack_linear_weights() {
+  if (auto* lin = dynamic_cast<Linear*>(this)) lin->pack_weight();
+  for (auto& [name, child] : children_) child->pack_linear_weights();
+}
+
+StateLoader::StateLoader(Module& module) : module_(module) {
   for (auto& [name, p] : module.named_parameters()) params_.emplace(name, p);
 }
 
@@ -221,6 +228,7 @@ void StateLoader::load(const std::string& name, Tensor t) {
 
 void StateLoader::finish() const {
   for (auto& [name, p] : params_) QKV_CHECK(loaded_.count(name), "load_state_dict: parameter '", name, "' is missing");
+  module_.pack_linear_weights();
 }
 
 void xavier_uniform_(Tensor& w, Rng& rng) {
@@ -243,18 +251,27 @@ void normal_(Tensor& w, Rng& rng, float stddev) {
 
 Tensor Linear::forward(const Tensor& x) const {
   if (weight.dtype() == DType::I8) return linear_int8(x, {weight, weight_scale}, bias);
+  if (weight.dtype() == DType::BF16) return linear_bf16(x, weight, weight_packed, bias);
   return linear(x, weight, bias);
 }
 
 Tensor Linear::forward(const Tensor& x, Activation activation) const {
   if (weight.dtype() == DType::I8) return linear_int8(x, {weight, weight_scale}, bias, &activation);
+  if (weight.dtype() == DType::BF16) return linear_bf16(x, weight, weight_packed, bias, &activation);
   return linear(x, weight, bias, activation);
+}
+
+void Linear::pack_weight() {
+  weight_packed = Tensor();
+  if (weight.dtype() == DType::BF16 && weight.dim() == 2 && weight.device() == Device::Cpu)
+    weight_packed = pack_bf16_weight(weight);
 }
 
 void Linear::convert_weight(DType dtype) {
   QKV_CHECK(dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F16 || dtype == DType::I8,
             "Linear: a weight is F32, BF16, F16 or I8, not ", dtype_name(dtype));
   if (dtype == weight.dtype()) return;
+  weight_packed = Tensor();
   if (weight.dtype() == DType::I8) {  // back to float first
     weight.set_(dequantize_int8({weight, weight_scale}));
     remove_parameter("weight_scale");
@@ -264,6 +281,7 @@ void Linear::convert_weight(DType dtype) {
   if (dtype != DType::I8) {
     weight.convert_(dtype);
     if (dtype == DType::F32) weight.set_requires_grad(true);  // a trainable parameter again, as built
+    pack_weight();
     return;
   }
   Int8Weight q = quantize_int8(weight);

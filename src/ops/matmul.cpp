@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "qkv/allocator.h"
 #include "src/ops/dispatch.h"
 
 namespace qkv {
@@ -142,7 +143,8 @@ UnaryOp unary_op(Activation a) {
 // by the kernel as it reads it (products exact in float32); float16: x as it
 // is, times the widened weight. Float32 sums, then the bias and the
 // activation in float32.
-Tensor linear_half(const Tensor& x, const Tensor& weight, const Tensor& bias, const UnaryOp* act) {
+Tensor linear_half(const Tensor& x, const Tensor& weight, const Tensor& bias, const UnaryOp* act,
+                   const Tensor& packed = Tensor()) {
   QKV_CHECK(!any_requires_grad({x, weight, bias}), "linear: ", dtype_name(weight.dtype()),
             " weights are for inference; run it under NoGradGuard or with inputs that need no gradient");
   const int64_t in = weight.size(1), out_features = weight.size(0);
@@ -160,6 +162,9 @@ Tensor linear_half(const Tensor& x, const Tensor& weight, const Tensor& bias, co
       g.b = w.data<uint16_t>(), g.ldb = ld_in;
       g.c = y.data<float>(), g.ldc = ld_out;
       g.bias = b.defined() ? b.data<float>() : nullptr;
+      // A packed copy made for this weight's shape under the kernels that run now (else W is packed here).
+      if (packed.defined() && packed.numel() == QKV_KERNEL(gemm_bf16_packed_b_words)(out_features, in))
+        g.b_packed = reinterpret_cast<const uint32_t*>(packed.raw_data());
       QKV_KERNEL(gemm_bf16)(g);
     } else {
       GemmF16Args g;
@@ -298,6 +303,33 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation activation) {
   const UnaryOp op = unary_op(activation);
   return linear_impl(x, weight, bias, &op);
+}
+
+Tensor pack_bf16_weight(const Tensor& weight) {
+  QKV_CHECK(weight.dtype() == DType::BF16 && weight.dim() == 2,
+            "pack_bf16_weight: expected a BF16 weight [out, in], got ", dtype_name(weight.dtype()), " ",
+            shape_str(weight.shape()));
+  const int64_t n = weight.size(0), k = weight.size(1);
+  const int64_t words = QKV_KERNEL(gemm_bf16_packed_b_words)(n, k);
+  if (words == 0 || n == 0 || k == 0) return Tensor();
+  if (allocator_stats().bytes_in_use + 4 * (uint64_t)words > memory_limit() / 2) return Tensor();
+  Tensor w = contiguous_values(weight), packed = Tensor::empty({words}, DType::I32);
+  GemmBf16Args g;
+  g.n = n, g.k = k, g.b = w.data<uint16_t>(), g.ldb = k;
+  QKV_KERNEL(gemm_bf16_pack_b)(g, reinterpret_cast<uint32_t*>(packed.raw_data()));
+  return packed;
+}
+
+Tensor linear_bf16(const Tensor& x, const Tensor& weight, const Tensor& packed, const Tensor& bias,
+                   const Activation* activation) {
+  require_f32(x, "linear", "x");
+  QKV_CHECK(weight.dtype() == DType::BF16 && weight.dim() == 2, "linear_bf16: expected a BF16 weight [out, in], got ",
+            dtype_name(weight.dtype()), " ", shape_str(weight.shape()));
+  QKV_CHECK(!packed.defined() || packed.dtype() == DType::I32, "linear_bf16: the packed weight must be I32 words");
+  check_input_and_bias(x, bias, weight.shape());
+  if (!activation) return linear_half(x, weight, bias, nullptr, packed);
+  const UnaryOp op = unary_op(*activation);
+  return linear_half(x, weight, bias, &op, packed);
 }
 
 Int8Weight quantize_int8(const Tensor& w) {

@@ -27,7 +27,9 @@
 // side by side, the layout the tile multiply wants for its B tile (and a
 // vector of the AVX512-BF16 path). A in 16 x 32 tiles. Both are zero-padded
 // to whole tiles, so the kernels never test an edge; the epilogue writes only
-// the part of each block that lies inside C.
+// the part of each block that lies inside C. A caller that keeps B packed (a
+// Linear's BF16 weight in inference: GemmBf16Args::b_packed, made by
+// gemm_bf16_pack_b) skips B's packing.
 #include <omp.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -402,17 +404,21 @@ void split_blocks(const GemmBf16Args& g, const PackedBf16& pk, int64_t rows16, i
   run(reinterpret_cast<uint32_t*>(buffers.data()));
 }
 
-// B packed whole (every thread reads all of it), and A too when B takes
-// more than one panel; else A is left to the blocks of rows.
+// B packed whole (every thread reads all of it; the caller's b_packed when
+// it kept one), and A too when B takes more than one panel; else A is left
+// to the blocks of rows.
 template <class Blocks>
 void with_packed(const GemmBf16Args& g, Blocks&& blocks) {
   const int64_t kb = bf16_chunks(g.k);
   const bool whole_a = !b_fits_one_panel(g) || g.a_transposed;  // (a transposed A: for_each_tile)
-  Scratch a(whole_a ? bf16_packed_words(g.m, g.k) : 0), b(bf16_packed_words(g.n, g.k));  // words, as floats
+  Scratch a(whole_a ? bf16_packed_words(g.m, g.k) : 0), b(g.b_packed ? 0 : bf16_packed_words(g.n, g.k));  // words
   uint32_t* pa = whole_a ? reinterpret_cast<uint32_t*>(a.data()) : nullptr;
-  uint32_t* pb = reinterpret_cast<uint32_t*>(b.data());
+  const uint32_t* pb = g.b_packed;
   if (whole_a) pack_bf16_a(g, pa);
-  pack_bf16_b(g, pb);
+  if (!pb) {
+    pack_bf16_b(g, reinterpret_cast<uint32_t*>(b.data()));
+    pb = reinterpret_cast<const uint32_t*>(b.data());
+  }
   blocks(PackedBf16{.kb = kb, .nb = bf16_blocks(g.n), .a = pa, .a_stride = kb * 256, .b = pb, .b_stride = kb * 256});
 }
 
@@ -709,6 +715,14 @@ const char* gemm_bf16_path() {
   return "float32 BLAS on widened inputs";
 }
 
+int64_t gemm_bf16_packed_b_words(int64_t n, int64_t k) { return bf16_packed_usable() ? bf16_packed_words(n, k) : 0; }
+void gemm_bf16_pack_b(const GemmBf16Args& g, uint32_t* out) {
+  if (!bf16_packed_usable() || g.b_f32 || g.b_transposed) std::abort();  // callers ask for the words first
+  GemmBf16Args whole = g;
+  whole.m = std::max<int64_t>(g.m, 64);  // a whole weight at once: worth the threads (pack_with_threads reads m)
+  pack_bf16_b(whole, out);
+}
+
 #else
 
 bool bf16_packed_usable() { return false; }
@@ -723,6 +737,9 @@ void gemm_bf16(const GemmBf16Args& g) {
 }
 
 const char* gemm_bf16_path() { return "float32 BLAS on widened inputs"; }
+
+int64_t gemm_bf16_packed_b_words(int64_t, int64_t) { return 0; }  // widened copies: nothing packed
+void gemm_bf16_pack_b(const GemmBf16Args&, uint32_t*) { std::abort(); }
 
 #endif
 

@@ -1,5 +1,6 @@
 // Reference GEMM: the textbook triple loop, accumulated in double.
 #include <algorithm>
+#include <cstdlib>
 #include <vector>
 
 #include "qkv/dtype.h"
@@ -46,6 +47,10 @@ void gemm_bf16(const GemmBf16Args& g) {
 }
 
 const char* gemm_bf16_path() { return "reference (float64 sums)"; }
+
+// The reference reads B as it lies (b_packed is never read).
+int64_t gemm_bf16_packed_b_words(int64_t, int64_t) { return 0; }
+void gemm_bf16_pack_b(const GemmBf16Args&, uint32_t*) { std::abort(); }  // callers ask for the words first
 
 // Each row of A quantized per block of 32 (as qkv/dtype.h says), then every
 // product of the two int8 values scaled by both scales, summed in double.
