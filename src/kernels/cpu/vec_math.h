@@ -68,7 +68,11 @@ inline float fast_exp(float x) {
   p = p * r + 0.5f;
   p = p * r + 1.0f;
   p = p * r + 1.0f;
-  const float scale = std::bit_cast<float>((int32_t)(n + 127.0f) << 23);
+  // 2^n from n's bits. A NaN x leaves n NaN (and p, so the result is NaN), but
+  // converting NaN to an integer is undefined: the exponent is taken from n
+  // clamped with NaN going to 128 (std::min keeps its first argument then).
+  const float e = std::max(-127.0f, std::min(128.0f, n));
+  const float scale = std::bit_cast<float>((int32_t)(e + 127.0f) << 23);
   return x < -87.3f ? 0.0f : p * scale;
 }
 
