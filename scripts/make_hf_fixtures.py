@@ -333,6 +333,44 @@ def fnv(data):
     return h
 
 
+def randomize_marian(model, pad):
+    """Random norm gains, biases and final logits bias, so that every one
+    counts; <pad> never an output (as the opus-mt folders' bad_words_ids)."""
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if "layer_norm" in pname and pname.endswith(".weight"):
+                p.copy_(1.0 + 0.3 * torch.randn_like(p))
+            elif pname.endswith(".bias"):
+                p.copy_(0.3 * torch.randn_like(p))
+        model.final_logits_bias.copy_(0.1 * torch.randn_like(model.final_logits_bias))
+    model.generation_config.bad_words_ids = [[pad]]
+    model.generation_config.num_beams = 1
+    model.generation_config.max_length = 64
+
+
+def marian_expected(model, tok, pad, vocab, path):
+    """Saves to `path` the tokenized MARIAN_SENTENCES, teacher-forced logits
+    for random target ids (below `vocab` - 1) and 16 greedy tokens of each
+    (argmax over all but <pad>, past </s>); returns the tokenized batch."""
+    batch = tok(MARIAN_SENTENCES, return_tensors="pt", padding=True)
+    lengths = batch["attention_mask"].sum(1)
+    g = torch.Generator().manual_seed(1)
+    decoder_in = torch.cat([torch.full((len(MARIAN_SENTENCES), 1), pad),
+                            torch.randint(0, vocab - 1, (len(MARIAN_SENTENCES), 7), generator=g)], dim=1)
+    with torch.no_grad():
+        logits = model(**batch, decoder_input_ids=decoder_in).logits
+        seq = torch.full((len(MARIAN_SENTENCES), 1), pad)
+        for _ in range(16):
+            step = model(**batch, decoder_input_ids=seq).logits[:, -1]
+            step[:, pad] = -float("inf")
+            seq = torch.cat([seq, step.argmax(-1, keepdim=True)], dim=1)
+    assert logits.shape[-1] == vocab
+    save_file({"src": batch["input_ids"].contiguous(), "src_lengths": lengths.contiguous(),
+               "decoder_in": decoder_in.contiguous(), "logits": logits.contiguous(),
+               "greedy": seq[:, 1:].contiguous()}, path)
+    return batch
+
+
 def make_marian(out_dir):
     """A MarianMTModel folder as the Helsinki-NLP opus-mt ones are laid out:
     SentencePiece models source.spm (nmt_nfkc normalization, whose
@@ -376,37 +414,14 @@ def make_marian(out_dir):
                           forced_eos_token_id=0, init_std=0.4, share_encoder_decoder_embeddings=True,
                           tie_word_embeddings=True)
     model = MarianMTModel(config)
-    with torch.no_grad():  # random gains, biases and final logits bias, so that every one counts
-        for pname, p in model.named_parameters():
-            if "layer_norm" in pname and pname.endswith(".weight"):
-                p.copy_(1.0 + 0.3 * torch.randn_like(p))
-            elif pname.endswith(".bias"):
-                p.copy_(0.3 * torch.randn_like(p))
-        model.final_logits_bias.copy_(0.1 * torch.randn_like(model.final_logits_bias))
-    model.generation_config.bad_words_ids = [[pad]]  # as the opus-mt folders have it: <pad> is never an output
-    model.generation_config.num_beams = 1
-    model.generation_config.max_length = 64
+    randomize_marian(model, pad)
     model.save_pretrained(folder)
     model = MarianMTModel.from_pretrained(folder, dtype=torch.float32).eval()
     tok = MarianTokenizer.from_pretrained(folder)
-    batch = tok(MARIAN_SENTENCES, return_tensors="pt", padding=True)
-    lengths = batch["attention_mask"].sum(1)
-    g = torch.Generator().manual_seed(1)
-    decoder_in = torch.cat([torch.full((len(MARIAN_SENTENCES), 1), pad),
-                            torch.randint(0, V - 1, (len(MARIAN_SENTENCES), 7), generator=g)], dim=1)
+    batch = marian_expected(model, tok, pad, V, os.path.join(out_dir, "marian.expected.safetensors"))
     with torch.no_grad():
-        logits = model(**batch, decoder_input_ids=decoder_in).logits
-        # 16 greedy tokens of each sentence (argmax over all but <pad>, past </s>).
-        seq = torch.full((len(MARIAN_SENTENCES), 1), pad)
-        for _ in range(16):
-            step = model(**batch, decoder_input_ids=seq).logits[:, -1]
-            step[:, pad] = -float("inf")
-            seq = torch.cat([seq, step.argmax(-1, keepdim=True)], dim=1)
         generated = model.generate(**batch, max_new_tokens=16, do_sample=False, num_beams=1)
         beams = model.generate(**batch, max_new_tokens=16, do_sample=False, num_beams=4)
-    save_file({"src": batch["input_ids"].contiguous(), "src_lengths": lengths.contiguous(),
-               "decoder_in": decoder_in.contiguous(), "logits": logits.contiguous(),
-               "greedy": seq[:, 1:].contiguous()}, os.path.join(out_dir, "marian.expected.safetensors"))
     with open(os.path.join(out_dir, "marian.expected.json"), "w") as f:
         json.dump({"sentences": MARIAN_SENTENCES, "source_ids": [tok(s)["input_ids"] for s in MARIAN_SENTENCES],
                    "translations": tok.batch_decode(generated, skip_special_tokens=True),
@@ -539,37 +554,14 @@ def make_marian_separate(out_dir):
                           forced_eos_token_id=0, init_std=0.4, share_encoder_decoder_embeddings=False,
                           tie_word_embeddings=True)
     model = MarianMTModel(config)
-    with torch.no_grad():
-        for pname, p in model.named_parameters():
-            if "layer_norm" in pname and pname.endswith(".weight"):
-                p.copy_(1.0 + 0.3 * torch.randn_like(p))
-            elif pname.endswith(".bias"):
-                p.copy_(0.3 * torch.randn_like(p))
-        model.final_logits_bias.copy_(0.1 * torch.randn_like(model.final_logits_bias))
-    model.generation_config.bad_words_ids = [[pad]]
-    model.generation_config.num_beams = 1
-    model.generation_config.max_length = 64
+    randomize_marian(model, pad)
     model.save_pretrained(folder)
     model = MarianMTModel.from_pretrained(folder, dtype=torch.float32).eval()
     tok = MarianTokenizer.from_pretrained(folder)
     assert tok.separate_vocabs
-    batch = tok(MARIAN_SENTENCES, return_tensors="pt", padding=True)
-    lengths = batch["attention_mask"].sum(1)
-    g = torch.Generator().manual_seed(1)
-    decoder_in = torch.cat([torch.full((len(MARIAN_SENTENCES), 1), pad),
-                            torch.randint(0, Vt - 1, (len(MARIAN_SENTENCES), 7), generator=g)], dim=1)
+    batch = marian_expected(model, tok, pad, Vt, os.path.join(out_dir, name + ".expected.safetensors"))
     with torch.no_grad():
-        logits = model(**batch, decoder_input_ids=decoder_in).logits
-        seq = torch.full((len(MARIAN_SENTENCES), 1), pad)
-        for _ in range(16):
-            step = model(**batch, decoder_input_ids=seq).logits[:, -1]
-            step[:, pad] = -float("inf")
-            seq = torch.cat([seq, step.argmax(-1, keepdim=True)], dim=1)
         generated = model.generate(**batch, max_new_tokens=16, do_sample=False, num_beams=1)
-    assert logits.shape[-1] == Vt
-    save_file({"src": batch["input_ids"].contiguous(), "src_lengths": lengths.contiguous(),
-               "decoder_in": decoder_in.contiguous(), "logits": logits.contiguous(),
-               "greedy": seq[:, 1:].contiguous()}, os.path.join(out_dir, name + ".expected.safetensors"))
     with open(os.path.join(out_dir, name + ".expected.json"), "w") as f:
         # Without the decoder start: skip_special_tokens skips the ids of the
         # source vocabulary's specials, and the target's <pad> has another id

@@ -43,6 +43,24 @@ MarianBeam marian_beam() {
   return {std::dynamic_pointer_cast<Seq2Seq>(folder.model), e["sources"].get<std::vector<std::vector<int64_t>>>()};
 }
 
+// qkv's greedy decoding of `sources` against transformers' 16 tokens of each
+// (`want` [sources, 16], argmax over all but <pad> at each step): qkv stops
+// at </s> (0), and with the folder's forced_eos_token_id its 16th token is
+// </s>, so its first 15 are the same. Returns qkv's.
+std::vector<std::vector<int64_t>> expect_greedy_as_transformers(Seq2Seq& model,
+                                                                const std::vector<std::vector<int64_t>>& sources,
+                                                                const Tensor& want) {
+  EXPECT_TRUE(model.decoding_ids().forced_eos);
+  const std::vector<std::vector<int64_t>> greedy = greedy_translate(model, sources, 16);
+  const std::vector<int64_t> ids = want.to_ints();
+  for (size_t i = 0; i < sources.size(); ++i) {
+    std::vector<int64_t> row(ids.begin() + 16 * i, ids.begin() + 16 * i + 15);
+    if (auto eos = std::find(row.begin(), row.end(), 0); eos != row.end()) row.erase(eos, row.end());
+    EXPECT_EQ(greedy[i], row) << "sentence " << i;
+  }
+  return greedy;
+}
+
 // Every attention weight of the teacher-forced pass (Seq2Seq::attention_weights,
 // which the explorer page draws) against transformers' output_attentions
 // (eager attention), for the five sources of different lengths (padding
@@ -113,17 +131,7 @@ TEST(HfMarian, LogitsGreedyTokensAndTextMatchTransformers) {
     sources.push_back(encode_source(m, e["sentences"][i].get<std::string>(), {}, "sentence"));
     EXPECT_EQ(sources.back(), e["source_ids"][i].get<std::vector<int64_t>>()) << i;
   }
-  // transformers' tokens, argmax over all but <pad> at each step, 16 of
-  // them; qkv's greedy decoding stops at </s> (0), and with the folder's
-  // forced_eos_token_id its 16th token is </s>: its first 15 are the same.
-  EXPECT_TRUE(m.model->decoding_ids().forced_eos);
-  const std::vector<std::vector<int64_t>> greedy = greedy_translate(*m.model, sources, 16);
-  const std::vector<int64_t> want = expected.find("greedy")->to_ints();
-  for (size_t i = 0; i < sources.size(); ++i) {
-    std::vector<int64_t> row(want.begin() + 16 * i, want.begin() + 16 * i + 15);
-    if (auto eos = std::find(row.begin(), row.end(), 0); eos != row.end()) row.erase(eos, row.end());
-    EXPECT_EQ(greedy[i], row) << "sentence " << i;
-  }
+  expect_greedy_as_transformers(*m.model, sources, *expected.find("greedy"));
   // generate(max_new_tokens=16), which forces </s> as the 16th token when
   // none came before, as qkv's --max-len 16 does.
   std::vector<std::string> sentences;
@@ -399,13 +407,8 @@ TEST(HfMarian, SeparateVocabulariesMatchTransformers) {
     sources.push_back(encode_source(m, sentences.back(), {}, "sentence"));
     EXPECT_EQ(sources.back(), e["source_ids"][i].get<std::vector<int64_t>>()) << i;
   }
-  const std::vector<std::vector<int64_t>> greedy = greedy_translate(*m.model, sources, 16);
-  const std::vector<int64_t> want = expected.find("greedy")->to_ints();
-  for (size_t i = 0; i < sources.size(); ++i) {
-    std::vector<int64_t> row(want.begin() + 16 * i, want.begin() + 16 * i + 15);
-    if (auto eos = std::find(row.begin(), row.end(), 0); eos != row.end()) row.erase(eos, row.end());
-    EXPECT_EQ(greedy[i], row) << "sentence " << i;
-  }
+  const std::vector<std::vector<int64_t>> greedy =
+      expect_greedy_as_transformers(*m.model, sources, *expected.find("greedy"));
   // The text is the target's pieces (decoding with the source's vocabulary
   // would give other text from the same ids).
   const std::vector<std::string> text = translate_texts(m, sentences, 16);
