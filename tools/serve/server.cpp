@@ -276,6 +276,13 @@ public:
     const int port = o_.port == 0 ? http_.bind_to_any_port(o_.host)
                                   : (http_.bind_to_port(o_.host, o_.port) ? o_.port : -1);
     QKV_CHECK(port > 0, "serve: cannot listen on ", o_.host, ":", o_.port, " (", std::strerror(errno), ")");
+    // The model was loaded on this thread, whose OpenMP pool now idles; decoding
+    // runs on the generator's thread, with a pool of its own. With both pools
+    // alive libgomp counts more threads than cores and has its workers sleep
+    // (a futex wake) between parallel regions instead of spinning, which made
+    // one bf16 stream 1.7x slower on two threads than on one. Releasing this
+    // thread's pool leaves one.
+    omp_pause_resource_all(omp_pause_soft);
     if (generator_) generator_->start(o_.threads);
     std::thread watcher([this, signals] {
       int sig = 0;
