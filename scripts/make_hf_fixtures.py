@@ -371,6 +371,34 @@ def marian_expected(model, tok, pad, vocab, path):
     return batch
 
 
+def save_marian(folder, vocab, target_vocab, decoder_layers, separate):
+    """Writes a Marian folder's tokenizer_config.json and a random
+    MarianMTModel (seed 0, randomize_marian) beside its vocabularies, and
+    returns the model and MarianTokenizer loaded back from it. `vocab` and
+    `target_vocab` are the source's and the target's sizes, the target's
+    <pad> (its last id) the pad and decoder start."""
+    from transformers import MarianConfig, MarianMTModel, MarianTokenizer
+    with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
+        json.dump({"tokenizer_class": "MarianTokenizer", "source_lang": "zh", "target_lang": "ja",
+                   "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>", "model_max_length": 512,
+                   "separate_vocabs": separate}, f, indent=1)
+    pad = target_vocab - 1
+    torch.manual_seed(0)
+    config = MarianConfig(vocab_size=vocab, decoder_vocab_size=target_vocab, max_position_embeddings=64, d_model=32,
+                          encoder_layers=2, decoder_layers=decoder_layers, encoder_ffn_dim=64, decoder_ffn_dim=64,
+                          encoder_attention_heads=4, decoder_attention_heads=4, activation_function="swish",
+                          scale_embedding=True, pad_token_id=pad, eos_token_id=0, decoder_start_token_id=pad,
+                          forced_eos_token_id=0, init_std=0.4, share_encoder_decoder_embeddings=not separate,
+                          tie_word_embeddings=True)
+    model = MarianMTModel(config)
+    randomize_marian(model, pad)
+    model.save_pretrained(folder)
+    model = MarianMTModel.from_pretrained(folder, dtype=torch.float32).eval()
+    tok = MarianTokenizer.from_pretrained(folder)
+    assert tok.separate_vocabs == separate
+    return model, tok
+
+
 def make_marian(out_dir):
     """A MarianMTModel folder as the Helsinki-NLP opus-mt ones are laid out:
     SentencePiece models source.spm (nmt_nfkc normalization, whose
@@ -379,7 +407,6 @@ def make_marian(out_dir):
     language code >>jpn<<), swish, scale_embedding, Post-Norm, tied and
     shared embeddings, a final_logits_bias, decoder_start_token_id = pad."""
     import sentencepiece as spm
-    from transformers import MarianConfig, MarianMTModel, MarianTokenizer
     folder = os.path.join(out_dir, "marian")
     shutil.rmtree(folder, ignore_errors=True)
     os.makedirs(folder)
@@ -401,23 +428,8 @@ def make_marian(out_dir):
     pieces.append("<pad>")
     with open(os.path.join(folder, "vocab.json"), "w") as f:
         json.dump({p: i for i, p in enumerate(pieces)}, f, ensure_ascii=False, indent=1)
-    with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
-        json.dump({"tokenizer_class": "MarianTokenizer", "source_lang": "zh", "target_lang": "ja",
-                   "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>", "model_max_length": 512,
-                   "separate_vocabs": False}, f, indent=1)
     V, pad = len(pieces), len(pieces) - 1
-    torch.manual_seed(0)
-    config = MarianConfig(vocab_size=V, decoder_vocab_size=V, max_position_embeddings=64, d_model=32,
-                          encoder_layers=2, decoder_layers=2, encoder_ffn_dim=64, decoder_ffn_dim=64,
-                          encoder_attention_heads=4, decoder_attention_heads=4, activation_function="swish",
-                          scale_embedding=True, pad_token_id=pad, eos_token_id=0, decoder_start_token_id=pad,
-                          forced_eos_token_id=0, init_std=0.4, share_encoder_decoder_embeddings=True,
-                          tie_word_embeddings=True)
-    model = MarianMTModel(config)
-    randomize_marian(model, pad)
-    model.save_pretrained(folder)
-    model = MarianMTModel.from_pretrained(folder, dtype=torch.float32).eval()
-    tok = MarianTokenizer.from_pretrained(folder)
+    model, tok = save_marian(folder, V, V, decoder_layers=2, separate=False)
     batch = marian_expected(model, tok, pad, V, os.path.join(out_dir, "marian.expected.safetensors"))
     with torch.no_grad():
         generated = model.generate(**batch, max_new_tokens=16, do_sample=False, num_beams=1)
@@ -515,7 +527,6 @@ def make_marian_separate(out_dir):
     decoder_start_token_id are the target's <pad>. Both SentencePiece models
     with the identity normalization (small files)."""
     import sentencepiece as spm
-    from transformers import MarianConfig, MarianMTModel, MarianTokenizer
     name = "marian-separate"
     folder = os.path.join(out_dir, name)
     shutil.rmtree(folder, ignore_errors=True)
@@ -539,26 +550,10 @@ def make_marian_separate(out_dir):
         vocabs[side] = pieces
         with open(os.path.join(folder, "vocab.json" if side == "source" else "target_vocab.json"), "w") as f:
             json.dump({p: i for i, p in enumerate(pieces)}, f, ensure_ascii=False, indent=1)
-    with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
-        json.dump({"tokenizer_class": "MarianTokenizer", "source_lang": "zh", "target_lang": "ja",
-                   "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>", "model_max_length": 512,
-                   "separate_vocabs": True}, f, indent=1)
     Vs, Vt = len(vocabs["source"]), len(vocabs["target"])
     assert Vt < Vs, (Vs, Vt)
     pad = Vt - 1
-    torch.manual_seed(0)
-    config = MarianConfig(vocab_size=Vs, decoder_vocab_size=Vt, max_position_embeddings=64, d_model=32,
-                          encoder_layers=2, decoder_layers=1, encoder_ffn_dim=64, decoder_ffn_dim=64,
-                          encoder_attention_heads=4, decoder_attention_heads=4, activation_function="swish",
-                          scale_embedding=True, pad_token_id=pad, eos_token_id=0, decoder_start_token_id=pad,
-                          forced_eos_token_id=0, init_std=0.4, share_encoder_decoder_embeddings=False,
-                          tie_word_embeddings=True)
-    model = MarianMTModel(config)
-    randomize_marian(model, pad)
-    model.save_pretrained(folder)
-    model = MarianMTModel.from_pretrained(folder, dtype=torch.float32).eval()
-    tok = MarianTokenizer.from_pretrained(folder)
-    assert tok.separate_vocabs
+    model, tok = save_marian(folder, Vs, Vt, decoder_layers=1, separate=True)
     batch = marian_expected(model, tok, pad, Vt, os.path.join(out_dir, name + ".expected.safetensors"))
     with torch.no_grad():
         generated = model.generate(**batch, max_new_tokens=16, do_sample=False, num_beams=1)
