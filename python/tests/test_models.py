@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import qkv
-from conftest import FOLDERS, HF, run_cli
+from conftest import FOLDERS, HF, expected_tensor, run_cli
 
 SOURCES = ["我是中国人", "你好", "这本书很有意思", "我们喜欢猫吗"]
 
@@ -202,22 +202,13 @@ def test_embed_matches_the_cli_and_sentence_transformers():
     assert got.dtype == np.float32 and got.shape == (len(sentences), 32)
     cli = run_cli("embed", "--truncate", "--model", HF / "bert", stdin="\n".join(sentences).encode() + b"\n")
     assert np.array_equal(got, np.array([json.loads(line) for line in cli.decode().splitlines()], dtype=np.float32))
-    want = _expected_tensor(HF / "bert.expected.safetensors", "embeddings")
+    want = expected_tensor(HF / "bert.expected.safetensors", "embeddings")
     assert np.abs(got - want).max() < 1e-4
     assert np.allclose(np.linalg.norm(got, axis=1), 1, atol=1e-5)
     with pytest.raises(qkv.Error, match="embed: text 5: .* tokens, more than the 22"):
         model.embed(sentences)
     with pytest.raises(TypeError, match="one text goes in a list"):
         model.embed("just one")
-
-
-def _expected_tensor(path, name):
-    """One F32 tensor of a safetensors file, read with NumPy alone."""
-    data = path.read_bytes()
-    n = struct.unpack("<Q", data[:8])[0]
-    header = json.loads(data[8:8 + n])
-    begin, end = header[name]["data_offsets"]
-    return np.frombuffer(data[8 + n + begin:8 + n + end], dtype=np.float32).reshape(header[name]["shape"])
 
 
 def test_threads_and_runtime():
