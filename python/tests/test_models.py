@@ -1,5 +1,6 @@
 """The same outputs from Python as from the qkv program, on the model folders of tests/fixtures."""
 import json
+import os
 import struct
 import zlib
 
@@ -216,3 +217,43 @@ def test_threads_and_runtime():
     assert model.threads == 2
     assert model.translate(["你好"], max_len=8) == qkv.load(FOLDERS / "transformer").translate(["你好"], max_len=8)
     assert "gemm:" in qkv.runtime() and "cpu:" in qkv.runtime()
+
+
+def test_calls_reuse_their_worker_threads():
+    """A call's compute runs on a worker thread that is kept for the next call, and with it its OpenMP
+    threads (docs/python.md): the process has the same threads after each call, streamed or not."""
+    lm = qkv.load(FOLDERS / "decoder", threads=2)
+    tr = qkv.load(FOLDERS / "transformer", threads=2)
+    lm.generate("hello", max_new_tokens=2, temperature=0)
+    threads = set(os.listdir("/proc/self/task"))
+    assert len(threads) >= 3  # this one, the worker, its second OpenMP thread
+    for _ in range(3):
+        lm.generate("hello", max_new_tokens=2, temperature=0)
+        list(lm.generate("hi", max_new_tokens=2, stream=True))
+        tr.translate(["你好"], max_len=4)
+        assert set(os.listdir("/proc/self/task")) == threads
+
+
+def test_a_forked_child_runs_models():
+    """After fork() the child has none of the parent's threads, so it starts workers of its own
+    (the parent's idle ones would never run its calls)."""
+    import time
+    lm = qkv.load(FOLDERS / "decoder", threads=2)
+    want = lm.generate("hello", max_new_tokens=4, temperature=0)
+    pid = os.fork()
+    if pid == 0:
+        ok = False
+        try:
+            ok = lm.generate("hello", max_new_tokens=4, temperature=0) == want
+        finally:
+            os._exit(0 if ok else 1)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.waitstatus_to_exitcode(status) == 0
+            return
+        time.sleep(0.05)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    raise AssertionError("the forked child's generate did not return within 60 s")
