@@ -350,6 +350,10 @@ check "bench vit outside the repository" nonzero bash -c "cd '$tmp' && '$QKV' be
 one_line_error "bench vit outside the repository"
 check "bench generate --model" 0 bash -c "cd '$FIXTURES/../..' && '$QKV' bench generate --model '$FIXTURES/hf/llama' --json --python false"
 grep -q '"impl": "qkv int8"' "$tmp/out" || { echo "FAIL bench generate --model json"; head -c 600 "$tmp/out"; failures=$((failures + 1)); }
+check "bench embed --model" 0 bash -c "cd '$FIXTURES/../..' && '$QKV' bench embed --model '$FIXTURES/hf/bert' --sentences 6 --json --python false"
+grep -q '"impl": "qkv bf16"' "$tmp/out" && grep -q '"tokens_per_s"' "$tmp/out" || { echo "FAIL bench embed json"; head -c 600 "$tmp/out"; failures=$((failures + 1)); }
+check "bench embed without --model" nonzero "$QKV" bench embed --python false
+one_line_error "bench embed without --model"
 check "bench vit tiny" 0 bash -c "cd '$FIXTURES/../..' && '$QKV' bench vit --steps 1 --json --python false"
 grep -q '"qkv_train_images_per_s"' "$tmp/out" || { echo "FAIL bench vit json"; failures=$((failures + 1)); }
 

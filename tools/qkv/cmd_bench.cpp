@@ -9,15 +9,18 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <functional>
 #include <cstdio>
 #include <iostream>
+#include <sstream>
 #include <nlohmann/json.hpp>
 
 #include "qkv/allocator.h"
 #include "qkv/attention.h"
 #include "qkv/cpu.h"
+#include "qkv/encoder.h"
 #include "qkv/infer.h"
 #include "qkv/io.h"
 #include "qkv/registry.h"
@@ -1150,6 +1153,139 @@ int run_bench_streams(const BenchArgs& a) {
   return 0;
 }
 
+// --- embed: sentence embeddings of an encoder folder, qkv vs sentence-transformers ---
+
+// Sentences for `bench embed` without --test: 8 to 60 words each, drawn
+// (seeded) from a list of common English words, so that lengths vary as
+// real text's do and every word is in an English vocabulary.
+std::vector<std::string> bench_sentences(int64_t count) {
+  static const char* const words[] = {
+      "the",     "model",   "reads",   "a",       "sentence", "and",      "every",    "token",   "attends", "to",
+      "others",  "before",  "it",      "with",    "weights",  "that",     "were",     "learned", "from",    "large",
+      "amounts", "of",      "text",    "people",  "write",    "about",    "cities",   "rivers",  "music",   "food",
+      "science", "history", "quickly", "slowly",  "bright",   "morning",  "evening",  "market",  "school",  "train",
+      "station", "garden",  "window",  "because", "although", "while",    "after",    "under",   "between", "small",
+      "old",     "new",     "green",   "ancient", "modern",   "language", "question", "answer",  "simple",  "careful"};
+  const int64_t n_words = sizeof words / sizeof *words;
+  Rng rng(0);
+  std::vector<std::string> out;
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t length = 8 + (int64_t)(rng.next_uniform() * 53);
+    std::string s;
+    for (int64_t w = 0; w < length; ++w) {
+      if (w) s += ' ';
+      s += words[std::min(n_words - 1, (int64_t)(rng.next_uniform() * n_words))];
+    }
+    out.push_back(s + ".");
+  }
+  return out;
+}
+
+// The same sentences, embedded by qkv in float32, bf16 and int8 (best of 3
+// passes over all of them, after one) and by sentence-transformers' encode()
+// in float32 (scripts/bench_embed_peers.py), on the same threads.
+int run_bench_embed(const BenchArgs& a) {
+  QKV_CHECK(a.model_option && a.model_option->count() > 0,
+            "bench embed: --model is required (an encoder folder: a BertModel with sentence-transformers' files)");
+  std::vector<std::string> sentences;
+  if (a.test_option && a.test_option->count() > 0) {
+    std::istringstream in(read_file(a.test));
+    for (std::string line; std::getline(in, line) && (int64_t)sentences.size() < a.sentences;)
+      if (!line.empty()) sentences.push_back(line);
+    QKV_CHECK(!sentences.empty(), "bench embed: ", a.test, " has no sentences");
+  } else {
+    sentences = bench_sentences(a.sentences);
+  }
+  const bool progress = !a.json && isatty(STDERR_FILENO);
+  const int rounds = 3, first = 8;
+  nlohmann::ordered_json rows = nlohmann::ordered_json::array();
+  std::vector<std::vector<float>> ours_first;
+  int64_t tokens = 0;
+  for (const char* dtype : {"f32", "bf16", "int8"}) {
+    if (progress) std::fprintf(stderr, "\rbench embed: qkv %s ...          ", dtype);
+    EmbeddingModel m = load_embedding_model(a.model, "bench embed", dtype);
+    std::vector<int64_t> counts;
+    std::vector<std::vector<float>> v = embed_texts(m, sentences, false, {.truncate = true}, {}, &counts);
+    if (ours_first.empty()) ours_first.assign(v.begin(), v.begin() + std::min<size_t>(first, v.size()));
+    tokens = 0;
+    for (int64_t c : counts) tokens += c;
+    double best = 1e30;
+    release_cached_memory();
+    const uint64_t base = allocator_stats().bytes_in_use;
+    reset_peak_bytes();
+    for (int r = 0; r < rounds; ++r) {
+      const auto t0 = std::chrono::steady_clock::now();
+      embed_texts(m, sentences, false, {.truncate = true});
+      best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    rows.push_back({{"impl", std::string("qkv ") + dtype},
+                    {"sentences_per_s", sentences.size() / best},
+                    {"tokens_per_s", tokens / best},
+                    {"peak_extra_mb", (allocator_stats().peak_bytes_in_use - base) / 1e6}});
+  }
+  // The peer reads the sentences from a file of its own.
+  const std::filesystem::path file =
+      std::filesystem::temp_directory_path() / ("qkv-bench-embed-" + std::to_string(getpid()) + ".txt");
+  {
+    std::string text;
+    for (const std::string& s : sentences) text += s + "\n";
+    write_file_atomic(file.string(), text);
+  }
+  if (progress) std::fprintf(stderr, "\rbench embed: sentence-transformers (scripts/bench_embed_peers.py) ...   ");
+  const nlohmann::json peer =
+      run_peer(a.python + " scripts/bench_embed_peers.py --model '" + a.model + "' --sentences '" + file.string() +
+               "' --threads " + std::to_string(thread_count()) + " --first " + std::to_string(first));
+  std::filesystem::remove(file);
+  if (progress) std::fprintf(stderr, "\r%70s\r", "");
+  const bool have_peer = !peer.is_null() && !peer.contains("error");
+  double peer_rate = 0, max_diff = -1;
+  if (have_peer) {
+    peer_rate = peer["sentences_per_s"].get<double>();
+    const nlohmann::json& theirs = peer["first"];
+    max_diff = theirs.size() == ours_first.size() ? 0 : INFINITY;
+    for (size_t i = 0; i < ours_first.size() && max_diff == 0; ++i)
+      if (theirs[i].size() != ours_first[i].size()) max_diff = INFINITY;
+    for (size_t i = 0; i < ours_first.size() && std::isfinite(max_diff); ++i)
+      for (size_t d = 0; d < ours_first[i].size(); ++d)
+        max_diff = std::max(max_diff, (double)std::fabs(ours_first[i][d] - theirs[i][d].get<float>()));
+    for (auto& r : rows) r["vs_peer"] = r["sentences_per_s"].get<double>() / peer_rate;
+  }
+  if (a.json) {
+    nlohmann::ordered_json out = {{"suite", "embed"},          {"model", a.model},
+                                  {"threads", thread_count()}, {"sentences", sentences.size()},
+                                  {"tokens", tokens},          {"qkv", rows}};
+    if (have_peer) {
+      out["peer"] = {{"impl", "sentence-transformers " + peer["version"].get<std::string>() + " (torch " +
+                                  peer["torch"].get<std::string>() + ")"},
+                     {"sentences_per_s", peer_rate},
+                     {"max_abs_diff_f32_first", max_diff}};
+    } else {
+      out["peer"] = peer.is_null() ? nlohmann::json("not available") : peer["error"];
+    }
+    print_json(out);
+    return 0;
+  }
+  std::printf("qkv bench embed: %s, %zu sentences (%lld tokens with [CLS] and [SEP]), best of %d passes, %d threads\n",
+              a.model.c_str(), sentences.size(), (long long)tokens, rounds, thread_count());
+  if (have_peer)
+    std::printf(
+        "peer: sentence-transformers %s (torch %s) encode(), float32, batches of 32; its vectors of the first "
+        "%d sentences within %.1e of qkv's float32\n\n",
+        peer["version"].get<std::string>().c_str(), peer["torch"].get<std::string>().c_str(), first, max_diff);
+  else
+    std::printf("peer: sentence-transformers not available (%s)\n\n",
+                peer.is_null() ? "its script failed" : peer["error"].get<std::string>().c_str());
+  std::printf("  %-24s %14s %12s %14s %10s\n", "", "sentences/s", "tokens/s", "peak extra MB", "vs peer");
+  for (const auto& r : rows)
+    std::printf("  %-24s %14.1f %12.0f %14.1f %10s\n", r["impl"].get<std::string>().c_str(),
+                r["sentences_per_s"].get<double>(), r["tokens_per_s"].get<double>(), r["peak_extra_mb"].get<double>(),
+                have_peer ? (std::to_string(r["vs_peer"].get<double>()).substr(0, 4) + "x").c_str() : "-");
+  if (have_peer)
+    std::printf("  %-24s %14.1f %12.0f %14s %10s\n", "sentence-transformers", peer_rate,
+                tokens * peer_rate / sentences.size(), "-", "1.00x");
+  return 0;
+}
+
 int run_bench(const BenchArgs& a) {
   set_threads(a.threads);
   if (!a.json) std::printf("%s\n", runtime_summary().c_str());
@@ -1159,8 +1295,9 @@ int run_bench(const BenchArgs& a) {
   if (a.suite == "vit") return run_bench_vit(a);
   if (a.suite == "generate") return run_bench_generate(a);
   if (a.suite == "streams") return run_bench_streams(a);
+  if (a.suite == "embed") return run_bench_embed(a);
   QKV_CHECK(a.suite == "ops", "bench: unknown suite '", a.suite,
-            "' (available: ops, attention, train, decode, vit, generate, streams)");
+            "' (available: ops, attention, train, decode, vit, generate, streams, embed)");
   std::vector<GemmRow> gemms = {
       {"square 256", 1, 256, 256, 256, false},
       {"square 512", 1, 512, 512, 512, false},
@@ -1269,21 +1406,23 @@ Run add_bench(CLI::App& app) {
   auto args = std::make_shared<BenchArgs>();
   CLI::App* sub = app.add_subcommand(
       "bench",
-      "Measure speed side by side with a peer (suites: ops, attention, train, decode, vit, generate, streams)");
-  sub->add_option("suite", args->suite, "Which benchmark: ops | attention | train | decode | vit | generate | streams")
+      "Measure speed side by side with a peer (suites: ops, attention, train, decode, vit, generate, streams, embed)");
+  sub->add_option("suite", args->suite,
+                  "Which benchmark: ops | attention | train | decode | vit | generate | streams | embed")
       ->required();
   args->model_option =
       sub->add_option(
              "--model", args->model,
              "decode: a trained model folder; generate, streams: a decoder folder (qkv or Hugging Face; without it, "
-             "random models of configs/lm-20m.json and lm-100m.json)")
+             "random models of configs/lm-20m.json and lm-100m.json); embed: an encoder folder (required)")
           ->capture_default_str();
   args->test_option =
       sub->add_option("--test", args->test,
                       "decode: sentences to translate (TSV; for a Hugging Face folder one source per line, default "
-                      "DIR/sources.txt as scripts/make_bench_marian.py writes it)")
+                      "DIR/sources.txt as scripts/make_bench_marian.py writes it); embed: sentences, one per line "
+                      "(default: generated English)")
           ->capture_default_str();
-  sub->add_option("--sentences", args->sentences, "decode: how many")->capture_default_str();
+  sub->add_option("--sentences", args->sentences, "decode, embed: how many")->capture_default_str();
   sub->add_option("--steps", args->steps, "train, vit: timed training steps")->capture_default_str();
   sub->add_option("--rows", args->rows, "streams: how many sequences decode together, one measurement each")
       ->capture_default_str();
