@@ -135,14 +135,22 @@ std::vector<std::vector<float>> embed_texts(EmbeddingModel& m, const std::vector
     if (tokens) tokens->push_back((int64_t)ids.size());
     inputs.push_back(std::move(ids));
   }
-  // Batches of similar lengths, so that little is padding.
+  // Batches of similar lengths, so that little is padding: in order of
+  // length, up to 32 texts, and a text joins a batch only if the batch's
+  // padding stays within a quarter of its tokens. 32 texts of 10 to 62
+  // tokens had been one batch padded to 62, 42% of it padding.
   std::vector<size_t> order(inputs.size());
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return inputs[a].size() < inputs[b].size(); });
   std::vector<std::vector<float>> out(inputs.size());
   constexpr size_t kBatch = 32;
-  for (size_t first = 0; first < order.size(); first += kBatch) {
-    const size_t n = std::min(kBatch, order.size() - first);
+  for (size_t first = 0, n; first < order.size(); first += n) {
+    size_t real = inputs[order[first]].size();
+    for (n = 1; n < kBatch && first + n < order.size(); ++n) {
+      const size_t longest = inputs[order[first + n]].size();
+      if (4 * (n + 1) * longest > 5 * (real + longest)) break;
+      real += longest;
+    }
     const int64_t T = (int64_t)inputs[order[first + n - 1]].size();
     std::vector<int64_t> ids((size_t)(n * T), 0), lengths;
     for (size_t k = 0; k < n; ++k) {
