@@ -82,10 +82,11 @@ struct EmbedLimit {
 // One embedding per text, [N, D] as rows, computed in batches of similar
 // lengths (up to 32 texts, padding within a quarter of a batch's tokens); `normalize` or the model's own setting makes
 // them unit length. `where(i)` names text i in errors (a line of a file); `tokens`, when given, receives how many
-// tokens the model read of each text, special ones included.
+// tokens the model read of each text, special ones included. `progress`,
+// when given, hears after each batch how many texts are done of how many.
 std::vector<std::vector<float>> embed_texts(EmbeddingModel& m, const std::vector<std::string>& texts, bool normalize,
-                                            EmbedLimit limit = {},
-                                            const std::function<std::string(size_t)>& where = {},
-                                            std::vector<int64_t>* tokens = nullptr);
+                                            EmbedLimit limit = {}, const std::function<std::string(size_t)>& where = {},
+                                            std::vector<int64_t>* tokens = nullptr,
+                                            const std::function<void(size_t, size_t)>& progress = {});
 
 }  // namespace qkv

@@ -1,4 +1,8 @@
 // qkv embed: sentence embeddings, one JSON list of numbers per line of stdin.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -40,9 +44,21 @@ int run_embed(const EmbedArgs& a) {
     lines.push_back(std::move(line));
   }
   // All lines first: each is checked before any output, and batches group similar lengths.
-  const std::vector<std::vector<float>> vectors =
-      embed_texts(m, lines, a.normalize, {.truncate = a.truncate},
-                  [](size_t i) { return "embed: stdin line " + std::to_string(i + 1); });
+  // Progress on stderr while they run, when it is a terminal.
+  const auto start = std::chrono::steady_clock::now();
+  auto shown = start;
+  auto progress = [&](size_t done, size_t total) {
+    const auto now = std::chrono::steady_clock::now();
+    if (done < total && now - shown < std::chrono::milliseconds(500)) return;
+    shown = now;
+    const double seconds = std::chrono::duration<double>(now - start).count();
+    std::fprintf(stderr, "\rembed: %zu/%zu lines, %.0f lines/s   ", done, total, done / std::max(seconds, 1e-9));
+    if (done == total) std::fprintf(stderr, "\r%60s\r", "");
+  };
+  const std::vector<std::vector<float>> vectors = embed_texts(
+      m, lines, a.normalize, {.truncate = a.truncate},
+      [](size_t i) { return "embed: stdin line " + std::to_string(i + 1); }, nullptr,
+      isatty(STDERR_FILENO) ? std::function<void(size_t, size_t)>(progress) : nullptr);
   std::string out;
   for (const std::vector<float>& v : vectors) {
     out += '[';

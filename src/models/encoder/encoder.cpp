@@ -111,7 +111,8 @@ EmbeddingModel load_embedding_model(const std::string& dir, const std::string& c
 
 std::vector<std::vector<float>> embed_texts(EmbeddingModel& m, const std::vector<std::string>& texts, bool normalize,
                                             EmbedLimit limit, const std::function<std::string(size_t)>& where,
-                                            std::vector<int64_t>* tokens) {
+                                            std::vector<int64_t>* tokens,
+                                            const std::function<void(size_t, size_t)>& progress) {
   const Tokenizer& tok = *m.tokenizer;
   const std::vector<int64_t>& prefix = tok.specials().prefix;
   const std::vector<int64_t>& suffix = tok.specials().suffix;
@@ -162,6 +163,7 @@ std::vector<std::vector<float>> embed_texts(EmbeddingModel& m, const std::vector
     const int64_t D = e.size(1);
     for (size_t k = 0; k < n; ++k)
       out[order[first + k]].assign(e.data<float>() + k * D, e.data<float>() + (k + 1) * D);
+    if (progress) progress(first + n, order.size());
   }
   return out;
 }
