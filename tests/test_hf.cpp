@@ -572,19 +572,24 @@ std::string random_llama(DType dtype) {
 // Every parameter of `a` and `b`, in order: the same name, dtype and bytes.
 // Returns how many are in `dtype`.
 int64_t expect_same_parameters(const Module& a, const Module& b, DType dtype) {
-  const auto pa = a.named_parameters(), pb = b.named_parameters();
-  EXPECT_EQ(pa.size(), pb.size());
+  // state_dict(): the values of a weight held packed only too (Linear::unpack_weight)
+  const StateDict sa = a.state_dict(), sb = b.state_dict();
+  EXPECT_EQ(sa.size(), sb.size());
   int64_t in_dtype = 0;
-  for (size_t i = 0; i < std::min(pa.size(), pb.size()); ++i) {
-    const auto& [name, t] = pa[i];
-    EXPECT_EQ(name, pb[i].first);
-    if (t.dtype() != pb[i].second.dtype() || t.shape() != pb[i].second.shape()) {
+  for (const auto& [name, t] : sa) {
+    auto other = sb.find(name);
+    if (other == sb.end()) {
+      ADD_FAILURE() << name << " is only in the first";
+      continue;
+    }
+    const Tensor& u = other->second;
+    if (t.dtype() != u.dtype() || t.shape() != u.shape()) {
       ADD_FAILURE() << name << ": " << dtype_name(t.dtype()) << " " << shape_str(t.shape()) << " vs "
-                    << dtype_name(pb[i].second.dtype()) << " " << shape_str(pb[i].second.shape());
+                    << dtype_name(u.dtype()) << " " << shape_str(u.shape());
       continue;
     }
     const size_t bytes = (size_t)t.numel() * dtype_size(t.dtype());
-    EXPECT_EQ(std::memcmp(t.contiguous().raw_data(), pb[i].second.contiguous().raw_data(), bytes), 0) << name;
+    EXPECT_EQ(std::memcmp(t.contiguous().raw_data(), u.contiguous().raw_data(), bytes), 0) << name;
     in_dtype += t.dtype() == dtype;
   }
   return in_dtype;
@@ -612,12 +617,21 @@ TEST(Hf, Bfloat16CheckpointLoadsForBf16WithoutAFloat32Copy) {
     const uint64_t base = allocator_stats().bytes_in_use;
     reset_peak_bytes();
     LanguageModel m = load_language_model(dir, "generate", name);
-    const uint64_t peak = allocator_stats().peak_bytes_in_use - base, model = m.model->parameter_bytes();
-    uint64_t packed = 0;  // the BF16 weights' packed copies (Linear::weight_packed), where this CPU keeps them
-    for (const auto& [pname, p] : m.model->named_parameters())
-      if (const Linear* lin = m.model->linear_of(pname); lin && lin->weight_packed.defined())
+    const uint64_t peak = allocator_stats().peak_bytes_in_use - base;
+    // What the model holds: its parameters' values, less the BF16 weights held packed only (on the meta
+    // device), plus their packed copies (Linear::weight_packed), where this CPU keeps them.
+    uint64_t model = 0, packed = 0;
+    int64_t packed_only = 0;
+    for (const auto& [pname, p] : m.model->named_parameters()) {
+      if (p.device() == Device::Cpu) model += (uint64_t)p.numel() * dtype_size(p.dtype());
+      if (const Linear* lin = m.model->linear_of(pname); lin && lin->weight_packed.defined()) {
         packed += 4 * (uint64_t)lin->weight_packed.numel();
-    EXPECT_EQ(packed > 0, dtype == DType::BF16 && kernels_for(Device::Cpu).gemm_bf16_packed_b_words(64, 64) > 0);
+        packed_only += lin->weight.device() == Device::Meta;
+      }
+    }
+    const bool packs = dtype == DType::BF16 && kernels_for(Device::Cpu).gemm_bf16_packed_b_words(64, 64) > 0;
+    EXPECT_EQ(packed > 0, packs);
+    EXPECT_EQ(packed_only, packs ? 4 * 7 + 1 : 0) << name;  // every Linear weight once, packed
     EXPECT_LE(peak, model + packed + 2 * largest)
         << name << ": peak " << peak << " bytes, model " << model << " bytes, packed " << packed << ", largest tensor "
         << largest << " as float32";

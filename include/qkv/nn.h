@@ -85,6 +85,8 @@ public:
   // from its values: after they are loaded (load_state_dict and
   // StateLoader::finish call it).
   void pack_linear_weights();
+  // Gives each Linear weight held packed only its values back (Linear::unpack_weight).
+  void unpack_linear_weights();
 
 protected:
   // Called by convert_linear_weights on every module, after its own Linear
@@ -92,6 +94,8 @@ protected:
   // another weight for low-precision inference (a decoder's head tied to
   // its embedding) makes it here, or drops it for F32.
   virtual void linear_weights_converted(DType dtype) { (void)dtype; }
+  // state_dict's values of the Linear weights held packed only, unpacked.
+  void unpacked_weights(const std::string& prefix, StateDict& out) const;
   Tensor register_parameter(const std::string& name, Tensor value);
   void remove_parameter(const std::string& name);
   void register_rng(const std::string& name, Rng* rng) { rngs_.emplace_back(name, rng); }
@@ -166,10 +170,12 @@ struct LinearOptions {
 // be BF16, or I8 with its scales in weight_scale [out, ceil(in / 32)]
 // (blockwise int8, qkv::Int8Weight), a parameter only while the weight is I8.
 // A BF16 weight also gets weight_packed (pack_bf16_weight: the layout of the
-// AMX and AVX512-BF16 tiles, made once instead of on every product of more
-// than 4 rows; not a parameter, not saved) when it is converted to BF16 or
-// loaded (Module::pack_linear_weights), where the CPU reads one and memory
-// allows.
+// AMX and AVX512-BF16 tiles, made once instead of on every product; not a
+// parameter) when it is converted to BF16 or loaded
+// (Module::pack_linear_weights), where the CPU reads one and memory allows.
+// The packed copy then serves every product, and `weight` keeps only its
+// shape (the meta device) so that the model holds each weight once;
+// state_dict() and convert_weight() unpack it, the same bits.
 class Linear : public Module {
 public:
   Linear(LinearOptions options, Rng& rng);
@@ -183,6 +189,8 @@ public:
   Tensor weight_packed;  // with a BF16 weight, where the CPU's gemm_bf16 reads one
   // weight_packed made (again) from the weight's values, or dropped when the weight is not BF16.
   void pack_weight();
+  // The weight's values in memory of their own again, when only the packed copy held them.
+  void unpack_weight();
 };
 
 // weight [V, D], initialized N(0, 1) as torch.nn.Embedding.

@@ -90,14 +90,19 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activat
 
 // A BF16 weight [out, in] as this CPU's gemm_bf16 reads it (its packed
 // layout, I32 words), for a weight used many times: Linear keeps one in
-// inference, so that a product of more than a few rows does not pack W on
+// inference instead of the weight itself, so that no product packs W on
 // every call. Undefined where gemm_bf16 reads W as it lies (no AMX or
 // AVX512-BF16, or a lower kernel level), and where the copy would take the
-// memory in use past half of memory_limit() (a model whose weights fill the
+// memory in use past memory_limit() (a model whose weights fill the
 // machine runs with some or none packed: the same values, slower).
 Tensor pack_bf16_weight(const Tensor& weight);
-// linear() with a BF16 weight and its pack_bf16_weight (undefined: none):
-// the same values, bit for bit.
+// The weight again, from its pack_bf16_weight: the same bits.
+Tensor unpack_bf16_weight(const Tensor& packed, int64_t out_features, int64_t in_features);
+// linear() with a BF16 weight and its pack_bf16_weight (undefined: none).
+// The weight may be on the meta device (shape only) when `packed` is given.
+// Bit for bit linear()'s product for more than 4 rows of x; up to 4 rows
+// read the packed copy in a GEMV of its own, whose sums run in another
+// order (each within the same bound of the exact product).
 Tensor linear_bf16(const Tensor& x, const Tensor& weight, const Tensor& packed, const Tensor& bias = Tensor(),
                    const Activation* activation = nullptr);
 

@@ -86,7 +86,7 @@ struct GemmBf16Args {
   // B as this level's gemm_bf16 packs it (gemm_bf16_pack_b of the same b,
   // ldb, n and k), when the caller keeps it from call to call (a Linear
   // weight in inference): the kernel then reads it instead of packing B
-  // again. b stays set (products of a few rows stream B as it lies).
+  // again, and b may be null (a Linear keeps only the packed copy).
   const uint32_t* b_packed = nullptr;
 };
 
@@ -222,6 +222,8 @@ struct SgdStep {
   int64_t gemm_bf16_packed_b_words(int64_t n, int64_t k);                                                          \
   /* g's B (bfloat16, as it lies) packed into out (that many words), for GemmBf16Args::b_packed */                 \
   void gemm_bf16_pack_b(const GemmBf16Args& g, uint32_t* out);                                                     \
+  /* the inverse: B [n, k] (row stride k) from what gemm_bf16_pack_b wrote */                                      \
+  void gemm_bf16_unpack_b(int64_t n, int64_t k, const uint32_t* packed, uint16_t* out);                            \
   void gemm_f16(const GemmF16Args& g);                                                                             \
   /* how gemm_f16 runs here: "F16C widening in registers (rows streamed up to 4), ...", ... */                      \
   const char* gemm_f16_path();                                                                                     \
@@ -295,7 +297,7 @@ QKV_DECLARE_KERNELS
 // Every kernel by name, once: the fields of Kernels below and the entries of
 // each table (src/kernels/cpu/table.cpp, src/kernels/ref/table.cpp) come from
 // this list, so no table can miss a kernel or put one in another's place.
-#define QKV_KERNEL_LIST(X) X(gemm) X(gemm_decode_path) X(gemm_bf16) X(gemm_bf16_path) X(gemm_bf16_packed_b_words) X(gemm_bf16_pack_b) X(gemm_f16) X(gemm_f16_path) X(gemm_int8) X(gemm_int8_path) X(binary) X(masked_fill) X(unary_forward) X(unary_backward) X(sum_middle)         \
+#define QKV_KERNEL_LIST(X) X(gemm) X(gemm_decode_path) X(gemm_bf16) X(gemm_bf16_path) X(gemm_bf16_packed_b_words) X(gemm_bf16_pack_b) X(gemm_bf16_unpack_b) X(gemm_f16) X(gemm_f16_path) X(gemm_int8) X(gemm_int8_path) X(binary) X(masked_fill) X(unary_forward) X(unary_backward) X(sum_middle)         \
   X(softmax_forward) X(softmax_backward) X(log_softmax_forward) X(log_softmax_backward) X(layer_norm_forward)        \
   X(layer_norm_backward) X(rms_norm_forward) X(rms_norm_backward) X(embedding_forward) X(embedding_backward)         \
   X(cross_entropy_forward) X(cross_entropy_backward) X(rope) X(gemm_batched) X(strided_copy) X(accumulate)           \

@@ -136,7 +136,20 @@ std::vector<std::pair<std::string, Rng*>> Module::named_rngs() {
 StateDict Module::state_dict() const {
   StateDict out;
   for (auto& [name, p] : named_parameters()) out[name] = p.detach();
+  unpacked_weights("", out);
   return out;
+}
+
+void Module::unpacked_weights(const std::string& prefix, StateDict& out) const {
+  if (auto* lin = dynamic_cast<const Linear*>(this))
+    if (lin->weight.device() == Device::Meta && lin->weight_packed.defined())
+      out[prefix + "weight"] = unpack_bf16_weight(lin->weight_packed, lin->weight.size(0), lin->weight.size(1));
+  for (auto& [name, child] : children_) child->unpacked_weights(prefix + name + ".", out);
+}
+
+void Module::unpack_linear_weights() {
+  if (auto* lin = dynamic_cast<Linear*>(this)) lin->unpack_weight();
+  for (auto& [name, child] : children_) child->unpack_linear_weights();
 }
 
 namespace {
@@ -190,6 +203,7 @@ void Module::load_state_dict(const StateDict& state) {
   }
   for (auto& [name, t] : state)
     QKV_CHECK(used.count(name), "load_state_dict: unexpected tensor '", name, "' (the model has no such parameter)");
+  unpack_linear_weights();  // memory of their own for the values, which are packed again below
   for (auto& [name, p] : params) p.detach().copy_(state.at(name));
   pack_linear_weights();
 }
@@ -262,15 +276,26 @@ Tensor Linear::forward(const Tensor& x, Activation activation) const {
 }
 
 void Linear::pack_weight() {
+  if (weight.device() == Device::Meta && weight_packed.defined()) return;  // packed already, the values gone
   weight_packed = Tensor();
   if (weight.dtype() == DType::BF16 && weight.dim() == 2 && weight.device() == Device::Cpu)
     weight_packed = pack_bf16_weight(weight);
+  if (weight_packed.defined()) {  // the packed copy serves every product: the values' memory goes
+    DefaultDeviceGuard meta(Device::Meta);
+    weight.set_(Tensor::empty(weight.shape(), DType::BF16));
+  }
+}
+
+void Linear::unpack_weight() {
+  if (weight.device() == Device::Meta && weight_packed.defined())
+    weight.set_(unpack_bf16_weight(weight_packed, weight.size(0), weight.size(1)));
 }
 
 void Linear::convert_weight(DType dtype) {
   QKV_CHECK(dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F16 || dtype == DType::I8,
             "Linear: a weight is F32, BF16, F16 or I8, not ", dtype_name(dtype));
   if (dtype == weight.dtype()) return;
+  unpack_weight();
   weight_packed = Tensor();
   if (weight.dtype() == DType::I8) {  // back to float first
     weight.set_(dequantize_int8({weight, weight_scale}));

@@ -149,7 +149,9 @@ Tensor linear_half(const Tensor& x, const Tensor& weight, const Tensor& bias, co
             " weights are for inference; run it under NoGradGuard or with inputs that need no gradient");
   const int64_t in = weight.size(1), out_features = weight.size(0);
   Tensor x2 = contiguous_values(x).reshape({-1, in});
-  Tensor w = contiguous_values(weight), b = contiguous_values(bias);
+  // A BF16 Linear weight may be held packed only (its values on the meta device: Linear::pack_weight).
+  const bool dropped = weight.device() == Device::Meta;
+  Tensor w = dropped ? Tensor() : contiguous_values(weight), b = contiguous_values(bias);
   Shape out_shape = x.shape();
   out_shape.back() = out_features;
   Tensor y = Tensor::empty(out_shape);
@@ -159,12 +161,14 @@ Tensor linear_half(const Tensor& x, const Tensor& weight, const Tensor& bias, co
       GemmBf16Args g;
       g.m = m, g.n = out_features, g.k = in;
       g.a_f32 = x2.data<float>(), g.lda = ld_in;  // rounded to bfloat16 as the kernel reads it
-      g.b = w.data<uint16_t>(), g.ldb = ld_in;
+      g.b = dropped ? nullptr : w.data<uint16_t>(), g.ldb = ld_in;
       g.c = y.data<float>(), g.ldc = ld_out;
       g.bias = b.defined() ? b.data<float>() : nullptr;
       // A packed copy made for this weight's shape under the kernels that run now (else W is packed here).
       if (packed.defined() && packed.numel() == QKV_KERNEL(gemm_bf16_packed_b_words)(out_features, in))
         g.b_packed = reinterpret_cast<const uint32_t*>(packed.raw_data());
+      QKV_CHECK(g.b || g.b_packed, "linear: the BF16 weight ", shape_str(weight.shape()),
+                " is held packed only, in a layout this CPU's kernels do not read");
       QKV_KERNEL(gemm_bf16)(g);
     } else {
       GemmF16Args g;
@@ -312,12 +316,23 @@ Tensor pack_bf16_weight(const Tensor& weight) {
   const int64_t n = weight.size(0), k = weight.size(1);
   const int64_t words = QKV_KERNEL(gemm_bf16_packed_b_words)(n, k);
   if (words == 0 || n == 0 || k == 0) return Tensor();
-  if (allocator_stats().bytes_in_use + 4 * (uint64_t)words > memory_limit() / 2) return Tensor();
+  if (allocator_stats().bytes_in_use + 4 * (uint64_t)words > memory_limit()) return Tensor();  // W goes next
   Tensor w = contiguous_values(weight), packed = Tensor::empty({words}, DType::I32);
   GemmBf16Args g;
   g.n = n, g.k = k, g.b = w.data<uint16_t>(), g.ldb = k;
   QKV_KERNEL(gemm_bf16_pack_b)(g, reinterpret_cast<uint32_t*>(packed.raw_data()));
   return packed;
+}
+
+Tensor unpack_bf16_weight(const Tensor& packed, int64_t out_features, int64_t in_features) {
+  QKV_CHECK(packed.dtype() == DType::I32 &&
+                packed.numel() == QKV_KERNEL(gemm_bf16_packed_b_words)(out_features, in_features),
+            "unpack_bf16_weight: ", packed.numel(), " words are not a [", out_features, ", ", in_features,
+            "] weight packed by this CPU's kernels");
+  Tensor w = Tensor::empty({out_features, in_features}, DType::BF16);
+  QKV_KERNEL(gemm_bf16_unpack_b)(out_features, in_features, reinterpret_cast<const uint32_t*>(packed.raw_data()),
+                                 w.data<uint16_t>());
+  return w;
 }
 
 Tensor linear_bf16(const Tensor& x, const Tensor& weight, const Tensor& packed, const Tensor& bias,

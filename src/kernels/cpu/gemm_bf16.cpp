@@ -13,9 +13,10 @@
 //                    pairs of bfloat16 into 16 float32 sums: a block of 8 rows
 //                    by 32 columns of C lives in 16 vector registers; each step
 //                    broadcasts one pair of A per row against two vectors of B.
-//                    Up to 4 rows of A (decoding), on AMX CPUs too: each row of
-//                    a bfloat16 B [N,K] streamed once as dot products, with no
-//                    packing.
+//                    Up to 4 rows of A (decoding), on AMX CPUs too, B is read
+//                    once: a packed B (b_packed) block by block, one pair of
+//                    A broadcast against 16 columns; a B as it lies row by
+//                    row, as dot products, with no packing.
 //   widened          bfloat16 -> float32 copies (exact: a shift), then the
 //                    float32 BLAS; B in panels so the copy stays small.
 //
@@ -29,7 +30,8 @@
 // to whole tiles, so the kernels never test an edge; the epilogue writes only
 // the part of each block that lies inside C. A caller that keeps B packed (a
 // Linear's BF16 weight in inference: GemmBf16Args::b_packed, made by
-// gemm_bf16_pack_b) skips B's packing.
+// gemm_bf16_pack_b) skips B's packing, and may give no B as it lies
+// (gemm_bf16_unpack_b gives it back).
 #include <omp.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -655,6 +657,69 @@ void gemv(const GemmBf16Args& g) {
   }
 }
 
+// The same few rows against B as packed (GemmBf16Args::b_packed), for a
+// Linear that keeps only its packed weight: a block of 16 columns is all of
+// k in order, 16 pairs of k per chunk, each pair's 16 columns one vector, so
+// that one pair of a row of A, broadcast, meets a whole vector of B. Each
+// output is its lane's sum over the pairs in order (two interleaved sums
+// per row, added at the end), whatever the other rows.
+template <int M>
+__attribute__((target("avx512bf16"))) void gemv_packed_rows(const GemmBf16Args& g, const uint32_t* a_pairs,
+                                                            int64_t pairs, int64_t b0, int64_t b1) {
+  const int64_t block_words = bf16_chunks(g.k) * 256;
+  alignas(64) float sums[M * 16];
+  for (int64_t b = b0; b < b1; ++b) {
+    const uint32_t* w = g.b_packed + b * block_words;
+    __m512 acc[M][2];
+    for (auto& r : acc) r[0] = r[1] = _mm512_setzero_ps();
+    int64_t p = 0;
+    for (; p + 2 <= pairs; p += 2) {
+      const __m512bh w0 = (__m512bh)_mm512_loadu_si512(w + p * 16), w1 = (__m512bh)_mm512_loadu_si512(w + p * 16 + 16);
+      for (int64_t i = 0; i < M; ++i) {
+        acc[i][0] = _mm512_dpbf16_ps(acc[i][0], (__m512bh)_mm512_set1_epi32((int)a_pairs[i * pairs + p]), w0);
+        acc[i][1] = _mm512_dpbf16_ps(acc[i][1], (__m512bh)_mm512_set1_epi32((int)a_pairs[i * pairs + p + 1]), w1);
+      }
+    }
+    for (; p < pairs; ++p) {
+      const __m512bh w0 = (__m512bh)_mm512_loadu_si512(w + p * 16);
+      for (int64_t i = 0; i < M; ++i)
+        acc[i][0] = _mm512_dpbf16_ps(acc[i][0], (__m512bh)_mm512_set1_epi32((int)a_pairs[i * pairs + p]), w0);
+    }
+    for (int64_t i = 0; i < M; ++i) _mm512_store_ps(sums + i * 16, _mm512_add_ps(acc[i][0], acc[i][1]));
+    finish_tile(g, sums, 0, b * 16, M);
+  }
+}
+
+__attribute__((target("avx512bf16"))) void gemv_packed_range(const GemmBf16Args& g, const uint32_t* a_pairs,
+                                                             int64_t pairs, int64_t b0, int64_t b1) {
+  switch (g.m) {
+    case 1: return gemv_packed_rows<1>(g, a_pairs, pairs, b0, b1);
+    case 2: return gemv_packed_rows<2>(g, a_pairs, pairs, b0, b1);
+    case 3: return gemv_packed_rows<3>(g, a_pairs, pairs, b0, b1);
+    default: return gemv_packed_rows<4>(g, a_pairs, pairs, b0, b1);  // gemm_bf16 sends at most kMaxGemvRows
+  }
+}
+
+void gemv_packed(const GemmBf16Args& g) {
+  const int64_t pairs = bf16_chunks(g.k) * 16, blocks = (g.n + 15) / 16;
+  Scratch buffer(g.m * pairs);  // A's rows as pairs of bfloat16, rounded once, zero past k as B is
+  uint32_t* a = reinterpret_cast<uint32_t*>(buffer.data());
+  const Operand from = operand_a(g);
+  for (int64_t i = 0; i < g.m; ++i)
+    for (int64_t q = 0; q < pairs; ++q) {
+      const int64_t p = 2 * q;
+      const uint32_t lo = p < g.k ? from.at(i, p) : 0, hi = p + 1 < g.k ? from.at(i, p + 1) : 0;
+      a[i * pairs + q] = lo | hi << 16;
+    }
+  if (g.n * g.k < (1 << 16) || omp_get_max_threads() == 1 || omp_in_parallel())
+    return gemv_packed_range(g, a, pairs, 0, blocks);
+#pragma omp parallel
+  {
+    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+    gemv_packed_range(g, a, pairs, blocks * t / nt, blocks * (t + 1) / nt);
+  }
+}
+
 #endif  // __AVX512F__
 
 }  // namespace
@@ -704,6 +769,7 @@ void gemm_bf16_widened(const GemmBf16Args& g) {
 
 void gemm_bf16(const GemmBf16Args& g) {
   if (g.m == 0 || g.n == 0) return;
+  if (g.b_packed && g.m <= kMaxGemvRows && bf16_packed_usable()) return g.k == 0 ? scale_only(g) : gemv_packed(g);
   if (amx_bf16_usable() && g.m > kMaxGemvRows) return gemm_bf16_amx(g);
   if (avx512_bf16_usable()) return gemm_bf16_avx512_bf16(g);
   gemm_bf16_widened(g);
@@ -721,6 +787,14 @@ void gemm_bf16_pack_b(const GemmBf16Args& g, uint32_t* out) {
   GemmBf16Args whole = g;
   whole.m = std::max<int64_t>(g.m, 64);  // a whole weight at once: worth the threads (pack_with_threads reads m)
   pack_bf16_b(whole, out);
+}
+void gemm_bf16_unpack_b(int64_t n, int64_t k, const uint32_t* packed, uint16_t* out) {
+  const int64_t chunks = bf16_chunks(k);
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t p = 0; p < k; ++p) {  // block j / 16, chunk p / 32, pair (p % 32) / 2, lane j % 16
+      const uint32_t word = packed[((j / 16 * chunks + p / 32) * 16 + p % 32 / 2) * 16 + j % 16];
+      out[j * k + p] = (uint16_t)(p % 2 ? word >> 16 : word & 0xFFFF);
+    }
 }
 
 #else
@@ -740,6 +814,7 @@ const char* gemm_bf16_path() { return "float32 BLAS on widened inputs"; }
 
 int64_t gemm_bf16_packed_b_words(int64_t, int64_t) { return 0; }  // widened copies: nothing packed
 void gemm_bf16_pack_b(const GemmBf16Args&, uint32_t*) { std::abort(); }
+void gemm_bf16_unpack_b(int64_t, int64_t, const uint32_t*, uint16_t*) { std::abort(); }
 
 #endif
 

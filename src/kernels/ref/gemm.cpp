@@ -51,6 +51,7 @@ const char* gemm_bf16_path() { return "reference (float64 sums)"; }
 // The reference reads B as it lies (b_packed is never read).
 int64_t gemm_bf16_packed_b_words(int64_t, int64_t) { return 0; }
 void gemm_bf16_pack_b(const GemmBf16Args&, uint32_t*) { std::abort(); }  // callers ask for the words first
+void gemm_bf16_unpack_b(int64_t, int64_t, const uint32_t*, uint16_t*) { std::abort(); }
 
 // Each row of A quantized per block of 32 (as qkv/dtype.h says), then every
 // product of the two int8 values scaled by both scales, summed in double.
