@@ -769,8 +769,8 @@ void gemm_bf16_widened(const GemmBf16Args& g) {
 
 void gemm_bf16(const GemmBf16Args& g) {
   if (g.m == 0 || g.n == 0) return;
-  if (g.b_packed && g.m <= kMaxGemvRows && bf16_packed_usable()) return g.k == 0 ? scale_only(g) : gemv_packed(g);
-  if (amx_bf16_usable() && g.m > kMaxGemvRows) return gemm_bf16_amx(g);
+  if (g.b_packed && g.m <= kMaxGemvRows && avx512_bf16_usable()) return g.k == 0 ? scale_only(g) : gemv_packed(g);
+  if (amx_bf16_usable() && (g.m > kMaxGemvRows || !g.b)) return gemm_bf16_amx(g);  // (!g.b: B packed only)
   if (avx512_bf16_usable()) return gemm_bf16_avx512_bf16(g);
   gemm_bf16_widened(g);
 }
