@@ -94,7 +94,8 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activat
 // every call. Undefined where gemm_bf16 reads W as it lies (no AMX or
 // AVX512-BF16, or a lower kernel level), and where the copy would take the
 // memory in use past memory_limit() (a model whose weights fill the
-// machine runs with some or none packed: the same values, slower).
+// machine runs with some or none packed: slower, and up to 4 rows summed in
+// another order, within the same bound).
 Tensor pack_bf16_weight(const Tensor& weight);
 // The weight again, from its pack_bf16_weight: the same bits.
 Tensor unpack_bf16_weight(const Tensor& packed, int64_t out_features, int64_t in_features);
