@@ -191,6 +191,8 @@ public:
   void pack_weight();
   // The weight's values in memory of their own again, when only the packed copy held them.
   void unpack_weight();
+  // Whether the packed copy alone holds the values (`weight` is on the meta device).
+  bool held_packed_only() const { return weight.device() == Device::Meta && weight_packed.defined(); }
 };
 
 // weight [V, D], initialized N(0, 1) as torch.nn.Embedding.

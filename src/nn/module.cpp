@@ -142,7 +142,7 @@ StateDict Module::state_dict() const {
 
 void Module::unpacked_weights(const std::string& prefix, StateDict& out) const {
   if (auto* lin = dynamic_cast<const Linear*>(this))
-    if (lin->weight.device() == Device::Meta && lin->weight_packed.defined())
+    if (lin->held_packed_only())
       out[prefix + "weight"] = unpack_bf16_weight(lin->weight_packed, lin->weight.size(0), lin->weight.size(1));
   for (auto& [name, child] : children_) child->unpacked_weights(prefix + name + ".", out);
 }
@@ -276,7 +276,7 @@ Tensor Linear::forward(const Tensor& x, Activation activation) const {
 }
 
 void Linear::pack_weight() {
-  if (weight.device() == Device::Meta && weight_packed.defined()) return;  // packed already, the values gone
+  if (held_packed_only()) return;  // packed already, the values gone
   weight_packed = Tensor();
   if (weight.dtype() == DType::BF16 && weight.dim() == 2 && weight.device() == Device::Cpu)
     weight_packed = pack_bf16_weight(weight);
@@ -287,8 +287,7 @@ void Linear::pack_weight() {
 }
 
 void Linear::unpack_weight() {
-  if (weight.device() == Device::Meta && weight_packed.defined())
-    weight.set_(unpack_bf16_weight(weight_packed, weight.size(0), weight.size(1)));
+  if (held_packed_only()) weight.set_(unpack_bf16_weight(weight_packed, weight.size(0), weight.size(1)));
 }
 
 void Linear::convert_weight(DType dtype) {

@@ -633,13 +633,28 @@ __attribute__((target("avx512bf16"))) void gemv_rows(const GemmBf16Args& g, cons
   }
 }
 
-__attribute__((target("avx512bf16"))) void gemv_range(const GemmBf16Args& g, const uint16_t* a, int64_t j0,
-                                                      int64_t j1) {
+// f.template operator()<M>() with M = g.m, a constant (gemm_bf16 sends at
+// most kMaxGemvRows), so that a GEMV's sums per row stay in registers.
+template <class F>
+void with_row_count(const GemmBf16Args& g, F&& f) {
   switch (g.m) {
-    case 1: return gemv_rows<1>(g, a, j0, j1);
-    case 2: return gemv_rows<2>(g, a, j0, j1);
-    case 3: return gemv_rows<3>(g, a, j0, j1);
-    default: return gemv_rows<4>(g, a, j0, j1);  // gemm_bf16 sends at most kMaxGemvRows
+    case 1: return f.template operator()<1>();
+    case 2: return f.template operator()<2>();
+    case 3: return f.template operator()<3>();
+    default: return f.template operator()<4>();
+  }
+}
+
+// range(i0, i1) over [0, count) of a GEMV's units (columns, or blocks of
+// them), split evenly between the threads when B is large enough to be
+// worth them.
+template <class Range>
+void over_threads(const GemmBf16Args& g, int64_t count, Range&& range) {
+  if (g.n * g.k < (1 << 16) || omp_get_max_threads() == 1 || omp_in_parallel()) return range(0, count);
+#pragma omp parallel
+  {
+    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+    range(count * t / nt, count * (t + 1) / nt);
   }
 }
 
@@ -649,12 +664,8 @@ void gemv(const GemmBf16Args& g) {
   const Operand from = operand_a(g);
   for (int64_t i = 0; i < g.m; ++i)
     for (int64_t p = 0; p < g.k; ++p) a[i * g.k + p] = from.at(i, p);
-  if (g.n * g.k < (1 << 16) || omp_get_max_threads() == 1 || omp_in_parallel()) return gemv_range(g, a, 0, g.n);
-#pragma omp parallel
-  {
-    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-    gemv_range(g, a, g.n * t / nt, g.n * (t + 1) / nt);
-  }
+  over_threads(g, g.n,
+               [&](int64_t j0, int64_t j1) { with_row_count(g, [&]<int M>() { gemv_rows<M>(g, a, j0, j1); }); });
 }
 
 // The same few rows against B as packed (GemmBf16Args::b_packed), for a
@@ -690,16 +701,6 @@ __attribute__((target("avx512bf16"))) void gemv_packed_rows(const GemmBf16Args& 
   }
 }
 
-__attribute__((target("avx512bf16"))) void gemv_packed_range(const GemmBf16Args& g, const uint32_t* a_pairs,
-                                                             int64_t pairs, int64_t b0, int64_t b1) {
-  switch (g.m) {
-    case 1: return gemv_packed_rows<1>(g, a_pairs, pairs, b0, b1);
-    case 2: return gemv_packed_rows<2>(g, a_pairs, pairs, b0, b1);
-    case 3: return gemv_packed_rows<3>(g, a_pairs, pairs, b0, b1);
-    default: return gemv_packed_rows<4>(g, a_pairs, pairs, b0, b1);  // gemm_bf16 sends at most kMaxGemvRows
-  }
-}
-
 void gemv_packed(const GemmBf16Args& g) {
   const int64_t pairs = bf16_chunks(g.k) * 16, blocks = (g.n + 15) / 16;
   Scratch buffer(g.m * pairs);  // A's rows as pairs of bfloat16, rounded once, zero past k as B is
@@ -711,13 +712,9 @@ void gemv_packed(const GemmBf16Args& g) {
       const uint32_t lo = p < g.k ? from.at(i, p) : 0, hi = p + 1 < g.k ? from.at(i, p + 1) : 0;
       a[i * pairs + q] = lo | hi << 16;
     }
-  if (g.n * g.k < (1 << 16) || omp_get_max_threads() == 1 || omp_in_parallel())
-    return gemv_packed_range(g, a, pairs, 0, blocks);
-#pragma omp parallel
-  {
-    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-    gemv_packed_range(g, a, pairs, blocks * t / nt, blocks * (t + 1) / nt);
-  }
+  over_threads(g, blocks, [&](int64_t b0, int64_t b1) {
+    with_row_count(g, [&]<int M>() { gemv_packed_rows<M>(g, a, pairs, b0, b1); });
+  });
 }
 
 #endif  // __AVX512F__
