@@ -106,19 +106,21 @@ TEST(Cpu, EveryLevelMatchesTheReference) {
     }
     // Large enough for the tiles to split W's rows between the threads; alpha
     // and beta too. With k 2051 a block of W (kTiledBlockBytes) is 12 rows,
-    // so each thread goes through a dozen blocks, its last one short.
-    for (int64_t depth : {(int64_t)203, (int64_t)2051}) {
-      Tensor a2 = Tensor::randn({37, depth}, rng), w2 = Tensor::randn({301, depth}, rng);
+    // so each thread goes through a dozen blocks, its last one short; 2 rows
+    // (one tile: W's rows swept in four strided quarters) at k 2051 split
+    // between the threads too.
+    for (auto [rows, depth] : {std::pair<int64_t, int64_t>{37, 203}, {37, 2051}, {2, 2051}}) {
+      Tensor a2 = Tensor::randn({rows, depth}, rng), w2 = Tensor::randn({301, depth}, rng);
       GemmArgs g;
-      g.trans_b = true, g.m = 37, g.n = 301, g.k = depth, g.alpha = 0.5f, g.beta = 0.0f, g.inference = true;
+      g.trans_b = true, g.m = rows, g.n = 301, g.k = depth, g.alpha = 0.5f, g.beta = 0.0f, g.inference = true;
       g.a = a2.data<float>(), g.lda = depth, g.b = w2.data<float>(), g.ldb = depth, g.ldc = 301;
-      Tensor c_fast = Tensor::full({37, 301}, NAN), c_ref = Tensor::full({37, 301}, NAN);
+      Tensor c_fast = Tensor::full({rows, 301}, NAN), c_ref = Tensor::full({rows, 301}, NAN);
       g.c = c_fast.data<float>();
       fast.gemm(g);
       g.c = c_ref.data<float>();
       ref::gemm(g);
-      EXPECT_TRUE(testing::gemm_close(g, Tensor::zeros({37, 301}), c_fast, c_ref))
-          << isa_name(isa) << " gemm 37 x " << depth;
+      EXPECT_TRUE(testing::gemm_close(g, Tensor::zeros({rows, 301}), c_fast, c_ref))
+          << isa_name(isa) << " gemm " << rows << " x " << depth;
     }
     const int64_t r = x.size(0), cols = x.size(1);
     Tensor y_fast = Tensor::empty(x.shape()), y_ref = Tensor::empty(x.shape());
@@ -145,39 +147,43 @@ TEST(Cpu, EveryLevelMatchesTheReference) {
 // tiles sum every output in one order for 1 to 64 rows; the generic level
 // has only BLAS, whose order may change with the shape, and is not held to
 // it. 301 columns x 203: one row runs on one thread, 16 rows split W between
-// two, the last column a group of its own. Sending 1-4 rows to the GEMV on
-// avx512 again (as before 2026-12-05) fails this test from 5 rows.
+// two, the last column a group of its own; x 1003, one row splits W too. Up to
+// a tile of rows W is swept in strided quarters, past it in blocks. Sending
+// 1-4 rows to the GEMV on avx512 again (as before 2026-12-05) fails this test
+// from 5 rows.
 TEST(Cpu, AnInferenceRowDoesNotDependOnTheRowsBesideIt) {
   omp_set_num_threads(2);
-  Rng rng(11);
-  const int64_t n = 301, k = 203;
-  Tensor a = Tensor::randn({64, k}, rng), w = Tensor::randn({n, k}, rng), bias = Tensor::randn({n}, rng);
-  auto product = [&](const Kernels& fast, const float* rows, int64_t m) {
-    Tensor c = Tensor::zeros({m, n});
-    GemmArgs g;
-    g.trans_b = true, g.m = m, g.n = n, g.k = k, g.inference = true;
-    g.a = rows, g.lda = k, g.b = w.data<float>(), g.ldb = k, g.bias = bias.data<float>(), g.c = c.data<float>(),
-    g.ldc = n;
-    fast.gemm(g);
-    return c;
-  };
-  int levels = 0;
-  for (CpuIsa isa : kLevels) {
-    const int64_t most = isa == CpuIsa::Generic ? 0 : 64;
-    if (!isa_supported(isa) || most == 0) continue;
-    ++levels;
-    const Kernels& fast = cpu::kernels(isa);
-    std::vector<Tensor> alone;
-    for (int64_t i = 0; i < most; ++i) alone.push_back(product(fast, a.data<float>() + i * k, 1));
-    for (int64_t m : {2, 3, 4, 5, 8, 16, 17, 64}) {
-      if (m > most) break;
-      Tensor together = product(fast, a.data<float>(), m);
-      for (int64_t i = 0; i < m; ++i)
-        EXPECT_EQ(0, std::memcmp(together.data<float>() + i * n, alone[i].data<float>(), n * sizeof(float)))
-            << isa_name(isa) << ": row " << i << " of " << m;
+  for (int64_t k : {203, 1003}) {
+    Rng rng(11);
+    const int64_t n = 301;
+    Tensor a = Tensor::randn({64, k}, rng), w = Tensor::randn({n, k}, rng), bias = Tensor::randn({n}, rng);
+    auto product = [&](const Kernels& fast, const float* rows, int64_t m) {
+      Tensor c = Tensor::zeros({m, n});
+      GemmArgs g;
+      g.trans_b = true, g.m = m, g.n = n, g.k = k, g.inference = true;
+      g.a = rows, g.lda = k, g.b = w.data<float>(), g.ldb = k, g.bias = bias.data<float>(), g.c = c.data<float>(),
+      g.ldc = n;
+      fast.gemm(g);
+      return c;
+    };
+    int levels = 0;
+    for (CpuIsa isa : kLevels) {
+      const int64_t most = isa == CpuIsa::Generic ? 0 : 64;
+      if (!isa_supported(isa) || most == 0) continue;
+      ++levels;
+      const Kernels& fast = cpu::kernels(isa);
+      std::vector<Tensor> alone;
+      for (int64_t i = 0; i < most; ++i) alone.push_back(product(fast, a.data<float>() + i * k, 1));
+      for (int64_t m : {2, 3, 4, 5, 8, 16, 17, 64}) {
+        if (m > most) break;
+        Tensor together = product(fast, a.data<float>(), m);
+        for (int64_t i = 0; i < m; ++i)
+          EXPECT_EQ(0, std::memcmp(together.data<float>() + i * n, alone[i].data<float>(), n * sizeof(float)))
+              << isa_name(isa) << ": row " << i << " of " << m << ", k " << k;
+      }
     }
+    if (levels == 0) GTEST_SKIP() << "this CPU runs neither the avx2 nor the avx512 level";
   }
-  if (levels == 0) GTEST_SKIP() << "this CPU runs neither the avx2 nor the avx512 level";
 }
 
 }  // namespace
