@@ -672,33 +672,42 @@ void gemv(const GemmBf16Args& g) {
 // Linear that keeps only its packed weight: a block of 16 columns is all of
 // k in order, 16 pairs of k per chunk, each pair's 16 columns one vector, so
 // that one pair of a row of A, broadcast, meets a whole vector of B. Each
-// output is its lane's sum over the pairs in order (two interleaved sums
-// per row, added at the end), whatever the other rows.
-template <int M>
-__attribute__((target("avx512bf16"))) void gemv_packed_rows(const GemmBf16Args& g, const uint32_t* a_pairs,
-                                                            int64_t pairs, int64_t b0, int64_t b1) {
+// output is its lane's sum over the pairs in order, one accumulator, whatever
+// the other rows and blocks. NB blocks, `stride` blocks apart, go side by
+// side: see gemv_packed.
+template <int M, int NB>
+__attribute__((target("avx512bf16"))) void gemv_packed_blocks(const GemmBf16Args& g, const uint32_t* a_pairs,
+                                                              int64_t pairs, int64_t b, int64_t stride) {
   const int64_t block_words = bf16_chunks(g.k) * 256;
-  alignas(64) float sums[M * 16];
-  for (int64_t b = b0; b < b1; ++b) {
-    const uint32_t* w = g.b_packed + b * block_words;
-    __m512 acc[M][2];
-    for (auto& r : acc) r[0] = r[1] = _mm512_setzero_ps();
-    int64_t p = 0;
-    for (; p + 2 <= pairs; p += 2) {
-      const __m512bh w0 = (__m512bh)_mm512_loadu_si512(w + p * 16), w1 = (__m512bh)_mm512_loadu_si512(w + p * 16 + 16);
-      for (int64_t i = 0; i < M; ++i) {
-        acc[i][0] = _mm512_dpbf16_ps(acc[i][0], (__m512bh)_mm512_set1_epi32((int)a_pairs[i * pairs + p]), w0);
-        acc[i][1] = _mm512_dpbf16_ps(acc[i][1], (__m512bh)_mm512_set1_epi32((int)a_pairs[i * pairs + p + 1]), w1);
-      }
+  const uint32_t* w[NB];
+  for (int j = 0; j < NB; ++j) w[j] = g.b_packed + (b + j * stride) * block_words;
+  __m512 acc[M][NB];
+  for (auto& r : acc)
+    for (auto& v : r) v = _mm512_setzero_ps();
+  for (int64_t p = 0; p < pairs; ++p) {
+    __m512bh wv[NB];
+    for (int j = 0; j < NB; ++j) wv[j] = (__m512bh)_mm512_loadu_si512(w[j] + p * 16);
+    for (int64_t i = 0; i < M; ++i) {
+      const __m512bh x = (__m512bh)_mm512_set1_epi32((int)a_pairs[i * pairs + p]);
+      for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], x, wv[j]);
     }
-    for (; p < pairs; ++p) {
-      const __m512bh w0 = (__m512bh)_mm512_loadu_si512(w + p * 16);
-      for (int64_t i = 0; i < M; ++i)
-        acc[i][0] = _mm512_dpbf16_ps(acc[i][0], (__m512bh)_mm512_set1_epi32((int)a_pairs[i * pairs + p]), w0);
-    }
-    for (int64_t i = 0; i < M; ++i) _mm512_store_ps(sums + i * 16, _mm512_add_ps(acc[i][0], acc[i][1]));
-    finish_tile(g, sums, 0, b * 16, M);
   }
+  alignas(64) float sums[M * 16];
+  for (int j = 0; j < NB; ++j) {
+    for (int64_t i = 0; i < M; ++i) _mm512_store_ps(sums + i * 16, acc[i][j]);
+    finish_tile(g, sums, 0, (b + j * stride) * 16, M);
+  }
+}
+
+// Blocks [b0, b1) of B: the range in four quarters swept side by side, a
+// block of each at a time, so that the core reads four streams from memory
+// at once instead of one (as the float32 tiles do, src/kernels/cpu/gemm.cpp);
+// the blocks left over one at a time.
+template <int M>
+void gemv_packed_rows(const GemmBf16Args& g, const uint32_t* a_pairs, int64_t pairs, int64_t b0, int64_t b1) {
+  const int64_t q = (b1 - b0) / 4;
+  for (int64_t b = b0; b < b0 + q; ++b) gemv_packed_blocks<M, 4>(g, a_pairs, pairs, b, q);
+  for (int64_t b = b0 + 4 * q; b < b1; ++b) gemv_packed_blocks<M, 1>(g, a_pairs, pairs, b, 0);
 }
 
 void gemv_packed(const GemmBf16Args& g) {
