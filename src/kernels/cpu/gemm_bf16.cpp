@@ -598,39 +598,56 @@ void dpbf16_blocks(const GemmBf16Args& g, const PackedBf16& pk) {
 // this thin is bound by reading B once, and packing would read it twice.
 constexpr int64_t kMaxGemvRows = 4;
 
-// Rows [j0, j1) of B against the M rows of a (bfloat16, row stride k): each
-// row of B read once, in order, straight from where it lies; two accumulators
-// per row of A so that no single chain of dependent adds sets the pace (M is
-// a constant so that they stay in registers).
-template <int M>
-__attribute__((target("avx512bf16"))) void gemv_rows(const GemmBf16Args& g, const uint16_t* a, int64_t j0,
-                                                     int64_t j1) {
+// Rows j, j + stride, ..., j + (NR-1) stride of B against the M rows of a
+// (bfloat16, row stride k): each row of B read once, in order, straight from
+// where it lies; two accumulators per output so that no single chain of
+// dependent adds sets the pace (M and NR are constants so that they stay in
+// registers), the same for every NR.
+template <int M, int NR>
+__attribute__((target("avx512bf16"))) void gemv_rows(const GemmBf16Args& g, const uint16_t* a, int64_t j,
+                                                     int64_t stride) {
   const int64_t k = g.k, full = k / 32 * 32;
   const __mmask32 tail = (__mmask32)(k > full ? (1ull << (k - full)) - 1 : 0);
-  for (int64_t j = j0; j < j1; ++j) {
-    const uint16_t* w = g.b + j * g.ldb;
-    __m512 acc[M][2];
-    for (auto& r : acc) r[0] = r[1] = _mm512_setzero_ps();
-    int64_t p = 0;
-    for (; p + 64 <= full; p += 64) {
-      const __m512bh w0 = (__m512bh)_mm512_loadu_si512(w + p), w1 = (__m512bh)_mm512_loadu_si512(w + p + 32);
+  const uint16_t* w[NR];
+  for (int r = 0; r < NR; ++r) w[r] = g.b + (j + r * stride) * g.ldb;
+  __m512 acc[M][NR][2];
+  for (auto& i : acc)
+    for (auto& r : i) r[0] = r[1] = _mm512_setzero_ps();
+  int64_t p = 0;
+  for (; p + 64 <= full; p += 64)
+    for (int r = 0; r < NR; ++r) {
+      const __m512bh w0 = (__m512bh)_mm512_loadu_si512(w[r] + p), w1 = (__m512bh)_mm512_loadu_si512(w[r] + p + 32);
       for (int64_t i = 0; i < M; ++i) {
-        acc[i][0] = _mm512_dpbf16_ps(acc[i][0], (__m512bh)_mm512_loadu_si512(a + i * k + p), w0);
-        acc[i][1] = _mm512_dpbf16_ps(acc[i][1], (__m512bh)_mm512_loadu_si512(a + i * k + p + 32), w1);
+        acc[i][r][0] = _mm512_dpbf16_ps(acc[i][r][0], (__m512bh)_mm512_loadu_si512(a + i * k + p), w0);
+        acc[i][r][1] = _mm512_dpbf16_ps(acc[i][r][1], (__m512bh)_mm512_loadu_si512(a + i * k + p + 32), w1);
       }
     }
-    for (; p < full; p += 32) {
-      const __m512bh w0 = (__m512bh)_mm512_loadu_si512(w + p);
+  for (; p < full; p += 32)
+    for (int r = 0; r < NR; ++r) {
+      const __m512bh w0 = (__m512bh)_mm512_loadu_si512(w[r] + p);
       for (int64_t i = 0; i < M; ++i)
-        acc[i][0] = _mm512_dpbf16_ps(acc[i][0], (__m512bh)_mm512_loadu_si512(a + i * k + p), w0);
+        acc[i][r][0] = _mm512_dpbf16_ps(acc[i][r][0], (__m512bh)_mm512_loadu_si512(a + i * k + p), w0);
     }
-    if (tail) {
-      const __m512bh w0 = (__m512bh)_mm512_maskz_loadu_epi16(tail, w + full);
+  if (tail)
+    for (int r = 0; r < NR; ++r) {
+      const __m512bh w0 = (__m512bh)_mm512_maskz_loadu_epi16(tail, w[r] + full);
       for (int64_t i = 0; i < M; ++i)
-        acc[i][1] = _mm512_dpbf16_ps(acc[i][1], (__m512bh)_mm512_maskz_loadu_epi16(tail, a + i * k + full), w0);
+        acc[i][r][1] =
+            _mm512_dpbf16_ps(acc[i][r][1], (__m512bh)_mm512_maskz_loadu_epi16(tail, a + i * k + full), w0);
     }
-    for (int64_t i = 0; i < M; ++i) finish(g, i, j, hsum(_mm512_add_ps(acc[i][0], acc[i][1])));
-  }
+  for (int r = 0; r < NR; ++r)
+    for (int64_t i = 0; i < M; ++i) finish(g, i, j + r * stride, hsum(_mm512_add_ps(acc[i][r][0], acc[i][r][1])));
+}
+
+// Rows [j0, j1) of B: in quarters (halves for 3 or 4 rows of A, whose
+// accumulators would not fit the registers four times) read side by side,
+// several streams from memory at once, the rows left over one at a time.
+template <int M>
+void gemv_parts(const GemmBf16Args& g, const uint16_t* a, int64_t j0, int64_t j1) {
+  constexpr int kParts = M <= 2 ? 4 : 2;
+  const int64_t q = (j1 - j0) / kParts;
+  for (int64_t j = j0; j < j0 + q; ++j) gemv_rows<M, kParts>(g, a, j, q);
+  for (int64_t j = j0 + kParts * q; j < j1; ++j) gemv_rows<M, 1>(g, a, j, 0);
 }
 
 // f.template operator()<M>() with M = g.m, a constant (gemm_bf16 sends at
@@ -665,7 +682,7 @@ void gemv(const GemmBf16Args& g) {
   for (int64_t i = 0; i < g.m; ++i)
     for (int64_t p = 0; p < g.k; ++p) a[i * g.k + p] = from.at(i, p);
   over_threads(g, g.n,
-               [&](int64_t j0, int64_t j1) { with_row_count(g, [&]<int M>() { gemv_rows<M>(g, a, j0, j1); }); });
+               [&](int64_t j0, int64_t j1) { with_row_count(g, [&]<int M>() { gemv_parts<M>(g, a, j0, j1); }); });
 }
 
 // The same few rows against B as packed (GemmBf16Args::b_packed), for a

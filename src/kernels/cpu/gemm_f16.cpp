@@ -47,45 +47,62 @@ inline void widen_row(const uint16_t* h, int64_t k, float* out) {
   for (; p < k; ++p) out[p] = half_to_float(h[p]);
 }
 
-// Rows [j0, j1) of W against the M rows of A: a dot product per pair, W's
-// row read once for all M.
-template <int M>
-void gemv_rows(const GemmF16Args& g, int64_t j0, int64_t j1) {
-  for (int64_t j = j0; j < j1; ++j) {
-    const uint16_t* w = g.b + j * g.ldb;
-    float sums[M] = {};
-    int64_t p = 0;
+// Rows j, j + stride, ..., j + (NR-1) stride of W against the M rows of A: a
+// dot product per pair, each row of W read once for all M; an output's sum is
+// one accumulator over k in order, whatever NR.
+template <int M, int NR>
+void gemv_rows(const GemmF16Args& g, int64_t j, int64_t stride) {
+  const uint16_t* w[NR];
+  for (int r = 0; r < NR; ++r) w[r] = g.b + (j + r * stride) * g.ldb;
+  float sums[M][NR] = {};
+  int64_t p = 0;
 #if defined(__AVX512F__)
-    __m512 acc[M];
-    for (auto& a : acc) a = _mm512_setzero_ps();
-    for (; p + 16 <= g.k; p += 16) {
-      const __m512 wv = _mm512_maskz_cvtph_ps(0xffff, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + p)));
-      for (int i = 0; i < M; ++i) acc[i] = _mm512_fmadd_ps(_mm512_loadu_ps(g.a + i * g.lda + p), wv, acc[i]);
+  __m512 acc[M][NR];
+  for (auto& a : acc)
+    for (auto& v : a) v = _mm512_setzero_ps();
+  for (; p + 16 <= g.k; p += 16)
+    for (int r = 0; r < NR; ++r) {
+      const __m512 wv = _mm512_maskz_cvtph_ps(0xffff, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[r] + p)));
+      for (int i = 0; i < M; ++i) acc[i][r] = _mm512_fmadd_ps(_mm512_loadu_ps(g.a + i * g.lda + p), wv, acc[i][r]);
     }
-    for (int i = 0; i < M; ++i) sums[i] = hsum(acc[i]);
+  for (int i = 0; i < M; ++i)
+    for (int r = 0; r < NR; ++r) sums[i][r] = hsum(acc[i][r]);
 #elif defined(__AVX2__)
-    __m256 acc[M];
-    for (auto& a : acc) a = _mm256_setzero_ps();
-    for (; p + 8 <= g.k; p += 8) {
-      const __m256 wv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + p)));
-      for (int i = 0; i < M; ++i) acc[i] = _mm256_fmadd_ps(_mm256_loadu_ps(g.a + i * g.lda + p), wv, acc[i]);
+  __m256 acc[M][NR];
+  for (auto& a : acc)
+    for (auto& v : a) v = _mm256_setzero_ps();
+  for (; p + 8 <= g.k; p += 8)
+    for (int r = 0; r < NR; ++r) {
+      const __m256 wv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w[r] + p)));
+      for (int i = 0; i < M; ++i) acc[i][r] = _mm256_fmadd_ps(_mm256_loadu_ps(g.a + i * g.lda + p), wv, acc[i][r]);
     }
-    for (int i = 0; i < M; ++i) sums[i] = hsum(acc[i]);
+  for (int i = 0; i < M; ++i)
+    for (int r = 0; r < NR; ++r) sums[i][r] = hsum(acc[i][r]);
 #endif
-    for (; p < g.k; ++p) {
-      const float wp = half_to_float(w[p]);
-      for (int i = 0; i < M; ++i) sums[i] += g.a[i * g.lda + p] * wp;
+  for (; p < g.k; ++p)
+    for (int r = 0; r < NR; ++r) {
+      const float wp = half_to_float(w[r][p]);
+      for (int i = 0; i < M; ++i) sums[i][r] += g.a[i * g.lda + p] * wp;
     }
-    for (int i = 0; i < M; ++i) finish(g, i, j, sums[i]);
-  }
+  for (int r = 0; r < NR; ++r)
+    for (int i = 0; i < M; ++i) finish(g, i, j + r * stride, sums[i][r]);
+}
+
+// Rows [j0, j1) of W: in four quarters read side by side (four streams from
+// memory at once), the rows left over one at a time.
+template <int M>
+void gemv_quarters(const GemmF16Args& g, int64_t j0, int64_t j1) {
+  const int64_t q = (j1 - j0) / 4;
+  for (int64_t j = j0; j < j0 + q; ++j) gemv_rows<M, 4>(g, j, q);
+  for (int64_t j = j0 + 4 * q; j < j1; ++j) gemv_rows<M, 1>(g, j, 0);
 }
 
 void gemv_range(const GemmF16Args& g, int64_t j0, int64_t j1) {
   switch (g.m) {
-    case 1: return gemv_rows<1>(g, j0, j1);
-    case 2: return gemv_rows<2>(g, j0, j1);
-    case 3: return gemv_rows<3>(g, j0, j1);
-    default: return gemv_rows<4>(g, j0, j1);  // at most kMaxGemvRows
+    case 1: return gemv_quarters<1>(g, j0, j1);
+    case 2: return gemv_quarters<2>(g, j0, j1);
+    case 3: return gemv_quarters<3>(g, j0, j1);
+    default: return gemv_quarters<4>(g, j0, j1);  // at most kMaxGemvRows
   }
 }
 
