@@ -534,15 +534,26 @@ TEST(Ops, LinearWithF16WeightIsTheFloat32ProductOfTheWidenedWeight) {
   EXPECT_EQ(lin.bias.to_vector(), std::vector<float>(9, 0.5f));
   // A float16 folder loads into a model built without values: whatever its
   // float32 weight held (here past float16's range, as uninitialized memory
-  // may be) does not stop the weight from taking the file's dtype.
+  // may be) is never read; the weight takes the file's dtype without values
+  // (meta: no float32 copy is converted on the way) and loads either way.
   const StateDict saved = {{"weight", lin.weight.clone()}, {"bias", lin.bias.clone()}};  // a float16 weight
   ASSERT_EQ(saved.at("weight").dtype(), DType::F16);
-  Linear fresh({.in_features = 40, .out_features = 9}, rng);
-  fresh.weight.data<float>()[3] = 1e30f;
-  EXPECT_NO_THROW(fresh.adopt_linear_dtypes(saved));
-  EXPECT_EQ(fresh.weight.dtype(), DType::F16);
-  fresh.load_state_dict(saved);
-  EXPECT_TRUE(all_close(fresh.weight, lin.weight, 0, 0));
+  for (bool loader : {false, true}) {
+    Linear fresh({.in_features = 40, .out_features = 9}, rng);
+    fresh.weight.data<float>()[3] = 1e30f;
+    EXPECT_NO_THROW(fresh.adopt_linear_dtypes(saved));
+    EXPECT_EQ(fresh.weight.dtype(), DType::F16);
+    EXPECT_EQ(fresh.weight.device(), Device::Meta);
+    if (loader) {
+      StateLoader load(fresh);
+      for (const auto& [name, t] : saved) load.load(name, t.clone());
+      load.finish();
+    } else {
+      fresh.load_state_dict(saved);
+    }
+    EXPECT_EQ(fresh.weight.device(), Device::Cpu);
+    EXPECT_TRUE(all_close(fresh.weight, lin.weight, 0, 0));
+  }
   omp_set_num_threads(1);
 }
 

@@ -68,9 +68,10 @@ public:
   // F32, else F32: what convert_linear_weights last made of the model.
   DType linear_weight_dtype() const;
 
-  // Before load_state_dict of a converted model's weights: each Linear whose
-  // weight `state` holds in BF16 or I8 (with its weight_scale, checked) takes
-  // that dtype, so the weights load as they are stored.
+  // Before loading a converted model's weights (StateLoader): each Linear
+  // whose weight `state` holds in BF16, F16 or I8 (with its weight_scale,
+  // checked) takes that dtype without values (Linear::expect_weight), so the
+  // weights load as they are stored, with no float32 copy on the way.
   void adopt_linear_dtypes(const StateDict& state);
   // The Linear whose weight has the parameter name `weight_name` here
   // ("layers.0.attn.wq.weight"), or null when it is not a Linear weight.
@@ -185,6 +186,10 @@ public:
   // The weight converted in place to F32, BF16 or I8 (I8 quantizes it and
   // adds weight_scale; leaving I8 dequantizes it and removes weight_scale).
   void convert_weight(DType dtype);
+  // The weight (and for I8 a weight_scale of `scale_shape`) in `dtype`
+  // without values, on the meta device, for values that load next: a
+  // StateLoader hands it the loaded tensors' memory.
+  void expect_weight(DType dtype, const std::vector<int64_t>& scale_shape = {});
   Tensor weight, bias, weight_scale;
   Tensor weight_packed;  // with a BF16 weight, where the CPU's gemm_bf16 reads one
   // weight_packed made (again) from the weight's values, or dropped when the weight is not BF16.

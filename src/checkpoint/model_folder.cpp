@@ -240,9 +240,15 @@ ModelFolder load(const std::string& dir, const Task* task, const std::string& co
                 "source_vocab_size");
   }
   SafetensorsReader file(dir + "/model.safetensors");
-  // Built as always, and converted once loaded: a folder qkv convert wrote
-  // has its Linear weights in their own dtype already.
-  m.model = build_unset(*m.family, config.dump(), config_path, std::nullopt);
+  // A folder qkv convert wrote has its Linear weights in their own dtype
+  // already: they are built without values (any dtype but float32 builds them
+  // on the meta device), take each its file's dtype (adopt_linear_dtypes) and
+  // keep the memory the file's tensors were read into, so that no float32
+  // copy of them is ever made. A float32 folder is built as always.
+  std::optional<DType> without_values;
+  for (const SafetensorsEntry& e : file.entries())
+    if (e.dtype == DType::BF16 || e.dtype == DType::F16 || e.dtype == DType::I8) without_values = DType::BF16;
+  m.model = build_unset(*m.family, config.dump(), config_path, without_values);
   try {
     StateDict state;
     for (size_t i = 0; i < file.entries().size(); ++i) state.emplace(file.entries()[i].name, file.read(i));

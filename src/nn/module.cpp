@@ -79,15 +79,11 @@ void Module::adopt_linear_dtypes(const std::string& prefix, const StateDict& sta
                 "weight_scale'");
       check_int8_weight({it->second, scale->second}, "load_state_dict: '" + prefix + "weight'");
     }
-    if (it != state.end() &&
-        (it->second.dtype() == DType::BF16 || it->second.dtype() == DType::F16 || it->second.dtype() == DType::I8)) {
-      // The values load next; what the weight holds now (uninitialized under
-      // SkipInitGuard) must not reach the conversion, whose float16 range
-      // check it failed now and then.
-      if (lin->weight.device() == Device::Cpu && lin->weight.dtype() == DType::F32) lin->weight.detach().fill_(0.0f);
-      lin->convert_weight(it->second.dtype());
-      lin->weight_packed = Tensor();  // made from the values when they have loaded (StateLoader::finish)
-    }
+    // A weight built without values (on the meta device) takes the file's dtype whatever it is.
+    const DType dtype = it != state.end() ? it->second.dtype() : DType::F32;
+    if (it != state.end() && (dtype != DType::F32 || lin->weight.device() == Device::Meta))
+      lin->expect_weight(dtype,
+                         dtype == DType::I8 ? state.at(prefix + "weight_scale").shape() : std::vector<int64_t>{});
   }
   for (auto& [name, child] : children_) child->adopt_linear_dtypes(prefix + name + ".", state);
 }
@@ -204,7 +200,16 @@ void Module::load_state_dict(const StateDict& state) {
   for (auto& [name, t] : state)
     QKV_CHECK(used.count(name), "load_state_dict: unexpected tensor '", name, "' (the model has no such parameter)");
   unpack_linear_weights();  // memory of their own for the values, which are packed again below
-  for (auto& [name, p] : params) p.detach().copy_(state.at(name));
+  for (auto& [name, p] : params) {
+    if (p.device() == Device::Meta) {  // a weight without values yet (Linear::expect_weight)
+      Tensor param = p;                // the same tensor
+      const bool requires_grad = param.requires_grad();
+      DefaultDeviceGuard cpu(Device::Cpu);
+      param.set_(Tensor::empty(param.shape(), param.dtype()));
+      if (requires_grad) param.set_requires_grad(true);
+    }
+    p.detach().copy_(state.at(name));
+  }
   pack_linear_weights();
 }
 
@@ -311,6 +316,25 @@ void Linear::convert_weight(DType dtype) {
   Int8Weight q = quantize_int8(weight);
   weight.set_(q.values);
   weight_scale = register_parameter("weight_scale", q.scales);
+  weight_scale.set_requires_grad(false);
+}
+
+void Linear::expect_weight(DType dtype, const std::vector<int64_t>& scale_shape) {
+  QKV_CHECK(dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F16 || dtype == DType::I8,
+            "Linear: a weight is F32, BF16, F16 or I8, not ", dtype_name(dtype));
+  weight_packed = Tensor();  // made from the values when they have loaded (StateLoader::finish)
+  DefaultDeviceGuard meta(Device::Meta);
+  weight.set_(Tensor::empty(weight.shape(), dtype));
+  if (dtype == DType::F32) weight.set_requires_grad(true);  // a trainable parameter, as built
+  if (dtype != DType::I8) {
+    if (weight_scale.defined()) remove_parameter("weight_scale");
+    weight_scale = Tensor();
+    return;
+  }
+  if (weight_scale.defined())
+    weight_scale.set_(Tensor::empty(scale_shape, DType::F32));
+  else
+    weight_scale = register_parameter("weight_scale", Tensor::empty(scale_shape, DType::F32));
   weight_scale.set_requires_grad(false);
 }
 
