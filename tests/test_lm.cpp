@@ -2,6 +2,8 @@
 // plain PyTorch reference with the same weights (scripts/make_fixtures.py ->
 // tests/fixtures/decoder_golden.safetensors), dense and MoE; cached
 // decoding (prefill, then one token at a time) equals the full forward.
+#include <cmath>
+
 #include <nlohmann/json.hpp>
 
 #include "qkv/io.h"
@@ -82,7 +84,10 @@ INSTANTIATE_TEST_SUITE_P(PyTorch, DecoderGolden, ::testing::Values("lm_dense", "
 class DecoderCache : public ::testing::TestWithParam<std::string> {};
 
 // Prefill 5 tokens, then 6 single steps: every step's logits equal the full
-// forward's at that position, and the greedy tokens agree.
+// forward's at that position, and the greedy tokens agree. The caches start
+// as NaN: nothing may read a position before it is written (make_cache
+// leaves them uninitialized); a step that read the whole capacity would give
+// NaN logits.
 TEST_P(DecoderCache, CachedEqualsFullForward) {
   DecoderConfig c = DecoderConfig::from_json(GetParam(), "case");
   c.vocab_size = 31;
@@ -93,6 +98,7 @@ TEST_P(DecoderCache, CachedEqualsFullForward) {
   std::vector<int64_t> prompt = {3, 9, 4, 27, 1, 8, 8, 20, 5, 6};  // two rows of 5
   Tensor ids = Tensor::from_ints(prompt, {2, 5});
   std::vector<KVCache> caches = model.make_caches(2, 16);
+  for (KVCache& cache : caches) cache.k.fill_(NAN), cache.v.fill_(NAN);
   Tensor step_logits = model.forward_cached(ids, caches);
   std::vector<std::vector<int64_t>> seq = {{3, 9, 4, 27, 1}, {8, 8, 20, 5, 6}};
   const int64_t V = c.vocab_size;
