@@ -313,13 +313,15 @@ void average_model_folders(const std::vector<std::string>& dirs, const std::stri
       const Tensor w = t.contiguous();
       float* a = acc.data<float>();
       const float* b = w.data<float>();
-      for (int64_t k = 0; k < acc.numel(); ++k) a[k] += b[k];
+      const int64_t n = acc.numel();
+      for (int64_t k = 0; k < n; ++k) a[k] += b[k];
     }
   }
   const float scale = 1.0f / (float)dirs.size();
   for (auto& [name, t] : sum) {
     float* a = t.data<float>();
-    for (int64_t k = 0; k < t.numel(); ++k) a[k] *= scale;
+    const int64_t n = t.numel();
+    for (int64_t k = 0; k < n; ++k) a[k] *= scale;
   }
   first.model->load_state_dict(sum);
   nlohmann::ordered_json note = {{"averaged", dirs}};

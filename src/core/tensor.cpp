@@ -175,7 +175,8 @@ Tensor Tensor::randn(const Shape& shape, Rng& rng, float stddev) {
   uint64_t first = rng.reserve((uint64_t)t.numel());  // drawn on the meta device too: the same stream after it
   if (is_meta(t) || t_skipping_init) return t;
   float* p = t.data<float>();
-  for (int64_t i = 0; i < t.numel(); ++i) p[i] = stddev * rng.normal_at(first + i);
+  const int64_t n = t.numel();
+  for (int64_t i = 0; i < n; ++i) p[i] = stddev * rng.normal_at(first + i);
   return t;
 }
 
@@ -184,7 +185,8 @@ Tensor Tensor::uniform(const Shape& shape, Rng& rng, float low, float high) {
   uint64_t first = rng.reserve((uint64_t)t.numel());  // drawn on the meta device too: the same stream after it
   if (is_meta(t) || t_skipping_init) return t;
   float* p = t.data<float>();
-  for (int64_t i = 0; i < t.numel(); ++i) p[i] = low + (high - low) * rng.uniform_at(first + i);
+  const int64_t n = t.numel();
+  for (int64_t i = 0; i < n; ++i) p[i] = low + (high - low) * rng.uniform_at(first + i);
   return t;
 }
 

@@ -164,7 +164,8 @@ float largest_magnitude(const Tensor& t) {
   const Tensor f = t.to(DType::F32).contiguous();
   const float* v = f.data<float>();
   float largest = 0.0f;
-  for (int64_t i = 0; i < f.numel(); ++i) largest = std::max(largest, std::fabs(v[i]));
+  const int64_t n = f.numel();
+  for (int64_t i = 0; i < n; ++i) largest = std::max(largest, std::fabs(v[i]));
   return largest;
 }
 
