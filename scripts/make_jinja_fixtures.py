@@ -245,6 +245,22 @@ TEMPLATES = {
         "{%- set mixed = {1: 'a', 'b': 2, none: 'n', 1.0: 'one', true: 'yes', 2.5: 'f'} %}"
         "{{ mixed }} {{ mixed | length }} {{ mixed[1] }} {{ mixed[none] }} {{ mixed.items() | list }}\n"
         "{{ mixed | tojson }} {{ {'x': 1, 'x': 2} }} {{ gears[3] is defined }}\n"),
+    # jinja2's Markup, which |safe returns: `+` with a plain string escapes
+    # that string for HTML (functionary v3.1's tool list comes out so through
+    # transformers, whose own tojson returns a plain string); `~` joins as
+    # plain strings; trim, upper and string keep a Markup one, and a plain
+    # string's `+` is plain.
+    "markup": (
+        "{%- for t in tools %}{{ \"Use '\"|safe + t['function']['name'] + \"' <now>\\n\"|safe"
+        " + t['function'] | tojson }}\n{% endfor %}"
+        "{{ '<function=' + 'f&g' + '>' + {'a': \"it's\"} | tojson + '</function>' }}\n"
+        "{{ '<a>' ~ ('\"b\"' | safe) ~ '<c>' }} {{ ('<x> ' | safe | trim) + '<y>' }} "
+        "{{ ('q' | safe | upper) + '&' }} {{ (5 | safe) + '<' }} {{ '<p>' + '</p>' }}\n"),
+    # transformers' {% generation %} block (the assistant's tokens, for
+    # return_assistant_tokens_mask): its body renders as it stands.
+    "generation": (
+        "{%- for m in messages %}{%- if m['role'] == 'assistant' %}[A] {% generation %}{{ m['content'] }}"
+        "{%- endgeneration %}{%- else %}[{{ m['role'] }}] {{ m['content'] }}{%- endif %}\n{% endfor %}"),
 }
 
 CASES = [
@@ -276,6 +292,8 @@ CASES = [
     ("filters", {"messages": CHAT, "tools": TOOLS}),
     ("keys", {"budget": 600}),
     ("keys", {"budget": 9000}),
+    ("markup", {"tools": TOOLS}),
+    ("generation", {"messages": CHAT}),
 ]
 
 

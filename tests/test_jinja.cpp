@@ -32,7 +32,7 @@ TEST(Jinja, RendersWhatTransformersRenders) {
     }
     ++compared;
   }
-  EXPECT_EQ(compared, 23);
+  EXPECT_EQ(compared, 25);
 }
 
 TEST(Jinja, WhatItDoesNotRunIsOneErrorNamingTheLine) {

@@ -9,6 +9,8 @@
 //     loop.previtem, loop.nextitem; for a, b in pairs
 //   {% set x = expr %}, {% set ns.attr = expr %}, {% set x %}...{% endset %}
 //   {% macro name(a, b=default) %} ... {% endmacro %} and calls of it
+//   {% generation %} ... {% endgeneration %} (transformers' mark of the
+//     assistant's part: its body renders as it stands)
 //   expressions: literals (strings, numbers, true/false/none, lists, dicts
 //     whose keys are strings, numbers, booleans or none),
 //     names, .attr, [key], [a:b:c], calls, filters (|f(args)), tests (is
@@ -18,7 +20,8 @@
 //     strftime_now(format)
 //   filters: trim, length/count, tojson, upper, lower, capitalize, title,
 //     default/d, first, last, join, list, items, string, int, float, replace,
-//     safe, selectattr, rejectattr, select, reject, map(attribute=), unique,
+//     safe (jinja2's Markup: `+` with a plain string escapes that string for
+//     HTML, as in transformers), selectattr, rejectattr, select, reject, map(attribute=), unique,
 //     reverse, sort, dictsort, min, max, indent
 //   tests: defined, undefined, none, string, number, integer, float, mapping,
 //     iterable, sequence, boolean, true, false, equalto/eq/==, ne, odd, even,

@@ -80,6 +80,10 @@ struct Value {
   std::shared_ptr<Dict> dict;  // a namespace() too, whose attributes `set` may change
   bool is_namespace = false;
   bool is_tuple = false;  // a list written (a, b): printed with parentheses
+  // Str: jinja2's Markup, what |safe returns. `+` with a plain string beside
+  // it escapes that string for HTML (markupsafe's rule), and the sum is
+  // Markup too; everything else treats it as the string it is.
+  bool markup = false;
   std::shared_ptr<Function> fn;
 
   static Value undefined(std::string name) {
@@ -642,6 +646,8 @@ private:
         body.push_back(parse_macro());
       else if (word == "break" || word == "continue")
         body.push_back(parse_loop_control(word));
+      else if (word == "generation")
+        body.push_back(parse_generation());
       else if (word.empty())
         fail_at(line_, "a block tag without a statement");
       else if (word.rfind("end", 0) == 0 || word == "elif" || word == "else")
@@ -708,6 +714,22 @@ private:
       cond = expression();
       expect_end();
     }
+  }
+
+  // {% generation %} ... {% endgeneration %}: transformers' mark of the
+  // assistant's tokens (for return_assistant_tokens_mask); its body renders
+  // as it stands, as an if whose condition is true.
+  std::unique_ptr<Stmt> parse_generation() {
+    auto s = stmt(Stmt::Kind::If);
+    const int line = line_;
+    expect_end();
+    ExprPtr always = node(Expr::Kind::Literal);
+    always->literal = Value::boolean(true);
+    Body body = parse_body({"endgeneration"});
+    end_tag({"endgeneration"}, "generation", line);
+    expect_end();
+    s->branches.emplace_back(std::move(always), std::move(body));
+    return s;
   }
 
   std::unique_ptr<Stmt> parse_for() {
@@ -1645,7 +1667,7 @@ private:
   Value filter(const std::string& name, const Value& v, Args& a, int line) {
     if (name == "trim") {
       const std::string chars = a.positional.empty() ? "" : str_arg(a, 0, "trim");
-      return Value::str(strip_chars(to_string(v), chars, true, true));
+      return like(v, strip_chars(to_string(v), chars, true, true));
     }
     if (name == "length" || name == "count") return Value::integer(length(v, line));
     if (name == "tojson") {
@@ -1656,14 +1678,15 @@ private:
         indent = (int)std::clamp<int64_t>(a.positional[0].i, 0, 64);
       std::string out;
       dump_json(to_json(v), indent, 0, out);
-      return Value::str(out);
+      return Value::str(out);  // (transformers' own tojson: a plain string, not jinja2's Markup)
     }
-    if (name == "upper") return Value::str(upper(to_string(v)));
-    if (name == "lower") return Value::str(lower(to_string(v)));
-    if (name == "capitalize") return Value::str(title_case(lower(to_string(v)), true));
-    if (name == "title") return Value::str(title_case(to_string(v), false));
-    if (name == "string") return Value::str(to_string(v));
-    if (name == "safe") return v;
+    // (Markup's own methods return Markup: a Markup stays one through these.)
+    if (name == "upper") return like(v, upper(to_string(v)));
+    if (name == "lower") return like(v, lower(to_string(v)));
+    if (name == "capitalize") return like(v, title_case(lower(to_string(v)), true));
+    if (name == "title") return like(v, title_case(to_string(v), false));
+    if (name == "string") return like(v, to_string(v));
+    if (name == "safe") return v.defined() ? markup(Value::str(to_string(v))) : v;
     if (name == "default" || name == "d") {
       const bool boolean = a.positional.size() > 1 && truthy(a.positional[1]);
       if (boolean ? !truthy(v) : !v.defined()) return a.positional.empty() ? Value::str("") : a.positional[0];
@@ -1871,10 +1894,38 @@ private:
     fail_at(line, std::string("cannot order ") + kind_name(x) + " and " + kind_name(y));
   }
 
+  // `text` as a string, Markup when `from` is (as Markup's methods return).
+  static Value like(const Value& from, std::string text) {
+    Value out = Value::str(std::move(text));
+    out.markup = from.kind == Value::Kind::Str && from.markup;
+    return out;
+  }
+  static Value markup(Value v) {
+    v.markup = true;
+    return v;
+  }
+  // markupsafe's escape of a plain string: & < > ' " as HTML entities.
+  static std::string html_escaped(const std::string& x) {
+    std::string out;
+    for (char c : x) switch (c) {
+        case '&': out += "&amp;"; break;
+        case '<': out += "&lt;"; break;
+        case '>': out += "&gt;"; break;
+        case '\'': out += "&#39;"; break;
+        case '"': out += "&#34;"; break;
+        default: out += c;
+      }
+    return out;
+  }
+
   Value arithmetic(const std::string& op, const Value& l, const Value& r, int line) {
+    // (jinja2 joins `~` as plain strings when autoescape is off, as in transformers.)
     if (op == "~") return Value::str(to_string(l) + to_string(r));
     if (op == "+") {
-      if (l.kind == Value::Kind::Str && r.kind == Value::Kind::Str) return Value::str(l.s + r.s);
+      if (l.kind == Value::Kind::Str && r.kind == Value::Kind::Str) {
+        if (!l.markup && !r.markup) return Value::str(l.s + r.s);
+        return markup(Value::str((l.markup ? l.s : html_escaped(l.s)) + (r.markup ? r.s : html_escaped(r.s))));
+      }
       if (l.kind == Value::Kind::List && r.kind == Value::Kind::List) {
         List out = *l.list;
         out.insert(out.end(), r.list->begin(), r.list->end());
