@@ -283,9 +283,9 @@ void tiled_cols(const GemmArgs& g, int64_t j0, int64_t j1) {
 // 4 columns, and the columns left over are the last group, as in tiled_cols.
 // Software prefetches ahead in each stream gained nothing measurable.
 void tiled_strided(const GemmArgs& g, int64_t j0, int64_t j1) {
-  const int64_t q = (j1 - j0) / 4;
-  for (int64_t j = j0; j < j0 + q; ++j) tile_rows(g, 0, j, g.m, 4, Prefetch{}, q);
-  if (j0 + 4 * q < j1) tiled_cols(g, j0 + 4 * q, j1);
+  side_by_side<4>(
+      j0, j1, [&](int64_t j, int64_t q) { tile_rows(g, 0, j, g.m, 4, Prefetch{}, q); },
+      [&](int64_t begin, int64_t end) { tiled_cols(g, begin, end); });
 }
 
 void sweep(const GemmArgs& g, int64_t j0, int64_t j1) {

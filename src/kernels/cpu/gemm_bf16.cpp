@@ -640,14 +640,16 @@ __attribute__((target("avx512bf16"))) void gemv_rows(const GemmBf16Args& g, cons
 }
 
 // Rows [j0, j1) of B: in quarters (halves for 3 or 4 rows of A, whose
-// accumulators would not fit the registers four times) read side by side,
-// several streams from memory at once, the rows left over one at a time.
+// accumulators would not fit the registers four times) read side by side
+// (side_by_side), the rows left over one at a time.
 template <int M>
 void gemv_parts(const GemmBf16Args& g, const uint16_t* a, int64_t j0, int64_t j1) {
   constexpr int kParts = M <= 2 ? 4 : 2;
-  const int64_t q = (j1 - j0) / kParts;
-  for (int64_t j = j0; j < j0 + q; ++j) gemv_rows<M, kParts>(g, a, j, q);
-  for (int64_t j = j0 + kParts * q; j < j1; ++j) gemv_rows<M, 1>(g, a, j, 0);
+  side_by_side<kParts>(
+      j0, j1, [&](int64_t j, int64_t q) { gemv_rows<M, kParts>(g, a, j, q); },
+      [&](int64_t begin, int64_t end) {
+        for (int64_t j = begin; j < end; ++j) gemv_rows<M, 1>(g, a, j, 0);
+      });
 }
 
 // f.template operator()<M>() with M = g.m, a constant (gemm_bf16 sends at
@@ -716,15 +718,15 @@ __attribute__((target("avx512bf16"))) void gemv_packed_blocks(const GemmBf16Args
   }
 }
 
-// Blocks [b0, b1) of B: the range in four quarters swept side by side, a
-// block of each at a time, so that the core reads four streams from memory
-// at once instead of one (as the float32 tiles do, src/kernels/cpu/gemm.cpp);
-// the blocks left over one at a time.
+// Blocks [b0, b1) of B: four quarters swept side by side, a block of each at
+// a time (side_by_side); the blocks left over one at a time.
 template <int M>
 void gemv_packed_rows(const GemmBf16Args& g, const uint32_t* a_pairs, int64_t pairs, int64_t b0, int64_t b1) {
-  const int64_t q = (b1 - b0) / 4;
-  for (int64_t b = b0; b < b0 + q; ++b) gemv_packed_blocks<M, 4>(g, a_pairs, pairs, b, q);
-  for (int64_t b = b0 + 4 * q; b < b1; ++b) gemv_packed_blocks<M, 1>(g, a_pairs, pairs, b, 0);
+  side_by_side<4>(
+      b0, b1, [&](int64_t b, int64_t q) { gemv_packed_blocks<M, 4>(g, a_pairs, pairs, b, q); },
+      [&](int64_t begin, int64_t end) {
+        for (int64_t b = begin; b < end; ++b) gemv_packed_blocks<M, 1>(g, a_pairs, pairs, b, 0);
+      });
 }
 
 void gemv_packed(const GemmBf16Args& g) {

@@ -88,13 +88,15 @@ void gemv_rows(const GemmF16Args& g, int64_t j, int64_t stride) {
     for (int i = 0; i < M; ++i) finish(g, i, j + r * stride, sums[i][r]);
 }
 
-// Rows [j0, j1) of W: in four quarters read side by side (four streams from
-// memory at once), the rows left over one at a time.
+// Rows [j0, j1) of W: in four quarters read side by side (side_by_side), the
+// rows left over one at a time.
 template <int M>
 void gemv_quarters(const GemmF16Args& g, int64_t j0, int64_t j1) {
-  const int64_t q = (j1 - j0) / 4;
-  for (int64_t j = j0; j < j0 + q; ++j) gemv_rows<M, 4>(g, j, q);
-  for (int64_t j = j0 + 4 * q; j < j1; ++j) gemv_rows<M, 1>(g, j, 0);
+  side_by_side<4>(
+      j0, j1, [&](int64_t j, int64_t q) { gemv_rows<M, 4>(g, j, q); },
+      [&](int64_t begin, int64_t end) {
+        for (int64_t j = begin; j < end; ++j) gemv_rows<M, 1>(g, j, 0);
+      });
 }
 
 void gemv_range(const GemmF16Args& g, int64_t j0, int64_t j1) {
