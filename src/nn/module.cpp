@@ -185,6 +185,14 @@ void check_tensor_for(const std::string& name, const Tensor& p, const Tensor& t)
     check_fits_float16(t, "load_state_dict: tensor '" + name + "'");
 }
 
+// `memory` as the parameter p's values from now on (p is the parameter's
+// tensor, shared); p stays trainable if it was (set_ clears the flag).
+void set_values(Tensor p, const Tensor& memory) {
+  const bool requires_grad = p.requires_grad();
+  p.set_(memory);
+  if (requires_grad) p.set_requires_grad(true);
+}
+
 }  // namespace
 
 void Module::load_state_dict(const StateDict& state) {
@@ -203,11 +211,8 @@ void Module::load_state_dict(const StateDict& state) {
   unpack_linear_weights();  // memory of their own for the values, which are packed again below
   for (auto& [name, p] : params) {
     if (p.device() == Device::Meta) {  // a weight without values yet (Linear::expect_weight)
-      Tensor param = p;                // the same tensor
-      const bool requires_grad = param.requires_grad();
       DefaultDeviceGuard cpu(Device::Cpu);
-      param.set_(Tensor::empty(param.shape(), param.dtype()));
-      if (requires_grad) param.set_requires_grad(true);
+      set_values(p, Tensor::empty(p.shape(), p.dtype()));
     }
     p.detach().copy_(state.at(name));
   }
@@ -238,9 +243,7 @@ void StateLoader::load(const std::string& name, Tensor t) {
       memory = Tensor::empty(p.shape(), p.dtype());
       memory.copy_(t);
     }
-    const bool requires_grad = p.requires_grad();
-    p.set_(memory);
-    if (requires_grad) p.set_requires_grad(true);
+    set_values(p, memory);
     return;
   }
   p.detach().copy_(t);
