@@ -443,7 +443,7 @@ one_line_error "bench unknown suite"
 
 # What runs: the CPU, the kernel level and the GEMM kernel; a forced level.
 check "info" 0 "$QKV" info
-for want in '^cpu: ' '^features: ' '^kernels: ' '^gemm: .*OpenBLAS' '^threads: '; do
+for want in '^cpu: ' '^features: ' '^kernels: ' '^gemm: ' '^blas: .*OpenBLAS' '^threads: '; do
   grep -q "$want" "$tmp/out" || { echo "FAIL info lacks $want"; cat "$tmp/out"; failures=$((failures + 1)); }
 done
 check "info --json" 0 "$QKV" info --json

@@ -297,10 +297,10 @@ TEST(Kernels, GemmF16MatchesTheReference) {
 TEST(Kernels, GemmF16SaysHowItRuns) {
   EXPECT_STREQ(ref::table().gemm_f16_path(), "reference (float64 sums)");
   EXPECT_STREQ(cpu::kernels(CpuIsa::Generic).gemm_f16_path(),
-               "plain widening (rows streamed up to 4), float32 BLAS on widened copies above");
+               "plain widening (rows streamed up to 4), the float32 GEMM on widened copies above");
   if (isa_supported(CpuIsa::Avx2)) {
     EXPECT_STREQ(cpu::kernels(CpuIsa::Avx2).gemm_f16_path(),
-                 "F16C widening in registers (rows streamed up to 4), float32 BLAS on widened copies above");
+                 "F16C widening in registers (rows streamed up to 4), the float32 GEMM on widened copies above");
   }
 }
 
@@ -371,12 +371,12 @@ TEST(Kernels, GemmBf16WithBPackedOnceIsTheSameProduct) {
 
 TEST(Kernels, GemmBf16SaysHowItRuns) {
   EXPECT_STREQ(ref::table().gemm_bf16_path(), "reference (float64 sums)");
-  EXPECT_STREQ(cpu::kernels(CpuIsa::Generic).gemm_bf16_path(), "float32 BLAS on widened inputs");
+  EXPECT_STREQ(cpu::kernels(CpuIsa::Generic).gemm_bf16_path(), "the float32 GEMM on widened inputs");
   if (isa_supported(CpuIsa::Avx512)) {
     const std::string path = cpu::kernels(CpuIsa::Avx512).gemm_bf16_path();
     EXPECT_EQ(path, cpu::avx512::amx_bf16_usable()      ? "AMX-BF16 tiles (AVX512-BF16 for up to 4 rows)"
                     : cpu::avx512::avx512_bf16_usable() ? "AVX512-BF16"
-                                                        : "float32 BLAS on widened inputs");
+                                                        : "the float32 GEMM on widened inputs");
   }
 }
 
@@ -508,7 +508,7 @@ TEST(Kernels, Int8QuantizationRoundsToTheNearestStepOfItsBlock) {
 TEST(Kernels, GemmInt8SaysHowItRuns) {
   EXPECT_STREQ(ref::table().gemm_int8_path(), "reference (float64 sums)");
   EXPECT_STREQ(cpu::kernels(CpuIsa::Generic).gemm_int8_path(),
-               "int32 loops for up to 4 rows, float32 BLAS on dequantized weights above");
+               "int32 loops for up to 4 rows, the float32 GEMM on dequantized weights above");
   if (isa_supported(CpuIsa::Avx512) && cpu::avx512::avx512_vnni_usable()) {
     EXPECT_STREQ(cpu::kernels(CpuIsa::Avx512).gemm_int8_path(),
                  cpu::avx512::amx_int8_usable() ? "AMX-INT8 tiles from 24 rows (AVX512-VNNI below)"

@@ -68,10 +68,14 @@ const char* gemm_int8_path();
 // W^T in inference): "register tiles, 16 lanes, ..." on the avx512 level, 8
 // lanes on avx2, BLAS on the generic level.
 const char* gemm_decode_path();
+// How it runs every other product: "own panels, 8 x 48 register tiles ..." on
+// the avx512 level, 6 x 16 on avx2, with BLAS for the smallest; BLAS alone on
+// the generic level.
+const char* gemm_f32_path();
 
 // Several lines, "name: value", for `qkv info` and every `qkv bench` header:
-// the CPU, its features, the kernel level, the BLAS and its kernel, the
-// decoding products' kernel, the low-precision paths, threads.
+// the CPU, its features, the kernel level, the float32 GEMM, the BLAS and its
+// kernel, the decoding products' kernel, the low-precision paths, threads.
 std::string runtime_summary();
 
 }  // namespace qkv

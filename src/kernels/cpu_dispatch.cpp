@@ -53,6 +53,7 @@ const char* gemm_bf16_path() { return kernels_for(Device::Cpu).gemm_bf16_path();
 const char* gemm_f16_path() { return kernels_for(Device::Cpu).gemm_f16_path(); }
 const char* gemm_int8_path() { return kernels_for(Device::Cpu).gemm_int8_path(); }
 const char* gemm_decode_path() { return kernels_for(Device::Cpu).gemm_decode_path(); }
+const char* gemm_f32_path() { return kernels_for(Device::Cpu).gemm_f32_path(); }
 
 std::string runtime_summary() {
   const CpuInfo& cpu = cpu_info();
@@ -65,7 +66,8 @@ std::string runtime_summary() {
   os << "\nkernels:  " << isa_name(cpu_isa());
   if (cpu_isa() != cpu.best) os << " (forced by QKV_ISA; this CPU runs up to " << isa_name(cpu.best) << ")";
   else os << " (the best this CPU runs; QKV_ISA=generic|avx2|avx512 forces a lower level)";
-  os << "\ngemm:     " << blas.library << "; kernel " << blas.core << ", chosen by " << blas.chosen_by << "\n";
+  os << "\ngemm:     " << gemm_f32_path() << "\n";
+  os << "blas:     " << blas.library << "; kernel " << blas.core << ", chosen by " << blas.chosen_by << "\n";
   os << "decode:   " << gemm_decode_path() << "\n";
   os << "bf16:     " << gemm_bf16_path() << "\n";
   os << "f16:      " << gemm_f16_path() << "\n";

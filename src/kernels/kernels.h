@@ -215,6 +215,8 @@ struct SgdStep {
   void gemm(const GemmArgs& g);                                                                                    \
   /* how gemm runs a decoding step's products here: "register tiles of 16 lanes for 1 to 64 rows ...", ... */     \
   const char* gemm_decode_path();                                                                                  \
+  /* how gemm runs the other products here: "own panels: ...", or "BLAS" */                                        \
+  const char* gemm_f32_path();                                                                                     \
   void gemm_bf16(const GemmBf16Args& g);                                                                           \
   /* how gemm_bf16 runs here: "AMX-BF16 tiles", "AVX512-BF16", "float32 BLAS on widened inputs", ... */            \
   const char* gemm_bf16_path();                                                                                    \
@@ -297,7 +299,7 @@ QKV_DECLARE_KERNELS
 // Every kernel by name, once: the fields of Kernels below and the entries of
 // each table (src/kernels/cpu/table.cpp, src/kernels/ref/table.cpp) come from
 // this list, so no table can miss a kernel or put one in another's place.
-#define QKV_KERNEL_LIST(X) X(gemm) X(gemm_decode_path) X(gemm_bf16) X(gemm_bf16_path) X(gemm_bf16_packed_b_words) X(gemm_bf16_pack_b) X(gemm_bf16_unpack_b) X(gemm_f16) X(gemm_f16_path) X(gemm_int8) X(gemm_int8_path) X(binary) X(masked_fill) X(unary_forward) X(unary_backward) X(sum_middle)         \
+#define QKV_KERNEL_LIST(X) X(gemm) X(gemm_decode_path) X(gemm_f32_path) X(gemm_bf16) X(gemm_bf16_path) X(gemm_bf16_packed_b_words) X(gemm_bf16_pack_b) X(gemm_bf16_unpack_b) X(gemm_f16) X(gemm_f16_path) X(gemm_int8) X(gemm_int8_path) X(binary) X(masked_fill) X(unary_forward) X(unary_backward) X(sum_middle)         \
   X(softmax_forward) X(softmax_backward) X(log_softmax_forward) X(log_softmax_backward) X(layer_norm_forward)        \
   X(layer_norm_backward) X(rms_norm_forward) X(rms_norm_backward) X(embedding_forward) X(embedding_backward)         \
   X(cross_entropy_forward) X(cross_entropy_backward) X(rope) X(gemm_batched) X(strided_copy) X(accumulate)           \

@@ -33,6 +33,7 @@ nlohmann::ordered_json runtime_json() {
           {"gemm", blas.library},
           {"gemm_kernel", blas.core},
           {"gemm_kernel_chosen_by", blas.chosen_by},
+          {"gemm_f32", gemm_f32_path()},
           {"gemm_decode", gemm_decode_path()},
           {"gemm_bf16", gemm_bf16_path()},
           {"gemm_f16", gemm_f16_path()},

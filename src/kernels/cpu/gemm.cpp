@@ -21,6 +21,7 @@
 #include <omp.h>
 
 #include "src/kernels/blas.h"
+#include "src/kernels/cpu/gemm_panels.h"
 #include "src/kernels/cpu/simd.h"
 #include "src/kernels/kernels.h"
 
@@ -340,6 +341,16 @@ void blas(const GemmArgs& g) {
   if (g.bias && !bias_first) add_bias_rows(g);
   if (g.act_out) activate_rows(g);
 }
+
+// One thread's product: the panels where this level has them, BLAS for the
+// small ones (the flash kernel's tiles: with 16 x 16 x 32 the packing would
+// cost a fifth of the product).
+void one_thread(const GemmArgs& g) {
+#ifdef QKV_HAVE_PANELS
+  if (g.m * g.n * g.k >= kPanelWork) return gemm_panels(g);
+#endif
+  blas(g);
+}
 }  // namespace
 
 void gemm(const GemmArgs& g) {
@@ -357,7 +368,12 @@ void gemm(const GemmArgs& g) {
   }
 #endif
   const int64_t threads = omp_in_parallel() ? 1 : omp_get_max_threads();
-  if (threads > 1 && std::max(g.m, g.n) >= 64 * threads && g.m * g.n * g.k >= (1 << 20)) {
+#ifdef QKV_HAVE_PANELS
+  const int64_t least_side = 16;  // the panels run on one thread each: every product worth a team is split
+#else
+  const int64_t least_side = 64;
+#endif
+  if (threads > 1 && std::max(g.m, g.n) >= least_side * threads && g.m * g.n * g.k >= (1 << 20)) {
     // C split along its longer side between the threads, one single-threaded
     // BLAS call each; each thread packs all of the operand it shares.
     const bool by_rows = g.m >= g.n;
@@ -378,11 +394,19 @@ void gemm(const GemmArgs& g) {
         if (g.bias) p.bias = g.bias + i0;
         if (g.act_out) p.act_out = g.act_out + i0;
       }
-      if (i1 > i0) blas(p);
+      if (i1 > i0) one_thread(p);
     }
     return;
   }
-  blas(g);
+  one_thread(g);
+}
+
+const char* gemm_f32_path() {
+#if defined(QKV_HAVE_PANELS)
+  return panels_path();
+#else
+  return "BLAS (the generic level has no kernel of its own)";
+#endif
 }
 
 const char* gemm_decode_path() {

@@ -18,7 +18,7 @@
 //                    A broadcast against 16 columns; a B as it lies row by
 //                    row, as dot products, with no packing.
 //   widened          bfloat16 -> float32 copies (exact: a shift), then the
-//                    float32 BLAS; B in panels so the copy stays small.
+//                    float32 GEMM; B in panels so the copy stays small.
 //
 // Both bfloat16 paths read the same packed operands, and packing is where an
 // operand given in float32 is rounded and one held transposed is turned
@@ -803,7 +803,7 @@ void gemm_bf16(const GemmBf16Args& g) {
 const char* gemm_bf16_path() {
   if (amx_bf16_usable()) return "AMX-BF16 tiles (AVX512-BF16 for up to 4 rows)";
   if (avx512_bf16_usable()) return "AVX512-BF16";
-  return "float32 BLAS on widened inputs";
+  return "the float32 GEMM on widened inputs";
 }
 
 int64_t gemm_bf16_packed_b_words(int64_t n, int64_t k) { return bf16_packed_usable() ? bf16_packed_words(n, k) : 0; }
@@ -835,7 +835,7 @@ void gemm_bf16(const GemmBf16Args& g) {
   widened(g);
 }
 
-const char* gemm_bf16_path() { return "float32 BLAS on widened inputs"; }
+const char* gemm_bf16_path() { return "the float32 GEMM on widened inputs"; }
 
 int64_t gemm_bf16_packed_b_words(int64_t, int64_t) { return 0; }  // widened copies: nothing packed
 void gemm_bf16_pack_b(const GemmBf16Args&, uint32_t*) { std::abort(); }

@@ -136,9 +136,9 @@ void gemm_f16(const GemmF16Args& g) {
 
 const char* gemm_f16_path() {
 #if defined(__AVX2__) || defined(__AVX512F__)
-  return "F16C widening in registers (rows streamed up to 4), float32 BLAS on widened copies above";
+  return "F16C widening in registers (rows streamed up to 4), the float32 GEMM on widened copies above";
 #else
-  return "plain widening (rows streamed up to 4), float32 BLAS on widened copies above";
+  return "plain widening (rows streamed up to 4), the float32 GEMM on widened copies above";
 #endif
 }
 

@@ -632,7 +632,7 @@ const char* gemm_int8_path() {
   if (amx_int8_usable()) return "AMX-INT8 tiles from 24 rows (AVX512-VNNI below)";
   if (avx512_vnni_usable()) return "AVX512-VNNI (rows streamed up to 4, register-blocked tiles above)";
 #endif
-  return "int32 loops for up to 4 rows, float32 BLAS on dequantized weights above";
+  return "int32 loops for up to 4 rows, the float32 GEMM on dequantized weights above";
 }
 
 }  // namespace qkv::cpu::QKV_CPU_NS

@@ -87,6 +87,7 @@ void gemm_int8(const GemmInt8Args& g) {
 }
 
 const char* gemm_decode_path() { return "reference (float64 sums)"; }
+const char* gemm_f32_path() { return "reference (float64 sums)"; }
 
 const char* gemm_f16_path() { return "reference (float64 sums)"; }
 

@@ -1,0 +1,277 @@
+// qkv's own float32 GEMM for every product that is not a decoding step's few
+// rows (those take the register tiles of gemm.cpp): the activation-by-weight
+// products of training and prefill, their gradients, and the attention's
+// tiles. It is built the way BLIS and OpenBLAS build theirs, smaller:
+//
+//   - B's columns are copied (packed) into panels of kCols columns, each
+//     stored [k][kCols], so that one step p of the reduction reads kVecs
+//     whole vectors of one panel, side by side in memory, whatever B's layout
+//     (a Linear weight [n, k] read transposed, or an activation [k, n]);
+//   - a register tile of kRows rows of A by one panel keeps kRows x kVecs
+//     accumulators in registers; each step broadcasts one value of A per row
+//     and multiplies it into all of the panel's vectors, so every load of B
+//     feeds kRows FMAs and every broadcast kVecs. A itself is read in place
+//     (row-major, or transposed: its kRows values of a step side by side);
+//   - a block of A's rows sweeps one panel before the next panel, so that
+//     block stays in L1, and B is packed a block of columns at a time, so the
+//     packed block stays in L2.
+//
+// Each tile writes its part of C once, whole: alpha, beta, the bias and the
+// activation are applied there, while the tile is still in L1 (no pass of its
+// own over C, no clearing of C first). Every output is one chain of FMAs over
+// p = 0, 1, ..., k-1 in a lane of its own, so its bits depend neither on the
+// rows or columns beside it nor on how gemm splits C between the threads.
+//
+// Why not OpenBLAS here: on these shapes its kernel spends 10-20% of a
+// product packing both operands, and the clearing, bias and activation passes
+// over C come on top. Measured on one core of an Intel Xeon with AVX-512
+// (family 6 model 167), A [1008, K] W[N, K]^T + bias: 8 x 48 tiles 162-173
+// GFLOP/s against OpenBLAS's 126-138 for K 128-1024 and N 96-384
+// (docs/benchmarks.md has the whole-model figures).
+#include "src/kernels/cpu/gemm_panels.h"
+
+#include <algorithm>
+
+#ifdef QKV_HAVE_PANELS
+#include <immintrin.h>
+
+#include "src/kernels/cpu/scratch.h"
+#endif
+
+namespace qkv::cpu::QKV_CPU_NS {
+#ifdef QKV_HAVE_PANELS
+namespace {
+
+#if defined(__AVX512F__)
+using Vec = __m512;
+constexpr int kLanes = 16;
+// 8 x 3 accumulators, 3 vectors of B and one broadcast: 28 of the 32
+// registers. (12 x 2 and 14 x 2 ran at 150-157 GFLOP/s where 8 x 3 ran at
+// 162-173; 6 x 4 and 4 x 4 lower still.)
+constexpr int kRows = 8, kVecs = 3;
+inline Vec vzero() { return _mm512_setzero_ps(); }
+inline Vec vset(float x) { return _mm512_set1_ps(x); }
+inline Vec vload(const float* p) { return _mm512_loadu_ps(p); }
+inline Vec vfma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+inline Vec vmul(Vec a, Vec b) { return _mm512_mul_ps(a, b); }
+inline Vec vadd(Vec a, Vec b) { return _mm512_add_ps(a, b); }
+inline __mmask16 first(int64_t n) { return (__mmask16)((1u << n) - 1); }
+// The first n <= kLanes floats at p (zeros after), and their store.
+inline Vec vload_first(const float* p, int64_t n) {
+  return n == kLanes ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(first(n), p);
+}
+inline void vstore_first(float* p, Vec v, int64_t n) {
+  if (n == kLanes)
+    _mm512_storeu_ps(p, v);
+  else
+    _mm512_mask_storeu_ps(p, first(n), v);
+}
+#else
+using Vec = __m256;
+constexpr int kLanes = 8;
+// 6 x 2 accumulators, 2 vectors of B and one broadcast: 15 of the 16 registers.
+constexpr int kRows = 6, kVecs = 2;
+inline Vec vzero() { return _mm256_setzero_ps(); }
+inline Vec vset(float x) { return _mm256_set1_ps(x); }
+inline Vec vload(const float* p) { return _mm256_loadu_ps(p); }
+inline Vec vfma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+inline Vec vmul(Vec a, Vec b) { return _mm256_mul_ps(a, b); }
+inline Vec vadd(Vec a, Vec b) { return _mm256_add_ps(a, b); }
+inline __m256i first(int64_t n) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+inline Vec vload_first(const float* p, int64_t n) {
+  return n == kLanes ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, first(n));
+}
+inline void vstore_first(float* p, Vec v, int64_t n) {
+  if (n == kLanes)
+    _mm256_storeu_ps(p, v);
+  else
+    _mm256_maskstore_ps(p, first(n), v);
+}
+#endif
+
+constexpr int64_t kCols = kVecs * kLanes;
+// The reduction in steps of at most kDepth: a panel of kDepth x kCols floats
+// (24 KiB on avx512) stays in L1 beside the rows of A that sweep it. B is
+// packed this many bytes of panels at a time (they stay in L2 while every
+// row of A passes them), and A's rows go through one panel in blocks of about
+// kRowBlockBytes.
+constexpr int64_t kDepth = 128;
+constexpr int64_t kPackBytes = 384 << 10;
+constexpr int64_t kRowBlockBytes = 32 << 10;
+
+// One step of the reduction, [p0, p0 + depth), for a block of columns.
+struct Step {
+  int64_t p0 = 0, depth = 0;
+  bool first = true, last = true;  // the sums start at zero / the epilogue follows
+  float* sums = nullptr;           // where the sums wait between steps (C itself, or
+  int64_t ld_sums = 0;             // a buffer when beta needs C's old values)
+};
+
+// Rows [p0, p0 + depth) of columns [j0, j0 + cols) of op(B) as panels
+// [depth][kCols], the last one padded with zeros (its columns are computed
+// and not stored).
+void pack_b(const GemmArgs& g, int64_t j0, int64_t cols, const Step& s, float* out) {
+  const int64_t depth = s.depth;
+  for (int64_t q = 0; q < cols; q += kCols) {
+    float* panel = out + q * depth;  // q / kCols panels of depth * kCols before it
+    const int64_t w = std::min(kCols, cols - q);
+    if (g.trans_b) {  // B stored [n, k]: column j is row j of the storage
+      for (int64_t j = 0; j < w; ++j) {
+        const float* src = g.b + (j0 + q + j) * g.ldb + s.p0;
+        for (int64_t p = 0; p < depth; ++p) panel[p * kCols + j] = src[p];
+      }
+      if (w < kCols)
+        for (int64_t p = 0; p < depth; ++p) std::fill(panel + p * kCols + w, panel + (p + 1) * kCols, 0.0f);
+    } else {  // B stored [k, n]
+      for (int64_t p = 0; p < depth; ++p) {
+        std::copy_n(g.b + (s.p0 + p) * g.ldb + j0 + q, w, panel + p * kCols);
+        std::fill(panel + p * kCols + w, panel + (p + 1) * kCols, 0.0f);
+      }
+    }
+  }
+}
+
+// C's rows [i0, i0 + R) x columns [j0, j0 + cols) from one panel, V vectors
+// of it (cols <= V * kLanes), over one step of the reduction; after the last
+// step, the epilogue.
+template <int R, int V, bool TransA>
+[[gnu::noinline]] void tile(const GemmArgs& g, int64_t i0, const float* panel, int64_t j0, int64_t cols,
+                            const Step& s) {
+  Vec acc[R][V];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) acc[r][v] = vzero();
+  if (!s.first)
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+      for (int v = 0; v < V; ++v)
+        acc[r][v] =
+            vload_first(s.sums + (i0 + r) * s.ld_sums + j0 + v * kLanes, std::min<int64_t>(kLanes, cols - v * kLanes));
+  const int64_t lda = g.lda;
+  // A's R values of step p: side by side in a transposed A ([k, m] storage),
+  // one per row otherwise.
+  const float* a = TransA ? g.a + s.p0 * lda + i0 : g.a + i0 * lda + s.p0;
+  const int64_t row_step = TransA ? 1 : lda, p_step = TransA ? lda : 1;
+#pragma GCC unroll 2
+  for (int64_t p = 0; p < s.depth; ++p) {
+    Vec b[V];
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) b[v] = vload(panel + p * kCols + v * kLanes);
+    const float* ap = a + p * p_step;
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const Vec x = vset(ap[r * row_step]);
+#pragma GCC unroll 4
+      for (int v = 0; v < V; ++v) acc[r][v] = vfma(x, b[v], acc[r][v]);
+    }
+  }
+  if (!s.last) {
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+      for (int v = 0; v < V; ++v)
+        vstore_first(s.sums + (i0 + r) * s.ld_sums + j0 + v * kLanes, acc[r][v],
+                     std::min<int64_t>(kLanes, cols - v * kLanes));
+    return;
+  }
+  const Vec alpha = vset(g.alpha), beta = vset(g.beta);
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    float* c = g.c + (i0 + r) * g.ldc + j0;
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) {
+      const int64_t n = std::min<int64_t>(kLanes, cols - v * kLanes);
+      Vec y = vmul(acc[r][v], alpha);
+      if (g.beta != 0.0f) y = vfma(beta, vload_first(c + v * kLanes, n), y);  // beta 0 ignores C, NaN included
+      if (g.bias) y = vadd(y, vload_first(g.bias + j0 + v * kLanes, n));
+      vstore_first(c + v * kLanes, y, n);
+    }
+    if (g.act_out) unary_forward(g.act, c, g.act_out + (i0 + r) * g.ld_act + j0, cols);
+  }
+}
+
+// The tile for a panel's 1 to kCols columns.
+template <int R, bool TransA>
+void tile_cols(const GemmArgs& g, int64_t i0, const float* panel, int64_t j0, int64_t cols, const Step& s) {
+  const int64_t vecs = (cols + kLanes - 1) / kLanes;
+  if constexpr (kVecs == 3)
+    if (vecs == 2) return tile<R, 2, TransA>(g, i0, panel, j0, cols, s);
+  if (vecs == 1) return tile<R, 1, TransA>(g, i0, panel, j0, cols, s);
+  tile<R, kVecs, TransA>(g, i0, panel, j0, cols, s);
+}
+
+// The tile for the last 1 to kRows rows.
+template <int R = kRows>
+void tile_rows(const GemmArgs& g, int64_t i0, int64_t rows, const float* panel, int64_t j0, int64_t cols,
+               const Step& s) {
+  if constexpr (R > 1)
+    if (rows < R) return tile_rows<R - 1>(g, i0, rows, panel, j0, cols, s);
+  if (g.trans_a) return tile_cols<R, true>(g, i0, panel, j0, cols, s);
+  tile_cols<R, false>(g, i0, panel, j0, cols, s);
+}
+
+static_assert(kPanelWork == 1 << 18, "panels_path names it");
+#if defined(__AVX512F__)
+static_assert(kRows == 8 && kCols == 48 && kDepth == 128, "panels_path names them");
+#else
+static_assert(kRows == 6 && kCols == 16 && kDepth == 128, "panels_path names them");
+#endif
+
+int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
+
+}  // namespace
+
+const char* panels_path() {
+#if defined(__AVX512F__)
+  return "own panels: 8 x 48 register tiles of 16 lanes, k in steps of 128, bias and activation fused; BLAS below "
+         "2^18 multiply-adds";
+#else
+  return "own panels: 6 x 16 register tiles of 8 lanes, k in steps of 128, bias and activation fused; BLAS below "
+         "2^18 multiply-adds";
+#endif
+}
+
+void gemm_panels(const GemmArgs& g) {
+  const int64_t k = g.k, depth = std::max<int64_t>(1, std::min(k, kDepth));
+  // All of k for a block of columns is packed at once; each block of A's rows
+  // then goes through all the steps of the reduction before the next block, so
+  // the sums waiting between steps stay in L2 with the packed panels.
+  const int64_t block_cols = std::max(kCols, kPackBytes / (4 * std::max<int64_t>(k, 1) * kCols) * kCols);
+  const int64_t block_rows = std::max<int64_t>(kRows, kRowBlockBytes / (4 * depth) / kRows * kRows);
+  const int64_t padded = std::min(block_cols, round_up(g.n, kCols));
+  Scratch packed(padded * std::max<int64_t>(k, 1));
+  // The sums between steps wait in C, unless C's old values are still to be
+  // added (beta not 0) after the last step.
+  const bool own_sums = k > depth && g.beta != 0.0f;
+  Scratch held(own_sums ? g.m * g.n : 1);
+  auto step = [&](int64_t p0) {
+    Step s;
+    s.p0 = p0, s.depth = std::min(depth, k - p0), s.first = p0 == 0, s.last = p0 + s.depth >= k;
+    s.sums = own_sums ? held.data() : g.c, s.ld_sums = own_sums ? g.n : g.ldc;
+    return s;
+  };
+  for (int64_t jc = 0; jc < g.n; jc += block_cols) {
+    const int64_t cols = std::min(block_cols, g.n - jc);
+    // Step p0's panels start at p0 * padded.
+    for (int64_t p0 = 0; p0 < k; p0 += depth) pack_b(g, jc, cols, step(p0), packed.data() + p0 * padded);
+    for (int64_t ic = 0; ic < g.m; ic += block_rows) {
+      const int64_t ie = std::min(g.m, ic + block_rows);
+      int64_t p0 = 0;
+      do {  // once at least: with k 0, C = beta C + bias
+        const Step s = step(p0);
+        const float* panels = packed.data() + p0 * padded;
+        for (int64_t q = 0; q < cols; q += kCols)
+          for (int64_t i = ic; i < ie; i += kRows)
+            tile_rows(g, i, std::min<int64_t>(kRows, ie - i), panels + q * s.depth, jc + q, std::min(kCols, cols - q),
+                      s);
+        p0 += s.depth;
+      } while (p0 < k);
+    }
+  }
+}
+#endif
+}  // namespace qkv::cpu::QKV_CPU_NS
