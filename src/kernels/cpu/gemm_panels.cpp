@@ -31,6 +31,7 @@
 #include "src/kernels/cpu/gemm_panels.h"
 
 #include <algorithm>
+#include <optional>
 
 #ifdef QKV_HAVE_PANELS
 #include <immintrin.h>
@@ -100,6 +101,7 @@ constexpr int64_t kCols = kVecs * kLanes;
 constexpr int64_t kDepth = 128;
 constexpr int64_t kPackBytes = 384 << 10;
 constexpr int64_t kRowBlockBytes = 32 << 10;
+constexpr int64_t kLocalFloats = 4096;
 
 // One step of the reduction, [p0, p0 + depth), for a block of columns.
 struct Step {
@@ -243,27 +245,32 @@ void gemm_panels(const GemmArgs& g) {
   const int64_t block_cols = std::max(kCols, kPackBytes / (4 * std::max<int64_t>(k, 1) * kCols) * kCols);
   const int64_t block_rows = std::max<int64_t>(kRows, kRowBlockBytes / (4 * depth) / kRows * kRows);
   const int64_t padded = std::min(block_cols, round_up(g.n, kCols));
-  Scratch packed(padded * std::max<int64_t>(k, 1));
+  // Small products pack B on the stack: the allocator's lock would cost more
+  // than their products.
+  alignas(64) float local[kLocalFloats];
+  std::optional<Scratch> heap;
+  float* const packed = padded * k <= kLocalFloats ? local : heap.emplace(padded * k).data();
   // The sums between steps wait in C, unless C's old values are still to be
   // added (beta not 0) after the last step.
   const bool own_sums = k > depth && g.beta != 0.0f;
-  Scratch held(own_sums ? g.m * g.n : 1);
+  std::optional<Scratch> held;
+  if (own_sums) held.emplace(g.m * g.n);
   auto step = [&](int64_t p0) {
     Step s;
     s.p0 = p0, s.depth = std::min(depth, k - p0), s.first = p0 == 0, s.last = p0 + s.depth >= k;
-    s.sums = own_sums ? held.data() : g.c, s.ld_sums = own_sums ? g.n : g.ldc;
+    s.sums = own_sums ? held->data() : g.c, s.ld_sums = own_sums ? g.n : g.ldc;
     return s;
   };
   for (int64_t jc = 0; jc < g.n; jc += block_cols) {
     const int64_t cols = std::min(block_cols, g.n - jc);
     // Step p0's panels start at p0 * padded.
-    for (int64_t p0 = 0; p0 < k; p0 += depth) pack_b(g, jc, cols, step(p0), packed.data() + p0 * padded);
+    for (int64_t p0 = 0; p0 < k; p0 += depth) pack_b(g, jc, cols, step(p0), packed + p0 * padded);
     for (int64_t ic = 0; ic < g.m; ic += block_rows) {
       const int64_t ie = std::min(g.m, ic + block_rows);
       int64_t p0 = 0;
       do {  // once at least: with k 0, C = beta C + bias
         const Step s = step(p0);
-        const float* panels = packed.data() + p0 * padded;
+        const float* panels = packed + p0 * padded;
         for (int64_t q = 0; q < cols; q += kCols)
           for (int64_t i = ic; i < ie; i += kRows)
             tile_rows(g, i, std::min<int64_t>(kRows, ie - i), panels + q * s.depth, jc + q, std::min(kCols, cols - q),
