@@ -95,11 +95,12 @@ inline void vstore_first(float* p, Vec v, int64_t n) {
 constexpr int64_t kCols = kVecs * kLanes;
 // The reduction in steps of at most kDepth: a panel of kDepth x kCols floats
 // (24 KiB on avx512) stays in L1 beside the rows of A that sweep it. B is
-// packed this many bytes of panels at a time (they stay in L2 while every
-// row of A passes them), and A's rows go through one panel in blocks of about
-// kRowBlockBytes.
+// packed up to kPackDepth of its rows and kPackBytes of panels at a time
+// (they stay in L2 while every row of A passes them), and A's rows go
+// through one panel in blocks of about kRowBlockBytes.
 constexpr int64_t kDepth = 128;
-constexpr int64_t kPackBytes = 384 << 10;
+constexpr int64_t kPackDepth = 512;
+constexpr int64_t kPackBytes = 512 << 10;
 constexpr int64_t kRowBlockBytes = 32 << 10;
 constexpr int64_t kLocalFloats = 4096;
 
@@ -135,11 +136,40 @@ void pack_b(const GemmArgs& g, int64_t j0, int64_t cols, const Step& s, float* o
   }
 }
 
+// A transposed ([k, m] storage, as in a weight's gradient dY^T X) is copied
+// a block of rows and a step at a time into tiles [depth][kRows]. Read in
+// place, each step of a tile took its kRows values from another row of the
+// storage, and with rows a multiple of 1 KiB apart they fell into a few of
+// L1's sets and pushed each other out: `qkv bench train` spent 21% of its
+// time in the transposed tiles, against 34% in all the others. Rows
+// [i0, i1) of op(A) at step s.
+void pack_a(const GemmArgs& g, int64_t i0, int64_t i1, const Step& s, float* out) {
+  for (int64_t p = 0; p < s.depth; ++p) {
+    const float* src = g.a + (s.p0 + p) * g.lda;
+    int64_t i = i0;
+#if defined(__AVX512F__)
+    static_assert(kRows == 8, "a tile's step is one 256-bit vector");
+    for (; i + kRows <= i1; i += kRows)
+      _mm256_storeu_ps(out + (i - i0) * s.depth + p * kRows, _mm256_loadu_ps(src + i));
+#endif
+    for (; i < i1; i += kRows)
+      for (int64_t r = 0; r < std::min<int64_t>(kRows, i1 - i); ++r)
+        out[(i - i0) * s.depth + p * kRows + r] = src[i + r];
+  }
+}
+
+// Where a tile reads A, from its row i0 and step p0 on: value (r, p) at
+// a[r * ld + p] in place, at a[p * kRows + r] in a packed tile.
+struct Rows {
+  const float* a;
+  int64_t ld;
+};
+
 // C's rows [i0, i0 + R) x columns [j0, j0 + cols) from one panel, V vectors
 // of it (cols <= V * kLanes), over one step of the reduction; after the last
 // step, the epilogue.
-template <int R, int V, bool TransA>
-[[gnu::noinline]] void tile(const GemmArgs& g, int64_t i0, const float* panel, int64_t j0, int64_t cols,
+template <int R, int V, bool Packed>
+[[gnu::noinline]] void tile(const GemmArgs& g, Rows rows, int64_t i0, const float* panel, int64_t j0, int64_t cols,
                             const Step& s) {
   Vec acc[R][V];
 #pragma GCC unroll 8
@@ -153,11 +183,10 @@ template <int R, int V, bool TransA>
       for (int v = 0; v < V; ++v)
         acc[r][v] =
             vload_first(s.sums + (i0 + r) * s.ld_sums + j0 + v * kLanes, std::min<int64_t>(kLanes, cols - v * kLanes));
-  const int64_t lda = g.lda;
-  // A's R values of step p: side by side in a transposed A ([k, m] storage),
-  // one per row otherwise.
-  const float* a = TransA ? g.a + s.p0 * lda + i0 : g.a + i0 * lda + s.p0;
-  const int64_t row_step = TransA ? 1 : lda, p_step = TransA ? lda : 1;
+  // A's R values of step p: side by side in a packed tile, one per row of A
+  // otherwise.
+  const float* a = rows.a;
+  const int64_t row_step = Packed ? 1 : rows.ld, p_step = Packed ? kRows : 1;
 #pragma GCC unroll 2
   for (int64_t p = 0; p < s.depth; ++p) {
     Vec b[V];
@@ -197,23 +226,23 @@ template <int R, int V, bool TransA>
 }
 
 // The tile for a panel's 1 to kCols columns.
-template <int R, bool TransA>
-void tile_cols(const GemmArgs& g, int64_t i0, const float* panel, int64_t j0, int64_t cols, const Step& s) {
+template <int R, bool Packed>
+void tile_cols(const GemmArgs& g, Rows rows, int64_t i0, const float* panel, int64_t j0, int64_t cols, const Step& s) {
   const int64_t vecs = (cols + kLanes - 1) / kLanes;
   if constexpr (kVecs == 3)
-    if (vecs == 2) return tile<R, 2, TransA>(g, i0, panel, j0, cols, s);
-  if (vecs == 1) return tile<R, 1, TransA>(g, i0, panel, j0, cols, s);
-  tile<R, kVecs, TransA>(g, i0, panel, j0, cols, s);
+    if (vecs == 2) return tile<R, 2, Packed>(g, rows, i0, panel, j0, cols, s);
+  if (vecs == 1) return tile<R, 1, Packed>(g, rows, i0, panel, j0, cols, s);
+  tile<R, kVecs, Packed>(g, rows, i0, panel, j0, cols, s);
 }
 
 // The tile for the last 1 to kRows rows.
 template <int R = kRows>
-void tile_rows(const GemmArgs& g, int64_t i0, int64_t rows, const float* panel, int64_t j0, int64_t cols,
+void tile_rows(const GemmArgs& g, Rows a, int64_t i0, int64_t rows, const float* panel, int64_t j0, int64_t cols,
                const Step& s) {
   if constexpr (R > 1)
-    if (rows < R) return tile_rows<R - 1>(g, i0, rows, panel, j0, cols, s);
-  if (g.trans_a) return tile_cols<R, true>(g, i0, panel, j0, cols, s);
-  tile_cols<R, false>(g, i0, panel, j0, cols, s);
+    if (rows < R) return tile_rows<R - 1>(g, a, i0, rows, panel, j0, cols, s);
+  if (g.trans_a) return tile_cols<R, true>(g, a, i0, panel, j0, cols, s);
+  tile_cols<R, false>(g, a, i0, panel, j0, cols, s);
 }
 
 static_assert(kPanelWork == 1 << 18, "panels_path names it");
@@ -239,22 +268,27 @@ const char* panels_path() {
 
 void gemm_panels(const GemmArgs& g) {
   const int64_t k = g.k, depth = std::max<int64_t>(1, std::min(k, kDepth));
-  // All of k for a block of columns is packed at once; each block of A's rows
-  // then goes through all the steps of the reduction before the next block, so
-  // the sums waiting between steps stay in L2 with the packed panels.
-  const int64_t block_cols = std::max(kCols, kPackBytes / (4 * std::max<int64_t>(k, 1) * kCols) * kCols);
+  // B is packed kPackDepth of its rows by block_cols of its columns at a
+  // time; each block of A's rows then goes through that part of the
+  // reduction, a step of kDepth at a time, before the next block, so the sums
+  // waiting between steps stay in L2 with the packed panels, and A is read
+  // once per block of columns (a long k, such as a vocabulary projection's
+  // gradient, no longer shrinks the blocks of columns).
+  const int64_t pack_depth = std::max<int64_t>(1, std::min(k, kPackDepth));
+  const int64_t block_cols = std::max(kCols, kPackBytes / (4 * pack_depth * kCols) * kCols);
   const int64_t block_rows = std::max<int64_t>(kRows, kRowBlockBytes / (4 * depth) / kRows * kRows);
   const int64_t padded = std::min(block_cols, round_up(g.n, kCols));
   // Small products pack B on the stack: the allocator's lock would cost more
   // than their products.
   alignas(64) float local[kLocalFloats];
   std::optional<Scratch> heap;
-  float* const packed = padded * k <= kLocalFloats ? local : heap.emplace(padded * k).data();
+  float* const packed = padded * pack_depth <= kLocalFloats ? local : heap.emplace(padded * pack_depth).data();
   // The sums between steps wait in C, unless C's old values are still to be
   // added (beta not 0) after the last step.
   const bool own_sums = k > depth && g.beta != 0.0f;
-  std::optional<Scratch> held;
+  std::optional<Scratch> held, a_tiles;
   if (own_sums) held.emplace(g.m * g.n);
+  if (g.trans_a) a_tiles.emplace(round_up(std::min(block_rows, g.m), kRows) * depth);
   auto step = [&](int64_t p0) {
     Step s;
     s.p0 = p0, s.depth = std::min(depth, k - p0), s.first = p0 == 0, s.last = p0 + s.depth >= k;
@@ -263,21 +297,30 @@ void gemm_panels(const GemmArgs& g) {
   };
   for (int64_t jc = 0; jc < g.n; jc += block_cols) {
     const int64_t cols = std::min(block_cols, g.n - jc);
-    // Step p0's panels start at p0 * padded.
-    for (int64_t p0 = 0; p0 < k; p0 += depth) pack_b(g, jc, cols, step(p0), packed + p0 * padded);
-    for (int64_t ic = 0; ic < g.m; ic += block_rows) {
-      const int64_t ie = std::min(g.m, ic + block_rows);
-      int64_t p0 = 0;
-      do {  // once at least: with k 0, C = beta C + bias
-        const Step s = step(p0);
-        const float* panels = packed + p0 * padded;
-        for (int64_t q = 0; q < cols; q += kCols)
-          for (int64_t i = ic; i < ie; i += kRows)
-            tile_rows(g, i, std::min<int64_t>(kRows, ie - i), panels + q * s.depth, jc + q, std::min(kCols, cols - q),
-                      s);
-        p0 += s.depth;
-      } while (p0 < k);
-    }
+    int64_t pc = 0;
+    do {  // once at least: with k 0, C = beta C + bias
+      const int64_t pe = std::min(k, pc + pack_depth);
+      // Step p0's panels start at (p0 - pc) * padded.
+      for (int64_t p0 = pc; p0 < pe; p0 += depth) pack_b(g, jc, cols, step(p0), packed + (p0 - pc) * padded);
+      for (int64_t ic = 0; ic < g.m; ic += block_rows) {
+        const int64_t ie = std::min(g.m, ic + block_rows);
+        int64_t p0 = pc;
+        do {
+          const Step s = step(p0);
+          const float* panels = packed + (p0 - pc) * padded;
+          if (g.trans_a) pack_a(g, ic, ie, s, a_tiles->data());
+          for (int64_t q = 0; q < cols; q += kCols)
+            for (int64_t i = ic; i < ie; i += kRows) {
+              const Rows a =
+                  g.trans_a ? Rows{a_tiles->data() + (i - ic) * s.depth, kRows} : Rows{g.a + i * g.lda + s.p0, g.lda};
+              tile_rows(g, a, i, std::min<int64_t>(kRows, ie - i), panels + q * s.depth, jc + q,
+                        std::min(kCols, cols - q), s);
+            }
+          p0 += s.depth;
+        } while (p0 < pe);
+      }
+      pc = pe;
+    } while (pc < k);
   }
 }
 #endif
