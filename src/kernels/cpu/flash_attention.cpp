@@ -1,5 +1,6 @@
 // Flash attention on the CPU: tiles of kFlashQueryTile queries x kFlashKeyTile
-// keys, QK^T and PV as small GEMMs (OpenBLAS, one thread per tile task), an
+// keys, QK^T and PV as small GEMMs (gemm: the panels for full tiles, OpenBLAS
+// for short sequences' small ones; one thread per tile task), an
 // online softmax per query row, and a backward that recomputes each tile's
 // probabilities from the saved row log-sum-exp. Scratch memory per thread is
 // one tile of scores and one of probabilities' gradients, plus O(T) row

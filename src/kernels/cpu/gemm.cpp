@@ -1,21 +1,25 @@
 // Fast GEMM: the single place qkv calls BLAS (OpenBLAS, OpenMP build, loaded
-// by src/kernels/blas.cpp), plus its own kernel for the case BLAS handles
-// worst: a few rows of activations against a weight matrix stored [out, in],
-// as in y = x W^T with one token per sequence (decoding). That product is
-// bound by reading W once from memory, so the kernels read W's rows exactly
-// once, with wide FMA accumulators, and split the rows between the OpenMP
-// threads. In inference (on the avx512 and avx2 levels) register tiles take
-// every count of rows up to kMaxTiledRows: each output is summed in the same
-// order whatever the count, so a sequence decoded beside others (`qkv
-// serve`'s streams) gets bit for bit what it gets alone. Training's few-row
+// by src/kernels/blas.cpp), beside qkv's own kernels: the panels for most
+// products (below), and register tiles for the case BLAS handles worst: a
+// few rows of activations against a weight matrix stored [out, in], as in
+// y = x W^T with one token per sequence (decoding). That product is bound by
+// reading W once from memory, so the kernels read W's rows exactly once,
+// with wide FMA accumulators, and split the rows between the OpenMP threads.
+// In inference (on the avx512 and avx2 levels) register tiles take every
+// count of rows up to kMaxTiledRows: each output is summed in the same order
+// whatever the count, so a sequence decoded beside others (`qkv serve`'s
+// streams) gets bit for bit what it gets alone. Training's few-row
 // products take a streaming GEMV (up to 4 rows).
 //
-// Larger products are split between the threads too (C's rows, or its columns
-// when it is wider than tall), one single-threaded BLAS call per thread: for
-// the activation-by-weight shapes of a Transformer (thousands of rows, K and N
-// in the hundreds) that ran 5-25% faster in `qkv bench vit` than letting
-// OpenBLAS thread each call itself. Each thread then runs the epilogue (bias,
-// activation) on its own part of C while it is still in that core's cache.
+// Larger products go to qkv's own GEMM on the avx512 and avx2 levels (the
+// panels of gemm_panels.cpp, from kPanelWork multiply-adds), to BLAS below
+// that and on the generic level. They are split between the threads (C's
+// rows, or its columns when it is wider than tall), one single-threaded call
+// per thread: for the activation-by-weight shapes of a Transformer
+// (thousands of rows, K and N in the hundreds) that ran 5-25% faster in `qkv
+// bench vit` than letting OpenBLAS thread each call itself. The epilogue
+// (bias, activation) runs on each thread's own part of C while it is still
+// in that core's cache: in the panels, on each register tile as it is stored.
 #include <algorithm>
 
 #include <omp.h>

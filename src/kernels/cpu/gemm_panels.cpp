@@ -12,12 +12,13 @@
 //     and multiplies it into all of the panel's vectors, so every load of B
 //     feeds kRows FMAs and every broadcast kVecs. A itself is read in place
 //     (row-major, or transposed: its kRows values of a step side by side);
-//   - a block of A's rows sweeps one panel before the next panel, so that
-//     block stays in L1, and B is packed a block of columns at a time, so the
-//     packed block stays in L2.
+//   - the reduction goes in steps of kDepth (a panel's step then stays in
+//     L1), B is packed a block of rows and columns at a time (it stays in
+//     L2), and a block of A's rows sweeps one panel before the next panel.
 //
-// Each tile writes its part of C once, whole: alpha, beta, the bias and the
-// activation are applied there, while the tile is still in L1 (no pass of its
+// Between steps a tile's sums wait in C (or in a buffer, when beta needs C's
+// old values); after the last step alpha, beta, the bias and the activation
+// are applied as the tile is stored, while it is still in L1 (no pass of its
 // own over C, no clearing of C first). Every output is one chain of FMAs over
 // p = 0, 1, ..., k-1 in a lane of its own, so its bits depend neither on the
 // rows or columns beside it nor on how gemm splits C between the threads.
