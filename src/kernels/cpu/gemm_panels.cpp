@@ -32,7 +32,6 @@
 #include "src/kernels/cpu/gemm_panels.h"
 
 #include <algorithm>
-#include <optional>
 
 #ifdef QKV_HAVE_PANELS
 #include <immintrin.h>
@@ -282,18 +281,18 @@ void gemm_panels(const GemmArgs& g) {
   // Small products pack B on the stack: the allocator's lock would cost more
   // than their products.
   alignas(64) float local[kLocalFloats];
-  std::optional<Scratch> heap;
-  float* const packed = padded * pack_depth <= kLocalFloats ? local : heap.emplace(padded * pack_depth).data();
+  Scratch heap;
+  float* const packed = padded * pack_depth <= kLocalFloats ? local : heap.take(padded * pack_depth);
   // The sums between steps wait in C, unless C's old values are still to be
   // added (beta not 0) after the last step.
   const bool own_sums = k > depth && g.beta != 0.0f;
-  std::optional<Scratch> held, a_tiles;
-  if (own_sums) held.emplace(g.m * g.n);
-  if (g.trans_a) a_tiles.emplace(round_up(std::min(block_rows, g.m), kRows) * depth);
+  Scratch held, a_tiles;
+  if (own_sums) held.take(g.m * g.n);
+  if (g.trans_a) a_tiles.take(round_up(std::min(block_rows, g.m), kRows) * depth);
   auto step = [&](int64_t p0) {
     Step s;
     s.p0 = p0, s.depth = std::min(depth, k - p0), s.first = p0 == 0, s.last = p0 + s.depth >= k;
-    s.sums = own_sums ? held->data() : g.c, s.ld_sums = own_sums ? g.n : g.ldc;
+    s.sums = own_sums ? held.data() : g.c, s.ld_sums = own_sums ? g.n : g.ldc;
     return s;
   };
   for (int64_t jc = 0; jc < g.n; jc += block_cols) {
@@ -309,11 +308,11 @@ void gemm_panels(const GemmArgs& g) {
         do {
           const Step s = step(p0);
           const float* panels = packed + (p0 - pc) * padded;
-          if (g.trans_a) pack_a(g, ic, ie, s, a_tiles->data());
+          if (g.trans_a) pack_a(g, ic, ie, s, a_tiles.data());
           for (int64_t q = 0; q < cols; q += kCols)
             for (int64_t i = ic; i < ie; i += kRows) {
               const Rows a =
-                  g.trans_a ? Rows{a_tiles->data() + (i - ic) * s.depth, kRows} : Rows{g.a + i * g.lda + s.p0, g.lda};
+                  g.trans_a ? Rows{a_tiles.data() + (i - ic) * s.depth, kRows} : Rows{g.a + i * g.lda + s.p0, g.lda};
               tile_rows(g, a, i, std::min<int64_t>(kRows, ie - i), panels + q * s.depth, jc + q,
                         std::min(kCols, cols - q), s);
             }
