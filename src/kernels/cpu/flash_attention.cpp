@@ -1,6 +1,7 @@
 // Flash attention on the CPU: tiles of kFlashQueryTile queries x kFlashKeyTile
-// keys, QK^T and PV as small GEMMs (gemm: the panels for full tiles, OpenBLAS
-// for short sequences' small ones; one thread per tile task), an
+// keys, QK^T and PV as small GEMMs (gemm's panels for full tiles; a short
+// sequence's small ones in registers here on the avx512 level, OpenBLAS on
+// the others; one thread per tile task), an
 // online softmax per query row, and a backward that recomputes each tile's
 // probabilities from the saved row log-sum-exp. Scratch memory per thread is
 // one tile of scores and one of probabilities' gradients, plus O(T) row
@@ -32,6 +33,9 @@ namespace {
 
 constexpr int64_t Br = kFlashQueryTile;
 constexpr int64_t Bc = kFlashKeyTile;
+// Below this many multiply-adds a tile's product is a short sequence's (the
+// panels of gemm take the longer ones).
+constexpr int64_t kSmallTile = 1 << 18;
 
 // Keys [0, visible_keys(i)) are visible to query row i.
 int64_t visible_keys(const FlashShape& f, int64_t b, int64_t i) {
@@ -88,9 +92,127 @@ void row_values(const float* p, const float* v, int64_t ldv, int64_t cols, int64
   }
 }
 
+#if defined(__AVX512F__)
+// The tiles' float32 products of short sequences (a ViT's 16 patches: 16 x
+// 16 x 32), in registers. Through gemm they went to OpenBLAS's small-matrix
+// kernels, whose fixed costs per call took about 8% of a ViT training step
+// for 0.6% of its multiply-adds. R rows of C at a time, its up to kTinyCols
+// columns in V 16-lane accumulators each; step p broadcasts A's R values and
+// reads row p of op(B) as vectors: B itself, or, when B is given transposed,
+// its transpose made on the stack 16 x 16 at a time in registers (a scalar
+// transpose there cost as much as the OpenBLAS calls it replaced).
+constexpr int64_t kTinyCols = 64, kTinyFloats = 4096;
+
+// The first min(16, max(n, 0)) lanes.
+inline __mmask16 lanes_of(int64_t n) { return (__mmask16)((1u << std::clamp<int64_t>(n, 0, 16)) - 1); }
+
+// r[i] <- column i of the 16 x 16 block whose rows were r[0..15].
+inline void transpose16(__m512* r) {  // (the maskz forms: GCC 12 warns on the plain ones)
+  __m512 t[16], u[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_maskz_unpacklo_ps(kAll, r[i], r[i + 1]);
+    t[i + 1] = _mm512_maskz_unpackhi_ps(kAll, r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    const __m512d t0 = _mm512_castps_pd(t[i]), t1 = _mm512_castps_pd(t[i + 1]);
+    const __m512d t2 = _mm512_castps_pd(t[i + 2]), t3 = _mm512_castps_pd(t[i + 3]);
+    u[i] = _mm512_castpd_ps(_mm512_maskz_unpacklo_pd(0xff, t0, t2));
+    u[i + 1] = _mm512_castpd_ps(_mm512_maskz_unpackhi_pd(0xff, t0, t2));
+    u[i + 2] = _mm512_castpd_ps(_mm512_maskz_unpacklo_pd(0xff, t1, t3));
+    u[i + 3] = _mm512_castpd_ps(_mm512_maskz_unpackhi_pd(0xff, t1, t3));
+  }
+  for (int h = 0; h < 16; h += 8)
+    for (int i = 0; i < 4; ++i) {
+      t[h + i] = _mm512_maskz_shuffle_f32x4(kAll, u[h + i], u[h + 4 + i], 0x88);
+      t[h + 4 + i] = _mm512_maskz_shuffle_f32x4(kAll, u[h + i], u[h + 4 + i], 0xdd);
+    }
+  for (int i = 0; i < 8; ++i) {
+    r[i] = _mm512_maskz_shuffle_f32x4(kAll, t[i], t[8 + i], 0x88);
+    r[8 + i] = _mm512_maskz_shuffle_f32x4(kAll, t[i], t[8 + i], 0xdd);
+  }
+}
+
+// out [k][ldo] = B^T for B [n, k] (row stride ldb); ldo a multiple of 16.
+void transpose_b(const float* b, int64_t ldb, int64_t n, int64_t k, float* out, int64_t ldo) {
+  for (int64_t j0 = 0; j0 < n; j0 += 16)
+    for (int64_t p0 = 0; p0 < k; p0 += 16) {
+      const __mmask16 depth = lanes_of(k - p0);
+      __m512 r[16];
+      for (int i = 0; i < 16; ++i)
+        r[i] = j0 + i < n ? _mm512_maskz_loadu_ps(depth, b + (j0 + i) * ldb + p0) : _mm512_setzero_ps();
+      transpose16(r);
+      for (int64_t i = 0; i < std::min<int64_t>(16, k - p0); ++i) _mm512_storeu_ps(out + (p0 + i) * ldo + j0, r[i]);
+    }
+}
+
+template <int R, int V>
+void tiny_tile(int64_t n, int64_t k, float alpha, const float* a, int64_t a_row, int64_t a_p, const float* b,
+               int64_t ldb, float beta, float* c, int64_t ldc) {
+  __m512 acc[R][V];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) acc[r][v] = _mm512_setzero_ps();
+  __mmask16 mask[V];
+#pragma GCC unroll 4
+  for (int v = 0; v < V; ++v) mask[v] = lanes_of(n - 16 * v);
+  for (int64_t p = 0; p < k; ++p) {
+    __m512 bv[V];
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) bv[v] = _mm512_maskz_loadu_ps(mask[v], b + p * ldb + 16 * v);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const __m512 x = _mm512_set1_ps(a[r * a_row + p * a_p]);
+#pragma GCC unroll 4
+      for (int v = 0; v < V; ++v) acc[r][v] = _mm512_fmadd_ps(x, bv[v], acc[r][v]);
+    }
+  }
+  const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) {
+      float* out = c + r * ldc + 16 * v;
+      __m512 y = _mm512_mul_ps(acc[r][v], va);
+      if (beta != 0.0f) y = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(mask[v], out), y);  // beta 0 ignores C
+      _mm512_mask_storeu_ps(out, mask[v], y);
+    }
+}
+
+template <int V>
+void tiny_rows(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t a_row, int64_t a_p, const float* b,
+               int64_t ldb, float beta, float* c, int64_t ldc) {
+  int64_t i = 0;
+  for (; i + 4 <= m; i += 4) tiny_tile<4, V>(n, k, alpha, a + i * a_row, a_row, a_p, b, ldb, beta, c + i * ldc, ldc);
+  switch (m - i) {
+    case 3: return tiny_tile<3, V>(n, k, alpha, a + i * a_row, a_row, a_p, b, ldb, beta, c + i * ldc, ldc);
+    case 2: return tiny_tile<2, V>(n, k, alpha, a + i * a_row, a_row, a_p, b, ldb, beta, c + i * ldc, ldc);
+    case 1: return tiny_tile<1, V>(n, k, alpha, a + i * a_row, a_row, a_p, b, ldb, beta, c + i * ldc, ldc);
+    default: return;
+  }
+}
+#endif
+
 // C[m,n] (+)= alpha * op(A) op(B) on raw row-major pointers, in float32.
 void small_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
                 const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+#if defined(__AVX512F__)
+  const int64_t ldt = (n + 15) / 16 * 16;  // B^T's row stride
+  if (n > 0 && n <= kTinyCols && m * n * k < kSmallTile && (!tb || k * ldt <= kTinyFloats)) {
+    alignas(64) float transposed[kTinyFloats];
+    if (tb) {
+      transpose_b(b, ldb, n, k, transposed, ldt);
+      b = transposed, ldb = ldt;
+    }
+    const int64_t a_row = ta ? 1 : lda, a_p = ta ? lda : 1;  // A(i, p) at a[i * a_row + p * a_p]
+    switch (ldt / 16) {
+      case 1: return tiny_rows<1>(m, n, k, alpha, a, a_row, a_p, b, ldb, beta, c, ldc);
+      case 2: return tiny_rows<2>(m, n, k, alpha, a, a_row, a_p, b, ldb, beta, c, ldc);
+      case 3: return tiny_rows<3>(m, n, k, alpha, a, a_row, a_p, b, ldb, beta, c, ldc);
+      default: return tiny_rows<4>(m, n, k, alpha, a, a_row, a_p, b, ldb, beta, c, ldc);
+    }
+  }
+#endif
   GemmArgs g;
   g.trans_a = ta, g.trans_b = tb, g.m = m, g.n = n, g.k = k, g.alpha = alpha;
   g.a = a, g.lda = lda, g.b = b, g.ldb = ldb, g.beta = beta, g.c = c, g.ldc = ldc;

@@ -187,7 +187,7 @@ template <int R, int V, bool Packed>
   // otherwise.
   const float* a = rows.a;
   const int64_t row_step = Packed ? 1 : rows.ld, p_step = Packed ? kRows : 1;
-#pragma GCC unroll 2
+#pragma GCC unroll 4
   for (int64_t p = 0; p < s.depth; ++p) {
     Vec b[V];
 #pragma GCC unroll 4
