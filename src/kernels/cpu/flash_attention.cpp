@@ -103,35 +103,6 @@ void row_values(const float* p, const float* v, int64_t ldv, int64_t cols, int64
 // transpose there cost as much as the OpenBLAS calls it replaced).
 constexpr int64_t kTinyCols = 64, kTinyFloats = 4096;
 
-// The first min(16, max(n, 0)) lanes.
-inline __mmask16 lanes_of(int64_t n) { return (__mmask16)((1u << std::clamp<int64_t>(n, 0, 16)) - 1); }
-
-// r[i] <- column i of the 16 x 16 block whose rows were r[0..15].
-inline void transpose16(__m512* r) {  // (the maskz forms: GCC 12 warns on the plain ones)
-  __m512 t[16], u[16];
-  for (int i = 0; i < 16; i += 2) {
-    t[i] = _mm512_maskz_unpacklo_ps(kAll, r[i], r[i + 1]);
-    t[i + 1] = _mm512_maskz_unpackhi_ps(kAll, r[i], r[i + 1]);
-  }
-  for (int i = 0; i < 16; i += 4) {
-    const __m512d t0 = _mm512_castps_pd(t[i]), t1 = _mm512_castps_pd(t[i + 1]);
-    const __m512d t2 = _mm512_castps_pd(t[i + 2]), t3 = _mm512_castps_pd(t[i + 3]);
-    u[i] = _mm512_castpd_ps(_mm512_maskz_unpacklo_pd(0xff, t0, t2));
-    u[i + 1] = _mm512_castpd_ps(_mm512_maskz_unpackhi_pd(0xff, t0, t2));
-    u[i + 2] = _mm512_castpd_ps(_mm512_maskz_unpacklo_pd(0xff, t1, t3));
-    u[i + 3] = _mm512_castpd_ps(_mm512_maskz_unpackhi_pd(0xff, t1, t3));
-  }
-  for (int h = 0; h < 16; h += 8)
-    for (int i = 0; i < 4; ++i) {
-      t[h + i] = _mm512_maskz_shuffle_f32x4(kAll, u[h + i], u[h + 4 + i], 0x88);
-      t[h + 4 + i] = _mm512_maskz_shuffle_f32x4(kAll, u[h + i], u[h + 4 + i], 0xdd);
-    }
-  for (int i = 0; i < 8; ++i) {
-    r[i] = _mm512_maskz_shuffle_f32x4(kAll, t[i], t[8 + i], 0x88);
-    r[8 + i] = _mm512_maskz_shuffle_f32x4(kAll, t[i], t[8 + i], 0xdd);
-  }
-}
-
 // out [k][ldo] = B^T for B [n, k] (row stride ldb); ldo a multiple of 16.
 void transpose_b(const float* b, int64_t ldb, int64_t n, int64_t k, float* out, int64_t ldo) {
   for (int64_t j0 = 0; j0 < n; j0 += 16)
