@@ -119,28 +119,13 @@ constexpr int64_t kMaxTiledRows = 64;
 // beside it (64 KiB and 256 KiB measured about the same, 512 KiB slower).
 constexpr int64_t kTiledBlockBytes = 128 << 10;
 
-// The tiles' vectors: 16 lanes on the avx512 level, 8 on the avx2 level.
+// Rows of A per tile (the level's vectors, Vec and kLanes, are simd.h's): 4 x
+// 4 accumulators, 4 vectors of W and one of A fit avx512's 32 registers; on
+// the avx2 level's 16, 2 x 4 accumulators do.
 #if defined(__AVX512F__)
-using Vec = __m512;
-constexpr int kLanes = 16;
-// Rows of A per tile: 4 x 4 accumulators, 4 vectors of W and one of A fit
-// the 32 registers; on the avx2 level's 16, 2 x 4 accumulators do.
 constexpr int kTileRows = 4;
-inline Vec vzero() { return _mm512_setzero_ps(); }
-inline Vec vload(const float* p) { return _mm512_loadu_ps(p); }
-inline Vec vload_first(const float* p, int64_t n) { return _mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1), p); }
-inline Vec vfma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
 #else
-using Vec = __m256;
-constexpr int kLanes = 8;
 constexpr int kTileRows = 2;
-inline Vec vzero() { return _mm256_setzero_ps(); }
-inline Vec vload(const float* p) { return _mm256_loadu_ps(p); }
-inline Vec vload_first(const float* p, int64_t n) {  // the first n < 8 floats at p, zeros after
-  return _mm256_maskload_ps(p,
-                            _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
-}
-inline Vec vfma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
 #endif
 
 #if defined(__AVX512F__)

@@ -44,53 +44,15 @@ namespace qkv::cpu::QKV_CPU_NS {
 #ifdef QKV_HAVE_PANELS
 namespace {
 
+// The tiles, on the level's vectors (Vec, kLanes: simd.h).
 #if defined(__AVX512F__)
-using Vec = __m512;
-constexpr int kLanes = 16;
 // 8 x 3 accumulators, 3 vectors of B and one broadcast: 28 of the 32
 // registers. (12 x 2 and 14 x 2 ran at 150-157 GFLOP/s where 8 x 3 ran at
 // 162-173; 6 x 4 and 4 x 4 lower still.)
 constexpr int kRows = 8, kVecs = 3;
-inline Vec vzero() { return _mm512_setzero_ps(); }
-inline Vec vset(float x) { return _mm512_set1_ps(x); }
-inline Vec vload(const float* p) { return _mm512_loadu_ps(p); }
-inline Vec vfma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
-inline Vec vmul(Vec a, Vec b) { return _mm512_mul_ps(a, b); }
-inline Vec vadd(Vec a, Vec b) { return _mm512_add_ps(a, b); }
-inline __mmask16 first(int64_t n) { return (__mmask16)((1u << n) - 1); }
-// The first n <= kLanes floats at p (zeros after), and their store.
-inline Vec vload_first(const float* p, int64_t n) {
-  return n == kLanes ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(first(n), p);
-}
-inline void vstore_first(float* p, Vec v, int64_t n) {
-  if (n == kLanes)
-    _mm512_storeu_ps(p, v);
-  else
-    _mm512_mask_storeu_ps(p, first(n), v);
-}
 #else
-using Vec = __m256;
-constexpr int kLanes = 8;
 // 6 x 2 accumulators, 2 vectors of B and one broadcast: 15 of the 16 registers.
 constexpr int kRows = 6, kVecs = 2;
-inline Vec vzero() { return _mm256_setzero_ps(); }
-inline Vec vset(float x) { return _mm256_set1_ps(x); }
-inline Vec vload(const float* p) { return _mm256_loadu_ps(p); }
-inline Vec vfma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
-inline Vec vmul(Vec a, Vec b) { return _mm256_mul_ps(a, b); }
-inline Vec vadd(Vec a, Vec b) { return _mm256_add_ps(a, b); }
-inline __m256i first(int64_t n) {
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
-inline Vec vload_first(const float* p, int64_t n) {
-  return n == kLanes ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, first(n));
-}
-inline void vstore_first(float* p, Vec v, int64_t n) {
-  if (n == kLanes)
-    _mm256_storeu_ps(p, v);
-  else
-    _mm256_maskstore_ps(p, first(n), v);
-}
 #endif
 
 constexpr int64_t kCols = kVecs * kLanes;

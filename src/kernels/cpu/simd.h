@@ -84,6 +84,50 @@ inline float hsum(__m512 v) {
 }
 #endif
 
+// The float vector of the level, for kernels written once for both: 16
+// lanes on avx512, 8 on avx2 (with FMA). vload_first / vstore_first read and
+// write the first n <= kLanes floats at p (zeros after, on the read).
+#if defined(__AVX512F__)
+using Vec = __m512;
+constexpr int kLanes = 16;
+inline Vec vzero() { return _mm512_setzero_ps(); }
+inline Vec vset(float x) { return _mm512_set1_ps(x); }
+inline Vec vload(const float* p) { return _mm512_loadu_ps(p); }
+inline Vec vfma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+inline Vec vmul(Vec a, Vec b) { return _mm512_mul_ps(a, b); }
+inline Vec vadd(Vec a, Vec b) { return _mm512_add_ps(a, b); }
+inline Vec vload_first(const float* p, int64_t n) {
+  return n == kLanes ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(lanes_of(n), p);
+}
+inline void vstore_first(float* p, Vec v, int64_t n) {
+  if (n == kLanes)
+    _mm512_storeu_ps(p, v);
+  else
+    _mm512_mask_storeu_ps(p, lanes_of(n), v);
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+using Vec = __m256;
+constexpr int kLanes = 8;
+inline Vec vzero() { return _mm256_setzero_ps(); }
+inline Vec vset(float x) { return _mm256_set1_ps(x); }
+inline Vec vload(const float* p) { return _mm256_loadu_ps(p); }
+inline Vec vfma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+inline Vec vmul(Vec a, Vec b) { return _mm256_mul_ps(a, b); }
+inline Vec vadd(Vec a, Vec b) { return _mm256_add_ps(a, b); }
+inline __m256i lanes_of(int64_t n) {  // the first n lanes, as maskload's mask
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+inline Vec vload_first(const float* p, int64_t n) {
+  return n == kLanes ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, lanes_of(n));
+}
+inline void vstore_first(float* p, Vec v, int64_t n) {
+  if (n == kLanes)
+    _mm256_storeu_ps(p, v);
+  else
+    _mm256_maskstore_ps(p, lanes_of(n), v);
+}
+#endif
+
 #if defined(__AVX2__)
 inline float hsum(__m256 v) {
   alignas(32) float t[8];
