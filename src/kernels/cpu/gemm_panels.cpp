@@ -80,39 +80,45 @@ struct Step {
 // and not stored).
 void pack_b(const GemmArgs& g, int64_t j0, int64_t cols, const Step& s, float* out) {
   const int64_t depth = s.depth;
-  for (int64_t q = 0; q < cols; q += kCols) {
-    float* panel = out + q * depth;  // q / kCols panels of depth * kCols before it
-    const int64_t w = std::min(kCols, cols - q);
-    if (g.trans_b) {  // B stored [n, k]: column j is row j of the storage
-#if defined(__AVX512F__)
-      // 16 x 16 blocks transposed in registers (rows past w read as zeros):
-      // copied one float at a time the pack took a fifth of a 128-row
-      // product's time.
-      for (int64_t j = 0; j < kCols; j += kLanes)
-        for (int64_t p0 = 0; p0 < depth; p0 += kLanes) {
-          const __mmask16 steps = lanes_of(depth - p0);
-          __m512 r[kLanes];
-          for (int i = 0; i < kLanes; ++i)
-            r[i] = j + i < w ? _mm512_maskz_loadu_ps(steps, g.b + (j0 + q + j + i) * g.ldb + s.p0 + p0)
-                             : _mm512_setzero_ps();
-          transpose16(r);
-          for (int64_t i = 0; i < std::min<int64_t>(kLanes, depth - p0); ++i)
-            _mm512_storeu_ps(panel + (p0 + i) * kCols + j, r[i]);
-        }
-      continue;
-#endif
-      for (int64_t j = 0; j < w; ++j) {
-        const float* src = g.b + (j0 + q + j) * g.ldb + s.p0;
-        for (int64_t p = 0; p < depth; ++p) panel[p * kCols + j] = src[p];
-      }
-      if (w < kCols)
-        for (int64_t p = 0; p < depth; ++p) std::fill(panel + p * kCols + w, panel + (p + 1) * kCols, 0.0f);
-    } else {  // B stored [k, n]
-      for (int64_t p = 0; p < depth; ++p) {
-        std::copy_n(g.b + (s.p0 + p) * g.ldb + j0 + q, w, panel + p * kCols);
-        std::fill(panel + p * kCols + w, panel + (p + 1) * kCols, 0.0f);
+  if (!g.trans_b) {  // B stored [k, n]: each row of B read once from end to end, a panel row at a time
+    for (int64_t p = 0; p < depth; ++p) {
+      const float* src = g.b + (s.p0 + p) * g.ldb + j0;
+      for (int64_t q = 0; q < cols; q += kCols) {
+        float* row = out + q * depth + p * kCols;  // q / kCols panels of depth * kCols before it
+        const int64_t w = std::min(kCols, cols - q);
+#pragma GCC unroll 4
+        for (int64_t v = 0; v < kCols; v += kLanes)
+          vstore(row + v, vload_first(src + q + v, std::clamp<int64_t>(w - v, 0, kLanes)));
       }
     }
+    return;
+  }
+  for (int64_t q = 0; q < cols; q += kCols) {  // B stored [n, k]: column j is row j of the storage
+    float* panel = out + q * depth;
+    const int64_t w = std::min(kCols, cols - q);
+#if defined(__AVX512F__)
+    // 16 x 16 blocks transposed in registers (rows past w read as zeros):
+    // copied one float at a time the pack took a fifth of a 128-row
+    // product's time.
+    for (int64_t j = 0; j < kCols; j += kLanes)
+      for (int64_t p0 = 0; p0 < depth; p0 += kLanes) {
+        const __mmask16 steps = lanes_of(depth - p0);
+        __m512 r[kLanes];
+        for (int i = 0; i < kLanes; ++i)
+          r[i] = j + i < w ? _mm512_maskz_loadu_ps(steps, g.b + (j0 + q + j + i) * g.ldb + s.p0 + p0)
+                           : _mm512_setzero_ps();
+        transpose16(r);
+        for (int64_t i = 0; i < std::min<int64_t>(kLanes, depth - p0); ++i)
+          _mm512_storeu_ps(panel + (p0 + i) * kCols + j, r[i]);
+      }
+#else
+    for (int64_t j = 0; j < w; ++j) {
+      const float* src = g.b + (j0 + q + j) * g.ldb + s.p0;
+      for (int64_t p = 0; p < depth; ++p) panel[p * kCols + j] = src[p];
+    }
+    if (w < kCols)
+      for (int64_t p = 0; p < depth; ++p) std::fill(panel + p * kCols + w, panel + (p + 1) * kCols, 0.0f);
+#endif
   }
 }
 

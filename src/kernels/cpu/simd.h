@@ -93,6 +93,7 @@ constexpr int kLanes = 16;
 inline Vec vzero() { return _mm512_setzero_ps(); }
 inline Vec vset(float x) { return _mm512_set1_ps(x); }
 inline Vec vload(const float* p) { return _mm512_loadu_ps(p); }
+inline void vstore(float* p, Vec v) { _mm512_storeu_ps(p, v); }
 inline Vec vfma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
 inline Vec vmul(Vec a, Vec b) { return _mm512_mul_ps(a, b); }
 inline Vec vadd(Vec a, Vec b) { return _mm512_add_ps(a, b); }
@@ -111,6 +112,7 @@ constexpr int kLanes = 8;
 inline Vec vzero() { return _mm256_setzero_ps(); }
 inline Vec vset(float x) { return _mm256_set1_ps(x); }
 inline Vec vload(const float* p) { return _mm256_loadu_ps(p); }
+inline void vstore(float* p, Vec v) { _mm256_storeu_ps(p, v); }
 inline Vec vfma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
 inline Vec vmul(Vec a, Vec b) { return _mm256_mul_ps(a, b); }
 inline Vec vadd(Vec a, Vec b) { return _mm256_add_ps(a, b); }
