@@ -286,6 +286,8 @@ void round_all(const float* x, int64_t n, float* out) {
 // round_all; `qkv bench vit --precision bf16`, three alternating runs:
 // inference 14,906-15,397 -> 17,047-17,264 images/s, training unchanged
 // within noise (3,364-3,446 against 3,377-3,464; Xeon model 167, 2026-12-05).
+// (Since then the op leaves sequences under 128 tokens in float32 under
+// autocast, src/ops/attention.cpp, so the ViT no longer comes here.)
 class RoundedCopy {
 public:
   RoundedCopy(const float* x, const FlashLayout& l, int64_t batch, int64_t heads, int64_t rows, int64_t d)
