@@ -174,8 +174,14 @@ void sum_middle(const float* x, float* y, int64_t outer, int64_t n, int64_t inne
     }
     return;
   }
-  // Reduce over rows: accumulate whole rows of `inner` elements, split over (o, column block).
-  const int64_t block = 256;
+  // Reduce over rows: accumulate whole rows of `inner` elements, split over
+  // (o, column block). Blocks of up to 256 columns, narrower when there are
+  // too few to share: a bias gradient (outer 1, 128 or 384 columns) had one
+  // or two blocks, and the first thread summed all or two thirds of it.
+  // Each column still sums its rows in order, whatever the blocks.
+  const int64_t threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+  const int64_t block =
+      std::clamp<int64_t>((inner / (2 * threads * std::max<int64_t>(outer, 1)) + 15) / 16 * 16, 16, 256);
   const int64_t blocks = (inner + block - 1) / block;
 #pragma omp parallel for schedule(static) if (outer * n * inner >= kParallelGrain && outer * blocks > 1)
   for (int64_t ob = 0; ob < outer * blocks; ++ob) {
