@@ -589,6 +589,9 @@ TEST(Kernels, FlashAttentionMatchesTheReference) {
       {3, 4, 2, 1, 150, 32, false, false, {150, 64, 1}},
       {3, 4, 2, 1, 150, 32, false, false, {150, 65, 0}, true},
       {2, 2, 2, 20, 37, 24, false, false, {}},
+      // A ViT's 17 tokens: tiles of 9 + 8 rows, the 17th key's column of K^T
+      // and V^T copied alone.
+      {4, 2, 2, 17, 17, 32, false, false, {}},
   };
   for (const Kernels* k : levels()) {
     for (const Case& c : cases) {

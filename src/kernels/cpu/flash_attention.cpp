@@ -104,8 +104,18 @@ void row_values(const float* p, const float* v, int64_t ldv, int64_t cols, int64
 constexpr int64_t kTinyCols = 64, kTinyFloats = 4096;
 
 // out [k][ldo] = B^T for B [n, k] (row stride ldb); ldo a multiple of 16.
+// Columns past n are left as they were (the tiles read them masked off). A
+// last block of at most kFewColumns columns (the class token of a ViT's 17
+// tokens) is copied one float at a time: a whole 16 x 16 transpose for it
+// cost as much as one for 16 columns.
+constexpr int64_t kFewColumns = 4;
 void transpose_b(const float* b, int64_t ldb, int64_t n, int64_t k, float* out, int64_t ldo) {
-  for (int64_t j0 = 0; j0 < n; j0 += 16)
+  for (int64_t j0 = 0; j0 < n; j0 += 16) {
+    if (n - j0 <= kFewColumns) {
+      for (int64_t j = j0; j < n; ++j)
+        for (int64_t p = 0; p < k; ++p) out[p * ldo + j] = b[j * ldb + p];
+      break;
+    }
     for (int64_t p0 = 0; p0 < k; p0 += 16) {
       const __mmask16 depth = lanes_of(k - p0);
       __m512 r[16];
@@ -114,13 +124,14 @@ void transpose_b(const float* b, int64_t ldb, int64_t n, int64_t k, float* out, 
       transpose16(r);
       for (int64_t i = 0; i < std::min<int64_t>(16, k - p0); ++i) _mm512_storeu_ps(out + (p0 + i) * ldo + j0, r[i]);
     }
+  }
 }
 
 template <int R, int V>
 void tiny_tile(int64_t n, int64_t k, float alpha, const float* a, int64_t a_row, int64_t a_p, const float* b,
                int64_t ldb, float beta, float* c, int64_t ldc) {
   __m512 acc[R][V];
-#pragma GCC unroll 4
+#pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
     for (int v = 0; v < V; ++v) acc[r][v] = _mm512_setzero_ps();
@@ -131,7 +142,7 @@ void tiny_tile(int64_t n, int64_t k, float alpha, const float* a, int64_t a_row,
     __m512 bv[V];
 #pragma GCC unroll 4
     for (int v = 0; v < V; ++v) bv[v] = _mm512_maskz_loadu_ps(mask[v], b + p * ldb + 16 * v);
-#pragma GCC unroll 4
+#pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       const __m512 x = _mm512_set1_ps(a[r * a_row + p * a_p]);
 #pragma GCC unroll 4
@@ -139,7 +150,7 @@ void tiny_tile(int64_t n, int64_t k, float alpha, const float* a, int64_t a_row,
     }
   }
   const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
-#pragma GCC unroll 4
+#pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
     for (int v = 0; v < V; ++v) {
@@ -150,16 +161,36 @@ void tiny_tile(int64_t n, int64_t k, float alpha, const float* a, int64_t a_row,
     }
 }
 
+// The most rows of C a tile of V vectors a row takes: its R x V
+// accumulators, V vectors of B and a broadcast of A within avx512's 32
+// registers.
+template <int V>
+constexpr int kTinyRows = V == 1   ? 12
+                          : V == 2 ? 9
+                          : V == 3 ? 6
+                                   : 5;
+
+// tiny_tile for r rows, 1 <= r <= R.
+template <int V, int R = kTinyRows<V>>
+void tiny_tile_of(int64_t r, int64_t n, int64_t k, float alpha, const float* a, int64_t a_row, int64_t a_p,
+                  const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if constexpr (R > 1)
+    if (r < R) return tiny_tile_of<V, R - 1>(r, n, k, alpha, a, a_row, a_p, b, ldb, beta, c, ldc);
+  tiny_tile<R, V>(n, k, alpha, a, a_row, a_p, b, ldb, beta, c, ldc);
+}
+
+// C's m rows in as few tiles as kTinyRows allows, of balanced heights: a
+// sequence of 17 (16 patches and the class token) as 9 + 8 rows. Tiles of
+// at most 4 rows made it 4 + 4 + 4 + 4 + 1, each with its fixed costs, the
+// last a single chain of dependent FMAs.
 template <int V>
 void tiny_rows(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t a_row, int64_t a_p, const float* b,
                int64_t ldb, float beta, float* c, int64_t ldc) {
-  int64_t i = 0;
-  for (; i + 4 <= m; i += 4) tiny_tile<4, V>(n, k, alpha, a + i * a_row, a_row, a_p, b, ldb, beta, c + i * ldc, ldc);
-  switch (m - i) {
-    case 3: return tiny_tile<3, V>(n, k, alpha, a + i * a_row, a_row, a_p, b, ldb, beta, c + i * ldc, ldc);
-    case 2: return tiny_tile<2, V>(n, k, alpha, a + i * a_row, a_row, a_p, b, ldb, beta, c + i * ldc, ldc);
-    case 1: return tiny_tile<1, V>(n, k, alpha, a + i * a_row, a_row, a_p, b, ldb, beta, c + i * ldc, ldc);
-    default: return;
+  const int64_t tiles = (m + kTinyRows<V> - 1) / kTinyRows<V>;
+  for (int64_t t = 0, i = 0; t < tiles; ++t) {
+    const int64_t r = (m - i + (tiles - t) - 1) / (tiles - t);
+    tiny_tile_of<V>(r, n, k, alpha, a + i * a_row, a_row, a_p, b, ldb, beta, c + i * ldc, ldc);
+    i += r;
   }
 }
 #endif
