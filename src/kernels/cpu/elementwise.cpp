@@ -93,7 +93,6 @@ void masked_fill(const BroadcastLoop& loop, const float* x, const uint8_t* mask,
 
 static constexpr float kSqrt2OverPi = 0.7978845608028654f;
 static constexpr float kInvSqrt2 = 0.7071067811865476f;
-static constexpr float kInvSqrt2Pi = 0.3989422804014327f;
 
 // body(begin, end) over [0, n) in chunks split between the threads. Small
 // ranges, and ranges from a thread already in a parallel region (a GEMM
@@ -142,10 +141,7 @@ void unary_backward(UnaryOp op, const float* x, const float* y, const float* dy,
     case UnaryOp::Tanh: return map_backward(x, y, dy, dx, n, [](float, float fy) { return 1.0f - fy * fy; });
     case UnaryOp::Sigmoid: return map_backward(x, y, dy, dx, n, [](float, float fy) { return fy * (1.0f - fy); });
     case UnaryOp::Relu: return map_backward(x, y, dy, dx, n, [](float v, float) { return v > 0.0f ? 1.0f : 0.0f; });
-    case UnaryOp::Gelu:
-      return map_backward(x, y, dy, dx, n, [](float v, float) {
-        return 0.5f * (1.0f + fast_erf(v * kInvSqrt2)) + v * kInvSqrt2Pi * fast_exp(-0.5f * v * v);
-      });
+    case UnaryOp::Gelu: return map_backward(x, y, dy, dx, n, [](float v, float) { return fast_gelu_grad(v); });
     case UnaryOp::GeluTanh:
       return map_backward(x, y, dy, dx, n, [](float v, float) {
         float t = fast_tanh(kSqrt2OverPi * (v + 0.044715f * v * v * v));
