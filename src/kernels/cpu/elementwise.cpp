@@ -92,7 +92,6 @@ void masked_fill(const BroadcastLoop& loop, const float* x, const uint8_t* mask,
 }
 
 static constexpr float kSqrt2OverPi = 0.7978845608028654f;
-static constexpr float kInvSqrt2 = 0.7071067811865476f;
 
 // body(begin, end) over [0, n) in chunks split between the threads. Small
 // ranges, and ranges from a thread already in a parallel region (a GEMM
@@ -120,7 +119,7 @@ void unary_forward(UnaryOp op, const float* x, float* y, int64_t n) {
     case UnaryOp::Tanh: return map(x, y, n, [](float v) { return fast_tanh(v); });
     case UnaryOp::Sigmoid: return map(x, y, n, [](float v) { return fast_sigmoid(v); });
     case UnaryOp::Relu: return map(x, y, n, [](float v) { return v > 0.0f ? v : 0.0f; });
-    case UnaryOp::Gelu: return map(x, y, n, [](float v) { return 0.5f * v * (1.0f + fast_erf(v * kInvSqrt2)); });
+    case UnaryOp::Gelu: return map(x, y, n, [](float v) { return gelu_exact(v); });
     case UnaryOp::GeluTanh:
       return map(x, y, n, [](float v) { return 0.5f * v * (1.0f + fast_tanh(kSqrt2OverPi * (v + 0.044715f * v * v * v))); });
     case UnaryOp::Silu: return map(x, y, n, [](float v) { return v * fast_sigmoid(v); });

@@ -38,6 +38,7 @@
 
 #include "src/kernels/cpu/scratch.h"
 #include "src/kernels/cpu/simd.h"
+#include "src/kernels/cpu/vec_math.h"
 #endif
 
 namespace qkv::cpu::QKV_CPU_NS {
@@ -196,9 +197,15 @@ template <int R, int V, bool Packed>
     return;
   }
   const Vec alpha = vset(g.alpha), beta = vset(g.beta);
+  // GELU on the tile in registers (the same operations as unary_forward's,
+  // so the same bits); other activations through unary_forward, a row at a
+  // time. Called for each row of 48 values, unary_forward's fixed costs
+  // were about as large as GELU's arithmetic.
+  const bool gelu = g.act_out && g.act == UnaryOp::Gelu;
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
     float* c = g.c + (i0 + r) * g.ldc + j0;
+    float* act = g.act_out ? g.act_out + (i0 + r) * g.ld_act + j0 : nullptr;
 #pragma GCC unroll 4
     for (int v = 0; v < V; ++v) {
       const int64_t n = std::min<int64_t>(kLanes, cols - v * kLanes);
@@ -206,8 +213,9 @@ template <int R, int V, bool Packed>
       if (g.beta != 0.0f) y = vfma(beta, vload_first(c + v * kLanes, n), y);  // beta 0 ignores C, NaN included
       if (g.bias) y = vadd(y, vload_first(g.bias + j0 + v * kLanes, n));
       vstore_first(c + v * kLanes, y, n);
+      if (gelu) vstore_first(act + v * kLanes, gelu_exact(y), n);
     }
-    if (g.act_out) unary_forward(g.act, c, g.act_out + (i0 + r) * g.ld_act + j0, cols);
+    if (act && !gelu) unary_forward(g.act, c, act, cols);
   }
 }
 

@@ -88,6 +88,16 @@ inline float fast_tanh(float x) {
   return std::copysign(a < 0.125f ? small : big, x);
 }
 
+// x clamped to [lo, hi], a NaN kept: for a float, and for a GCC vector of
+// floats lane by lane (a comparison of vectors gives a mask that ?: selects
+// with).
+inline float clamp_to(float x, float lo, float hi) { return std::min(std::max(x, lo), hi); }
+template <class V>
+inline V clamp_to(V x, float lo, float hi) {
+  x = x < lo ? V{} + lo : x;
+  return x > hi ? V{} + hi : x;
+}
+
 // erf(x) = x P(x^2) / Q(x^2) on |x| <= 3.92 (erf(3.92) = 1 - 3e-8; beyond it
 // the clamp gives that value), a rational function of degrees 12 and 8 in x
 // fitted for this project (scripts/fit_erf.py: minimax of the error, the
@@ -97,22 +107,33 @@ inline float fast_tanh(float x) {
 // [1e-7, 6] checked). One division and ten multiply-adds: half the time of
 // the exp-based Abramowitz & Stegun 7.1.26 used before, which made GELU 9%
 // of a ViT training step.
-inline float fast_erf(float x) {
-  const float c = std::min(std::max(x, -3.92f), 3.92f);
-  const float u = c * c;
-  float p = 1.976584962e-08f;
-  p = p * u - 1.970695414e-06f;
+//
+// Written once for a float and for a GCC vector of floats (the level's Vec,
+// for the panels' epilogue, which applies GELU to a tile in registers):
+// both forms run the same operations in the same order.
+template <class T>
+inline T erf_rational(T x) {
+  const T c = clamp_to(x, -3.92f, 3.92f);
+  const T u = c * c;
+  T p = u * 1.976584962e-08f - 1.970695414e-06f;
   p = p * u + 1.461158461e-04f;
   p = p * u + 3.883939181e-03f;
   p = p * u + 5.115656612e-02f;
   p = p * u + 2.042105587e-01f;
   p = p * u + 1.1283791670955126f;  // 2 / sqrt(pi)
-  float q = 9.997934755e-04f;
-  q = q * u + 1.472606084e-02f;
+  T q = u * 9.997934755e-04f + 1.472606084e-02f;
   q = q * u + 1.167833111e-01f;
   q = q * u + 5.143083323e-01f;
   q = q * u + 1.0f;
   return c * p / q;
+}
+
+inline float fast_erf(float x) { return erf_rational(x); }
+
+// GELU(x) = x Phi(x) = x (1 + erf(x / sqrt 2)) / 2, for a float or a vector.
+template <class T>
+inline T gelu_exact(T x) {
+  return 0.5f * x * (1.0f + erf_rational(x * 0.7071067811865476f));
 }
 
 // GELU'(x) = Phi(x) + x phi(x) (Phi, phi: the standard normal's CDF and
