@@ -79,7 +79,7 @@ std::optional<FlashLayout> readable_layout(const Tensor& t) {
 // operands for AMX or AVX512-BF16). Shorter sequences stay float32: their
 // products are small and their bfloat16 form is float32 GEMMs on rounded
 // copies of q, k, v and dO, slower and less precise (the copies alone took
-// 6.7% of a bf16 ViT training step of 17 tokens; Intel Xeon, family 6
+// 6.7% of a bf16 ViT training step of 16 tokens; Intel Xeon, family 6
 // model 167).
 constexpr int64_t kFlashBf16Length = 128;
 

@@ -99,14 +99,14 @@ inline V clamp_to(V x, float lo, float hi) {
 }
 
 // erf(x) = x P(x^2) / Q(x^2) on |x| <= 3.92 (erf(3.92) = 1 - 3e-8; beyond it
-// the clamp gives that value), a rational function of degrees 12 and 8 in x
-// fitted for this project (scripts/fit_erf.py: minimax of the error, the
-// leading coefficient held at 2/sqrt(pi) so small x keep their relative
-// accuracy). Error 6e-8 in exact arithmetic; in float, with the rounding of
-// its 14 operations, 3.3e-7 with FMA and 4.1e-7 without (every float in
-// [1e-7, 6] checked). One division and ten multiply-adds: half the time of
-// the exp-based Abramowitz & Stegun 7.1.26 used before, which made GELU 9%
-// of a ViT training step.
+// the clamp gives that value), P and Q of degrees 12 and 8 in x, fitted for
+// this project (scripts/fit_erf.py: minimax of the error, the leading
+// coefficient held at 2/sqrt(pi) so small x keep their relative accuracy).
+// Error 6e-8 in exact arithmetic; in float, with the rounding of its 14
+// operations, 3.3e-7 with FMA and 4.1e-7 without (a scratch sweep of every
+// 7th float in [1e-7, 6]). One division and ten multiply-adds: half the
+// time of the exp-based Abramowitz & Stegun 7.1.26 used before, which made
+// GELU 9% of a ViT training step.
 //
 // Written once for a float and for a GCC vector of floats (the level's Vec,
 // for the panels' epilogue, which applies GELU to a tile in registers):
@@ -140,7 +140,7 @@ inline T gelu_exact(T x) {
 // density), as 1/2 + x P(x^2) / Q(x^2) on |x| <= 5.8 (GELU'(5.8) = 1 - 1.1e-7),
 // fitted like fast_erf (scripts/fit_erf.py --function gelu-grad --p 8 --q 6
 // --clamp 5.8). Error 6e-8 in exact arithmetic, 2.6e-7 in float with FMA
-// and 3.3e-7 without (every float in [1e-7, 8]). GELU's backward took it as
+// and 3.3e-7 without (every 7th float in [1e-7, 8]). GELU's backward took it as
 // 0.5 (1 + erf(x / sqrt 2)) + x e^{-x^2/2} / sqrt(2 pi): an erf and an exp,
 // twice this one's time.
 inline float fast_gelu_grad(float x) {
