@@ -116,14 +116,8 @@ void transpose_b(const float* b, int64_t ldb, int64_t n, int64_t k, float* out, 
         for (int64_t p = 0; p < k; ++p) out[p * ldo + j] = b[j * ldb + p];
       break;
     }
-    for (int64_t p0 = 0; p0 < k; p0 += 16) {
-      const __mmask16 depth = lanes_of(k - p0);
-      __m512 r[16];
-      for (int i = 0; i < 16; ++i)
-        r[i] = j0 + i < n ? _mm512_maskz_loadu_ps(depth, b + (j0 + i) * ldb + p0) : _mm512_setzero_ps();
-      transpose16(r);
-      for (int64_t i = 0; i < std::min<int64_t>(16, k - p0); ++i) _mm512_storeu_ps(out + (p0 + i) * ldo + j0, r[i]);
-    }
+    for (int64_t p0 = 0; p0 < k; p0 += 16)
+      transpose_block16(b + j0 * ldb + p0, ldb, n - j0, k - p0, out + p0 * ldo + j0, ldo);
   }
 }
 

@@ -164,17 +164,18 @@ inline void lane_sums(const Vec* acc, float* sums) {
 // here, so a row gets the same bits whatever the rows beside it.
 template <int NR>
 inline void store_sums(const GemmArgs& g, float* c, const float* bias, int64_t cs, const float* sums) {
-  if (NR == 4 && cs == 1) {
-    __m128 y = _mm_mul_ps(_mm_set1_ps(g.alpha), _mm_load_ps(sums));
-    if (g.beta != 0.0f) y = _mm_add_ps(y, _mm_mul_ps(_mm_set1_ps(g.beta), _mm_loadu_ps(c)));
-    if (bias) y = _mm_add_ps(y, _mm_loadu_ps(bias));
-    return _mm_storeu_ps(c, y);
-  }
-  alignas(16) float old[4] = {0, 0, 0, 0}, add[4] = {0, 0, 0, 0}, out[4];
-  for (int j = 0; j < NR; ++j) old[j] = c[j * cs], add[j] = bias ? bias[j * cs] : 0.0f;
+  const bool dense = NR == 4 && cs == 1;  // four neighbouring columns: whole vectors in and out
+  auto load = [&](const float* p) {
+    if (dense) return _mm_loadu_ps(p);
+    alignas(16) float lanes[4] = {0, 0, 0, 0};
+    for (int j = 0; j < NR; ++j) lanes[j] = p[j * cs];
+    return _mm_load_ps(lanes);
+  };
   __m128 y = _mm_mul_ps(_mm_set1_ps(g.alpha), _mm_load_ps(sums));
-  if (g.beta != 0.0f) y = _mm_add_ps(y, _mm_mul_ps(_mm_set1_ps(g.beta), _mm_load_ps(old)));
-  if (bias) y = _mm_add_ps(y, _mm_load_ps(add));
+  if (g.beta != 0.0f) y = _mm_add_ps(y, _mm_mul_ps(_mm_set1_ps(g.beta), load(c)));
+  if (bias) y = _mm_add_ps(y, load(bias));
+  if (dense) return _mm_storeu_ps(c, y);
+  alignas(16) float out[4];
   _mm_store_ps(out, y);
   for (int j = 0; j < NR; ++j) c[j * cs] = out[j];
 }

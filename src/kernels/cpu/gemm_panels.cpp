@@ -102,16 +102,9 @@ void pack_b(const GemmArgs& g, int64_t j0, int64_t cols, const Step& s, float* o
     // copied one float at a time the pack took a fifth of a 128-row
     // product's time.
     for (int64_t j = 0; j < kCols; j += kLanes)
-      for (int64_t p0 = 0; p0 < depth; p0 += kLanes) {
-        const __mmask16 steps = lanes_of(depth - p0);
-        __m512 r[kLanes];
-        for (int i = 0; i < kLanes; ++i)
-          r[i] = j + i < w ? _mm512_maskz_loadu_ps(steps, g.b + (j0 + q + j + i) * g.ldb + s.p0 + p0)
-                           : _mm512_setzero_ps();
-        transpose16(r);
-        for (int64_t i = 0; i < std::min<int64_t>(kLanes, depth - p0); ++i)
-          _mm512_storeu_ps(panel + (p0 + i) * kCols + j, r[i]);
-      }
+      for (int64_t p0 = 0; p0 < depth; p0 += kLanes)
+        transpose_block16(g.b + (j0 + q + j) * g.ldb + s.p0 + p0, g.ldb, w - j, depth - p0, panel + p0 * kCols + j,
+                          kCols);
 #else
     for (int64_t j = 0; j < w; ++j) {
       const float* src = g.b + (j0 + q + j) * g.ldb + s.p0;

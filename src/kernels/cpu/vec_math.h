@@ -144,7 +144,7 @@ inline T gelu_exact(T x) {
 // 0.5 (1 + erf(x / sqrt 2)) + x e^{-x^2/2} / sqrt(2 pi): an erf and an exp,
 // twice this one's time.
 inline float fast_gelu_grad(float x) {
-  const float c = std::min(std::max(x, -5.8f), 5.8f);
+  const float c = clamp_to(x, -5.8f, 5.8f);
   const float u = c * c;
   float p = -1.871830620e-11f;
   p = p * u + 3.360213892e-09f;
