@@ -354,7 +354,7 @@ check "bench embed --model" 0 bash -c "cd '$FIXTURES/../..' && '$QKV' bench embe
 grep -q '"impl": "qkv bf16"' "$tmp/out" && grep -q '"tokens_per_s"' "$tmp/out" || { echo "FAIL bench embed json"; head -c 600 "$tmp/out"; failures=$((failures + 1)); }
 check "bench embed without --model" nonzero "$QKV" bench embed --python false
 one_line_error "bench embed without --model"
-check "bench vit tiny" 0 bash -c "cd '$FIXTURES/../..' && '$QKV' bench vit --steps 1 --json --python false"
+check "bench vit tiny" 0 bash -c "cd '$FIXTURES/../..' && '$QKV' bench vit --steps 1 --rounds 1 --json --python false"
 grep -q '"qkv_train_images_per_s"' "$tmp/out" || { echo "FAIL bench vit json"; failures=$((failures + 1)); }
 
 # A decoder language model on a short text, then generation from it.
@@ -429,12 +429,17 @@ check "bench attention tiny" 0 "$QKV" bench attention --n 64 96 --seconds 0.01 -
 grep -q "flash" "$tmp/out" && grep -q "naive" "$tmp/out" || { echo "FAIL bench attention table"; cat "$tmp/out"; failures=$((failures + 1)); }
 check "bench attention json" 0 "$QKV" bench attention --json --n 64 --seconds 0.01 --python false
 grep -q '"peak_extra_bytes"' "$tmp/out" || { echo "FAIL bench attention json"; failures=$((failures + 1)); }
-check "bench train tiny" 0 "$QKV" bench train --steps 1 --json --python false
+check "bench train tiny" 0 "$QKV" bench train --steps 1 --rounds 2 --json --python false
 grep -q '"qkv_tokens_per_s"' "$tmp/out" || { echo "FAIL bench train json"; failures=$((failures + 1)); }
 grep -q '"gemm_kernel"' "$tmp/out" || { echo "FAIL bench json lacks what ran (runtime)"; failures=$((failures + 1)); }
+# Two rounds: two figures for qkv, none for a peer that is not there.
+python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); sys.exit(not (d["rounds"] == 2 and len(d["qkv_tokens_per_s_by_round"]) == 2 and d["torch_tokens_per_s_by_round"] == [] and d["ratio"] is None))' "$tmp/out" \
+  || { echo "FAIL bench train --rounds 2 json"; failures=$((failures + 1)); }
+check "bench train --rounds 0" nonzero "$QKV" bench train --rounds 0 --python false
+one_line_error "bench train --rounds 0"
 check "bench decode" 0 "$QKV" bench decode --model "$tmp/demo/model" --test "$tmp/demo/zh-ja.test.tsv" --sentences 5 --json
 grep -q '"greedy, uncached"' "$tmp/out" || { echo "FAIL bench decode json"; cat "$tmp/out"; failures=$((failures + 1)); }
-check "bench vit bf16" 0 bash -c "cd '$FIXTURES/../..' && '$QKV' bench vit --steps 1 --json --python false --precision bf16"
+check "bench vit bf16" 0 bash -c "cd '$FIXTURES/../..' && '$QKV' bench vit --steps 1 --rounds 1 --json --python false --precision bf16"
 grep -q '"precision": "bf16"' "$tmp/out" || { echo "FAIL bench vit bf16 json"; failures=$((failures + 1)); }
 check "bench train unknown precision" nonzero "$QKV" bench train --precision fp8 --python false
 one_line_error "bench train unknown precision"
