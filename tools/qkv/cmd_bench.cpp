@@ -349,7 +349,8 @@ nlohmann::json bench_attention_torch(const BenchArgs& a, const std::vector<int64
 // (a fresh peer process each round), and each side keeps its best round:
 // these machines' speed moves by a third from one minute to the next, and a
 // ratio of one measurement each, taken seconds apart, compared two machines.
-std::string rounds_note(size_t rounds) {
+std::string rounds_note(size_t rounds, bool with_peer) {
+  if (!with_peer) return rounds == 1 ? std::string("one round") : "best of " + std::to_string(rounds) + " rounds";
   return rounds == 1 ? std::string("one round: qkv, then PyTorch")
                      : "best of " + std::to_string(rounds) + " rounds each, qkv and PyTorch alternating";
 }
@@ -459,7 +460,7 @@ int run_bench_train(const BenchArgs& a) {
       bf16 ? "bf16 mixed precision: qkv's linear layers in bfloat16 (float32 sums; attention, with dropout, on the "
              "float32 naive path), PyTorch under autocast"
            : "float32");
-  std::printf("  %s\n\n", rounds_note(ours.size()).c_str());
+  std::printf("  %s\n\n", rounds_note(ours.size(), !theirs.empty()).c_str());
   std::printf("  qkv      %8.0f tokens/s  (%.3f s/step, %.1f system allocations per warm step)\n", qkv_tps, per_step,
               out["qkv_system_allocs_per_step"].get<double>());
   if (out["ratio"].is_null()) {
@@ -784,7 +785,7 @@ int run_bench_attention(const BenchArgs& a) {
   std::printf("qkv bench attention: batch 1, H = 8, Dh = 64, %s, %d threads; PyTorch %s;\n%s\n",
               a.causal ? "causal" : "no mask", thread_count(),
               torch.contains("torch") ? torch["torch"].get<std::string>().c_str() : "not available",
-              rounds_note(a.rounds).c_str());
+              rounds_note(a.rounds, !torch.is_null()).c_str());
   if (bf16)
     std::printf("bf16: qkv's flash products in bfloat16 (%s), PyTorch under torch.autocast(\"cpu\", bfloat16)\n",
                 out["gemm_bf16"].get<std::string>().c_str());
@@ -915,7 +916,7 @@ int run_bench_vit(const BenchArgs& a) {
       bf16 ? "bf16 mixed precision: qkv's linear and flash attention products in bfloat16 (float32 sums), PyTorch "
              "under autocast"
            : "float32",
-      rounds_note(our_train.size()).c_str());
+      rounds_note(our_train.size(), have_torch).c_str());
   std::printf("  %-8s %14s %14s\n", "", "train img/s", "infer img/s");
   std::printf("  %-8s %14.0f %14.0f\n", "qkv", best(our_train), best(our_infer));
   if (have_torch) {
@@ -1463,7 +1464,7 @@ int run_bench(const BenchArgs& a) {
         thread_count(),
         have_torch ? ("PyTorch " + torch["torch"].get<std::string>() + " torch.matmul / F.linear").c_str()
                    : "PyTorch (not available: needs python3 with torch)",
-        rounds_note(a.rounds).c_str());
+        rounds_note(a.rounds, have_torch).c_str());
     std::printf("%-18s %-26s %10s %12s %11s %8s\n", "matmul", "shape", "qkv GF/s", "sgemm GF/s", "torch GF/s",
                 "vs best");
   }
