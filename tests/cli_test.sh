@@ -356,6 +356,8 @@ check "bench embed without --model" nonzero "$QKV" bench embed --python false
 one_line_error "bench embed without --model"
 check "bench vit tiny" 0 bash -c "cd '$FIXTURES/../..' && '$QKV' bench vit --steps 1 --rounds 1 --json --python false"
 grep -q '"qkv_train_images_per_s"' "$tmp/out" || { echo "FAIL bench vit json"; failures=$((failures + 1)); }
+python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); sys.exit(not (d["rounds"] == 1 and len(d["qkv_train_images_per_s_by_round"]) == 1 and d["torch_train_images_per_s_by_round"] == [] and d["train_ratio"] is None))' "$tmp/out" \
+  || { echo "FAIL bench vit --rounds 1 json: one figure for qkv, none for an absent peer"; failures=$((failures + 1)); }
 
 # A decoder language model on a short text, then generation from it.
 for i in $(seq 30); do printf 'the cat sat on the mat.\n\n' >>"$tmp/lm.txt"; done
@@ -425,16 +427,16 @@ one_line_error "train decoder invalid UTF-8"
 grep -q "line 2: invalid UTF-8" "$tmp/err" || { echo "FAIL decoder UTF-8 error lacks the line"; cat "$tmp/err"; failures=$((failures + 1)); }
 
 # Benchmarks: a tiny run of each suite prints its table; a wrong suite is one clear error.
-check "bench attention tiny" 0 "$QKV" bench attention --n 64 96 --seconds 0.01 --python false
+check "bench attention tiny" 0 "$QKV" bench attention --n 64 96 --seconds 0.01 --rounds 1 --python false
 grep -q "flash" "$tmp/out" && grep -q "naive" "$tmp/out" || { echo "FAIL bench attention table"; cat "$tmp/out"; failures=$((failures + 1)); }
-check "bench attention json" 0 "$QKV" bench attention --json --n 64 --seconds 0.01 --python false
+check "bench attention json" 0 "$QKV" bench attention --json --n 64 --seconds 0.01 --rounds 2 --python false
 grep -q '"peak_extra_bytes"' "$tmp/out" || { echo "FAIL bench attention json"; failures=$((failures + 1)); }
-check "bench train tiny" 0 "$QKV" bench train --steps 1 --rounds 2 --json --python false
+# Two rounds, one row per kernel still (each keeps its best round): flash and naive at n = 64.
+python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); sys.exit(not (d["rounds"] == 2 and [r["impl"] for r in d["rows"]] == ["flash", "naive"]))' "$tmp/out" \
+  || { echo "FAIL bench attention --rounds 2 json"; failures=$((failures + 1)); }
+check "bench train tiny" 0 "$QKV" bench train --steps 1 --rounds 1 --json --python false
 grep -q '"qkv_tokens_per_s"' "$tmp/out" || { echo "FAIL bench train json"; failures=$((failures + 1)); }
 grep -q '"gemm_kernel"' "$tmp/out" || { echo "FAIL bench json lacks what ran (runtime)"; failures=$((failures + 1)); }
-# Two rounds: two figures for qkv, none for a peer that is not there.
-python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); sys.exit(not (d["rounds"] == 2 and len(d["qkv_tokens_per_s_by_round"]) == 2 and d["torch_tokens_per_s_by_round"] == [] and d["ratio"] is None))' "$tmp/out" \
-  || { echo "FAIL bench train --rounds 2 json"; failures=$((failures + 1)); }
 check "bench train --rounds 0" nonzero "$QKV" bench train --rounds 0 --python false
 one_line_error "bench train --rounds 0"
 check "bench decode" 0 "$QKV" bench decode --model "$tmp/demo/model" --test "$tmp/demo/zh-ja.test.tsv" --sentences 5 --json
