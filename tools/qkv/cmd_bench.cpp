@@ -708,7 +708,6 @@ int run_bench_attention(const BenchArgs& a) {
     rows.push_back(r);
   };
   nlohmann::json torch;  // the peer's first answer (its version)
-  bool have_peer = true;
   for (int round = 1; round <= a.rounds; ++round) {
     for (int64_t n : a.lengths) {
       if (progress)
@@ -717,18 +716,14 @@ int run_bench_attention(const BenchArgs& a) {
       if (bf16) keep_best(bench_attention_impl(AttentionImpl::Flash, n, a.causal, true, a.seconds));
       if (n <= a.max_naive) keep_best(bench_attention_impl(AttentionImpl::Naive, n, a.causal, false, a.seconds));
     }
-    if (!have_peer) continue;  // no peer: its first round failed
+    if (round > 1 && torch.is_null()) continue;  // no peer: its first round failed
     if (progress)
       std::fprintf(stderr, "\rbench attention: PyTorch (scripts/bench_attention_torch.py), round %d of %d ...   ",
                    round, a.rounds);
     for (bool autocast : {false, true}) {
       if (autocast && !bf16) continue;
       const nlohmann::json peer = bench_attention_torch(a, a.lengths, autocast);
-      if (!peer.contains("rows")) {
-        if (autocast) continue;
-        have_peer = false;  // no torch at all
-        break;
-      }
+      if (!peer.contains("rows")) break;  // without float32 torch, no autocast either
       if (!autocast && torch.is_null()) torch = peer;
       for (auto& t : peer["rows"])
         keep_best({autocast ? "torch-bf16" : "torch", t["n"].get<int64_t>(), t["fwd_ms"].get<double>(),
