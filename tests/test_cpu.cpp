@@ -192,6 +192,33 @@ TEST(Cpu, ThePanelsMatchTheReference) {
   }
 }
 
+// The sanitizer build compiles the float32 register tiles' files without
+// instrumentation and has them check each range they read and write
+// themselves (src/kernels/cpu/range_checked.h): a product whose C is one
+// float short must still be reported, in the panels and in the decoding
+// tiles. Skipped outside that build.
+TEST(CpuDeathTest, TheTilesReportAShortBufferUnderAddressSanitizer) {
+#if !defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "AddressSanitizer builds only (make test-asan)";
+#else
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  omp_set_num_threads(1);
+  const int64_t n = 96, k = 128;
+  for (bool inference : {false, true}) {
+    // 64 rows: m n k above kPanelWork, the panels; 8 rows in inference: gemm_tiles.
+    const int64_t m = inference ? 8 : 64;
+    std::vector<float> a(m * k, 1.0f), b(n * k, 1.0f), c(m * n - 1);
+    for (CpuIsa isa : {CpuIsa::Avx2, CpuIsa::Avx512}) {  // the levels with tiles
+      if (!isa_supported(isa)) continue;
+      GemmArgs g;
+      g.m = m, g.n = n, g.k = k, g.a = a.data(), g.lda = k, g.b = b.data(), g.ldb = k, g.trans_b = true;
+      g.c = c.data(), g.ldc = n, g.inference = inference;
+      EXPECT_DEATH(cpu::kernels(isa).gemm(g), "heap-buffer-overflow") << isa_name(isa) << " " << m << " rows";
+    }
+  }
+#endif
+}
+
 // The panels sum every output in one order, whatever the rows beside it and
 // however C is split between the threads: a row of a training product (past
 // the GEMV's 4 rows) gets the same bits in a product of 16, 17, 40 or 200

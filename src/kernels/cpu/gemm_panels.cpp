@@ -36,6 +36,7 @@
 #ifdef QKV_HAVE_PANELS
 #include <immintrin.h>
 
+#include "src/kernels/cpu/range_checked.h"
 #include "src/kernels/cpu/scratch.h"
 #include "src/kernels/cpu/simd.h"
 #include "src/kernels/cpu/vec_math.h"
@@ -81,6 +82,11 @@ struct Step {
 // and not stored).
 void pack_b(const GemmArgs& g, int64_t j0, int64_t cols, const Step& s, float* out) {
   const int64_t depth = s.depth;
+  if (g.trans_b)
+    check_rows(Access::Read, g.b + j0 * g.ldb + s.p0, cols, depth, g.ldb);
+  else
+    check_rows(Access::Read, g.b + s.p0 * g.ldb + j0, depth, cols, g.ldb);
+  check_rows(Access::Write, out, 1, (cols + kCols - 1) / kCols * kCols * depth, 0);
   if (!g.trans_b) {  // B stored [k, n]: each row of B read once from end to end, a panel row at a time
     for (int64_t p = 0; p < depth; ++p) {
       const float* src = g.b + (s.p0 + p) * g.ldb + j0;
@@ -124,6 +130,8 @@ void pack_b(const GemmArgs& g, int64_t j0, int64_t cols, const Step& s, float* o
 // time in the transposed tiles, against 34% in all the others. Rows
 // [i0, i1) of op(A) at step s.
 void pack_a(const GemmArgs& g, int64_t i0, int64_t i1, const Step& s, float* out) {
+  check_rows(Access::Read, g.a + s.p0 * g.lda + i0, s.depth, i1 - i0, g.lda);
+  check_rows(Access::Write, out, 1, (i1 - i0 + kRows - 1) / kRows * kRows * s.depth, 0);
   for (int64_t p = 0; p < s.depth; ++p) {
     const float* src = g.a + (s.p0 + p) * g.lda;
     int64_t i = i0;
@@ -148,9 +156,26 @@ struct Rows {
 // C's rows [i0, i0 + R) x columns [j0, j0 + cols) from one panel, V vectors
 // of it (cols <= V * kLanes), over one step of the reduction; after the last
 // step, the epilogue.
+// Under the sanitizers, every range it reads and writes is checked first
+// (range_checked.h), not its loads one by one.
 template <int R, int V, bool Packed>
 [[gnu::noinline]] void tile(const GemmArgs& g, Rows rows, int64_t i0, const float* panel, int64_t j0, int64_t cols,
                             const Step& s) {
+  if (s.depth > 0) {
+    check_rows(Access::Read, panel, 1, (s.depth - 1) * kCols + V * kLanes, 0);
+    if (Packed)
+      check_rows(Access::Read, rows.a, 1, (s.depth - 1) * kRows + R, 0);
+    else
+      check_rows(Access::Read, rows.a, R, s.depth, rows.ld);
+  }
+  if (!s.first) check_rows(Access::Read, s.sums + i0 * s.ld_sums + j0, R, cols, s.ld_sums);
+  if (!s.last) check_rows(Access::Write, s.sums + i0 * s.ld_sums + j0, R, cols, s.ld_sums);
+  if (s.last) {
+    if (g.beta != 0.0f) check_rows(Access::Read, g.c + i0 * g.ldc + j0, R, cols, g.ldc);
+    check_rows(Access::Write, g.c + i0 * g.ldc + j0, R, cols, g.ldc);
+    if (g.act_out) check_rows(Access::Write, g.act_out + i0 * g.ld_act + j0, R, cols, g.ld_act);
+    if (g.bias) check_rows(Access::Read, g.bias + j0, 1, cols, 0);
+  }
   Vec acc[R][V];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
