@@ -64,9 +64,9 @@ inline void lane_sums(const Vec* acc, float* sums) {
 
 // C's NR <= 4 outputs of a row of a tile, NR sums at columns 0, cs, 2 cs, ...
 // from c: alpha sum (+ beta c) + bias, the four lanes at once. Output by
-// output (`store`) the epilogue took a quarter of a tile's time at k 256
-// (32 greedy rows against a [1024, 256] weight). Every tile stores through
-// here, so a row gets the same bits whatever the rows beside it.
+// output (gemm.cpp's `store`) the epilogue took a quarter of a tile's time
+// at k 256 (32 greedy rows against a [1024, 256] weight). Every tile stores
+// through here, so a row gets the same bits whatever the rows beside it.
 template <int NR>
 inline void store_sums(const GemmArgs& g, float* c, const float* bias, int64_t cs, const float* sums) {
   const bool dense = NR == 4 && cs == 1;  // four neighbouring columns: whole vectors in and out
