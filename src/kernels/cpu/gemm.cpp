@@ -8,8 +8,8 @@
 // In inference (on the avx512 and avx2 levels) register tiles
 // (gemm_tiles.cpp) take every count of rows up to kMaxTiledRows: each output
 // is summed in the same order whatever the count, so a sequence decoded
-// beside others (`qkv serve`'s streams) gets bit for bit what it gets alone. Training's few-row
-// products take a streaming GEMV (up to 4 rows).
+// beside others (`qkv serve`'s streams) gets bit for bit what it gets alone.
+// Training's few-row products take a streaming GEMV (up to 4 rows).
 //
 // Larger products go to qkv's own GEMM on the avx512 and avx2 levels (the
 // panels of gemm_panels.cpp, from kPanelWork multiply-adds), to BLAS below
