@@ -71,6 +71,15 @@ inline const float* kv_rows(const float* x, const float* const* batches, const F
   return batches ? batches[b] + h * l.head : x + at(l, b, h);
 }
 
+// Tasks a thread takes at a time from a loop of `tasks` (schedule(dynamic)):
+// about eight grabs a thread, so the tail still balances, and no more. A
+// ViT's 512 heads of 16 tokens taken one at a time spent 7% of the
+// attention's time in libgomp's shared counter (a locked add whose cache
+// line both cores kept taking from each other).
+inline int64_t tasks_per_grab(int64_t tasks) {
+  return std::clamp<int64_t>(tasks / (8 * std::max(1, omp_get_max_threads())), 1, 64);
+}
+
 // One query row against `cols` keys (decoding: a tile of one row), as plain
 // loops: s_j = scale q.k_j, and o += sum_j p_j v_j. For one row these beat a
 // GEMM call, whose fixed costs (and BLAS's, for p V) outweighed the products.
@@ -434,6 +443,39 @@ __attribute__((target("avx512bf16"))) float softmax_row_into_packed(const float*
 }
 #endif
 
+// The backward's probabilities of one row of a tile, over its scores s:
+// p_j = e^{s_j - lse} for the visible keys j < vis, zero on to cols.
+inline void probabilities_in_place(float* s, int64_t vis, int64_t cols, float lse) {
+#if defined(__AVX512F__)
+  const __m512 shift = _mm512_set1_ps(lse);
+  for (int64_t j = 0; j < cols; j += 16) {
+    const __mmask16 in = visible_lanes(j, vis);
+    const __m512 p = _mm512_maskz_mov_ps(in, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(in, s + j), shift)));
+    _mm512_mask_storeu_ps(s + j, visible_lanes(j, cols), p);
+  }
+#else
+  for (int64_t j = 0; j < vis; ++j) s[j] = fast_exp(s[j] - lse);
+  std::fill(s + vis, s + cols, 0.0f);
+#endif
+}
+
+// x . y over n floats (the backward's D_i = dO_i . O_i).
+inline float dot(const float* x, const float* y, int64_t n) {
+#if defined(__AVX512F__)
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t d = 0; d < n; d += 16) {
+    const __mmask16 in = lanes_of(n - d);
+    sum = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(in, x + d), _mm512_maskz_loadu_ps(in, y + d), sum);
+  }
+  return hsum(sum);
+#else
+  float sum = 0;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t d = 0; d < n; ++d) sum += x[d] * y[d];
+  return sum;
+#endif
+}
+
 void forward_tiles(const FlashShape& f, const float* q, const float* k, const float* v, float* out, float* lse,
                    Products mode) {
   const int64_t G = f.heads / f.kv_heads;
@@ -458,6 +500,7 @@ void forward_tiles(const FlashShape& f, const float* q, const float* k, const fl
     pack_b(Kp[bh], kv_rows(k, f.k_batches, L.k, b, hk), L.k.row, false);
     pack_b(Vt[bh], kv_rows(v, f.v_batches, L.v, b, hk), L.v.row, true);
   }
+  const int64_t grab = tasks_per_grab(tasks);
 #pragma omp parallel if (tasks > 1)
   {
     Scratch scores(Br * Bc), acc(Br * f.dv), row_max(Br), row_sum(Br), row_sums16(kLaneSums ? Br * 16 : 1);
@@ -468,7 +511,7 @@ void forward_tiles(const FlashShape& f, const float* q, const float* k, const fl
     float* l16 = row_sums16.data();  // kLaneSums: each row's sum as 16 partial sums
     PackBuffer tile_words(packed ? bf16_packed_words(Br, f.dh) + bf16_packed_words(Br, Bc) : 0);
     const Packed Qp = packed ? tile_words.take(Br, f.dh) : Packed{}, Pp = packed ? tile_words.take(Br, Bc) : Packed{};
-#pragma omp for schedule(dynamic)
+#pragma omp for schedule(dynamic, grab)
     for (int64_t task = 0; task < tasks; ++task) {
       const int64_t qt = task % q_tiles, bh = task / q_tiles, b = bh / f.heads, h = bh % f.heads;
       const int64_t q0 = qt * Br, rows = std::min(Br, f.t - q0);
@@ -479,11 +522,17 @@ void forward_tiles(const FlashShape& f, const float* q, const float* k, const fl
       std::fill(m, m + rows, -INFINITY);
       std::fill(l, l + rows, 0.0f);
       if (kLaneSums) std::fill(l16, l16 + rows * 16, 0.0f);
-      std::fill(O, O + rows * f.dv, 0.0f);
+      // The first key tile's p V overwrites O (beta 0, and no rescaling:
+      // every row's alpha there is e^{-inf} = 0, or 1 for a row that sees
+      // none of its keys, whose p are zeros); O starts as zeros only for
+      // rows that see no key at all.
+      if (tile_hi == 0) std::fill(O, O + rows * f.dv, 0.0f);
       const int64_t bh_kv = b * f.kv_heads + h / G;
       if (packed) pack_a({Qp.words, rows, f.dh}, Q, L.q.row, false);
       for (int64_t k0 = 0; k0 < tile_hi; k0 += Bc) {
         const int64_t cols = std::min(Bc, tile_hi - k0);
+        const bool first = k0 == 0;
+        const float o_beta = first ? 0.0f : 1.0f;
         if (packed)
           packed_product(rows, cols, f.dh, f.scale, Qp.words, Qp.stride(), Kp[bh_kv].rows_from(k0), Kp[bh_kv].stride(),
                          0.0f, S, Bc);
@@ -499,7 +548,7 @@ void forward_tiles(const FlashShape& f, const float* q, const float* k, const fl
             const int64_t vis = std::clamp<int64_t>(visible_keys(f, b, q0 + r) - k0, 0, cols);
             const float alpha = softmax_row_into_packed(S + r * Bc, vis, chunks, m[r], l16 + r * 16,
                                                         P.words + r / 16 * P.stride() + r % 16 * 16);
-            if (alpha == 1.0f) continue;
+            if (alpha == 1.0f || first) continue;
             float* o = O + r * f.dv;
             for (int64_t d = 0; d < f.dv; ++d) o[d] *= alpha;
           }
@@ -507,7 +556,7 @@ void forward_tiles(const FlashShape& f, const float* q, const float* k, const fl
             for (int64_t c = 0; c < chunks; ++c)
               std::fill_n(P.words + r / 16 * P.stride() + c * 256 + r % 16 * 16, 16, 0u);
           packed_product(rows, f.dv, cols, 1.0f, P.words, P.stride(), Vt[bh_kv].depth_from(k0), Vt[bh_kv].stride(),
-                         1.0f, O, f.dv);
+                         o_beta, O, f.dv);
           continue;
         }
 #endif
@@ -516,7 +565,7 @@ void forward_tiles(const FlashShape& f, const float* q, const float* k, const fl
           const int64_t vis = std::clamp<int64_t>(visible_keys(f, b, q0 + r) - k0, 0, cols);
 #if defined(__AVX512F__)
           const float alpha = softmax_row_in_place(s, vis, cols, m[r], l16 + r * 16);
-          if (alpha == 1.0f) continue;
+          if (alpha == 1.0f || first) continue;
 #else
           const float mx = max_of(s, vis);
           std::fill(s + vis, s + cols, 0.0f);
@@ -531,6 +580,7 @@ void forward_tiles(const FlashShape& f, const float* q, const float* k, const fl
           }
           l[r] = l[r] * alpha + sum;
           m[r] = m_new;
+          if (first) continue;
 #endif
           float* o = O + r * f.dv;
           for (int64_t d = 0; d < f.dv; ++d) o[d] *= alpha;
@@ -539,14 +589,16 @@ void forward_tiles(const FlashShape& f, const float* q, const float* k, const fl
           const Packed P{Pp.words, rows, cols};
           pack_a(P, S, Bc, false);
           packed_product(rows, f.dv, cols, 1.0f, P.words, P.stride(), Vt[bh_kv].depth_from(k0), Vt[bh_kv].stride(),
-                         1.0f, O, f.dv);
+                         o_beta, O, f.dv);
         } else {
           if (rounded)
             for (int64_t r = 0; r < rows; ++r) round_row(S + r * Bc, cols, S + r * Bc);  // after l summed them
-          if (rows == 1)
+          if (rows == 1) {
+            if (first) std::fill(O, O + f.dv, 0.0f);
             row_values(S, V + k0 * L.v.row, L.v.row, cols, f.dv, O);
-          else
-            small_gemm(false, false, rows, f.dv, cols, 1.0f, S, Bc, V + k0 * L.v.row, L.v.row, 1.0f, O, f.dv);
+          } else {
+            small_gemm(false, false, rows, f.dv, cols, 1.0f, S, Bc, V + k0 * L.v.row, L.v.row, o_beta, O, f.dv);
+          }
         }
       }
 #if defined(__AVX512F__)
@@ -575,6 +627,7 @@ void backward_tiles(const FlashShape& f, const float* q, const float* k, const f
   // Packed: per thread, its K/V head's K, K^T and V, each query head's Q,
   // Q^T, dO and dO^T, and the tiles P^T, dS and dS^T.
   const bool packed = mode == Products::Packed, rounded = mode == Products::Rounded;
+  const int64_t grab = tasks_per_grab(tasks);
 #pragma omp parallel if (tasks > 1)
   {
     Scratch probs(Br * Bc), dprobs(Br * Bc), rowdot(f.t), rounded_probs(rounded ? Br * Bc : 1);
@@ -592,7 +645,7 @@ void backward_tiles(const FlashShape& f, const float* q, const float* k, const f
       Qp = words.take(f.t, f.dh), Qt = words.take(f.dh, f.t), dOp = words.take(f.t, f.dv), dOt = words.take(f.dv, f.t);
       Pt = words.take(Bc, Br), dSp = words.take(Bc, Br), dSt = words.take(Bc, Br);  // each at most Br x Bc either way
     }
-#pragma omp for schedule(dynamic)
+#pragma omp for schedule(dynamic, grab)
     for (int64_t task = 0; task < tasks; ++task) {
       const int64_t b = task / f.kv_heads, hk = task % f.kv_heads;
       const float* K = k + at(L.k, b, hk);
@@ -601,7 +654,11 @@ void backward_tiles(const FlashShape& f, const float* q, const float* k, const f
       float* dV = dv + at(L.v, b, hk);
       const int64_t qr = L.q.row, kr = L.k.row, vr = L.v.row, orow = L.o.row;
       const int64_t key_hi = visible_keys(f, b, f.t - 1);
-      for (int64_t j = 0; j < f.s; ++j) {  // keys past key_hi (padding) keep these zeros
+      // The products write dK and dV of keys [0, key_hi) (the first with
+      // beta 0) and every row of dQ (from the first key tile on); keys past
+      // key_hi (padding) get zeros here. (Zeroing every row first, 128 bytes
+      // at a time, took a sixth of a ViT's attention backward.)
+      for (int64_t j = key_hi; j < f.s; ++j) {
         std::fill_n(dK + j * kr, f.dh, 0.0f);
         std::fill_n(dV + j * vr, f.dv, 0.0f);
       }
@@ -618,13 +675,11 @@ void backward_tiles(const FlashShape& f, const float* q, const float* k, const f
         const float* dOr = dout_r + at(L.o, b, h);
         const float* lse_row = lse + bh * f.t;
         float* dQ = dq + at(L.q, b, h);
-        for (int64_t i = 0; i < f.t; ++i) std::fill_n(dQ + i * qr, f.dh, 0.0f);
-        for (int64_t i = 0; i < f.t; ++i) {
-          float s = 0;
-#pragma omp simd reduction(+ : s)
-          for (int64_t d = 0; d < f.dv; ++d) s += dO[i * orow + d] * O[i * orow + d];
-          D[i] = s;
-        }
+        // Rows of dQ before the first query tile the first key tile reaches
+        // (causal, more queries than keys), or all when no key is visible.
+        const int64_t unwritten = key_hi == 0 ? f.t : f.causal ? std::max<int64_t>(0, f.t - f.s) / Br * Br : 0;
+        for (int64_t i = 0; i < unwritten; ++i) std::fill_n(dQ + i * qr, f.dh, 0.0f);
+        for (int64_t i = 0; i < f.t; ++i) D[i] = dot(dO + i * orow, O + i * orow, f.dv);
         if (packed) {
           pack_a(Qp, Q, qr, false);
           pack_b(Qt, Q, qr, true);
@@ -637,6 +692,10 @@ void backward_tiles(const FlashShape& f, const float* q, const float* k, const f
           const int64_t first_q = f.causal ? std::max<int64_t>(0, k0 - (f.s - f.t)) : 0;
           for (int64_t q0 = first_q / Br * Br; q0 < f.t; q0 += Br) {
             const int64_t rows = std::min(Br, f.t - q0);
+            // Each output's first contribution overwrites it: dK's and dV's
+            // rows of this key tile at its first query tile of the first
+            // query head, dQ's rows at the first key tile.
+            const float kv_beta = g == 0 && q0 == first_q / Br * Br ? 0.0f : 1.0f, q_beta = k0 == 0 ? 0.0f : 1.0f;
             if (packed)
               packed_product(rows, cols, f.dh, f.scale, Qp.rows_from(q0), Qp.stride(), Kp.rows_from(k0), Kp.stride(),
                              0.0f, P, Bc);
@@ -647,20 +706,19 @@ void backward_tiles(const FlashShape& f, const float* q, const float* k, const f
               const float row_lse = lse_row[q0 + r];
               const int64_t vis =
                   row_lse == -INFINITY ? 0 : std::clamp<int64_t>(visible_keys(f, b, q0 + r) - k0, 0, cols);
-              for (int64_t j = 0; j < vis; ++j) p[j] = fast_exp(p[j] - row_lse);
-              std::fill(p + vis, p + cols, 0.0f);
+              probabilities_in_place(p, vis, cols, row_lse);
             }
             if (packed) {  // dV += P^T dO;  dP = dO V^T
               const Packed p_t{Pt.words, cols, rows};
               pack_a(p_t, P, Bc, true);
-              packed_product(cols, f.dv, rows, 1.0f, p_t.words, p_t.stride(), dOt.depth_from(q0), dOt.stride(), 1.0f,
+              packed_product(cols, f.dv, rows, 1.0f, p_t.words, p_t.stride(), dOt.depth_from(q0), dOt.stride(), kv_beta,
                              dV + k0 * vr, vr);
               packed_product(rows, cols, f.dv, 1.0f, dOp.rows_from(q0), dOp.stride(), Vp.rows_from(k0), Vp.stride(),
                              0.0f, dP, Bc);
             } else {
               if (rounded)
                 for (int64_t r = 0; r < rows; ++r) round_row(P + r * Bc, cols, Pr + r * Bc);
-              small_gemm(true, false, cols, f.dv, rows, 1.0f, Pr, Bc, dOr + q0 * orow, orow, 1.0f, dV + k0 * vr, vr);
+              small_gemm(true, false, cols, f.dv, rows, 1.0f, Pr, Bc, dOr + q0 * orow, orow, kv_beta, dV + k0 * vr, vr);
               small_gemm(false, true, rows, cols, f.dv, 1.0f, dOr + q0 * orow, orow, V + k0 * vr, vr, 0.0f, dP, Bc);
             }
             for (int64_t r = 0; r < rows; ++r) {
@@ -673,15 +731,15 @@ void backward_tiles(const FlashShape& f, const float* q, const float* k, const f
               const Packed ds{dSp.words, rows, cols}, ds_t{dSt.words, cols, rows};
               pack_a(ds, dP, Bc, false);
               pack_a(ds_t, dP, Bc, true);
-              packed_product(rows, f.dh, cols, f.scale, ds.words, ds.stride(), Kt.depth_from(k0), Kt.stride(), 1.0f,
+              packed_product(rows, f.dh, cols, f.scale, ds.words, ds.stride(), Kt.depth_from(k0), Kt.stride(), q_beta,
                              dQ + q0 * qr, qr);
               packed_product(cols, f.dh, rows, f.scale, ds_t.words, ds_t.stride(), Qt.depth_from(q0), Qt.stride(),
-                             1.0f, dK + k0 * kr, kr);
+                             kv_beta, dK + k0 * kr, kr);
             } else {
               if (rounded)
                 for (int64_t r = 0; r < rows; ++r) round_row(dP + r * Bc, cols, dP + r * Bc);
-              small_gemm(false, false, rows, f.dh, cols, f.scale, dP, Bc, K + k0 * kr, kr, 1.0f, dQ + q0 * qr, qr);
-              small_gemm(true, false, cols, f.dh, rows, f.scale, dP, Bc, Q + q0 * qr, qr, 1.0f, dK + k0 * kr, kr);
+              small_gemm(false, false, rows, f.dh, cols, f.scale, dP, Bc, K + k0 * kr, kr, q_beta, dQ + q0 * qr, qr);
+              small_gemm(true, false, cols, f.dh, rows, f.scale, dP, Bc, Q + q0 * qr, qr, kv_beta, dK + k0 * kr, kr);
             }
           }
         }
