@@ -154,6 +154,31 @@ void unary_backward(UnaryOp op, const float* x, const float* y, const float* dy,
   }
 }
 
+namespace {
+
+// Columns [i0, min(i0 + kSumColumns, end)) of the n rows at x (row stride
+// inner), each summed over the rows in order, into y[i0..]. The sums stay
+// in registers from row to row: added into y itself, every row's adds waited
+// on the last row's stores (y may alias x, so the compiler kept them in
+// memory), and a bias gradient of 2,048 x 384 ran at 24 GB/s a core from L2.
+constexpr int64_t kSumColumns = 64;
+void sum_columns(const float* x, int64_t inner, int64_t n, int64_t i0, int64_t end, float* y) {
+  float acc[kSumColumns] = {};
+  const float* col = x + i0;
+  if (end - i0 == kSumColumns) {
+    for (int64_t r = 0; r < n; ++r)
+#pragma GCC unroll 64
+      for (int64_t i = 0; i < kSumColumns; ++i) acc[i] += col[r * inner + i];
+  } else {
+    const int64_t w = end - i0;
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t i = 0; i < w; ++i) acc[i] += col[r * inner + i];
+  }
+  std::copy(acc, acc + std::min(kSumColumns, end - i0), y + i0);
+}
+
+}  // namespace
+
 void sum_middle(const float* x, float* y, int64_t outer, int64_t n, int64_t inner) {
   if (inner == 1) {  // contiguous rows: one dot-free reduction per row
 #pragma omp parallel for schedule(static) if (outer * n >= kParallelGrain && outer > 1)
@@ -172,21 +197,17 @@ void sum_middle(const float* x, float* y, int64_t outer, int64_t n, int64_t inne
   // Reduce over rows: accumulate whole rows of `inner` elements, split over
   // (o, column block). Blocks of up to 256 columns, narrower when there are
   // too few to share: a bias gradient (outer 1, 128 or 384 columns) had one
-  // or two blocks, and the first thread summed all or two thirds of it.
-  // Each column still sums its rows in order, whatever the blocks.
+  // or two blocks, and the first thread summed all or two thirds of it;
+  // about one block a thread, so that 384 columns make two blocks of three
+  // whole register chunks (sum_columns) each. Each column still sums its
+  // rows in order, whatever the blocks.
   const int64_t threads = omp_in_parallel() ? 1 : omp_get_max_threads();
-  const int64_t block =
-      std::clamp<int64_t>((inner / (2 * threads * std::max<int64_t>(outer, 1)) + 15) / 16 * 16, 16, 256);
+  const int64_t block = std::clamp<int64_t>((inner / (threads * std::max<int64_t>(outer, 1)) + 15) / 16 * 16, 16, 256);
   const int64_t blocks = (inner + block - 1) / block;
 #pragma omp parallel for schedule(static) if (outer * n * inner >= kParallelGrain && outer * blocks > 1)
   for (int64_t ob = 0; ob < outer * blocks; ++ob) {
     int64_t o = ob / blocks, c0 = (ob % blocks) * block, c1 = std::min(inner, c0 + block);
-    float* yo = y + o * inner;
-    for (int64_t i = c0; i < c1; ++i) yo[i] = 0;
-    for (int64_t r = 0; r < n; ++r) {
-      const float* xr = x + (o * n + r) * inner;
-      for (int64_t i = c0; i < c1; ++i) yo[i] += xr[i];
-    }
+    for (int64_t i0 = c0; i0 < c1; i0 += kSumColumns) sum_columns(x + o * n * inner, inner, n, i0, c1, y + o * inner);
   }
 }
 
