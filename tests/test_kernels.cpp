@@ -571,9 +571,11 @@ TEST(Kernels, OptimizerStepsMatchTheReference) {
 // tiles), and batches in buffers of their own (FlashShape::k_batches, as the
 // KV caches of decoding streams; forward only), and a short sequence whose
 // head size (24) is not a multiple of 16 (the avx512 level's small products
-// in registers transpose K 16 x 16 at a time, the last block part full).
+// in registers transpose K 16 x 16 at a time, the last block part full), and
+// long ones whose products take the panels with packed operands.
 // Dropping the accumulation of the one-row p V loop, or reading k_batches as
-// one buffer, fails; so does leaving K untransposed in the small products.
+// one buffer, fails; so does leaving K untransposed in the small products,
+// or cutting a causal query tile's products short of its packed key tile.
 TEST(Kernels, FlashAttentionMatchesTheReference) {
   omp_set_num_threads(2);
   struct Case {
@@ -592,6 +594,13 @@ TEST(Kernels, FlashAttentionMatchesTheReference) {
       // A ViT's 17 tokens: tiles of 9 + 8 rows, the 17th key's column of K^T
       // and V^T copied alone.
       {4, 2, 2, 17, 17, 32, false, false, {}},
+      // Head size 64 and full tiles: the float32 products on gemm's panels
+      // with K, V, Q and dO packed once (on_panels), causal query tiles that
+      // see part of a packed key tile, a last key tile of 4 keys, a batch
+      // whose padding ends a tile 3 keys in, grouped queries; and the packed
+      // layout.
+      {2, 4, 2, 150, 260, 64, true, false, {260, 131}},
+      {1, 2, 2, 200, 200, 64, false, true, {}},
   };
   for (const Kernels* k : levels()) {
     for (const Case& c : cases) {

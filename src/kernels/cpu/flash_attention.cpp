@@ -24,6 +24,7 @@
 
 #include "qkv/allocator.h"
 #include "src/kernels/cpu/gemm_bf16_packed.h"
+#include "src/kernels/cpu/gemm_panels.h"
 #include "src/kernels/cpu/simd.h"
 #include "src/kernels/cpu/vec_math.h"
 #include "src/kernels/kernels.h"
@@ -222,6 +223,63 @@ void small_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, 
   g.trans_a = ta, g.trans_b = tb, g.m = m, g.n = n, g.k = k, g.alpha = alpha;
   g.a = a, g.lda = lda, g.b = b, g.ldb = ldb, g.beta = beta, g.c = c, g.ldc = ldc;
   gemm(g);
+}
+
+// op(B) of a float32 tile product: as it lies (b, ldb, trans), or, where
+// `panel` is set, packed beforehand for gemm's panels (panels_pack_b).
+struct TileB {
+  const float* b = nullptr;
+  int64_t ldb = 0;
+  bool trans = false;
+  const float* panel = nullptr;
+};
+
+// C[m, n] = alpha op(A) op(B) + beta C over depth k, in float32.
+void tile_product(bool ta, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const TileB& b,
+                  float beta, float* c, int64_t ldc) {
+#ifdef QKV_HAVE_PANELS
+  if (b.panel) {
+    GemmArgs g;
+    g.trans_a = ta, g.m = m, g.n = n, g.k = k, g.alpha = alpha, g.a = a, g.lda = lda, g.beta = beta, g.c = c,
+    g.ldc = ldc;
+    return gemm_panels_packed_b(g, b.panel);
+  }
+#endif
+  small_gemm(ta, b.trans, m, n, k, alpha, a, lda, b.b, b.ldb, beta, c, ldc);
+}
+
+// Float32 tile products of long sequences (a full tile's products as large
+// as those gemm gives its panels) take the panels with their B packed once:
+// in the forward each K/V head's key tiles, K for the scores and V for p V,
+// before the tasks (every query tile of the head meets them); in the
+// backward a key tile's K and V once for all the query tiles that pass it,
+// and each query head's Q and dO tiles once for all the key tiles. Through
+// gemm each product packed its B again: at 4,096 tokens a third of the
+// samples were that packing (Intel Xeon, family 6 model 207).
+bool on_panels(const FlashShape& f) {
+#ifdef QKV_HAVE_PANELS
+  return f.t > 1 && std::min(f.t, Br) * std::min(f.s, Bc) * std::min(f.dh, f.dv) >= kPanelWork;
+#else
+  return false;
+#endif
+}
+
+// Packs op(B) [k, n], stored as b (row stride ldb; [n, k] when trans), for tile_product.
+void pack_panel(float* out, const float* b, int64_t ldb, bool trans, int64_t n, int64_t k) {
+#ifdef QKV_HAVE_PANELS
+  GemmArgs g;
+  g.b = b, g.ldb = ldb, g.trans_b = trans, g.n = n, g.k = k;
+  panels_pack_b(g, out);
+#endif
+}
+
+// Floats of a packed op(B) [k, n] (0 without the panels).
+int64_t panel_floats(int64_t n, int64_t k) {
+#ifdef QKV_HAVE_PANELS
+  return panels_b_floats(n, k);
+#else
+  return 0;
+#endif
 }
 
 // The bfloat16 kernels' operands packed once for gemm_bf16's kernels (AMX or
@@ -500,6 +558,29 @@ void forward_tiles(const FlashShape& f, const float* q, const float* k, const fl
     pack_b(Kp[bh], kv_rows(k, f.k_batches, L.k, b, hk), L.k.row, false);
     pack_b(Vt[bh], kv_rows(v, f.v_batches, L.v, b, hk), L.v.row, true);
   }
+  // On the panels: each K/V head's key tiles, K for the scores and V for p
+  // V, once (panel_at). Every tile is packed with all the keys of it that
+  // any query row of its batch sees (key_extent), and each query tile's
+  // products take the whole tile: columns past what a causal query tile
+  // sees get p = 0 from the softmax, as past a row's own last key.
+  const bool panels = !packed && on_panels(f);
+  const int64_t key_tiles = panels ? (f.s + Bc - 1) / Bc : 0;
+  const int64_t k_floats = panel_floats(Bc, f.dh), tile_floats = k_floats + panel_floats(f.dv, Bc);
+  Scratch key_panels;
+  if (panels) key_panels.take(kv_heads * key_tiles * tile_floats);
+  const auto key_extent = [&](int64_t b, int64_t k0) { return std::min(Bc, visible_keys(f, b, f.t - 1) - k0); };
+  const auto panel_at = [&](int64_t bh_kv, int64_t k0) {
+    return key_panels.data() + (bh_kv * key_tiles + k0 / Bc) * tile_floats;
+  };
+#pragma omp parallel for schedule(static) if (panels && kv_heads * key_tiles > 1)
+  for (int64_t i = 0; i < kv_heads * key_tiles; ++i) {
+    const int64_t bh = i / key_tiles, b = bh / f.kv_heads, hk = bh % f.kv_heads, k0 = i % key_tiles * Bc;
+    const int64_t cols = key_extent(b, k0);
+    if (cols <= 0) continue;
+    float* at_tile = panel_at(bh, k0);
+    pack_panel(at_tile, kv_rows(k, f.k_batches, L.k, b, hk) + k0 * L.k.row, L.k.row, true, cols, f.dh);
+    pack_panel(at_tile + k_floats, kv_rows(v, f.v_batches, L.v, b, hk) + k0 * L.v.row, L.v.row, false, f.dv, cols);
+  }
   const int64_t grab = tasks_per_grab(tasks);
 #pragma omp parallel if (tasks > 1)
   {
@@ -530,16 +611,18 @@ void forward_tiles(const FlashShape& f, const float* q, const float* k, const fl
       const int64_t bh_kv = b * f.kv_heads + h / G;
       if (packed) pack_a({Qp.words, rows, f.dh}, Q, L.q.row, false);
       for (int64_t k0 = 0; k0 < tile_hi; k0 += Bc) {
-        const int64_t cols = std::min(Bc, tile_hi - k0);
+        const int64_t cols = panels ? key_extent(b, k0) : std::min(Bc, tile_hi - k0);
         const bool first = k0 == 0;
         const float o_beta = first ? 0.0f : 1.0f;
+        const TileB k_tile{K + k0 * L.k.row, L.k.row, true, panels ? panel_at(bh_kv, k0) : nullptr};
+        const TileB v_tile{V + k0 * L.v.row, L.v.row, false, panels ? panel_at(bh_kv, k0) + k_floats : nullptr};
         if (packed)
           packed_product(rows, cols, f.dh, f.scale, Qp.words, Qp.stride(), Kp[bh_kv].rows_from(k0), Kp[bh_kv].stride(),
                          0.0f, S, Bc);
         else if (rows == 1)
           row_scores(Q, K + k0 * L.k.row, L.k.row, cols, f.dh, f.scale, S);
         else
-          small_gemm(false, true, rows, cols, f.dh, f.scale, Q, L.q.row, K + k0 * L.k.row, L.k.row, 0.0f, S, Bc);
+          tile_product(false, rows, cols, f.dh, f.scale, Q, L.q.row, k_tile, 0.0f, S, Bc);
 #if defined(__AVX512F__)
         if (fused) {
           const Packed P{Pp.words, rows, cols};
@@ -597,7 +680,7 @@ void forward_tiles(const FlashShape& f, const float* q, const float* k, const fl
             if (first) std::fill(O, O + f.dv, 0.0f);
             row_values(S, V + k0 * L.v.row, L.v.row, cols, f.dv, O);
           } else {
-            small_gemm(false, false, rows, f.dv, cols, 1.0f, S, Bc, V + k0 * L.v.row, L.v.row, o_beta, O, f.dv);
+            tile_product(false, rows, f.dv, cols, 1.0f, S, Bc, v_tile, o_beta, O, f.dv);
           }
         }
       }
@@ -627,6 +710,7 @@ void backward_tiles(const FlashShape& f, const float* q, const float* k, const f
   // Packed: per thread, its K/V head's K, K^T and V, each query head's Q,
   // Q^T, dO and dO^T, and the tiles P^T, dS and dS^T.
   const bool packed = mode == Products::Packed, rounded = mode == Products::Rounded;
+  const bool panels = !packed && on_panels(f);
   const int64_t grab = tasks_per_grab(tasks);
 #pragma omp parallel if (tasks > 1)
   {
@@ -644,6 +728,16 @@ void backward_tiles(const FlashShape& f, const float* q, const float* k, const f
       Kp = words.take(f.s, f.dh), Kt = words.take(f.dh, f.s), Vp = words.take(f.s, f.dv);
       Qp = words.take(f.t, f.dh), Qt = words.take(f.dh, f.t), dOp = words.take(f.t, f.dv), dOt = words.take(f.dv, f.t);
       Pt = words.take(Bc, Br), dSp = words.take(Bc, Br), dSt = words.take(Bc, Br);  // each at most Br x Bc either way
+    }
+    // On the panels (on_panels): the current query head's Q and dO tiles
+    // (each the B of a product with a key tile's dS^T or P^T), and the current
+    // key tile's K^T (scores), V^T (dP) and K (dQ).
+    const int64_t q_floats = panel_floats(f.dh, Br), qt_floats = q_floats + panel_floats(f.dv, Br);
+    const int64_t kt_floats = panel_floats(Bc, f.dh), vt_floats = panel_floats(Bc, f.dv);
+    Scratch query_panels, key_panels;
+    if (panels) {
+      query_panels.take((f.t + Br - 1) / Br * qt_floats);
+      key_panels.take(kt_floats + vt_floats + panel_floats(f.dh, Bc));
     }
 #pragma omp for schedule(dynamic, grab)
     for (int64_t task = 0; task < tasks; ++task) {
@@ -686,12 +780,29 @@ void backward_tiles(const FlashShape& f, const float* q, const float* k, const f
           pack_a(dOp, dO, orow, false);
           pack_b(dOt, dO, orow, true);
         }
+        for (int64_t q0 = 0; panels && q0 < f.t; q0 += Br) {
+          float* at_tile = query_panels.data() + q0 / Br * qt_floats;
+          const int64_t rows = std::min(Br, f.t - q0);
+          pack_panel(at_tile, Q + q0 * qr, qr, false, f.dh, rows);
+          pack_panel(at_tile + q_floats, dOr + q0 * orow, orow, false, f.dv, rows);
+        }
         for (int64_t k0 = 0; k0 < key_hi; k0 += Bc) {
           const int64_t cols = std::min(Bc, key_hi - k0);
+          if (panels) {
+            pack_panel(key_panels.data(), K + k0 * kr, kr, true, cols, f.dh);
+            pack_panel(key_panels.data() + kt_floats, V + k0 * vr, vr, true, cols, f.dv);
+            pack_panel(key_panels.data() + kt_floats + vt_floats, K + k0 * kr, kr, false, f.dh, cols);
+          }
+          const TileB k_t{K + k0 * kr, kr, true, panels ? key_panels.data() : nullptr};
+          const TileB v_t{V + k0 * vr, vr, true, panels ? key_panels.data() + kt_floats : nullptr};
+          const TileB k_tile{K + k0 * kr, kr, false, panels ? key_panels.data() + kt_floats + vt_floats : nullptr};
           // The first query that can see key k0 (causal: i + S - T >= k0).
           const int64_t first_q = f.causal ? std::max<int64_t>(0, k0 - (f.s - f.t)) : 0;
           for (int64_t q0 = first_q / Br * Br; q0 < f.t; q0 += Br) {
             const int64_t rows = std::min(Br, f.t - q0);
+            const float* q_panel = panels ? query_panels.data() + q0 / Br * qt_floats : nullptr;
+            const TileB q_tile{Q + q0 * qr, qr, false, q_panel};
+            const TileB do_tile{dOr + q0 * orow, orow, false, panels ? q_panel + q_floats : nullptr};
             // Each output's first contribution overwrites it: dK's and dV's
             // rows of this key tile at its first query tile of the first
             // query head, dQ's rows at the first key tile.
@@ -700,7 +811,7 @@ void backward_tiles(const FlashShape& f, const float* q, const float* k, const f
               packed_product(rows, cols, f.dh, f.scale, Qp.rows_from(q0), Qp.stride(), Kp.rows_from(k0), Kp.stride(),
                              0.0f, P, Bc);
             else
-              small_gemm(false, true, rows, cols, f.dh, f.scale, Q + q0 * qr, qr, K + k0 * kr, kr, 0.0f, P, Bc);
+              tile_product(false, rows, cols, f.dh, f.scale, Q + q0 * qr, qr, k_t, 0.0f, P, Bc);
             for (int64_t r = 0; r < rows; ++r) {
               float* p = P + r * Bc;
               const float row_lse = lse_row[q0 + r];
@@ -718,8 +829,8 @@ void backward_tiles(const FlashShape& f, const float* q, const float* k, const f
             } else {
               if (rounded)
                 for (int64_t r = 0; r < rows; ++r) round_row(P + r * Bc, cols, Pr + r * Bc);
-              small_gemm(true, false, cols, f.dv, rows, 1.0f, Pr, Bc, dOr + q0 * orow, orow, kv_beta, dV + k0 * vr, vr);
-              small_gemm(false, true, rows, cols, f.dv, 1.0f, dOr + q0 * orow, orow, V + k0 * vr, vr, 0.0f, dP, Bc);
+              tile_product(true, cols, f.dv, rows, 1.0f, Pr, Bc, do_tile, kv_beta, dV + k0 * vr, vr);
+              tile_product(false, rows, cols, f.dv, 1.0f, dOr + q0 * orow, orow, v_t, 0.0f, dP, Bc);
             }
             for (int64_t r = 0; r < rows; ++r) {
               const float di = D[q0 + r];
@@ -738,8 +849,8 @@ void backward_tiles(const FlashShape& f, const float* q, const float* k, const f
             } else {
               if (rounded)
                 for (int64_t r = 0; r < rows; ++r) round_row(dP + r * Bc, cols, dP + r * Bc);
-              small_gemm(false, false, rows, f.dh, cols, f.scale, dP, Bc, K + k0 * kr, kr, q_beta, dQ + q0 * qr, qr);
-              small_gemm(true, false, cols, f.dh, rows, f.scale, dP, Bc, Q + q0 * qr, qr, kv_beta, dK + k0 * kr, kr);
+              tile_product(false, rows, f.dh, cols, f.scale, dP, Bc, k_tile, q_beta, dQ + q0 * qr, qr);
+              tile_product(true, cols, f.dh, rows, f.scale, dP, Bc, q_tile, kv_beta, dK + k0 * kr, kr);
             }
           }
         }

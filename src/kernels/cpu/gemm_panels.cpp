@@ -279,8 +279,60 @@ const char* panels_path() {
 #endif
 }
 
+namespace {
+
+// The blocking of one product, and the buffers its steps share: the sums
+// between steps (own_sums: C's old values are still to be added after the
+// last step) and A's packed tiles (A transposed).
+struct Plan {
+  int64_t depth, block_rows;
+  bool own_sums;
+  Scratch held, a_tiles;
+  explicit Plan(const GemmArgs& g)
+      : depth(std::max<int64_t>(1, std::min(g.k, kDepth))),
+        block_rows(std::max<int64_t>(kRows, kRowBlockBytes / (4 * depth) / kRows * kRows)),
+        own_sums(g.k > depth && g.beta != 0.0f) {
+    if (own_sums) held.take(g.m * g.n);
+    if (g.trans_a) a_tiles.take(round_up(std::min(block_rows, g.m), kRows) * depth);
+  }
+  Step step(const GemmArgs& g, int64_t p0) const {
+    Step s;
+    s.p0 = p0, s.depth = std::min(depth, g.k - p0), s.first = p0 == 0, s.last = p0 + s.depth >= g.k;
+    s.sums = own_sums ? held.data() : g.c, s.ld_sums = own_sums ? g.n : g.ldc;
+    return s;
+  }
+};
+
+// C's columns [jc, jc + cols) over the reduction's rows [pc, pe) (at least
+// one step, also with k 0: C = beta C + bias), B's panels for them packed
+// at `packed`, step p0's from (p0 - pc) * padded: each block of A's rows
+// goes through the whole part, a step at a time, before the next block.
+void sweep(const GemmArgs& g, const Plan& plan, const float* packed, int64_t padded, int64_t jc, int64_t cols,
+           int64_t pc, int64_t pe) {
+  for (int64_t ic = 0; ic < g.m; ic += plan.block_rows) {
+    const int64_t ie = std::min(g.m, ic + plan.block_rows);
+    int64_t p0 = pc;
+    do {
+      const Step s = plan.step(g, p0);
+      const float* panels = packed + (p0 - pc) * padded;
+      if (g.trans_a) pack_a(g, ic, ie, s, plan.a_tiles.data());
+      for (int64_t q = 0; q < cols; q += kCols)
+        for (int64_t i = ic; i < ie; i += kRows) {
+          const Rows a =
+              g.trans_a ? Rows{plan.a_tiles.data() + (i - ic) * s.depth, kRows} : Rows{g.a + i * g.lda + s.p0, g.lda};
+          tile_rows(g, a, i, std::min<int64_t>(kRows, ie - i), panels + q * s.depth, jc + q, std::min(kCols, cols - q),
+                    s);
+        }
+      p0 += s.depth;
+    } while (p0 < pe);
+  }
+}
+
+}  // namespace
+
 void gemm_panels(const GemmArgs& g) {
-  const int64_t k = g.k, depth = std::max<int64_t>(1, std::min(k, kDepth));
+  const Plan plan(g);
+  const int64_t k = g.k, depth = plan.depth;
   // B is packed kPackDepth of its rows by block_cols of its columns at a
   // time; each block of A's rows then goes through that part of the
   // reduction, a step of kDepth at a time, before the next block, so the sums
@@ -289,52 +341,39 @@ void gemm_panels(const GemmArgs& g) {
   // gradient, no longer shrinks the blocks of columns).
   const int64_t pack_depth = std::max<int64_t>(1, std::min(k, kPackDepth));
   const int64_t block_cols = std::max(kCols, kPackBytes / (4 * pack_depth * kCols) * kCols);
-  const int64_t block_rows = std::max<int64_t>(kRows, kRowBlockBytes / (4 * depth) / kRows * kRows);
   const int64_t padded = std::min(block_cols, round_up(g.n, kCols));
   // Small products pack B on the stack: the allocator's lock would cost more
   // than their products.
   alignas(64) float local[kLocalFloats];
   Scratch heap;
   float* const packed = padded * pack_depth <= kLocalFloats ? local : heap.take(padded * pack_depth);
-  // The sums between steps wait in C, unless C's old values are still to be
-  // added (beta not 0) after the last step.
-  const bool own_sums = k > depth && g.beta != 0.0f;
-  Scratch held, a_tiles;
-  if (own_sums) held.take(g.m * g.n);
-  if (g.trans_a) a_tiles.take(round_up(std::min(block_rows, g.m), kRows) * depth);
-  auto step = [&](int64_t p0) {
-    Step s;
-    s.p0 = p0, s.depth = std::min(depth, k - p0), s.first = p0 == 0, s.last = p0 + s.depth >= k;
-    s.sums = own_sums ? held.data() : g.c, s.ld_sums = own_sums ? g.n : g.ldc;
-    return s;
-  };
   for (int64_t jc = 0; jc < g.n; jc += block_cols) {
     const int64_t cols = std::min(block_cols, g.n - jc);
     int64_t pc = 0;
     do {  // once at least: with k 0, C = beta C + bias
       const int64_t pe = std::min(k, pc + pack_depth);
       // Step p0's panels start at (p0 - pc) * padded.
-      for (int64_t p0 = pc; p0 < pe; p0 += depth) pack_b(g, jc, cols, step(p0), packed + (p0 - pc) * padded);
-      for (int64_t ic = 0; ic < g.m; ic += block_rows) {
-        const int64_t ie = std::min(g.m, ic + block_rows);
-        int64_t p0 = pc;
-        do {
-          const Step s = step(p0);
-          const float* panels = packed + (p0 - pc) * padded;
-          if (g.trans_a) pack_a(g, ic, ie, s, a_tiles.data());
-          for (int64_t q = 0; q < cols; q += kCols)
-            for (int64_t i = ic; i < ie; i += kRows) {
-              const Rows a =
-                  g.trans_a ? Rows{a_tiles.data() + (i - ic) * s.depth, kRows} : Rows{g.a + i * g.lda + s.p0, g.lda};
-              tile_rows(g, a, i, std::min<int64_t>(kRows, ie - i), panels + q * s.depth, jc + q,
-                        std::min(kCols, cols - q), s);
-            }
-          p0 += s.depth;
-        } while (p0 < pe);
-      }
+      for (int64_t p0 = pc; p0 < pe; p0 += depth) pack_b(g, jc, cols, plan.step(g, p0), packed + (p0 - pc) * padded);
+      sweep(g, plan, packed, padded, jc, cols, pc, pe);
       pc = pe;
     } while (pc < k);
   }
+}
+
+int64_t panels_b_floats(int64_t n, int64_t k) {
+  return round_up(std::max<int64_t>(n, 1), kCols) * std::max<int64_t>(k, 1);
+}
+
+void panels_pack_b(const GemmArgs& g, float* out) {
+  const Plan plan(g);
+  const int64_t padded = round_up(std::max<int64_t>(g.n, 1), kCols);
+  for (int64_t p0 = 0; p0 < std::max<int64_t>(g.k, 1); p0 += plan.depth)
+    pack_b(g, 0, g.n, plan.step(g, p0), out + p0 * padded);
+}
+
+void gemm_panels_packed_b(const GemmArgs& g, const float* packed_b) {
+  const Plan plan(g);
+  sweep(g, plan, packed_b, round_up(std::max<int64_t>(g.n, 1), kCols), 0, g.n, 0, g.k);
 }
 #endif
 }  // namespace qkv::cpu::QKV_CPU_NS

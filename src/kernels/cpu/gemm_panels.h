@@ -23,5 +23,15 @@ constexpr int64_t kPanelWork = 1 << 18;
 void gemm_panels(const GemmArgs& g);
 // What gemm_f32_path says of them.
 const char* panels_path();
+
+// The same product with B packed beforehand, for a caller that multiplies
+// one B by many A (flash attention's key and value tiles, each met by every
+// query tile): panels_b_floats(n, k) floats, which panels_pack_b(g) fills
+// from g's B (g.b, ldb, trans_b, n and k; the other fields unused), and
+// gemm_panels_packed_b reads in place of g.b. The whole of B in one block:
+// meant for B of L2's size or less.
+int64_t panels_b_floats(int64_t n, int64_t k);
+void panels_pack_b(const GemmArgs& g, float* out);
+void gemm_panels_packed_b(const GemmArgs& g, const float* packed_b);
 #endif
 }  // namespace qkv::cpu::QKV_CPU_NS
