@@ -148,7 +148,8 @@ TEST(Cpu, EveryLevelMatchesTheReference) {
 // columns leave a panel part full on both levels (48 and 16 wide); k 300
 // takes the reduction in steps of 128, 128 and 44, and with beta 0.5 the sums
 // wait in a buffer of their own between steps; k 1100 packs B 512 of its rows
-// at a time (three blocks). The activation must be GELU
+// at a time (three blocks); A^T of k 40 and 64 is read where it lies, not
+// packed (kInPlaceDepth). The activation must be GELU
 // of the very C written. Starting each later step from zero instead of the
 // sums so far fails the cases of k 300 and 130 on both levels; keeping the
 // sums in C when beta is not 0 fails them where beta is 0.5 or 1.
@@ -160,10 +161,16 @@ TEST(Cpu, ThePanelsMatchTheReference) {
     int64_t m, n, k;
     float alpha, beta;
   };
-  const Case cases[] = {{false, true, 67, 301, 300, 1.0f, 0.0f}, {false, false, 301, 67, 300, 0.5f, 0.5f},
-                        {true, false, 67, 301, 130, 1.0f, 1.0f}, {true, true, 301, 67, 300, 2.0f, 0.0f},
-                        {false, true, 40, 100, 70, 1.0f, 0.5f},  {false, false, 40, 100, 1100, 1.0f, 0.5f},
-                        {true, false, 67, 130, 1100, 1.0f, 0.0f}};
+  const Case cases[] = {{false, true, 67, 301, 300, 1.0f, 0.0f},
+                        {false, false, 301, 67, 300, 0.5f, 0.5f},
+                        {true, false, 67, 301, 130, 1.0f, 1.0f},
+                        {true, true, 301, 67, 300, 2.0f, 0.0f},
+                        {false, true, 40, 100, 70, 1.0f, 0.5f},
+                        {false, false, 40, 100, 1100, 1.0f, 0.5f},
+                        {true, false, 67, 130, 1100, 1.0f, 0.0f},
+                        // A^T of at most 64 steps, read where it lies (flash attention's P^T)
+                        {true, false, 67, 301, 40, 1.0f, 1.0f},
+                        {true, true, 130, 67, 64, 0.5f, 0.0f}};
   for (CpuIsa isa : kLevels) {
     if (!isa_supported(isa)) continue;
     const Kernels& fast = cpu::kernels(isa);

@@ -68,6 +68,11 @@ constexpr int64_t kPackDepth = 512;
 constexpr int64_t kPackBytes = 512 << 10;
 constexpr int64_t kRowBlockBytes = 32 << 10;
 constexpr int64_t kLocalFloats = 4096;
+// A transposed A of at most this many steps is read where it lies, not
+// packed (pack_a): its steps' rows all stay in L1 (flash attention's P^T
+// and dS^T, whose 64 query rows were copied into tiles for every product:
+// a tenth of the float32 backward at 1,024 tokens).
+constexpr int64_t kInPlaceDepth = 64;
 
 // One step of the reduction, [p0, p0 + depth), for a block of columns.
 struct Step {
@@ -132,22 +137,31 @@ void pack_b(const GemmArgs& g, int64_t j0, int64_t cols, const Step& s, float* o
 void pack_a(const GemmArgs& g, int64_t i0, int64_t i1, const Step& s, float* out) {
   check_rows(Access::Read, g.a + s.p0 * g.lda + i0, s.depth, i1 - i0, g.lda);
   check_rows(Access::Write, out, 1, (i1 - i0 + kRows - 1) / kRows * kRows * s.depth, 0);
-  for (int64_t p = 0; p < s.depth; ++p) {
-    const float* src = g.a + (s.p0 + p) * g.lda;
-    int64_t i = i0;
+  int64_t i = i0;
 #if defined(__AVX512F__)
-    static_assert(kRows == 8, "a tile's step is one 256-bit vector");
-    for (; i + kRows <= i1; i += kRows)
-      _mm256_storeu_ps(out + (i - i0) * s.depth + p * kRows, _mm256_loadu_ps(src + i));
+  // A tile at a time, its steps written one after another. (A step at a
+  // time across all the tiles, each store went to another tile 2 KiB or
+  // more from the last, and the copy was a tenth of the float32 flash
+  // backward at 1,024 tokens.)
+  static_assert(kRows == 8, "a tile's step is one 256-bit vector");
+  for (; i + kRows <= i1; i += kRows) {
+    float* tile = out + (i - i0) * s.depth;
+    const float* src = g.a + s.p0 * g.lda + i;
+    for (int64_t p = 0; p < s.depth; ++p) _mm256_storeu_ps(tile + p * kRows, _mm256_loadu_ps(src + p * g.lda));
+  }
 #endif
-    for (; i < i1; i += kRows)
+  for (; i < i1; i += kRows)
+    for (int64_t p = 0; p < s.depth; ++p) {
+      const float* src = g.a + (s.p0 + p) * g.lda;
       for (int64_t r = 0; r < std::min<int64_t>(kRows, i1 - i); ++r)
         out[(i - i0) * s.depth + p * kRows + r] = src[i + r];
-  }
+    }
 }
 
 // Where a tile reads A, from its row i0 and step p0 on: value (r, p) at
-// a[r * ld + p] in place, at a[p * kRows + r] in a packed tile.
+// a[r * ld + p] for A as it lies; for A transposed (each step's values
+// side by side) at a[p * ld + r], ld kRows in a packed tile or A^T's row
+// stride where it lies (kInPlaceDepth).
 struct Rows {
   const float* a;
   int64_t ld;
@@ -164,7 +178,7 @@ template <int R, int V, bool Packed>
   if (s.depth > 0) {
     check_rows(Access::Read, panel, 1, (s.depth - 1) * kCols + V * kLanes, 0);
     if (Packed)
-      check_rows(Access::Read, rows.a, 1, (s.depth - 1) * kRows + R, 0);
+      check_rows(Access::Read, rows.a, s.depth, R, rows.ld);
     else
       check_rows(Access::Read, rows.a, R, s.depth, rows.ld);
   }
@@ -191,7 +205,7 @@ template <int R, int V, bool Packed>
   // A's R values of step p: side by side in a packed tile, one per row of A
   // otherwise.
   const float* a = rows.a;
-  const int64_t row_step = Packed ? 1 : rows.ld, p_step = Packed ? kRows : 1;
+  const int64_t row_step = Packed ? 1 : rows.ld, p_step = Packed ? rows.ld : 1;
 #pragma GCC unroll 4
   for (int64_t p = 0; p < s.depth; ++p) {
     Vec b[V];
@@ -293,8 +307,9 @@ struct Plan {
         block_rows(std::max<int64_t>(kRows, kRowBlockBytes / (4 * depth) / kRows * kRows)),
         own_sums(g.k > depth && g.beta != 0.0f) {
     if (own_sums) held.take(g.m * g.n);
-    if (g.trans_a) a_tiles.take(round_up(std::min(block_rows, g.m), kRows) * depth);
+    if (packs_a(g)) a_tiles.take(round_up(std::min(block_rows, g.m), kRows) * depth);
   }
+  static bool packs_a(const GemmArgs& g) { return g.trans_a && g.k > kInPlaceDepth; }
   Step step(const GemmArgs& g, int64_t p0) const {
     Step s;
     s.p0 = p0, s.depth = std::min(depth, g.k - p0), s.first = p0 == 0, s.last = p0 + s.depth >= g.k;
@@ -315,11 +330,13 @@ void sweep(const GemmArgs& g, const Plan& plan, const float* packed, int64_t pad
     do {
       const Step s = plan.step(g, p0);
       const float* panels = packed + (p0 - pc) * padded;
-      if (g.trans_a) pack_a(g, ic, ie, s, plan.a_tiles.data());
+      const bool packed_a = Plan::packs_a(g);
+      if (packed_a) pack_a(g, ic, ie, s, plan.a_tiles.data());
       for (int64_t q = 0; q < cols; q += kCols)
         for (int64_t i = ic; i < ie; i += kRows) {
-          const Rows a =
-              g.trans_a ? Rows{plan.a_tiles.data() + (i - ic) * s.depth, kRows} : Rows{g.a + i * g.lda + s.p0, g.lda};
+          const Rows a = !g.trans_a ? Rows{g.a + i * g.lda + s.p0, g.lda}
+                         : packed_a ? Rows{plan.a_tiles.data() + (i - ic) * s.depth, kRows}
+                                    : Rows{g.a + s.p0 * g.lda + i, g.lda};
           tile_rows(g, a, i, std::min<int64_t>(kRows, ie - i), panels + q * s.depth, jc + q, std::min(kCols, cols - q),
                     s);
         }
