@@ -1,5 +1,5 @@
 // qkv's own float32 GEMM for every product that is not a decoding step's few
-// rows (those take the register tiles of gemm.cpp): the activation-by-weight
+// rows (those take the register tiles of gemm_tiles.cpp): the activation-by-weight
 // products of training and prefill, their gradients, and the attention's
 // tiles. It is built the way BLIS and OpenBLAS build theirs, smaller:
 //
@@ -11,7 +11,8 @@
 //     accumulators in registers; each step broadcasts one value of A per row
 //     and multiplies it into all of the panel's vectors, so every load of B
 //     feeds kRows FMAs and every broadcast kVecs. A itself is read in place
-//     (row-major, or transposed: its kRows values of a step side by side);
+//     (row-major, or transposed: its kRows values of a step side by side),
+//     except a transposed A of many steps, copied into tiles (pack_a);
 //   - the reduction goes in steps of kDepth (a panel's step then stays in
 //     L1), B is packed a block of rows and columns at a time (it stays in
 //     L2), and a block of A's rows sweeps one panel before the next panel.
