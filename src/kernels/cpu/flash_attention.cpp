@@ -457,10 +457,15 @@ inline float move_row_max(const float* s, int64_t vis, float& m) {
   return alpha;
 }
 
-// p for lanes [j, j + 16) (zero from vis on), added to sum.
-inline __m512 exp_lanes(const float* s, int64_t j, int64_t vis, __m512 m, __m512& sum) {
+// e^{s_j - m} for lanes [j, j + 16), zero from vis on.
+inline __m512 exp_visible(const float* s, int64_t j, int64_t vis, __m512 m) {
   const __mmask16 in = visible_lanes(j, vis);
-  const __m512 p = _mm512_maskz_mov_ps(in, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(in, s + j), m)));
+  return _mm512_maskz_mov_ps(in, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(in, s + j), m)));
+}
+
+// The same, added to sum.
+inline __m512 exp_lanes(const float* s, int64_t j, int64_t vis, __m512 m, __m512& sum) {
+  const __m512 p = exp_visible(s, j, vis, m);
   sum = _mm512_add_ps(sum, p);
   return p;
 }
@@ -506,31 +511,11 @@ __attribute__((target("avx512bf16"))) float softmax_row_into_packed(const float*
 inline void probabilities_in_place(float* s, int64_t vis, int64_t cols, float lse) {
 #if defined(__AVX512F__)
   const __m512 shift = _mm512_set1_ps(lse);
-  for (int64_t j = 0; j < cols; j += 16) {
-    const __mmask16 in = visible_lanes(j, vis);
-    const __m512 p = _mm512_maskz_mov_ps(in, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(in, s + j), shift)));
-    _mm512_mask_storeu_ps(s + j, visible_lanes(j, cols), p);
-  }
+  for (int64_t j = 0; j < cols; j += 16)
+    _mm512_mask_storeu_ps(s + j, visible_lanes(j, cols), exp_visible(s, j, vis, shift));
 #else
   for (int64_t j = 0; j < vis; ++j) s[j] = fast_exp(s[j] - lse);
   std::fill(s + vis, s + cols, 0.0f);
-#endif
-}
-
-// x . y over n floats (the backward's D_i = dO_i . O_i).
-inline float dot(const float* x, const float* y, int64_t n) {
-#if defined(__AVX512F__)
-  __m512 sum = _mm512_setzero_ps();
-  for (int64_t d = 0; d < n; d += 16) {
-    const __mmask16 in = lanes_of(n - d);
-    sum = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(in, x + d), _mm512_maskz_loadu_ps(in, y + d), sum);
-  }
-  return hsum(sum);
-#else
-  float sum = 0;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t d = 0; d < n; ++d) sum += x[d] * y[d];
-  return sum;
 #endif
 }
 

@@ -325,13 +325,13 @@ struct Plan {
 // goes through the whole part, a step at a time, before the next block.
 void sweep(const GemmArgs& g, const Plan& plan, const float* packed, int64_t padded, int64_t jc, int64_t cols,
            int64_t pc, int64_t pe) {
+  const bool packed_a = Plan::packs_a(g);
   for (int64_t ic = 0; ic < g.m; ic += plan.block_rows) {
     const int64_t ie = std::min(g.m, ic + plan.block_rows);
     int64_t p0 = pc;
     do {
       const Step s = plan.step(g, p0);
       const float* panels = packed + (p0 - pc) * padded;
-      const bool packed_a = Plan::packs_a(g);
       if (packed_a) pack_a(g, ic, ie, s, plan.a_tiles.data());
       for (int64_t q = 0; q < cols; q += kCols)
         for (int64_t i = ic; i < ie; i += kRows) {
