@@ -421,6 +421,37 @@ TEST(Ops, ALinearKeepsItsBf16WeightPackedAndGivesTheSameProduct) {
   if (!reads_packed) GTEST_SKIP() << "this CPU's gemm_bf16 reads no packed weight: only the values were compared";
 }
 
+// bfloat16 activations: a BF16 x through a BF16 weight gives a BF16 y, the
+// float32 linear of the same values rounded to bfloat16 once: within the
+// float32 sum's bound plus half a bfloat16 unit (gemm_close with 2^-8), for
+// the weight as it lies and for a Linear that keeps it packed, on row counts
+// that take the streaming GEMV, the AMX or AVX512-BF16 blocks with a last
+// partial block of rows, and k = 128 (x read where it lies) or 130 (copied).
+// Bad input: an activation, an F32 weight, an F16 weight: one error each.
+TEST(Ops, ABf16InputGivesABf16Output) {
+  omp_set_num_threads(2);
+  Rng rng(21);
+  NoGradGuard no_grad;
+  for (int64_t in : {128, 130})
+    for (int64_t rows : {1, 4, 5, 70, 300}) {
+      Linear lin({.in_features = in, .out_features = 72}, rng);
+      lin.convert_weight(DType::BF16);
+      const Tensor w = lin.state_dict().at("weight"), x = Tensor::randn({rows, in}, rng).to(DType::BF16);
+      const Tensor y_ref = linear(x.to(DType::F32), w.to(DType::F32), lin.bias);
+      for (const Tensor& y : {linear(x, w, lin.bias), lin.forward(x)}) {
+        ASSERT_EQ(y.dtype(), DType::BF16);
+        ASSERT_EQ(y.shape(), (Shape{rows, 72}));
+        EXPECT_TRUE(
+            testing::gemm_close(y.to(DType::F32), y_ref, x.to(DType::F32), w.to(DType::F32), lin.bias, 1.0 / 256))
+            << rows << " rows, in " << in;
+      }
+    }
+  const Tensor x = Tensor::randn({3, 8}, rng).to(DType::BF16), w = Tensor::randn({4, 8}, rng);
+  EXPECT_THROW(linear(x, w.to(DType::BF16), Tensor(), Activation::Gelu), Error);
+  EXPECT_THROW(linear(x, w), Error);
+  EXPECT_THROW(linear(x, w.to(DType::F16)), Error);
+}
+
 // Mixed precision: under Bf16AutocastGuard, a float32 weight's linear is the
 // float32 linear of operands rounded to bfloat16, forward and backward:
 // pre = r(x) r(W)^T + b, dx = r(dpre) r(W), dW = r(dpre)^T r(x), db the

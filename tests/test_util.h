@@ -122,8 +122,11 @@ inline Float32Bound model_backward(int64_t terms, int64_t layers) { return {term
 // reference's own rounding to float. GELU (the only activation the tests
 // fuse) has slope below 1.13 and our erf is good to 3e-7 absolute, about
 // 5 units of rounding. fast, ref and c0 are [m, ldc]: the padding columns
-// past n must come back exactly as they were in c0.
-inline ::testing::AssertionResult gemm_close(const GemmArgs& g, const Tensor& c0, const Tensor& fast, const Tensor& ref) {
+// past n must come back exactly as they were in c0. output_unit: the unit
+// roundoff of the format fast's C was rounded to on its way out (2^-8 for
+// bfloat16; 0 for float32, already counted), |C| times it more.
+inline ::testing::AssertionResult gemm_close(const GemmArgs& g, const Tensor& c0, const Tensor& fast, const Tensor& ref,
+                                             double output_unit = 0) {
   const std::vector<float> vc0 = c0.to_vector(), vf = fast.to_vector(), vr = ref.to_vector();
   const double gamma = (g.k + 2) * kFloat32Unit / (1 - (g.k + 2) * kFloat32Unit);
   for (int64_t i = 0; i < g.m; ++i)
@@ -147,6 +150,7 @@ inline ::testing::AssertionResult gemm_close(const GemmArgs& g, const Tensor& c0
       if (g.bias) magnitude += std::fabs(g.bias[j]), pre += g.bias[j];
       double bound = gamma * magnitude + kFloat32Unit * std::fabs(pre);
       if (g.act_out) bound = 1.13 * bound + 8 * kFloat32Unit * (std::fabs(pre) + std::fabs(vr[at]));
+      bound += output_unit * (std::fabs(pre) + bound);
       if (std::isnan(vf[at]) || std::isnan(vr[at]) || std::fabs((double)vf[at] - vr[at]) > bound)
         return ::testing::AssertionFailure() << "element [" << i << "," << j << "]: " << vf[at] << " vs " << vr[at]
                                              << ", bound " << bound << " (k " << g.k << ")";
@@ -156,13 +160,13 @@ inline ::testing::AssertionResult gemm_close(const GemmArgs& g, const Tensor& c0
 
 // The same for y = x W^T + b with x [m,k], W [n,k] (nn.Linear's layout).
 inline ::testing::AssertionResult gemm_close(const Tensor& fast, const Tensor& ref, const Tensor& x, const Tensor& w,
-                                             const Tensor& bias) {
+                                             const Tensor& bias, double output_unit = 0) {
   Tensor xc = x.contiguous(), wc = w.contiguous();
   GemmArgs g;
   g.trans_b = true, g.m = x.size(0), g.n = w.size(0), g.k = x.size(1);
   g.a = xc.data<float>(), g.lda = g.k, g.b = wc.data<float>(), g.ldb = g.k, g.ldc = g.n;
   g.bias = bias.defined() ? bias.data<float>() : nullptr;
-  return gemm_close(g, Tensor::zeros(fast.shape()), fast, ref);
+  return gemm_close(g, Tensor::zeros(fast.shape()), fast, ref, output_unit);
 }
 
 // |a - b| <= atol + rtol * |b| element-wise; reports the worst element.

@@ -104,6 +104,12 @@ Tensor unpack_bf16_weight(const Tensor& packed, int64_t out_features, int64_t in
 // Bit for bit linear()'s product for more than 4 rows of x; up to 4 rows
 // read the packed copy in a GEMV of its own, whose sums run in another
 // order (each within the same bound of the exact product).
+//
+// x may be BF16 (here and in linear() with a BF16 weight; inference, no
+// fused activation): y is then BF16 too, each element the float32 sum plus
+// the bias rounded to bfloat16 once, and x is read as it lies where the
+// kernels can (in a multiple of 32). A chain of such products moves half
+// the bytes of a float32 one.
 Tensor linear_bf16(const Tensor& x, const Tensor& weight, const Tensor& packed, const Tensor& bias = Tensor(),
                    const Activation* activation = nullptr);
 

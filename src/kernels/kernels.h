@@ -83,6 +83,11 @@ struct GemmBf16Args {
   float* c = nullptr;
   int64_t ldc = 0;
   const float* bias = nullptr;
+  // C in bfloat16 instead (c is then not read): each element computed as
+  // above in float32 (beta reading C widened), then rounded to nearest, ties
+  // to even, as qkv::float_to_bf16 rounds. Row stride ldc. For a chain of
+  // bfloat16 activations, whose next product reads this one's C as its A.
+  uint16_t* c_bf16 = nullptr;
   // B as this level's gemm_bf16 packs it (gemm_bf16_pack_b of the same b,
   // ldb, n and k), when the caller keeps it from call to call (a Linear
   // weight in inference): the kernel then reads it instead of packing B

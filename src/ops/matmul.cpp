@@ -155,15 +155,22 @@ Tensor linear_half(const Tensor& x, const Tensor& weight, const Tensor& bias, co
   Tensor w = dropped ? Tensor() : contiguous_values(weight), b = contiguous_values(bias);
   Shape out_shape = x.shape();
   out_shape.back() = out_features;
-  Tensor y = Tensor::empty(out_shape);
+  // A BF16 x (with a BF16 weight) gives a BF16 y: the float32 sums plus the
+  // bias, rounded once, for the next bfloat16 product to read as it lies.
+  const bool bf16_io = x.dtype() == DType::BF16;
+  QKV_CHECK(!bf16_io || !act, "linear: a BF16 input takes no fused activation (apply it to the F32 output)");
+  Tensor y = Tensor::empty(out_shape, bf16_io ? DType::BF16 : DType::F32);
   const int64_t m = x2.size(0), ld_in = std::max<int64_t>(in, 1), ld_out = std::max<int64_t>(out_features, 1);
   if (m > 0 && out_features > 0) {
     if (weight.dtype() == DType::BF16) {
       GemmBf16Args g;
       g.m = m, g.n = out_features, g.k = in;
-      g.a_f32 = x2.data<float>(), g.lda = ld_in;  // rounded to bfloat16 as the kernel reads it
+      if (bf16_io)
+        g.a = x2.data<uint16_t>(), g.c_bf16 = y.data<uint16_t>();
+      else
+        g.a_f32 = x2.data<float>(), g.c = y.data<float>();  // x rounded to bfloat16 as the kernel reads it
+      g.lda = ld_in, g.ldc = ld_out;
       g.b = dropped ? nullptr : w.data<uint16_t>(), g.ldb = ld_in;
-      g.c = y.data<float>(), g.ldc = ld_out;
       g.bias = b.defined() ? b.data<float>() : nullptr;
       // A packed copy made for this weight's shape under the kernels that run now (else W is packed here).
       if (packed.defined() && packed.numel() == QKV_KERNEL(gemm_bf16_packed_b_words)(out_features, in))
@@ -215,8 +222,15 @@ void gemm_in(bool bf16, const GemmArgs& g) {
 // history to record, the product before it (pre) is kept for the backward:
 // dpre = dy * act'(pre), then the linear's backward with dpre. Under
 // Bf16AutocastGuard the three products take bfloat16 operands.
+// x F32, or BF16 with a BF16 weight (inference in bfloat16 activations).
+void check_input_dtype(const Tensor& x, const Tensor& weight) {
+  QKV_CHECK(x.defined(), "linear: x is undefined");
+  QKV_CHECK(x.dtype() == DType::F32 || (x.dtype() == DType::BF16 && weight.defined() && weight.dtype() == DType::BF16),
+            "linear: x has dtype ", dtype_name(x.dtype()), ", expected F32 (or BF16, with a BF16 weight)");
+}
+
 Tensor linear_impl(const Tensor& x, const Tensor& weight, const Tensor& bias, const UnaryOp* act) {
-  require_f32(x, "linear", "x");
+  check_input_dtype(x, weight);
   QKV_CHECK(weight.defined(), "linear: weight is undefined");
   QKV_CHECK(weight.dtype() != DType::I8, "linear: an I8 weight needs its scales (linear_int8)");
   QKV_CHECK(weight.dtype() == DType::F32 || weight.dtype() == DType::BF16 || weight.dtype() == DType::F16,
@@ -338,7 +352,8 @@ Tensor unpack_bf16_weight(const Tensor& packed, int64_t out_features, int64_t in
 
 Tensor linear_bf16(const Tensor& x, const Tensor& weight, const Tensor& packed, const Tensor& bias,
                    const Activation* activation) {
-  require_f32(x, "linear", "x");
+  QKV_CHECK(weight.defined(), "linear_bf16: weight is undefined");
+  check_input_dtype(x, weight);
   QKV_CHECK(weight.dtype() == DType::BF16 && weight.dim() == 2, "linear_bf16: expected a BF16 weight [out, in], got ",
             dtype_name(weight.dtype()), " ", shape_str(weight.shape()));
   QKV_CHECK(!packed.defined() || packed.dtype() == DType::I32, "linear_bf16: the packed weight must be I32 words");

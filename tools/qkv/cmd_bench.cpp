@@ -176,8 +176,10 @@ nlohmann::json torch_matmul(const BenchArgs& a, const std::vector<const GemmRow*
 
 // linear with a BF16 weight on the weight-layout shapes of `gemms` (whose
 // float32 rows are already in out["matmul"]), against F.linear on bfloat16
-// tensors (oneDNN; AMX where the CPU has it). qkv's time includes rounding x
-// to bfloat16; the peer's input is bfloat16 already.
+// tensors (oneDNN; AMX where the CPU has it). Three ways: float32 x and y
+// (x rounded as the kernel reads it) with W packed on each call, the same
+// with W packed once (as a Linear keeps it), and "bf16 io": x and y in
+// bfloat16, W packed once, the peer's own bytes in and out.
 void bench_bf16_linear(const BenchArgs& a, const std::vector<GemmRow>& gemms, nlohmann::ordered_json& out) {
   std::vector<size_t> rows;
   std::vector<const GemmRow*> shapes;
@@ -189,10 +191,11 @@ void bench_bf16_linear(const BenchArgs& a, const std::vector<GemmRow>& gemms, nl
   out["bf16_path"] = path;
   out["bf16_linear"] = nlohmann::ordered_json::array();
   if (!a.json)
-    std::printf("\n%-18s %-26s %10s %10s %12s %11s %8s %10s\n%s\n", "bf16 linear", "shape", "qkv GF/s", "packed",
-                "qkv f32 GF/s", "torch GF/s", "vs torch", "packed vs",
+    std::printf("\n%-18s %-26s %10s %10s %10s %12s %11s %8s %10s %8s\n%s\n", "bf16 linear", "shape", "qkv GF/s",
+                "packed", "bf16 io", "qkv f32 GF/s", "torch GF/s", "vs torch", "packed vs", "io vs",
                 ("  (qkv: " + std::string(path) +
-                 "; packed: W packed once, as a Linear layer keeps it, where this CPU reads one)")
+                 "; packed: W packed once, as a Linear layer keeps it, where this CPU reads one; bf16 io: packed, "
+                 "x and y bfloat16 as the peer's)")
                     .c_str());
   for (size_t j = 0; j < rows.size(); ++j) {
     const GemmRow& r = gemms[rows[j]];
@@ -202,24 +205,33 @@ void bench_bf16_linear(const BenchArgs& a, const std::vector<GemmRow>& gemms, nl
     const double t = seconds_per_call([&] { linear(x, w); }, a.seconds);
     const Tensor packed = pack_bf16_weight(w);
     const double t_packed = packed.defined() ? seconds_per_call([&] { linear_bf16(x, w, packed); }, a.seconds) : t;
+    const Tensor x_bf16 = x.to(DType::BF16);
+    const double t_io = seconds_per_call([&] { linear_bf16(x_bf16, w, packed); }, a.seconds);
     const double flops = 2.0 * r.batch * r.m * r.n * r.k;
     nlohmann::ordered_json row = {{"name", r.name},
                                   {"shape", out["matmul"][rows[j]]["shape"]},
                                   {"qkv_gflops", flops / t / 1e9},
                                   {"qkv_packed_gflops", flops / t_packed / 1e9},
+                                  {"qkv_bf16_io_gflops", flops / t_io / 1e9},
                                   {"qkv_f32_gflops", out["matmul"][rows[j]]["qkv_gflops"]}};
+    const auto vs = [&](const char* key) {
+      return have_torch ? std::to_string(row[key].get<double>() / torch["rows"][j]["gflops"].get<double>()).substr(0, 4)
+                        : std::string("-");
+    };
     if (have_torch) {
-      row["torch_gflops"] = torch["rows"][j]["gflops"];
-      row["vs_torch"] = row["qkv_gflops"].get<double>() / torch["rows"][j]["gflops"].get<double>();
-      row["packed_vs_torch"] = row["qkv_packed_gflops"].get<double>() / torch["rows"][j]["gflops"].get<double>();
+      const double peer = torch["rows"][j]["gflops"].get<double>();
+      row["torch_gflops"] = peer;
+      row["vs_torch"] = row["qkv_gflops"].get<double>() / peer;
+      row["packed_vs_torch"] = row["qkv_packed_gflops"].get<double>() / peer;
+      row["bf16_io_vs_torch"] = row["qkv_bf16_io_gflops"].get<double>() / peer;
     }
     if (!a.json)
-      std::printf("%-18s %-26s %10.1f %10.1f %12.1f %11s %8s %10s\n", r.name.c_str(),
+      std::printf("%-18s %-26s %10.1f %10.1f %10.1f %12.1f %11s %8s %10s %8s\n", r.name.c_str(),
                   row["shape"].get<std::string>().c_str(), row["qkv_gflops"].get<double>(),
-                  row["qkv_packed_gflops"].get<double>(), row["qkv_f32_gflops"].get<double>(),
+                  row["qkv_packed_gflops"].get<double>(), row["qkv_bf16_io_gflops"].get<double>(),
+                  row["qkv_f32_gflops"].get<double>(),
                   have_torch ? std::to_string((int)std::lround(row["torch_gflops"].get<double>())).c_str() : "-",
-                  have_torch ? std::to_string(row["vs_torch"].get<double>()).substr(0, 4).c_str() : "-",
-                  have_torch ? std::to_string(row["packed_vs_torch"].get<double>()).substr(0, 4).c_str() : "-");
+                  vs("qkv_gflops").c_str(), vs("qkv_packed_gflops").c_str(), vs("qkv_bf16_io_gflops").c_str());
     out["bf16_linear"].push_back(row);
   }
 }

@@ -96,6 +96,23 @@ void widened(const GemmBf16Args& g) {
       [&](int64_t j, float* out) { for (int64_t p = 0; p < g.k; ++p) out[p] = widen(b.at(j, p)); });
 }
 
+// g with C in bfloat16 (GemmBf16Args::c_bf16) by way of a float32 C, for
+// the paths that write C element by element (the GEMV of B as it lies, the
+// widened float32 GEMM, k = 0): f(h) computes h, which is g with a float32
+// C (C widened first when beta reads it), then rounded into g's C.
+template <class F>
+void through_float32_c(const GemmBf16Args& g, F&& f) {
+  Scratch c(g.m * g.n);
+  GemmBf16Args h = g;
+  h.c = c.data(), h.ldc = g.n, h.c_bf16 = nullptr;
+  if (g.beta != 0.0f)
+    for (int64_t i = 0; i < g.m; ++i)
+      for (int64_t j = 0; j < g.n; ++j) h.c[i * g.n + j] = widen(g.c_bf16[i * g.ldc + j]);
+  f(h);
+  for (int64_t i = 0; i < g.m; ++i)
+    for (int64_t j = 0; j < g.n; ++j) g.c_bf16[i * g.ldc + j] = round_bf16(h.c[i * g.n + j]);
+}
+
 #if defined(__AVX512F__)
 
 // Elements p and p + 1 of row r as a pair (zeros past k).
@@ -293,14 +310,41 @@ void pack_bf16_b(const GemmBf16Args& g, uint32_t* out) {  // block nb holds its 
 
 namespace {
 
+// 16 floats rounded to bfloat16 as round_bf16 rounds them (to nearest, ties
+// to even; a NaN made quiet), bit for bit, in AVX-512F integer operations.
+// (VCVTNEPS2BF16 would read denormals as zero, and needs AVX512-BF16.)
+// (The maskz forms keep GCC 12 from seeing an undefined source.)
+inline __m256i bf16_of(__m512 v) {
+  const __m512i u = _mm512_castps_si512(v), one = _mm512_set1_epi32(1);
+  const __m512i lsb = _mm512_and_si512(_mm512_maskz_srli_epi32(0xffff, u, 16), one);
+  const __m512i up = _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb);
+  const __mmask16 nan =
+      _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+  const __m512i r = _mm512_mask_or_epi32(_mm512_add_epi32(u, up), nan, u, _mm512_set1_epi32(0x00400000));
+  return _mm512_maskz_cvtepi32_epi16(0xffff, _mm512_maskz_srli_epi32(0xffff, r, 16));
+}
+
 // Writes a block of sums (rows x 16 columns per tile, row stride 16) into C,
-// only where it lies inside C.
+// only where it lies inside C: float32 C, or C in bfloat16 (c_bf16).
 void finish_tile(const GemmBf16Args& g, const float* sums, int64_t i0, int64_t j0, int64_t rows) {
   if (j0 >= g.n) return;
   const int64_t ie = std::min(i0 + rows, g.m);
   const __mmask16 cols = (__mmask16)((1u << std::min<int64_t>(16, g.n - j0)) - 1);
   const __m512 alpha = _mm512_set1_ps(g.alpha), beta = _mm512_set1_ps(g.beta);
   const __m512 bias = g.bias ? _mm512_maskz_loadu_ps(cols, g.bias + j0) : _mm512_setzero_ps();
+  if (g.c_bf16) {
+    for (int64_t i = i0; i < ie; ++i) {
+      uint16_t* c = g.c_bf16 + i * g.ldc + j0;
+      __m512 v = _mm512_mul_ps(alpha, _mm512_load_ps(sums + (i - i0) * 16));
+      if (g.beta != 0.0f) {
+        const __m512i wide = _mm512_maskz_cvtepu16_epi32(0xffff, _mm256_maskz_loadu_epi16(cols, c));
+        const __m512i old = _mm512_maskz_slli_epi32(0xffff, wide, 16);
+        v = _mm512_fmadd_ps(beta, _mm512_castsi512_ps(old), v);
+      }
+      _mm256_mask_storeu_epi16(c, cols, bf16_of(_mm512_add_ps(v, bias)));
+    }
+    return;
+  }
   for (int64_t i = i0; i < ie; ++i) {
     float* c = g.c + i * g.ldc + j0;
     __m512 v = _mm512_mul_ps(alpha, _mm512_load_ps(sums + (i - i0) * 16));
@@ -356,6 +400,15 @@ int64_t panel_blocks(int64_t kb) { return std::max<int64_t>(1, kPanelBytes / (2 
 // time (with more panels every block of rows would be packed once per panel).
 bool b_fits_one_panel(const GemmBf16Args& g) { return bf16_blocks(g.n) / 2 <= panel_blocks(bf16_chunks(g.k)); }
 
+// Whether the kernels can read bfloat16 A where it lies, as rows (ATiles):
+// not transposed, k whole chunks (a tile never reads past a row's k), rows
+// whole 32-bit words apart (the tiles hold pairs). Then only a block of rows
+// reaching past m is copied (into the thread's buffer): a chain of
+// bfloat16 activations pays nothing for its A.
+bool a_in_place(const GemmBf16Args& g) {
+  return g.a && !g.a_transposed && g.k % 32 == 0 && g.lda % 2 == 0 && reinterpret_cast<uintptr_t>(g.a) % 4 == 0;
+}
+
 // Calls block(mb, nb, a) for every block of r, with a the block's rows of
 // A: per panel of B, one block of rows of A after another, each against
 // every block of the panel.
@@ -366,11 +419,14 @@ void in_panels(const GemmBf16Args& g, const RowsOfA& from, const BlockRange& r, 
   for (int64_t n0 = r.n0; n0 < r.n1; n0 += panel) {
     const int64_t n1 = std::min(n0 + panel, r.n1);
     for (int64_t mb = r.m0; mb < r.m1; ++mb) {
+      const int64_t i0 = mb * rows16 * 16;
       ATiles a{from.buffer, 16, row, 16 * row};
       if (pk.a)
         a = ATiles{pk.a + mb * rows16 * pk.a_stride, 256, 16, pk.a_stride};
+      else if (a_in_place(g) && i0 + rows16 * 16 <= g.m)
+        a = ATiles{reinterpret_cast<const uint32_t*>(g.a + i0 * g.lda), 16, g.lda / 2, 8 * g.lda};
       else
-        pack_a_rows(g, mb * rows16 * 16, rows16 * 16, pk.kb, from.buffer);
+        pack_a_rows(g, i0, rows16 * 16, pk.kb, from.buffer);
       for (int64_t nb = n0; nb < n1; ++nb) block(mb, nb, a);
     }
   }
@@ -412,7 +468,8 @@ void split_blocks(const GemmBf16Args& g, const PackedBf16& pk, int64_t rows16, i
 template <class Blocks>
 void with_packed(const GemmBf16Args& g, Blocks&& blocks) {
   const int64_t kb = bf16_chunks(g.k);
-  const bool whole_a = !b_fits_one_panel(g) || g.a_transposed;  // (a transposed A: for_each_tile)
+  // (a transposed A: for_each_tile; one read in place is not packed at all)
+  const bool whole_a = g.a_transposed || (!b_fits_one_panel(g) && !a_in_place(g));
   Scratch a(whole_a ? bf16_packed_words(g.m, g.k) : 0), b(g.b_packed ? 0 : bf16_packed_words(g.n, g.k));  // words
   uint32_t* pa = whole_a ? reinterpret_cast<uint32_t*>(a.data()) : nullptr;
   const uint32_t* pb = g.b_packed;
@@ -433,14 +490,81 @@ __attribute__((target("amx-tile"))) void amx_configure() {
   load_tile_config(cfg);
 }
 
+// A bfloat16 C (GemmBf16Args::c_bf16) from the AMX blocks, one block
+// behind: a block's four tiles are stored as float32 sums into one of two
+// buffers, and its 32 rows finished into C (alpha, beta, bias, rounded)
+// a few after each chunk of the next block's products, on the vector units
+// beside the tile unit. Finished right after its products instead, each
+// block waited for its own tile stores, and the bfloat16 C took 20-30%
+// longer than a float32 one stored straight from the tiles.
+struct DeferredBf16C {
+  const GemmBf16Args& g;
+  int64_t per_chunk;  // rows of the pending block finished after each chunk of k
+  alignas(64) float sums[2][4][256];
+  int pending = 0;
+  int64_t i0 = 0, j0 = 0, done = 32;  // the pending block's place in C, and its rows finished
+  bool whole = false;                 // whether its 32 columns all lie inside C
+
+  DeferredBf16C(const GemmBf16Args& args, int64_t kb) : g(args), per_chunk((32 + kb - 1) / kb) {}
+
+  // Row r of the pending block: columns j0.. of its two tiles (r / 16) * 2
+  // and + 1. A whole row of 32 columns in few vector instructions (the
+  // tile unit shares a port with them): alpha only when it is not 1, both
+  // halves rounded by one VCVTNE2PS2BF16 (which reads a denormal sum as
+  // zero), one store of 64 bytes.
+  __attribute__((target("avx512bf16"))) void finish_row(int64_t r) {
+    const int64_t i = i0 + r;
+    if (i >= g.m) return;
+    const float* row = sums[pending][(r / 16) * 2] + (r % 16) * 16;
+    if (whole && g.beta == 0.0f) {
+      __m512 lo = _mm512_load_ps(row), hi = _mm512_load_ps(row + 256);
+      if (g.alpha != 1.0f)
+        lo = _mm512_mul_ps(_mm512_set1_ps(g.alpha), lo), hi = _mm512_mul_ps(_mm512_set1_ps(g.alpha), hi);
+      if (g.bias)
+        lo = _mm512_add_ps(lo, _mm512_loadu_ps(g.bias + j0)), hi = _mm512_add_ps(hi, _mm512_loadu_ps(g.bias + j0 + 16));
+      _mm512_storeu_si512(g.c_bf16 + i * g.ldc + j0, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+      return;
+    }
+    for (int64_t half = 0; half < 2 && j0 + 16 * half < g.n; ++half) {
+      const int64_t j = j0 + 16 * half;
+      const __mmask16 cols = (__mmask16)((1u << std::min<int64_t>(16, g.n - j)) - 1);
+      uint16_t* c = g.c_bf16 + i * g.ldc + j;
+      __m512 v = _mm512_mul_ps(_mm512_set1_ps(g.alpha), _mm512_load_ps(row + half * 256));
+      if (g.beta != 0.0f) {
+        const __m512i wide = _mm512_maskz_cvtepu16_epi32(0xffff, _mm256_maskz_loadu_epi16(cols, c));
+        v = _mm512_fmadd_ps(_mm512_set1_ps(g.beta), _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xffff, wide, 16)), v);
+      }
+      if (g.bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(cols, g.bias + j));
+      _mm256_mask_storeu_epi16(c, cols, bf16_of(v));
+    }
+  }
+  // After each chunk of k: the next few rows of the pending block.
+  __attribute__((target("avx512bf16"))) void some() {
+    for (const int64_t end = std::min<int64_t>(32, done + per_chunk); done < end; ++done) finish_row(done);
+  }
+  __attribute__((target("avx512bf16"))) void flush() {
+    for (; done < 32; ++done) finish_row(done);
+  }
+  // The buffer for the block at (i, j), whose tiles are stored next: the
+  // pending block is finished first, then this one becomes it.
+  float* take(int64_t i, int64_t j) {
+    flush();
+    pending ^= 1, i0 = i, j0 = j, done = 0, whole = j + 32 <= g.n;
+    return sums[pending][0];
+  }
+};
+
 // One 32 x 32 block of C (rows m2 * 32.., columns n2 * 32..) from the rows
 // of A at `a` and packed B, in tiles configured by amx_configure. between(p)
 // runs after the products of each chunk p of k: work for the core's vector
-// units while the tile unit multiplies.
+// units while the tile unit multiplies. With deferred (C in bfloat16) the
+// block's sums go to it, and each chunk also finishes rows of the block
+// before.
 template <class Between>
 __attribute__((target("amx-tile,amx-bf16"))) inline void amx_block(const GemmBf16Args& g, const PackedBf16& pk,
                                                                    int64_t m2, int64_t n2, const ATiles& a,
-                                                                   Between&& between) {
+                                                                   Between&& between,
+                                                                   DeferredBf16C* deferred = nullptr) {
   const uint32_t *a0 = a.at, *a1 = a.at + a.block;
   const int64_t a_bytes = a.row * 4;
   const uint32_t* b0 = pk.b + (2 * n2) * pk.b_stride;
@@ -451,8 +575,8 @@ __attribute__((target("amx-tile,amx-bf16"))) inline void amx_block(const GemmBf1
   // A whole block with alpha 1 and beta 0 or 1 starts its tiles at what C
   // must add to the products (the bias in every row, C itself, or zero)
   // and stores them into C: no pass over the sums after the tiles.
-  const bool in_place =
-      i0 + 32 <= g.m && j0 + 32 <= g.n && g.alpha == 1.0f && (g.beta == 0.0f || (g.beta == 1.0f && !g.bias));
+  const bool in_place = !g.c_bf16 && i0 + 32 <= g.m && j0 + 32 <= g.n && g.alpha == 1.0f &&
+                        (g.beta == 0.0f || (g.beta == 1.0f && !g.bias));
   if (!in_place || (g.beta == 0.0f && !g.bias)) {
     _tile_zero(0);
     _tile_zero(1);
@@ -479,6 +603,15 @@ __attribute__((target("amx-tile,amx-bf16"))) inline void amx_block(const GemmBf1
     _tile_dpbf16ps(2, 5, 6);
     _tile_dpbf16ps(3, 5, 7);
     between(p);
+    if (deferred) deferred->some();
+  }
+  if (deferred) {
+    float* sums = deferred->take(i0, j0);
+    _tile_stored(0, sums, 64);
+    _tile_stored(1, sums + 256, 64);
+    _tile_stored(2, sums + 512, 64);
+    _tile_stored(3, sums + 768, 64);
+    return;
   }
   if (in_place) {
     _tile_stored(0, c, ldc);
@@ -504,10 +637,14 @@ __attribute__((target("amx-tile,amx-bf16"))) inline void amx_block(const GemmBf1
 __attribute__((target("amx-tile,amx-bf16"))) void amx_range(const GemmBf16Args& g, const RowsOfA& from,
                                                             const BlockRange& r) {
   amx_configure();
+  DeferredBf16C deferred(g, from.pk.kb);
+  DeferredBf16C* c_bf16 = g.c_bf16 ? &deferred : nullptr;
   in_panels(
       g, from, r, [&](int64_t m2, int64_t n2, const ATiles& a) __attribute__((target("amx-tile,amx-bf16"))) {
-        amx_block(g, from.pk, m2, n2, a, [](int64_t) {});
+        amx_block(
+            g, from.pk, m2, n2, a, [](int64_t) {}, c_bf16);
       });
+  deferred.flush();
   _tile_release();
 }
 
@@ -528,6 +665,8 @@ __attribute__((target("amx-tile,amx-bf16,avx512bf16"))) void amx_range_rounding(
   uint32_t* rows[2] = {from.buffer, from.buffer + 32 * row};
   round_rows(g, r.m0 * 32, 32, kb, rows[0]);
   amx_configure();
+  DeferredBf16C deferred(g, kb);
+  DeferredBf16C* c_bf16 = g.c_bf16 ? &deferred : nullptr;
   for (int64_t m2 = r.m0; m2 < r.m1; ++m2) {
     const ATiles a{rows[(m2 - r.m0) & 1], 16, row, 16 * row};
     uint32_t* next = rows[(m2 - r.m0 + 1) & 1];
@@ -537,12 +676,15 @@ __attribute__((target("amx-tile,amx-bf16,avx512bf16"))) void amx_range_rounding(
       for (const int64_t end = std::min(todo, s + per_step); s < end; ++s)
         round_segment(g, i_next + s / kb, s % kb * 32, reinterpret_cast<uint16_t*>(next + s / kb * row) + s % kb * 32);
     };
-    for (int64_t n2 = r.n0; n2 < r.n1; ++n2) amx_block(g, pk, m2, n2, a, round_some);
+    for (int64_t n2 = r.n0; n2 < r.n1; ++n2) amx_block(g, pk, m2, n2, a, round_some, c_bf16);
   }
+  deferred.flush();
   _tile_release();
 }
 
 void amx_blocks(const GemmBf16Args& g, const PackedBf16& pk) {
+  // (DeferredBf16C rounds with AVX512-BF16, which every CPU with AMX-BF16 has had so far)
+  if (g.c_bf16 && !avx512_bf16_usable()) return through_float32_c(g, [&](const GemmBf16Args& h) { amx_blocks(h, pk); });
   const bool rounding = !pk.a && vector_round_a(g);
   split_blocks(g, pk, 2, pk.nb / 2, [&](const BlockRange& r, const RowsOfA& from) {
     if (rounding) return amx_range_rounding(g, from, r);
@@ -769,32 +911,42 @@ bool avx512_bf16_usable() {
   return usable;
 }
 
+// The k = 0 product (C = beta C + bias), in either C.
+void empty_sum(const GemmBf16Args& g) {
+  if (g.c_bf16) return through_float32_c(g, [](const GemmBf16Args& h) { scale_only(h); });
+  scale_only(g);
+}
+
 void gemm_bf16_amx(const GemmBf16Args& g) {
-  if (g.k == 0) return scale_only(g);
+  if (g.k == 0) return empty_sum(g);
   with_packed(g, [&](const PackedBf16& pk) { amx_blocks(g, pk); });
 }
 void gemm_bf16_avx512_bf16(const GemmBf16Args& g) {
-  if (g.k == 0) return scale_only(g);
-  if (g.m <= kMaxGemvRows && g.b && !g.b_transposed) return gemv(g);  // B bfloat16, its rows in place
+  if (g.k == 0) return empty_sum(g);
+  if (g.m <= kMaxGemvRows && g.b && !g.b_transposed) {  // B bfloat16, its rows in place
+    if (g.c_bf16) return through_float32_c(g, [](const GemmBf16Args& h) { gemv(h); });
+    return gemv(g);
+  }
   with_packed(g, [&](const PackedBf16& pk) { dpbf16_blocks(g, pk); });
 }
 bool bf16_packed_usable() { return amx_bf16_usable() || avx512_bf16_usable(); }
 
 void gemm_bf16_packed(const GemmBf16Args& g, const PackedBf16& pk) {
   if (g.m == 0 || g.n == 0) return;
-  if (g.k == 0) return scale_only(g);
+  if (g.k == 0) return empty_sum(g);
   if (amx_bf16_usable() && g.m > kMaxGemvRows) return amx_blocks(g, pk);
   dpbf16_blocks(g, pk);
 }
 
 void gemm_bf16_widened(const GemmBf16Args& g) {
+  if (g.c_bf16) return through_float32_c(g, [](const GemmBf16Args& h) { gemm_bf16_widened(h); });
   if (g.k == 0) return scale_only(g);
   widened(g);
 }
 
 void gemm_bf16(const GemmBf16Args& g) {
   if (g.m == 0 || g.n == 0) return;
-  if (g.b_packed && g.m <= kMaxGemvRows && avx512_bf16_usable()) return g.k == 0 ? scale_only(g) : gemv_packed(g);
+  if (g.b_packed && g.m <= kMaxGemvRows && avx512_bf16_usable()) return g.k == 0 ? empty_sum(g) : gemv_packed(g);
   if (amx_bf16_usable() && (g.m > kMaxGemvRows || !g.b)) return gemm_bf16_amx(g);  // (!g.b: B packed only)
   if (avx512_bf16_usable()) return gemm_bf16_avx512_bf16(g);
   gemm_bf16_widened(g);
@@ -831,6 +983,7 @@ void gemm_bf16_packed(const GemmBf16Args&, const PackedBf16&) { std::abort(); }
 
 void gemm_bf16(const GemmBf16Args& g) {
   if (g.m == 0 || g.n == 0) return;
+  if (g.c_bf16) return through_float32_c(g, [](const GemmBf16Args& h) { gemm_bf16(h); });
   if (g.k == 0) return scale_only(g);
   widened(g);
 }

@@ -40,6 +40,12 @@ void gemm_bf16(const GemmBf16Args& g) {
     for (int64_t j = 0; j < g.n; ++j) {
       double acc = 0;
       for (int64_t p = 0; p < g.k; ++p) acc += (double)bf16_a(g, i, p) * bf16_b(g, j, p);
+      if (g.c_bf16) {  // C in bfloat16: read widened, written rounded
+        uint16_t& c = g.c_bf16[i * g.ldc + j];
+        const double old = g.beta == 0.0f ? 0.0 : (double)g.beta * bf16_to_float(c);
+        c = float_to_bf16((float)(g.alpha * acc + old + (g.bias ? g.bias[j] : 0.0f)));
+        continue;
+      }
       float& c = g.c[i * g.ldc + j];
       c = (float)(g.alpha * acc + (g.beta == 0.0f ? 0.0 : (double)g.beta * c) + (g.bias ? g.bias[j] : 0.0f));
     }
