@@ -494,9 +494,9 @@ __attribute__((target("amx-tile"))) void amx_configure() {
 // behind: a block's four tiles are stored as float32 sums into one of two
 // buffers, and its 32 rows finished into C (alpha, beta, bias, rounded)
 // a few after each chunk of the next block's products, on the vector units
-// beside the tile unit. Finished right after its products instead, each
-// block waited for its own tile stores, and the bfloat16 C took 20-30%
-// longer than a float32 one stored straight from the tiles.
+// beside the tile unit. Finished right after its own tile stores instead,
+// a 2048 x 256 x 768 product took 13% longer and a 2048 x 384 x 128 one 25%
+// (Xeon with AMX, kernel alone; 2048 x 128 x 384 the same either way).
 struct DeferredBf16C {
   const GemmBf16Args& g;
   int64_t per_chunk;  // rows of the pending block finished after each chunk of k
