@@ -375,12 +375,16 @@ TEST(Kernels, GemmBf16WithBPackedOnceIsTheSameProduct) {
 // |C|), its padding columns untouched. A in bfloat16 with k a multiple of
 // 32 and an even row stride is read where it lies (a_in_place), its last
 // rows past a whole block copied: 70, 96 and 130 rows leave such a block
-// on the AMX and AVX512-BF16 paths. Rounding C by truncation in the vector
+// on the AMX and AVX512-BF16 paths. Then each case again with GELU and
+// SiLU applied before the rounding (has_act), against the reference's C
+// through the same activation. Rounding C by truncation in the vector
 // epilogue (bf16_of) failed every case on the AMX, AVX512-BF16 and packed-B
-// paths; the AMX path's whole rows without their bias failed 1 x 37 x 64
+// paths (when the AMX path still rounded its whole rows with it too); the
+// AMX path's whole rows without their bias failed 1 x 37 x 64
 // (B packed) and 96 x 80 x 64; rows of A read in place with the packed
 // rows' stride failed the 64- and 96-deep cases here and in
-// GemmBf16MatchesTheReference.
+// GemmBf16MatchesTheReference; the activation (has_act) left out of the AMX
+// plain rows failed the GELU cases of 96 x 80 x 64 and 64 x 520 x 512.
 TEST(Kernels, GemmBf16WritesBfloat16C) {
   omp_set_num_threads(2);
   Rng rng(13);
@@ -450,6 +454,25 @@ TEST(Kernels, GemmBf16WritesBfloat16C) {
     ref::gemm_bf16(into(out));
     EXPECT_TRUE(testing::gemm_close(f, c0_f32, out.to(DType::F32), ref_c, 1.0 / 256))
         << "reference " << c.m << "x" << c.n << "x" << c.k;
+    // With an activation before the rounding (has_act): GELU (the AMX plain
+    // rows apply it in registers) and SiLU (through unary_forward), against
+    // the reference's C through the same activation.
+    for (UnaryOp act : {UnaryOp::Gelu, UnaryOp::Silu}) {
+      Tensor want = ref_c.clone();
+      ref::unary_forward(act, want.data<float>(), want.data<float>(), want.numel());
+      float flag = 0;
+      GemmArgs fa = f;  // gemm_close's bound through an activation (only act_out's presence is read)
+      fa.act_out = &flag;
+      for (const auto& [name, gemm_bf16] : paths) {
+        Tensor out;
+        GemmBf16Args h = into(out);
+        h.has_act = true, h.act = act;
+        gemm_bf16(h);
+        const Tensor c0_act = c0_f32;
+        EXPECT_TRUE(testing::gemm_close(fa, c0_act, out.to(DType::F32), want, 1.0 / 256))
+            << name << " " << c.m << "x" << c.n << "x" << c.k << (act == UnaryOp::Gelu ? " GELU" : " SiLU");
+      }
+    }
   }
 }
 

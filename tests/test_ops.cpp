@@ -421,14 +421,18 @@ TEST(Ops, ALinearKeepsItsBf16WeightPackedAndGivesTheSameProduct) {
   if (!reads_packed) GTEST_SKIP() << "this CPU's gemm_bf16 reads no packed weight: only the values were compared";
 }
 
-// bfloat16 activations: a BF16 x through a BF16 weight gives a BF16 y, the
-// float32 linear of the same values rounded to bfloat16 once: within the
-// float32 sum's bound plus half a bfloat16 unit (gemm_close with 2^-8), for
-// the weight as it lies and for a Linear that keeps it packed, on row counts
-// that take the streaming GEMV, the AMX or AVX512-BF16 blocks with a last
-// partial block of rows, and k = 128 (x read where it lies) or 130 (copied).
-// Bad input: an activation, an F32 weight, an F16 weight: one error each.
-TEST(Ops, ABf16InputGivesABf16Output) {
+// bfloat16 activations. Through a BF16 weight, x may be BF16 (read where it
+// lies with k = 128, copied with 130) and y F32 (linear) or BF16
+// (linear_bf16 with out = BF16): the float32 linear of the same values,
+// within the float32 sum's bound, plus half a bfloat16 unit for a BF16 y
+// (gemm_close with 2^-8). With out = BF16 and an activation (GELU in the
+// tiles' registers, SiLU staged through unary_forward), act(y) rounded once:
+// the bound through the activation (slope below 1.13) plus that half unit.
+// Rows 1 and 4 take the streaming GEMV, 5 to 300 the AMX or AVX512-BF16
+// blocks with a last partial block of rows. Bad input: BF16 x with an F32 or
+// F16 weight, BF16 out from an F16 weight: one error each. Skipping the
+// activation in the tiles' plain rows failed the GELU cases from 70 rows.
+TEST(Ops, Bf16ActivationsInAndOut) {
   omp_set_num_threads(2);
   Rng rng(21);
   NoGradGuard no_grad;
@@ -436,20 +440,69 @@ TEST(Ops, ABf16InputGivesABf16Output) {
     for (int64_t rows : {1, 4, 5, 70, 300}) {
       Linear lin({.in_features = in, .out_features = 72}, rng);
       lin.convert_weight(DType::BF16);
-      const Tensor w = lin.state_dict().at("weight"), x = Tensor::randn({rows, in}, rng).to(DType::BF16);
-      const Tensor y_ref = linear(x.to(DType::F32), w.to(DType::F32), lin.bias);
-      for (const Tensor& y : {linear(x, w, lin.bias), lin.forward(x)}) {
+      const Tensor w = lin.state_dict().at("weight"), x = Tensor::randn({rows, in}, rng);
+      const Tensor xb = x.to(DType::BF16), x_wide = xb.to(DType::F32), w_wide = w.to(DType::F32);
+      const Tensor y_ref = linear(x_wide, w_wide, lin.bias);
+      const std::string at = std::to_string(rows) + " rows, in " + std::to_string(in);
+      const Tensor f32_out = linear(xb, w, lin.bias);
+      ASSERT_EQ(f32_out.dtype(), DType::F32);
+      EXPECT_TRUE(testing::gemm_close(f32_out, y_ref, x_wide, w_wide, lin.bias)) << at << ", F32 out";
+      for (const Tensor& input : {xb, x_wide}) {
+        const Tensor y = linear_bf16(input, w, lin.weight_packed, lin.bias, nullptr, DType::BF16);
         ASSERT_EQ(y.dtype(), DType::BF16);
         ASSERT_EQ(y.shape(), (Shape{rows, 72}));
-        EXPECT_TRUE(
-            testing::gemm_close(y.to(DType::F32), y_ref, x.to(DType::F32), w.to(DType::F32), lin.bias, 1.0 / 256))
-            << rows << " rows, in " << in;
+        EXPECT_TRUE(testing::gemm_close(y.to(DType::F32), y_ref, x_wide, w_wide, lin.bias, 1.0 / 256))
+            << at << ", BF16 out from " << dtype_name(input.dtype());
+      }
+      for (Activation act : {Activation::Gelu, Activation::Silu}) {
+        const Tensor y = linear_bf16(xb, w, lin.weight_packed, lin.bias, &act, DType::BF16);
+        const Tensor want = act == Activation::Gelu ? gelu(y_ref) : silu(y_ref);
+        GemmArgs g;  // gemm_close's bound through an activation (act_out: only its presence is read)
+        const Tensor bias = lin.bias;
+        float flag = 0;
+        g.trans_b = true, g.m = rows, g.n = 72, g.k = in, g.a = x_wide.data<float>(), g.lda = in;
+        g.b = w_wide.data<float>(), g.ldb = in, g.ldc = 72, g.bias = bias.data<float>(), g.act_out = &flag;
+        EXPECT_TRUE(testing::gemm_close(g, Tensor::zeros({rows, 72}), y.to(DType::F32), want, 1.0 / 256))
+            << at << (act == Activation::Gelu ? ", GELU" : ", SiLU");
       }
     }
   const Tensor x = Tensor::randn({3, 8}, rng).to(DType::BF16), w = Tensor::randn({4, 8}, rng);
-  EXPECT_THROW(linear(x, w.to(DType::BF16), Tensor(), Activation::Gelu), Error);
   EXPECT_THROW(linear(x, w), Error);
   EXPECT_THROW(linear(x, w.to(DType::F16)), Error);
+  EXPECT_THROW(linear_bf16(x.to(DType::F32), w.to(DType::BF16), Tensor(), Tensor(), nullptr, DType::I8), Error);
+}
+
+// An MLP with BF16 weights writes its hidden layer in bfloat16 (the
+// activation fused before the rounding) and its second product reads it:
+// the same as the float32 composition of the same values, fc2(r(gelu(fc1(x)))),
+// r the rounding to bfloat16 (which fc2 applies to a float32 hidden layer as it
+// reads it), up to where r lands on the other side of a rounding boundary: |dy| <=
+// 2^-8 sum_p |h_p w2_jp| + the float32 bounds of both products. Leaving the
+// activation out of the hidden layer failed it.
+TEST(Ops, AnMlpWithBf16WeightsKeepsItsHiddenLayerInBf16) {
+  omp_set_num_threads(2);
+  Rng rng(22);
+  NoGradGuard no_grad;
+  for (int64_t rows : {3, 70}) {
+    MLP mlp({.in_features = 64, .hidden_features = 256, .out_features = 48, .activation = Activation::Gelu}, rng);
+    mlp.convert_linear_weights(DType::BF16);
+    const Tensor x = Tensor::randn({rows, 64}, rng);
+    const Tensor y = mlp.forward(x);
+    ASSERT_EQ(y.dtype(), DType::F32);
+    const Tensor w1 = mlp.fc1->state_dict().at("weight").to(DType::F32),
+                 w2 = mlp.fc2->state_dict().at("weight").to(DType::F32);
+    const Tensor h = gelu(linear(x.to(DType::BF16).to(DType::F32), w1, mlp.fc1->bias)).to(DType::BF16).to(DType::F32);
+    const Tensor want = linear(h, w2, mlp.fc2->bias);
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < 48; ++j) {
+        double size = std::abs(mlp.fc2->bias.data<float>()[j]);
+        for (int64_t p = 0; p < 256; ++p)
+          size += std::abs((double)h.data<float>()[i * 256 + p] * w2.data<float>()[j * 256 + p]);
+        const double got = y.data<float>()[i * 48 + j], expect = want.data<float>()[i * 48 + j];
+        ASSERT_LE(std::abs(got - expect), std::ldexp(size, -8) + 2 * 258 * std::ldexp(size, -24) + 1e-5)
+            << rows << " rows, [" << i << ", " << j << "]";
+      }
+  }
 }
 
 // Mixed precision: under Bf16AutocastGuard, a float32 weight's linear is the

@@ -281,7 +281,8 @@ struct MLPOptions {
 class MLP : public Module {
 public:
   MLP(MLPOptions options, Rng& rng);
-  Tensor forward(const Tensor& x) const { return fc2->forward(fc1->forward(x, activation)); }
+  // With both weights BF16, the hidden layer is a BF16 tensor (module.cpp).
+  Tensor forward(const Tensor& x) const;
   std::shared_ptr<Linear> fc1, fc2;
   Activation activation;
 };

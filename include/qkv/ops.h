@@ -105,13 +105,13 @@ Tensor unpack_bf16_weight(const Tensor& packed, int64_t out_features, int64_t in
 // read the packed copy in a GEMV of its own, whose sums run in another
 // order (each within the same bound of the exact product).
 //
-// x may be BF16 (here and in linear() with a BF16 weight; inference, no
-// fused activation): y is then BF16 too, each element the float32 sum plus
-// the bias rounded to bfloat16 once, and x is read as it lies where the
-// kernels can (in a multiple of 32). A chain of such products moves half
-// the bytes of a float32 one.
+// x may be BF16 (here and in linear() with a BF16 weight): it is then read
+// as it lies where the kernels can (in a multiple of 32). out = BF16 writes
+// y in bfloat16: each element the float32 sum, bias and activation, rounded
+// once. A chain of such products (an MLP's hidden layer: MLP::forward with
+// BF16 weights) moves half the bytes of a float32 one.
 Tensor linear_bf16(const Tensor& x, const Tensor& weight, const Tensor& packed, const Tensor& bias = Tensor(),
-                   const Activation* activation = nullptr);
+                   const Activation* activation = nullptr, DType out = DType::F32);
 
 // Blockwise int8 weights (docs/low-precision.md): W [out, in] as int8 values
 // [out, in] and one float32 scale per row per block of 32 along `in`, scales

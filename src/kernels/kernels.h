@@ -88,6 +88,11 @@ struct GemmBf16Args {
   // to even, as qkv::float_to_bf16 rounds. Row stride ldc. For a chain of
   // bfloat16 activations, whose next product reads this one's C as its A.
   uint16_t* c_bf16 = nullptr;
+  // With c_bf16 only: act applied to each element (after alpha, beta and the
+  // bias) before its rounding, as unary_forward computes it: an MLP's hidden
+  // layer, written once in bfloat16 for its second product to read.
+  bool has_act = false;
+  UnaryOp act = UnaryOp::Relu;
   // B as this level's gemm_bf16 packs it (gemm_bf16_pack_b of the same b,
   // ldb, n and k), when the caller keeps it from call to call (a Linear
   // weight in inference): the kernel then reads it instead of packing B

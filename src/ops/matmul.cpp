@@ -145,7 +145,7 @@ UnaryOp unary_op(Activation a) {
 // is, times the widened weight. Float32 sums, then the bias and the
 // activation in float32.
 Tensor linear_half(const Tensor& x, const Tensor& weight, const Tensor& bias, const UnaryOp* act,
-                   const Tensor& packed = Tensor()) {
+                   const Tensor& packed = Tensor(), DType out = DType::F32) {
   QKV_CHECK(!any_requires_grad({x, weight, bias}), "linear: ", dtype_name(weight.dtype()),
             " weights are for inference; run it under NoGradGuard or with inputs that need no gradient");
   const int64_t in = weight.size(1), out_features = weight.size(0);
@@ -155,20 +155,26 @@ Tensor linear_half(const Tensor& x, const Tensor& weight, const Tensor& bias, co
   Tensor w = dropped ? Tensor() : contiguous_values(weight), b = contiguous_values(bias);
   Shape out_shape = x.shape();
   out_shape.back() = out_features;
-  // A BF16 x (with a BF16 weight) gives a BF16 y: the float32 sums plus the
-  // bias, rounded once, for the next bfloat16 product to read as it lies.
-  const bool bf16_io = x.dtype() == DType::BF16;
-  QKV_CHECK(!bf16_io || !act, "linear: a BF16 input takes no fused activation (apply it to the F32 output)");
-  Tensor y = Tensor::empty(out_shape, bf16_io ? DType::BF16 : DType::F32);
+  // With a BF16 weight, x may be BF16 (read as it lies) and y BF16 (the
+  // float32 sums, bias and activation rounded once), for bfloat16
+  // activations from one product to the next.
+  const bool bf16_out = out == DType::BF16;
+  QKV_CHECK(out == DType::F32 || (bf16_out && weight.dtype() == DType::BF16),
+            "linear: a BF16 weight can write F32 or BF16, other weights F32; asked for ", dtype_name(out));
+  Tensor y = Tensor::empty(out_shape, out);
   const int64_t m = x2.size(0), ld_in = std::max<int64_t>(in, 1), ld_out = std::max<int64_t>(out_features, 1);
   if (m > 0 && out_features > 0) {
     if (weight.dtype() == DType::BF16) {
       GemmBf16Args g;
       g.m = m, g.n = out_features, g.k = in;
-      if (bf16_io)
-        g.a = x2.data<uint16_t>(), g.c_bf16 = y.data<uint16_t>();
+      if (x.dtype() == DType::BF16)
+        g.a = x2.data<uint16_t>();
       else
-        g.a_f32 = x2.data<float>(), g.c = y.data<float>();  // x rounded to bfloat16 as the kernel reads it
+        g.a_f32 = x2.data<float>();  // rounded to bfloat16 as the kernel reads it
+      if (bf16_out)
+        g.c_bf16 = y.data<uint16_t>(), g.has_act = act != nullptr, g.act = act ? *act : UnaryOp::Relu;
+      else
+        g.c = y.data<float>();
       g.lda = ld_in, g.ldc = ld_out;
       g.b = dropped ? nullptr : w.data<uint16_t>(), g.ldb = ld_in;
       g.bias = b.defined() ? b.data<float>() : nullptr;
@@ -188,7 +194,7 @@ Tensor linear_half(const Tensor& x, const Tensor& weight, const Tensor& bias, co
       QKV_KERNEL(gemm_f16)(g);
     }
   }
-  if (act) QKV_KERNEL(unary_forward)(*act, y.data<float>(), y.data<float>(), y.numel());
+  if (act && !bf16_out) QKV_KERNEL(unary_forward)(*act, y.data<float>(), y.data<float>(), y.numel());
   return y;
 }
 
@@ -351,16 +357,16 @@ Tensor unpack_bf16_weight(const Tensor& packed, int64_t out_features, int64_t in
 }
 
 Tensor linear_bf16(const Tensor& x, const Tensor& weight, const Tensor& packed, const Tensor& bias,
-                   const Activation* activation) {
+                   const Activation* activation, DType out) {
   QKV_CHECK(weight.defined(), "linear_bf16: weight is undefined");
   check_input_dtype(x, weight);
   QKV_CHECK(weight.dtype() == DType::BF16 && weight.dim() == 2, "linear_bf16: expected a BF16 weight [out, in], got ",
             dtype_name(weight.dtype()), " ", shape_str(weight.shape()));
   QKV_CHECK(!packed.defined() || packed.dtype() == DType::I32, "linear_bf16: the packed weight must be I32 words");
   check_input_and_bias(x, bias, weight.shape());
-  if (!activation) return linear_half(x, weight, bias, nullptr, packed);
+  if (!activation) return linear_half(x, weight, bias, nullptr, packed, out);
   const UnaryOp op = unary_op(*activation);
-  return linear_half(x, weight, bias, &op, packed);
+  return linear_half(x, weight, bias, &op, packed, out);
 }
 
 Int8Weight quantize_int8(const Tensor& w) {

@@ -206,7 +206,8 @@ void bench_bf16_linear(const BenchArgs& a, const std::vector<GemmRow>& gemms, nl
     const Tensor packed = pack_bf16_weight(w);
     const double t_packed = packed.defined() ? seconds_per_call([&] { linear_bf16(x, w, packed); }, a.seconds) : t;
     const Tensor x_bf16 = x.to(DType::BF16);
-    const double t_io = seconds_per_call([&] { linear_bf16(x_bf16, w, packed); }, a.seconds);
+    const double t_io =
+        seconds_per_call([&] { linear_bf16(x_bf16, w, packed, Tensor(), nullptr, DType::BF16); }, a.seconds);
     const double flops = 2.0 * r.batch * r.m * r.n * r.k;
     nlohmann::ordered_json row = {{"name", r.name},
                                   {"shape", out["matmul"][rows[j]]["shape"]},

@@ -99,16 +99,18 @@ void widened(const GemmBf16Args& g) {
 // g with C in bfloat16 (GemmBf16Args::c_bf16) by way of a float32 C, for
 // the paths that write C element by element (the GEMV of B as it lies, the
 // widened float32 GEMM, k = 0): f(h) computes h, which is g with a float32
-// C (C widened first when beta reads it), then rounded into g's C.
+// C (C widened first when beta reads it), then g's activation, then rounded
+// into g's C.
 template <class F>
 void through_float32_c(const GemmBf16Args& g, F&& f) {
   Scratch c(g.m * g.n);
   GemmBf16Args h = g;
-  h.c = c.data(), h.ldc = g.n, h.c_bf16 = nullptr;
+  h.c = c.data(), h.ldc = g.n, h.c_bf16 = nullptr, h.has_act = false;
   if (g.beta != 0.0f)
     for (int64_t i = 0; i < g.m; ++i)
       for (int64_t j = 0; j < g.n; ++j) h.c[i * g.n + j] = widen(g.c_bf16[i * g.ldc + j]);
   f(h);
+  if (g.has_act) unary_forward(g.act, h.c, h.c, g.m * g.n);
   for (int64_t i = 0; i < g.m; ++i)
     for (int64_t j = 0; j < g.n; ++j) g.c_bf16[i * g.ldc + j] = round_bf16(h.c[i * g.n + j]);
 }
@@ -333,6 +335,7 @@ void finish_tile(const GemmBf16Args& g, const float* sums, int64_t i0, int64_t j
   const __m512 alpha = _mm512_set1_ps(g.alpha), beta = _mm512_set1_ps(g.beta);
   const __m512 bias = g.bias ? _mm512_maskz_loadu_ps(cols, g.bias + j0) : _mm512_setzero_ps();
   if (g.c_bf16) {
+    alignas(64) float staged[16];  // a row's values before their rounding, for the activation
     for (int64_t i = i0; i < ie; ++i) {
       uint16_t* c = g.c_bf16 + i * g.ldc + j0;
       __m512 v = _mm512_mul_ps(alpha, _mm512_load_ps(sums + (i - i0) * 16));
@@ -341,7 +344,9 @@ void finish_tile(const GemmBf16Args& g, const float* sums, int64_t i0, int64_t j
         const __m512i old = _mm512_maskz_slli_epi32(0xffff, wide, 16);
         v = _mm512_fmadd_ps(beta, _mm512_castsi512_ps(old), v);
       }
-      _mm256_mask_storeu_epi16(c, cols, bf16_of(_mm512_add_ps(v, bias)));
+      _mm512_store_ps(staged, _mm512_add_ps(v, bias));
+      if (g.has_act) unary_forward(g.act, staged, staged, 16);
+      _mm256_mask_storeu_epi16(c, cols, bf16_of(_mm512_load_ps(staged)));
     }
     return;
   }
@@ -503,8 +508,9 @@ struct DeferredBf16C {
   alignas(64) float sums[2][4][256];
   int pending = 0;
   int64_t i0 = 0, j0 = 0, done = 32;  // the pending block's place in C, and its rows finished
-  // The common block (all of it inside C, alpha 1, beta 0) in a loop of its
-  // own: its C, row by row, and its bias (zeros without one).
+  // The common block (all of it inside C, alpha 1, beta 0, no activation or
+  // GELU or ReLU) in a loop of its own: its C, row by row, and its bias
+  // (zeros without one).
   bool plain = false;
   uint16_t* c = nullptr;
   __m512 bias_lo, bias_hi;
@@ -520,14 +526,11 @@ struct DeferredBf16C {
   __attribute__((target("avx512bf16"))) void finish_rows(int64_t r0, int64_t r1) {
     const float* s = sums[pending][0];
     if (plain) {
-      for (int64_t r = r0; r < r1; ++r) {
-        const float* row = s + (r >> 4) * 512 + (r & 15) * 16;
-        const __m512 lo = _mm512_add_ps(_mm512_load_ps(row), bias_lo);
-        const __m512 hi = _mm512_add_ps(_mm512_load_ps(row + 256), bias_hi);
-        _mm512_storeu_si512(c + r * g.ldc, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
-      }
-      return;
+      if (!g.has_act) return plain_rows(r0, r1, [](__m512 v) { return v; });
+      if (g.act == UnaryOp::Gelu) return plain_rows(r0, r1, [](__m512 v) { return gelu_exact(v); });
+      return plain_rows(r0, r1, [](__m512 v) { return _mm512_maskz_max_ps(0xffff, v, _mm512_setzero_ps()); });  // Relu
     }
+    alignas(64) float staged[16];                      // a row's values before their rounding, for the activation
     for (int64_t r = r0; r < r1 && i0 + r < g.m; ++r)  // an edge, alpha or beta: 16 columns at a time
       for (int64_t half = 0; half < 2 && j0 + 16 * half < g.n; ++half) {
         const int64_t j = j0 + 16 * half;
@@ -541,8 +544,25 @@ struct DeferredBf16C {
                               v);
         }
         if (g.bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(cols, g.bias + j));
+        if (g.has_act) {
+          _mm512_store_ps(staged, v);
+          unary_forward(g.act, staged, staged, 16);
+          v = _mm512_load_ps(staged);
+        }
         _mm256_mask_storeu_epi16(out, cols, bf16_of(v));
       }
+  }
+  // A plain block's rows [r0, r1), act(sum + bias) for act GELU, ReLU or none
+  // (in registers: unary_forward's operations, so the same bits).
+  template <class Act>
+  __attribute__((target("avx512bf16"))) void plain_rows(int64_t r0, int64_t r1, Act&& act) {
+    const float* s = sums[pending][0];
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* row = s + (r >> 4) * 512 + (r & 15) * 16;
+      const __m512 lo = act(_mm512_add_ps(_mm512_load_ps(row), bias_lo));
+      const __m512 hi = act(_mm512_add_ps(_mm512_load_ps(row + 256), bias_hi));
+      _mm512_storeu_si512(c + r * g.ldc, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+    }
   }
   // After each chunk of k: the next few rows of the pending block.
   __attribute__((target("avx512bf16"))) void some() {
@@ -560,7 +580,8 @@ struct DeferredBf16C {
   float* take(int64_t i, int64_t j) {
     flush();
     pending ^= 1, i0 = i, j0 = j, done = 0;
-    plain = i + 32 <= g.m && j + 32 <= g.n && g.alpha == 1.0f && g.beta == 0.0f;
+    plain = i + 32 <= g.m && j + 32 <= g.n && g.alpha == 1.0f && g.beta == 0.0f &&
+            (!g.has_act || g.act == UnaryOp::Gelu || g.act == UnaryOp::Relu);
     c = g.c_bf16 + i * g.ldc + j;
     bias_lo = plain && g.bias ? _mm512_loadu_ps(g.bias + j) : _mm512_setzero_ps();
     bias_hi = plain && g.bias ? _mm512_loadu_ps(g.bias + j + 16) : _mm512_setzero_ps();

@@ -43,7 +43,9 @@ void gemm_bf16(const GemmBf16Args& g) {
       if (g.c_bf16) {  // C in bfloat16: read widened, written rounded
         uint16_t& c = g.c_bf16[i * g.ldc + j];
         const double old = g.beta == 0.0f ? 0.0 : (double)g.beta * bf16_to_float(c);
-        c = float_to_bf16((float)(g.alpha * acc + old + (g.bias ? g.bias[j] : 0.0f)));
+        float v = (float)(g.alpha * acc + old + (g.bias ? g.bias[j] : 0.0f));
+        if (g.has_act) unary_forward(g.act, &v, &v, 1);
+        c = float_to_bf16(v);
         continue;
       }
       float& c = g.c[i * g.ldc + j];
