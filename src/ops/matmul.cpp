@@ -224,10 +224,6 @@ void gemm_in(bool bf16, const GemmArgs& g) {
   QKV_KERNEL(gemm_bf16)(h);
 }
 
-// y = act(x W^T + b), or x W^T + b when act is null. With an activation and
-// history to record, the product before it (pre) is kept for the backward:
-// dpre = dy * act'(pre), then the linear's backward with dpre. Under
-// Bf16AutocastGuard the three products take bfloat16 operands.
 // x F32, or BF16 with a BF16 weight (inference in bfloat16 activations).
 void check_input_dtype(const Tensor& x, const Tensor& weight) {
   QKV_CHECK(x.defined(), "linear: x is undefined");
@@ -235,6 +231,10 @@ void check_input_dtype(const Tensor& x, const Tensor& weight) {
             "linear: x has dtype ", dtype_name(x.dtype()), ", expected F32 (or BF16, with a BF16 weight)");
 }
 
+// y = act(x W^T + b), or x W^T + b when act is null. With an activation and
+// history to record, the product before it (pre) is kept for the backward:
+// dpre = dy * act'(pre), then the linear's backward with dpre. Under
+// Bf16AutocastGuard the three products take bfloat16 operands.
 Tensor linear_impl(const Tensor& x, const Tensor& weight, const Tensor& bias, const UnaryOp* act) {
   check_input_dtype(x, weight);
   QKV_CHECK(weight.defined(), "linear: weight is undefined");
