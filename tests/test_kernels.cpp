@@ -127,6 +127,41 @@ TEST(Kernels, BatchedGemmMatchesTheReference) {
   }
 }
 
+// gemm_bf16 on every level, and on avx512 each of its paths the CPU has
+// (AMX tiles, AVX512-BF16, widened float32), named for failure messages.
+using Bf16Path = std::pair<std::string, void (*)(const GemmBf16Args&)>;
+std::vector<Bf16Path> bf16_paths() {
+  std::vector<Bf16Path> paths;
+  for (const Kernels* k : levels()) paths.push_back({k->name, k->gemm_bf16});
+  if (isa_supported(CpuIsa::Avx512)) {
+    if (cpu::avx512::amx_bf16_usable()) paths.push_back({"avx512 AMX", &cpu::avx512::gemm_bf16_amx});
+    if (cpu::avx512::avx512_bf16_usable()) paths.push_back({"avx512 AVX512-BF16", &cpu::avx512::gemm_bf16_avx512_bf16});
+    paths.push_back({"avx512 widened", &cpu::avx512::gemm_bf16_widened});
+  }
+  return paths;
+}
+
+// A bfloat16 GEMM case: shape, the row padding of the operands, alpha, beta, a bias or none.
+struct Bf16Case {
+  int64_t m, n, k, pad;
+  float alpha, beta;
+  bool bias;
+};
+
+// A case's operands: A [m, k] (row stride k + pad) and B [n, k] (row stride
+// ldb), bfloat16 from normal values, and their widened float32 copies.
+struct Bf16Operands {
+  std::vector<uint16_t> a, b;
+  Tensor a32, b32;
+  Bf16Operands(const Bf16Case& c, int64_t ldb, Rng& rng) : a(c.m * (c.k + c.pad)), b(c.n * ldb) {
+    for (auto& v : a) v = float_to_bf16(rng.next_normal());
+    for (auto& v : b) v = float_to_bf16(rng.next_normal());
+    a32 = Tensor::zeros({c.m, c.k + c.pad}), b32 = Tensor::zeros({c.n, ldb});
+    for (size_t i = 0; i < a.size(); ++i) a32.data<float>()[i] = bf16_to_float(a[i]);
+    for (size_t i = 0; i < b.size(); ++i) b32.data<float>()[i] = bf16_to_float(b[i]);
+  }
+};
+
 // The bfloat16 GEMM on every level and, on avx512, on each of its paths the
 // CPU has (AMX tiles, AVX512-BF16, widened float32), on ragged shapes that
 // leave partial tiles on every side, strided rows, alpha, beta and bias, with
@@ -143,37 +178,24 @@ TEST(Kernels, BatchedGemmMatchesTheReference) {
 TEST(Kernels, GemmBf16MatchesTheReference) {
   omp_set_num_threads(2);
   Rng rng(6);
-  using Path = std::pair<std::string, void (*)(const GemmBf16Args&)>;
-  std::vector<Path> paths;
-  for (const Kernels* k : levels()) paths.push_back({k->name, k->gemm_bf16});
-  if (isa_supported(CpuIsa::Avx512)) {
-    if (cpu::avx512::amx_bf16_usable()) paths.push_back({"avx512 AMX", &cpu::avx512::gemm_bf16_amx});
-    if (cpu::avx512::avx512_bf16_usable()) paths.push_back({"avx512 AVX512-BF16", &cpu::avx512::gemm_bf16_avx512_bf16});
-    paths.push_back({"avx512 widened", &cpu::avx512::gemm_bf16_widened});
-  }
-  struct Case {
-    int64_t m, n, k, pad;
-    float alpha, beta;
-    bool bias;
-  };
-  for (const Case& c :
-       {Case{1, 1, 1, 0, 1, 0, false}, Case{3, 5, 7, 2, 0.5f, 0.75f, true}, Case{17, 33, 31, 0, 1, 0, true},
-        Case{33, 17, 65, 3, 1, 1, false}, Case{67, 45, 130, 1, -2, 0, true}, Case{130, 70, 300, 0, 1, 0.5f, true},
-        Case{256, 96, 64, 0, 1, 0, false}, Case{5, 300, 33, 4, 1, 0, true}, Case{4, 6, 0, 0, 1, 0.5f, true},
+  const std::vector<Bf16Path> paths = bf16_paths();
+  for (const Bf16Case& c :
+       {Bf16Case{1, 1, 1, 0, 1, 0, false}, Bf16Case{3, 5, 7, 2, 0.5f, 0.75f, true}, Bf16Case{17, 33, 31, 0, 1, 0, true},
+        Bf16Case{33, 17, 65, 3, 1, 1, false}, Bf16Case{67, 45, 130, 1, -2, 0, true},
+        Bf16Case{130, 70, 300, 0, 1, 0.5f, true}, Bf16Case{256, 96, 64, 0, 1, 0, false},
+        Bf16Case{5, 300, 33, 4, 1, 0, true}, Bf16Case{4, 6, 0, 0, 1, 0.5f, true},
         // whole 32 x 32 blocks that start their tiles at C (beta 1) or at the bias and
         // store into C; three rows of blocks, split between threads by columns
-        Case{70, 64, 96, 0, 1, 1, false}, Case{96, 80, 64, 2, 1, 0, true},
+        Bf16Case{70, 64, 96, 0, 1, 1, false}, Bf16Case{96, 80, 64, 2, 1, 0, true},
         // B more than one panel (A then packed whole)
-        Case{40, 520, 530, 0, 1, 0, true},
+        Bf16Case{40, 520, 530, 0, 1, 0, true},
         // up to 4 rows: the streaming path, with a tail of k and split between threads
-        Case{4, 300, 1000, 3, 1, 0.5f, true}, Case{2, 40, 64, 0, 1, 0, false}, Case{1, 700, 100, 0, 1, 0, true}}) {
+        Bf16Case{4, 300, 1000, 3, 1, 0.5f, true}, Bf16Case{2, 40, 64, 0, 1, 0, false},
+        Bf16Case{1, 700, 100, 0, 1, 0, true}}) {
     const int64_t lda = c.k + c.pad, ldb = c.k + 2 * c.pad, ldc = c.n + c.pad;
-    std::vector<uint16_t> a(c.m * lda), b(c.n * ldb);
-    for (auto& v : a) v = float_to_bf16(rng.next_normal());
-    for (auto& v : b) v = float_to_bf16(rng.next_normal());
-    Tensor a32 = Tensor::zeros({c.m, lda}), b32 = Tensor::zeros({c.n, ldb});
-    for (size_t i = 0; i < a.size(); ++i) a32.data<float>()[i] = bf16_to_float(a[i]);
-    for (size_t i = 0; i < b.size(); ++i) b32.data<float>()[i] = bf16_to_float(b[i]);
+    const Bf16Operands ops(c, ldb, rng);
+    const std::vector<uint16_t>&a = ops.a, &b = ops.b;
+    const Tensor &a32 = ops.a32, &b32 = ops.b32;
     Tensor bias = Tensor::randn({c.n}, rng), c0 = Tensor::randn({c.m, ldc}, rng);
     GemmBf16Args g;
     g.m = c.m, g.n = c.n, g.k = c.k, g.alpha = c.alpha, g.beta = c.beta;
@@ -388,30 +410,15 @@ TEST(Kernels, GemmBf16WithBPackedOnceIsTheSameProduct) {
 TEST(Kernels, GemmBf16WritesBfloat16C) {
   omp_set_num_threads(2);
   Rng rng(13);
-  using Path = std::pair<std::string, void (*)(const GemmBf16Args&)>;
-  std::vector<Path> paths;
-  for (const Kernels* k : levels()) paths.push_back({k->name, k->gemm_bf16});
-  if (isa_supported(CpuIsa::Avx512)) {
-    if (cpu::avx512::amx_bf16_usable()) paths.push_back({"avx512 AMX", &cpu::avx512::gemm_bf16_amx});
-    if (cpu::avx512::avx512_bf16_usable()) paths.push_back({"avx512 AVX512-BF16", &cpu::avx512::gemm_bf16_avx512_bf16});
-    paths.push_back({"avx512 widened", &cpu::avx512::gemm_bf16_widened});
-  }
-  struct Case {
-    int64_t m, n, k, pad;
-    float alpha, beta;
-    bool bias;
-  };
-  for (const Case& c :
-       {Case{1, 37, 64, 0, 1, 0, true}, Case{3, 5, 7, 2, 0.5f, 0.75f, true}, Case{70, 64, 96, 0, 1, 1, false},
-        Case{96, 80, 64, 2, 1, 0, true}, Case{130, 70, 300, 1, -2, 0.5f, true}, Case{64, 520, 512, 0, 1, 0, true},
-        Case{4, 6, 0, 0, 1, 0.5f, true}}) {
+  const std::vector<Bf16Path> paths = bf16_paths();
+  for (const Bf16Case& c : {Bf16Case{1, 37, 64, 0, 1, 0, true}, Bf16Case{3, 5, 7, 2, 0.5f, 0.75f, true},
+                            Bf16Case{70, 64, 96, 0, 1, 1, false}, Bf16Case{96, 80, 64, 2, 1, 0, true},
+                            Bf16Case{130, 70, 300, 1, -2, 0.5f, true}, Bf16Case{64, 520, 512, 0, 1, 0, true},
+                            Bf16Case{4, 6, 0, 0, 1, 0.5f, true}}) {
     const int64_t lda = c.k + c.pad, ldb = c.k, ldc = c.n + c.pad;
-    std::vector<uint16_t> a(c.m * lda), b(c.n * ldb);
-    for (auto& v : a) v = float_to_bf16(rng.next_normal());
-    for (auto& v : b) v = float_to_bf16(rng.next_normal());
-    Tensor a32 = Tensor::zeros({c.m, lda}), b32 = Tensor::zeros({c.n, ldb});
-    for (size_t i = 0; i < a.size(); ++i) a32.data<float>()[i] = bf16_to_float(a[i]);
-    for (size_t i = 0; i < b.size(); ++i) b32.data<float>()[i] = bf16_to_float(b[i]);
+    const Bf16Operands ops(c, ldb, rng);
+    const std::vector<uint16_t>&a = ops.a, &b = ops.b;
+    const Tensor &a32 = ops.a32, &b32 = ops.b32;
     // C0 holds bfloat16 values, so that beta reads the same C in both formats.
     Tensor bias = Tensor::randn({c.n}, rng), c0 = Tensor::randn({c.m, ldc}, rng).to(DType::BF16);
     const Tensor c0_f32 = c0.to(DType::F32);
