@@ -506,11 +506,11 @@ struct DeferredBf16C {
   const GemmBf16Args& g;
   int64_t per_chunk;  // rows of the pending block finished after each chunk of k
   alignas(64) float sums[2][4][256];
+  alignas(64) float staged[32 * 32];  // plain_rows_staged's rows
   int pending = 0;
   int64_t i0 = 0, j0 = 0, done = 32;  // the pending block's place in C, and its rows finished
-  // The common block (all of it inside C, alpha 1, beta 0, no activation or
-  // GELU or ReLU) in a loop of its own: its C, row by row, and its bias
-  // (zeros without one).
+  // The common block (all of it inside C, alpha 1, beta 0) in a loop of its
+  // own: its C, row by row, and its bias (zeros without one).
   bool plain = false;
   uint16_t* c = nullptr;
   __m512 bias_lo, bias_hi;
@@ -528,7 +528,9 @@ struct DeferredBf16C {
     if (plain) {
       if (!g.has_act) return plain_rows(r0, r1, [](__m512 v) { return v; });
       if (g.act == UnaryOp::Gelu) return plain_rows(r0, r1, [](__m512 v) { return gelu_exact(v); });
-      return plain_rows(r0, r1, [](__m512 v) { return _mm512_maskz_max_ps(0xffff, v, _mm512_setzero_ps()); });  // Relu
+      if (g.act == UnaryOp::Relu)
+        return plain_rows(r0, r1, [](__m512 v) { return _mm512_maskz_max_ps(0xffff, v, _mm512_setzero_ps()); });
+      return plain_rows_staged(r0, r1);
     }
     alignas(64) float staged[16];                      // a row's values before their rounding, for the activation
     for (int64_t r = r0; r < r1 && i0 + r < g.m; ++r)  // an edge, alpha or beta: 16 columns at a time
@@ -564,6 +566,23 @@ struct DeferredBf16C {
       _mm512_storeu_si512(c + r * g.ldc, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
     }
   }
+  // A plain block's rows [r0, r1) with another activation (SiLU, the tanh
+  // GELU, ...): the rows' sums plus bias staged, one unary_forward over all
+  // of them, then rounded. (Staged 16 values at a time, as the edges are, a
+  // call per 16 values would cost more than the tiles' products.)
+  __attribute__((target("avx512bf16"))) void plain_rows_staged(int64_t r0, int64_t r1) {
+    const float* s = sums[pending][0];
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* row = s + (r >> 4) * 512 + (r & 15) * 16;
+      _mm512_store_ps(staged + (r - r0) * 32, _mm512_add_ps(_mm512_load_ps(row), bias_lo));
+      _mm512_store_ps(staged + (r - r0) * 32 + 16, _mm512_add_ps(_mm512_load_ps(row + 256), bias_hi));
+    }
+    unary_forward(g.act, staged, staged, (r1 - r0) * 32);
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* v = staged + (r - r0) * 32;
+      _mm512_storeu_si512(c + r * g.ldc, (__m512i)_mm512_cvtne2ps_pbh(_mm512_load_ps(v + 16), _mm512_load_ps(v)));
+    }
+  }
   // After each chunk of k: the next few rows of the pending block.
   __attribute__((target("avx512bf16"))) void some() {
     if (done >= 32) return;
@@ -580,8 +599,7 @@ struct DeferredBf16C {
   float* take(int64_t i, int64_t j) {
     flush();
     pending ^= 1, i0 = i, j0 = j, done = 0;
-    plain = i + 32 <= g.m && j + 32 <= g.n && g.alpha == 1.0f && g.beta == 0.0f &&
-            (!g.has_act || g.act == UnaryOp::Gelu || g.act == UnaryOp::Relu);
+    plain = i + 32 <= g.m && j + 32 <= g.n && g.alpha == 1.0f && g.beta == 0.0f;
     c = g.c_bf16 + i * g.ldc + j;
     bias_lo = plain && g.bias ? _mm512_loadu_ps(g.bias + j) : _mm512_setzero_ps();
     bias_hi = plain && g.bias ? _mm512_loadu_ps(g.bias + j + 16) : _mm512_setzero_ps();
