@@ -161,26 +161,16 @@ inline float hsum(__m256 v) {
 inline float dot(const float* x, const float* w, int64_t k) {
   int64_t i = 0;
   float s = 0.0f;
-#if defined(__AVX512F__)
-  __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
-  for (; i + 64 <= k; i += 64) {
-    a0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(w + i), a0);
-    a1 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 16), _mm512_loadu_ps(w + i + 16), a1);
-    a2 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 32), _mm512_loadu_ps(w + i + 32), a2);
-    a3 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 48), _mm512_loadu_ps(w + i + 48), a3);
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))  // (this level's Vec)
+  Vec a0 = vzero(), a1 = vzero(), a2 = vzero(), a3 = vzero();
+  for (; i + 4 * kLanes <= k; i += 4 * kLanes) {
+    a0 = vfma(vload(x + i), vload(w + i), a0);
+    a1 = vfma(vload(x + i + kLanes), vload(w + i + kLanes), a1);
+    a2 = vfma(vload(x + i + 2 * kLanes), vload(w + i + 2 * kLanes), a2);
+    a3 = vfma(vload(x + i + 3 * kLanes), vload(w + i + 3 * kLanes), a3);
   }
-  for (; i + 16 <= k; i += 16) a0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(w + i), a0);
-  s = hsum(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
-#elif defined(__AVX2__) && defined(__FMA__)
-  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
-  for (; i + 32 <= k; i += 32) {
-    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(w + i), a0);
-    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8), _mm256_loadu_ps(w + i + 8), a1);
-    a2 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 16), _mm256_loadu_ps(w + i + 16), a2);
-    a3 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 24), _mm256_loadu_ps(w + i + 24), a3);
-  }
-  for (; i + 8 <= k; i += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(w + i), a0);
-  s = hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+  for (; i + kLanes <= k; i += kLanes) a0 = vfma(vload(x + i), vload(w + i), a0);
+  s = hsum(vadd(vadd(a0, a1), vadd(a2, a3)));
 #endif  // (on the generic level: the loop below alone)
   for (; i < k; ++i) s += x[i] * w[i];
   return s;
