@@ -148,17 +148,33 @@ struct Bf16Case {
   bool bias;
 };
 
-// A case's operands: A [m, k] (row stride k + pad) and B [n, k] (row stride
-// ldb), bfloat16 from normal values, and their widened float32 copies.
+// A case's operands: A [m, k] (row stride lda = k + pad) and B [n, k] (row
+// stride ldb), bfloat16 from normal values, and their widened float32 copies.
 struct Bf16Operands {
+  int64_t lda, ldb;
   std::vector<uint16_t> a, b;
   Tensor a32, b32;
-  Bf16Operands(const Bf16Case& c, int64_t ldb, Rng& rng) : a(c.m * (c.k + c.pad)), b(c.n * ldb) {
+  Bf16Operands(const Bf16Case& c, int64_t ldb, Rng& rng) : lda(c.k + c.pad), ldb(ldb), a(c.m * lda), b(c.n * ldb) {
     for (auto& v : a) v = float_to_bf16(rng.next_normal());
     for (auto& v : b) v = float_to_bf16(rng.next_normal());
-    a32 = Tensor::zeros({c.m, c.k + c.pad}), b32 = Tensor::zeros({c.n, ldb});
+    a32 = Tensor::zeros({c.m, lda}), b32 = Tensor::zeros({c.n, ldb});
     for (size_t i = 0; i < a.size(); ++i) a32.data<float>()[i] = bf16_to_float(a[i]);
     for (size_t i = 0; i < b.size(); ++i) b32.data<float>()[i] = bf16_to_float(b[i]);
+  }
+  // The case's product of these operands, its bias when c.bias; C (row stride ldc) is the caller's.
+  GemmBf16Args args(const Bf16Case& c, int64_t ldc, const Tensor& bias) const {
+    GemmBf16Args g;
+    g.m = c.m, g.n = c.n, g.k = c.k, g.alpha = c.alpha, g.beta = c.beta;
+    g.a = a.data(), g.lda = lda, g.b = b.data(), g.ldb = ldb, g.ldc = ldc;
+    g.bias = c.bias ? bias.data<float>() : nullptr;
+    return g;
+  }
+  // The same product in float32 on the widened copies, for gemm_close's bound.
+  GemmArgs float32(const GemmBf16Args& g) const {
+    GemmArgs f;
+    f.trans_b = true, f.m = g.m, f.n = g.n, f.k = g.k, f.alpha = g.alpha, f.beta = g.beta;
+    f.a = a32.data<float>(), f.lda = lda, f.b = b32.data<float>(), f.ldb = ldb, f.ldc = g.ldc, f.bias = g.bias;
+    return f;
   }
 };
 
@@ -195,18 +211,12 @@ TEST(Kernels, GemmBf16MatchesTheReference) {
     const int64_t lda = c.k + c.pad, ldb = c.k + 2 * c.pad, ldc = c.n + c.pad;
     const Bf16Operands ops(c, ldb, rng);
     const std::vector<uint16_t>&a = ops.a, &b = ops.b;
-    const Tensor &a32 = ops.a32, &b32 = ops.b32;
     Tensor bias = Tensor::randn({c.n}, rng), c0 = Tensor::randn({c.m, ldc}, rng);
-    GemmBf16Args g;
-    g.m = c.m, g.n = c.n, g.k = c.k, g.alpha = c.alpha, g.beta = c.beta;
-    g.a = a.data(), g.lda = lda, g.b = b.data(), g.ldb = ldb, g.ldc = ldc;
-    g.bias = c.bias ? bias.data<float>() : nullptr;
+    GemmBf16Args g = ops.args(c, ldc, bias);
     Tensor ref_c = c0.clone();
     g.c = ref_c.data<float>();
     ref::gemm_bf16(g);
-    GemmArgs f;  // the same product in float32, for the bound
-    f.trans_b = true, f.m = c.m, f.n = c.n, f.k = c.k, f.alpha = c.alpha, f.beta = c.beta;
-    f.a = a32.data<float>(), f.lda = lda, f.b = b32.data<float>(), f.ldb = ldb, f.ldc = ldc, f.bias = g.bias;
+    const GemmArgs f = ops.float32(g);  // the same product in float32, for the bound
     // Each operand four ways: bfloat16 or float32 (its values the bfloat16
     // ones plus noise below half a bfloat16 unit, so that rounding gives them
     // back), each as [rows, k] or held transposed as [k, rows] (row stride
@@ -416,24 +426,17 @@ TEST(Kernels, GemmBf16WritesBfloat16C) {
                             Bf16Case{70, 64, 96, 0, 1, 1, false}, Bf16Case{96, 80, 64, 2, 1, 0, true},
                             Bf16Case{130, 70, 300, 1, -2, 0.5f, true}, Bf16Case{64, 520, 512, 0, 1, 0, true},
                             Bf16Case{4, 6, 0, 0, 1, 0.5f, true}}) {
-    const int64_t lda = c.k + c.pad, ldb = c.k, ldc = c.n + c.pad;
+    const int64_t ldb = c.k, ldc = c.n + c.pad;
     const Bf16Operands ops(c, ldb, rng);
-    const std::vector<uint16_t>&a = ops.a, &b = ops.b;
-    const Tensor &a32 = ops.a32, &b32 = ops.b32;
     // C0 holds bfloat16 values, so that beta reads the same C in both formats.
     Tensor bias = Tensor::randn({c.n}, rng), c0 = Tensor::randn({c.m, ldc}, rng).to(DType::BF16);
     const Tensor c0_f32 = c0.to(DType::F32);
-    GemmBf16Args g;
-    g.m = c.m, g.n = c.n, g.k = c.k, g.alpha = c.alpha, g.beta = c.beta;
-    g.a = a.data(), g.lda = lda, g.b = b.data(), g.ldb = ldb, g.ldc = ldc;
-    g.bias = c.bias ? bias.data<float>() : nullptr;
+    GemmBf16Args g = ops.args(c, ldc, bias);
     Tensor ref_c = c0_f32.clone();
     g.c = ref_c.data<float>();
     ref::gemm_bf16(g);
     g.c = nullptr;
-    GemmArgs f;  // the same product in float32, for the bound
-    f.trans_b = true, f.m = c.m, f.n = c.n, f.k = c.k, f.alpha = c.alpha, f.beta = c.beta;
-    f.a = a32.data<float>(), f.lda = lda, f.b = b32.data<float>(), f.ldb = ldb, f.ldc = ldc, f.bias = g.bias;
+    const GemmArgs f = ops.float32(g);    // the same product in float32, for the bound
     const auto into = [&](Tensor& out) {  // g with its C a fresh copy of c0, in bfloat16
       out = c0.clone();
       GemmBf16Args h = g;

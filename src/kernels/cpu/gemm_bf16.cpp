@@ -506,7 +506,7 @@ struct DeferredBf16C {
   const GemmBf16Args& g;
   int64_t per_chunk;  // rows of the pending block finished after each chunk of k
   alignas(64) float sums[2][4][256];
-  alignas(64) float staged[32 * 32];  // plain_rows_staged's rows
+  alignas(64) float staged[32 * 32];  // rows before their activation and rounding (plain_rows_staged, the edges)
   int pending = 0;
   int64_t i0 = 0, j0 = 0, done = 32;  // the pending block's place in C, and its rows finished
   // The common block (all of it inside C, alpha 1, beta 0) in a loop of its
@@ -532,7 +532,6 @@ struct DeferredBf16C {
         return plain_rows(r0, r1, [](__m512 v) { return _mm512_maskz_max_ps(0xffff, v, _mm512_setzero_ps()); });
       return plain_rows_staged(r0, r1);
     }
-    alignas(64) float staged[16];                      // a row's values before their rounding, for the activation
     for (int64_t r = r0; r < r1 && i0 + r < g.m; ++r)  // an edge, alpha or beta: 16 columns at a time
       for (int64_t half = 0; half < 2 && j0 + 16 * half < g.n; ++half) {
         const int64_t j = j0 + 16 * half;
