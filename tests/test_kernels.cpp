@@ -7,7 +7,10 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <bit>
 #include <cstring>
+#include <limits>
+#include <utility>
 
 #include "qkv/dtype.h"
 #include "qkv/ops.h"
@@ -100,6 +103,77 @@ TEST(Kernels, AccumulateAndDropoutMaskMatchTheReference) {
       EXPECT_TRUE(std::all_of(m.begin(), m.end(), [](float v) { return v == 0.0f || v == 1.0f / 0.7f; }));
     }
   }
+}
+
+// Conversions between F32, F16 and BF16, bit for bit the scalar ones of
+// qkv/dtype.h (the reference): every 16-bit pattern of F16 and BF16 (NaNs
+// with payloads, signalling ones, subnormals, infinities) into each other
+// and F32; into F16 and BF16, float32 values of every exponent from random
+// bits plus those that round at the edges (ties to even, float16's overflow
+// at 65520, its subnormals and their ties, float32 subnormals); lengths with
+// a tail past the vectors, one thread's and split between two. Each of
+// these failed it: F16C rounding toward zero instead of to nearest, its NaN
+// payloads kept (not made sign | 0x7e00), a float16 NaN widened by F16C
+// alone (made quiet).
+TEST(Kernels, ConvertFloatsMatchesTheReference) {
+  omp_set_num_threads(2);
+  Rng rng(13);
+  std::vector<uint32_t> f32_bits;
+  for (int i = 0; i < 200000; ++i) f32_bits.push_back((uint32_t)rng.next_bits());
+  for (float v : {0.0f, -0.0f, INFINITY, -INFINITY, NAN, -NAN, std::numeric_limits<float>::max(), 65504.0f, 65519.996f,
+                  65520.0f, std::ldexp(1.0f, -24), std::ldexp(1.0f, -25), std::ldexp(3.0f, -26),
+                  std::ldexp(1.0f, -14) * 1.00048828125f, 1.0f + std::ldexp(1.0f, -8), 1.0f + std::ldexp(3.0f, -8),
+                  1.0f + std::ldexp(1.0f, -11), 1.0f + std::ldexp(3.0f, -11), std::ldexp(1.0f, -140)})
+    f32_bits.push_back(std::bit_cast<uint32_t>(v));
+  for (uint32_t payload : {0x7f800001u, 0xffa00000u, 0x7fc00123u, 0x7fbfffffu}) f32_bits.push_back(payload);
+  std::vector<uint16_t> all16(65536 + 7);
+  for (size_t i = 0; i < all16.size(); ++i) all16[i] = (uint16_t)(i * 40503u);  // every pattern, in a scrambled order
+  for (const Kernels* k : levels())
+    for (DType from : {DType::F32, DType::F16, DType::BF16})
+      for (DType to : {DType::F32, DType::F16, DType::BF16})
+        for (int64_t n : {int64_t{37}, from == DType::F32 ? (int64_t)f32_bits.size() : (int64_t)all16.size()}) {
+          const void* x = from == DType::F32 ? (const void*)f32_bits.data() : (const void*)all16.data();
+          const size_t bytes = n * (to == DType::F32 ? 4 : 2);
+          std::vector<uint8_t> fast(bytes, 0xab), want(bytes);
+          k->convert_floats(from, x, to, fast.data(), n);
+          ref::convert_floats(from, x, to, want.data(), n);
+          for (int64_t i = 0; i < n; ++i) {
+            const size_t w = to == DType::F32 ? 4 : 2;
+            ASSERT_EQ(std::memcmp(fast.data() + i * w, want.data() + i * w, w), 0)
+                << k->name << " " << dtype_name(from) << " -> " << dtype_name(to) << " element " << i << " of " << n;
+          }
+        }
+  omp_set_num_threads(1);
+}
+
+// Blockwise int8 quantization, bit for bit int8_block_scale and
+// int8_quantize (the reference): rows of whole and partial blocks, values
+// halfway between two steps (ties to even), NaN and infinity in a block,
+// a block of values too small for a scale (zeros), one thread's rows and
+// two. Rounding the scaled values toward zero failed it.
+TEST(Kernels, QuantizeInt8RowsMatchesTheReference) {
+  omp_set_num_threads(2);
+  Rng rng(14);
+  for (const Kernels* k : levels())
+    for (auto [rows, cols] : {std::pair<int64_t, int64_t>{3, 100}, {5, 32}, {700, 96}}) {
+      Tensor x = Tensor::randn({rows, cols}, rng);
+      float* v = x.data<float>();
+      for (int64_t c = 0; c < std::min<int64_t>(cols, 32); ++c)  // row 0's first block: amax 127, halves between steps
+        v[c] = c == 0 ? 127.0f : (float)(c % 9) - 4.5f;
+      v[cols + 3] = NAN, v[cols + 20] = NAN;  // a NaN in each half of row 1's first block
+      v[cols + 40 < 2 * cols ? cols + 40 : cols + 5] = INFINITY;
+      for (int64_t c = 0; c < std::min<int64_t>(cols, 32); ++c) v[2 * cols + c] = std::ldexp(1.0f, -130) * (c % 3);
+      const int64_t blocks = (cols + kInt8Block - 1) / kInt8Block;
+      std::vector<int8_t> q(rows * cols, 99), q_ref(rows * cols);
+      std::vector<float> s(rows * blocks, NAN), s_ref(rows * blocks);
+      k->quantize_int8_rows(v, q.data(), s.data(), rows, cols);
+      ref::quantize_int8_rows(v, q_ref.data(), s_ref.data(), rows, cols);
+      EXPECT_EQ(q, q_ref) << k->name << " " << rows << " x " << cols;
+      EXPECT_EQ(std::memcmp(s.data(), s_ref.data(), s.size() * sizeof(float)), 0)
+          << k->name << " " << rows << " x " << cols;
+      EXPECT_EQ(q[1], -4) << k->name << ": -3.5 (scale 1) to the even step";
+    }
+  omp_set_num_threads(1);
 }
 
 // Many small products (one per thread) and a few large ones, with the second

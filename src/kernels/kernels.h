@@ -20,6 +20,7 @@
 
 #include "qkv/cpu.h"
 #include "qkv/device.h"
+#include "qkv/dtype.h"
 #include "qkv/rng.h"
 
 namespace qkv {
@@ -250,6 +251,12 @@ struct SgdStep {
   void unary_backward(UnaryOp op, const float* x, const float* y, const float* dy, float* dx, int64_t n);        \
   /* y[o,i] = sum_r x[o,r,i] for x [outer, n, inner] */                                                          \
   void sum_middle(const float* x, float* y, int64_t outer, int64_t n, int64_t inner);                            \
+  /* y[0, n) = x[0, n) converted from one of F32, F16, BF16 to another (or the same), the bits of the */          \
+  /* scalar conversions in qkv/dtype.h (float_to_bf16, float_to_half, half_to_float) */                          \
+  void convert_floats(DType from, const void* x, DType to, void* y, int64_t n);                                  \
+  /* x [rows, cols] in blocks of kInt8Block along each row: scales [rows, blocks] from int8_block_scale, */       \
+  /* q [rows, cols] from int8_quantize with the block's scale (the bits those give) */                            \
+  void quantize_int8_rows(const float* x, int8_t* q, float* scales, int64_t rows, int64_t cols);                 \
   void softmax_forward(const float* x, float* y, int64_t rows, int64_t cols);                                    \
   void softmax_backward(const float* y, const float* dy, float* dx, int64_t rows, int64_t cols);                 \
   void log_softmax_forward(const float* x, float* y, int64_t rows, int64_t cols);                                \
@@ -309,7 +316,7 @@ QKV_DECLARE_KERNELS
 // Every kernel by name, once: the fields of Kernels below and the entries of
 // each table (src/kernels/cpu/table.cpp, src/kernels/ref/table.cpp) come from
 // this list, so no table can miss a kernel or put one in another's place.
-#define QKV_KERNEL_LIST(X) X(gemm) X(gemm_decode_path) X(gemm_f32_path) X(gemm_bf16) X(gemm_bf16_path) X(gemm_bf16_packed_b_words) X(gemm_bf16_pack_b) X(gemm_bf16_unpack_b) X(gemm_f16) X(gemm_f16_path) X(gemm_int8) X(gemm_int8_path) X(binary) X(masked_fill) X(unary_forward) X(unary_backward) X(sum_middle)         \
+#define QKV_KERNEL_LIST(X) X(gemm) X(gemm_decode_path) X(gemm_f32_path) X(gemm_bf16) X(gemm_bf16_path) X(gemm_bf16_packed_b_words) X(gemm_bf16_pack_b) X(gemm_bf16_unpack_b) X(gemm_f16) X(gemm_f16_path) X(gemm_int8) X(gemm_int8_path) X(binary) X(masked_fill) X(unary_forward) X(unary_backward) X(sum_middle) X(convert_floats) X(quantize_int8_rows)         \
   X(softmax_forward) X(softmax_backward) X(log_softmax_forward) X(log_softmax_backward) X(layer_norm_forward)        \
   X(layer_norm_backward) X(rms_norm_forward) X(rms_norm_backward) X(embedding_forward) X(embedding_backward)         \
   X(cross_entropy_forward) X(cross_entropy_backward) X(rope) X(gemm_batched) X(strided_copy) X(accumulate)           \

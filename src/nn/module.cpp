@@ -163,9 +163,17 @@ void check_loadable(const std::string& name, const Tensor& p, const Tensor& t) {
 float largest_magnitude(const Tensor& t) {
   const Tensor f = t.to(DType::F32).contiguous();
   const float* v = f.data<float>();
-  float largest = 0.0f;
+  // Sixteen running maxima, which the compiler keeps in vectors (one chain
+  // of std::max stayed scalar: a seventh of loading a model in float16). A
+  // NaN is passed over, as std::max(largest, NaN) passes it.
+  float lane[16] = {};
   const int64_t n = f.numel();
-  for (int64_t i = 0; i < n; ++i) largest = std::max(largest, std::fabs(v[i]));
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int l = 0; l < 16; ++l) lane[l] = std::fabs(v[i + l]) > lane[l] ? std::fabs(v[i + l]) : lane[l];
+  float largest = 0.0f;
+  for (; i < n; ++i) largest = std::max(largest, std::fabs(v[i]));
+  for (float l : lane) largest = std::max(largest, l);
   return largest;
 }
 

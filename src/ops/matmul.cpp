@@ -376,14 +376,7 @@ Int8Weight quantize_int8(const Tensor& w) {
   const int64_t out = w.size(0), in = w.size(1), blocks = (in + kInt8Block - 1) / kInt8Block;
   const Tensor f = contiguous_values(w.to(DType::F32));
   Int8Weight q{Tensor::empty({out, in}, DType::I8), Tensor::empty({out, blocks})};
-  for (int64_t j = 0; j < out; ++j)
-    for (int64_t b = 0; b < blocks; ++b) {
-      const int64_t p0 = b * kInt8Block, len = std::min(kInt8Block, in - p0);
-      const float* x = f.data<float>() + j * in + p0;
-      float& scale = q.scales.data<float>()[j * blocks + b];
-      scale = int8_block_scale(x, len);
-      int8_quantize(x, len, scale, q.values.data<int8_t>() + j * in + p0);
-    }
+  QKV_KERNEL(quantize_int8_rows)(f.data<float>(), q.values.data<int8_t>(), q.scales.data<float>(), out, in);
   return q;
 }
 

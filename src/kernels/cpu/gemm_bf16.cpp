@@ -312,20 +312,6 @@ void pack_bf16_b(const GemmBf16Args& g, uint32_t* out) {  // block nb holds its 
 
 namespace {
 
-// 16 floats rounded to bfloat16 as round_bf16 rounds them (to nearest, ties
-// to even; a NaN made quiet), bit for bit, in AVX-512F integer operations.
-// (VCVTNEPS2BF16 would read denormals as zero, and needs AVX512-BF16.)
-// (The maskz forms keep GCC 12 from seeing an undefined source.)
-inline __m256i bf16_of(__m512 v) {
-  const __m512i u = _mm512_castps_si512(v), one = _mm512_set1_epi32(1);
-  const __m512i lsb = _mm512_and_si512(_mm512_maskz_srli_epi32(0xffff, u, 16), one);
-  const __m512i up = _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb);
-  const __mmask16 nan =
-      _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
-  const __m512i r = _mm512_mask_or_epi32(_mm512_add_epi32(u, up), nan, u, _mm512_set1_epi32(0x00400000));
-  return _mm512_maskz_cvtepi32_epi16(0xffff, _mm512_maskz_srli_epi32(0xffff, r, 16));
-}
-
 // Writes a block of sums (rows x 16 columns per tile, row stride 16) into C,
 // only where it lies inside C: float32 C, or C in bfloat16 (c_bf16).
 void finish_tile(const GemmBf16Args& g, const float* sums, int64_t i0, int64_t j0, int64_t rows) {

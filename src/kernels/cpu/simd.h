@@ -36,6 +36,20 @@ inline void side_by_side(int64_t j0, int64_t j1, Part&& part, Rest&& rest) {
 // GCC 12 warn of an undefined source.
 constexpr __mmask16 kAll = 0xffff;
 
+// 16 floats rounded to bfloat16 as vec_math.h's round_to_bf16 rounds them
+// (to nearest, ties to even; a NaN made quiet), bit for bit, in AVX-512F
+// integer operations. (VCVTNEPS2BF16 would read denormals as zero, and
+// needs AVX512-BF16.)
+inline __m256i bf16_of(__m512 v) {
+  const __m512i u = _mm512_castps_si512(v), one = _mm512_set1_epi32(1);
+  const __m512i lsb = _mm512_and_si512(_mm512_maskz_srli_epi32(kAll, u, 16), one);
+  const __m512i up = _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb);
+  const __mmask16 nan =
+      _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+  const __m512i r = _mm512_mask_or_epi32(_mm512_add_epi32(u, up), nan, u, _mm512_set1_epi32(0x00400000));
+  return _mm512_maskz_cvtepi32_epi16(kAll, _mm512_maskz_srli_epi32(kAll, r, 16));
+}
+
 // The largest of 16 lanes, in every lane.
 inline __m512 max_lanes(__m512 v) {
   v = _mm512_maskz_max_ps(kAll, v, _mm512_maskz_shuffle_f32x4(kAll, v, v, 0x4e));  // 256-bit halves

@@ -1,0 +1,146 @@
+// Conversions between the float dtypes and blockwise int8 quantization: the
+// loops that loading a model in another dtype, `qkv convert` and
+// Tensor::to spend their time in. Each gives the scalar conversions' bits
+// (qkv/dtype.h: float_to_bf16, float_to_half, half_to_float,
+// int8_block_scale, int8_quantize), in vectors where the level has them,
+// split between threads when large. (Element by element on one core,
+// loading an 855M-parameter bfloat16 Llama with --dtype int8 took 6.1 s
+// and with f16 8.1 s; 1.4 and 2.1 s so: docs/benchmarks.md.)
+#include <omp.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <limits>
+
+#include "qkv/dtype.h"
+#include "src/kernels/cpu/simd.h"
+#include "src/kernels/cpu/vec_math.h"
+#include "src/kernels/kernels.h"
+
+namespace qkv::cpu::QKV_CPU_NS {
+
+namespace {
+
+// Below this many elements a conversion runs on the calling thread.
+constexpr int64_t kParallelElements = 1 << 16;
+
+// Runs body(begin, end) over [0, n) in chunks, split between the threads
+// when n is large.
+template <class Body>
+void in_chunks(int64_t n, Body&& body) {
+  constexpr int64_t kChunk = 1 << 14;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static) if (n >= kParallelElements && chunks > 1 && !omp_in_parallel())
+  for (int64_t c = 0; c < chunks; ++c) body(c * kChunk, std::min(n, (c + 1) * kChunk));
+}
+
+inline uint16_t bf16_bits(float x) { return float_to_bf16(x); }
+inline float from_bf16_bits(uint16_t b) { return std::bit_cast<float>((uint32_t)b << 16); }
+
+#if defined(__AVX512F__)
+// 16 float16 values widened exactly, as half_to_float widens them (F16C's
+// conversion makes a signalling NaN quiet; half_to_float keeps its bits).
+inline __m512 widen_halves(__m256i h) {
+  const __m512 f = _mm512_maskz_cvtph_ps(kAll, h);
+  const __m512i wide = _mm512_maskz_cvtepu16_epi32(kAll, h);
+  const __mmask16 nan =
+      _mm512_cmpgt_epu32_mask(_mm512_and_si512(wide, _mm512_set1_epi32(0x7fff)), _mm512_set1_epi32(0x7c00));
+  const __m512i sign = _mm512_maskz_slli_epi32(kAll, _mm512_and_si512(wide, _mm512_set1_epi32(0x8000)), 16);
+  const __m512i man = _mm512_maskz_slli_epi32(kAll, _mm512_and_si512(wide, _mm512_set1_epi32(0x3ff)), 13);
+  const __m512i bits = _mm512_or_si512(_mm512_or_si512(sign, man), _mm512_set1_epi32(0x7f800000));
+  return _mm512_mask_blend_ps(nan, f, _mm512_castsi512_ps(bits));
+}
+// 16 floats rounded to float16 (to nearest, ties to even, subnormals kept;
+// past the range infinity), as float_to_half rounds them: a NaN becomes
+// sign | 0x7e00 (F16C would keep part of its payload).
+inline __m256i narrow_to_halves(__m512 f) {
+  const __m256i h = _mm512_maskz_cvtps_ph(kAll, f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __mmask16 nan = _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q);
+  const __m256i sign =
+      _mm256_and_si256(_mm512_maskz_cvtepi32_epi16(kAll, _mm512_maskz_srli_epi32(kAll, _mm512_castps_si512(f), 16)),
+                       _mm256_set1_epi16((short)0x8000));
+  return _mm256_mask_blend_epi16(nan, h, _mm256_or_si256(sign, _mm256_set1_epi16(0x7e00)));
+}
+inline __m512 widen_bf16(__m256i b) {
+  return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(kAll, _mm512_maskz_cvtepu16_epi32(kAll, b), 16));
+}
+inline __m512 load16(DType from, const void* x, int64_t i) {
+  if (from == DType::F32) return _mm512_loadu_ps(static_cast<const float*>(x) + i);
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(x) + i));
+  return from == DType::F16 ? widen_halves(h) : widen_bf16(h);
+}
+inline void store16(DType to, __m512 v, void* y, int64_t i) {
+  if (to == DType::F32) return _mm512_storeu_ps(static_cast<float*>(y) + i, v);
+  const __m256i h = to == DType::F16 ? narrow_to_halves(v) : bf16_of(v);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(y) + i), h);
+}
+#endif
+
+float load1(DType from, const void* x, int64_t i) {
+  if (from == DType::F32) return static_cast<const float*>(x)[i];
+  const uint16_t h = static_cast<const uint16_t*>(x)[i];
+  return from == DType::F16 ? half_to_float(h) : from_bf16_bits(h);
+}
+void store1(DType to, float v, void* y, int64_t i) {
+  if (to == DType::F32)
+    static_cast<float*>(y)[i] = v;
+  else
+    static_cast<uint16_t*>(y)[i] = to == DType::F16 ? float_to_half(v) : bf16_bits(v);
+}
+
+// [begin, end): whole vectors, then the tail one element at a time.
+void convert_range(DType from, const void* x, DType to, void* y, int64_t begin, int64_t end) {
+  int64_t i = begin;
+#if defined(__AVX512F__)
+  for (; i + 16 <= end; i += 16) store16(to, load16(from, x, i), y, i);
+#else
+  if (from == DType::F32 && to == DType::BF16) {  // round_to_bf16's integer operations, which the compiler vectorizes
+    const float* s = static_cast<const float*>(x);
+    uint16_t* d = static_cast<uint16_t*>(y);
+    for (; i < end; ++i) d[i] = (uint16_t)(std::bit_cast<uint32_t>(round_to_bf16(s[i])) >> 16);
+  }
+#endif
+  for (; i < end; ++i) store1(to, load1(from, x, i), y, i);
+}
+
+}  // namespace
+
+void convert_floats(DType from, const void* x, DType to, void* y, int64_t n) {
+  in_chunks(n, [&](int64_t begin, int64_t end) { convert_range(from, x, to, y, begin, end); });
+}
+
+void quantize_int8_rows(const float* x, int8_t* q, float* scales, int64_t rows, int64_t cols) {
+  const int64_t blocks = (cols + kInt8Block - 1) / kInt8Block;
+#pragma omp parallel for schedule(static) if (rows * cols >= kParallelElements && rows > 1 && !omp_in_parallel())
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t p0 = b * kInt8Block, len = std::min(kInt8Block, cols - p0);
+      const float* v = x + r * cols + p0;
+      int8_t* out = q + r * cols + p0;
+      float& scale = scales[r * blocks + b];
+#if defined(__AVX512F__)
+      if (len == 32) {  // kInt8Block: two vectors
+        const __m512 lo = _mm512_loadu_ps(v), hi = _mm512_loadu_ps(v + 16);
+        // |x|, the running maximum second: a NaN is passed over, as int8_block_scale passes it
+        const __m512 abs_max = _mm512_maskz_max_ps(kAll, _mm512_abs_ps(hi),
+                                                   _mm512_maskz_max_ps(kAll, _mm512_abs_ps(lo), _mm512_setzero_ps()));
+        scale = _mm512_cvtss_f32(max_lanes(abs_max)) / 127.0f;
+        const float inv = scale >= std::numeric_limits<float>::min() ? 1.0f / scale : 0.0f;
+        for (int half = 0; half < 2; ++half) {
+          const __m512 s = _mm512_mul_ps(half ? hi : lo, _mm512_set1_ps(inv));
+          __m512 t = _mm512_maskz_roundscale_ps(kAll, s, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+          t = _mm512_maskz_min_ps(kAll, _mm512_maskz_max_ps(kAll, t, _mm512_set1_ps(-127.0f)), _mm512_set1_ps(127.0f));
+          const __mmask16 number = _mm512_cmp_ps_mask(s, s, _CMP_ORD_Q);  // a NaN quantizes to 0
+          const __m512i i32 = _mm512_maskz_cvtps_epi32(number, t);
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 16 * half), _mm512_maskz_cvtepi32_epi8(kAll, i32));
+        }
+        continue;
+      }
+#endif
+      scale = int8_block_scale(v, len);
+      int8_quantize(v, len, scale, out);
+    }
+}
+
+}  // namespace qkv::cpu::QKV_CPU_NS
