@@ -609,6 +609,23 @@ TEST(Ops, LinearWithF16WeightIsTheFloat32ProductOfTheWidenedWeight) {
             "Linear: a weight holds a value of magnitude 70000, which float16 cannot hold (largest finite value "
             "65504); use bf16");
   EXPECT_EQ(lin.weight.dtype(), DType::F32);
+  // From bfloat16 (a checkpoint's tensor loaded into a float16 Linear),
+  // whose bits are scanned as they lie: 65280 fits, a NaN is passed over (it
+  // becomes float16's NaN), -65536 (the next bfloat16 value past 65280) does
+  // not fit.
+  Linear lf({.in_features = 40, .out_features = 9}, rng);
+  lf.convert_weight(DType::F16);
+  Tensor w_bf16 = Tensor::randn({9, 40}, rng).to(DType::BF16);
+  w_bf16.data<uint16_t>()[3] = 0x477f, w_bf16.data<uint16_t>()[5] = 0x7fc1;
+  lf.load_state_dict({{"weight", w_bf16}, {"bias", Tensor::zeros({9})}});
+  EXPECT_EQ(lf.weight.data<uint16_t>()[3], float_to_half(65280.0f));
+  EXPECT_EQ(lf.weight.data<uint16_t>()[5], 0x7e00);
+  w_bf16.data<uint16_t>()[7] = 0xc780;
+  EXPECT_EQ(testing::error_of([&] {
+              lf.load_state_dict({{"weight", w_bf16}, {"bias", Tensor::zeros({9})}});
+            }),
+            "load_state_dict: tensor 'weight' holds a value of magnitude 65536, which float16 cannot hold (largest "
+            "finite value 65504); use bf16");
   // load_state_dict into a float16 Linear refuses such a value as StateLoader
   // does; a refused state (that value, or a tensor the module lacks) changes
   // no parameter.

@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <bit>
 #include <optional>
 #include <cmath>
 #include <set>
@@ -159,22 +160,38 @@ void check_loadable(const std::string& name, const Tensor& p, const Tensor& t) {
             " (an int8 Linear weight loads into a model that adopt_linear_dtypes prepared)");
 }
 
-// The largest magnitude in `t`, a float tensor.
-float largest_magnitude(const Tensor& t) {
-  const Tensor f = t.to(DType::F32).contiguous();
-  const float* v = f.data<float>();
-  // Sixteen running maxima, which the compiler keeps in vectors (one chain
-  // of std::max stayed scalar: a seventh of loading a model in float16). A
-  // NaN is passed over, as std::max(largest, NaN) passes it.
-  float lane[16] = {};
-  const int64_t n = f.numel();
+// The largest magnitude in `t`, a float tensor; NaNs passed over. A float's
+// magnitude orders as its bits without the sign, so a 16-bit tensor is
+// scanned as it lies (no float32 copy of it), and each scan keeps 16 running
+// maxima, which the compiler keeps in vectors (a float32 copy and one chain
+// of std::max were an eighth of loading a bfloat16 model in float16).
+// Bits (the sign cleared) up to `inf` (NaNs above it passed over), as
+// running maxima per lane.
+template <class Bits>
+Bits largest_bits(const Bits* v, int64_t n, Bits inf) {
+  const Bits no_sign = (Bits)((Bits)~Bits{0} >> 1);
+  Bits lane[16] = {};
+  const auto take = [&](Bits& l, Bits x) {
+    const Bits m = x & no_sign;
+    l = m <= inf && m > l ? m : l;
+  };
   int64_t i = 0;
   for (; i + 16 <= n; i += 16)
-    for (int l = 0; l < 16; ++l) lane[l] = std::fabs(v[i + l]) > lane[l] ? std::fabs(v[i + l]) : lane[l];
-  float largest = 0.0f;
-  for (; i < n; ++i) largest = std::max(largest, std::fabs(v[i]));
-  for (float l : lane) largest = std::max(largest, l);
-  return largest;
+    for (int l = 0; l < 16; ++l) take(lane[l], v[i + l]);
+  for (; i < n; ++i) take(lane[0], v[i]);
+  return *std::max_element(lane, lane + 16);
+}
+
+float largest_magnitude(const Tensor& t) {
+  const Tensor c = t.contiguous();
+  const int64_t n = c.numel();
+  if (c.dtype() == DType::F32)
+    return std::bit_cast<float>(largest_bits(static_cast<const uint32_t*>(c.raw_data()), n, 0x7f800000u));
+  QKV_CHECK(c.dtype() == DType::BF16 || c.dtype() == DType::F16, "largest_magnitude: ", dtype_name(c.dtype()),
+            " is not a float dtype");
+  const uint16_t* v = static_cast<const uint16_t*>(c.raw_data());
+  return c.dtype() == DType::BF16 ? bf16_to_float(largest_bits<uint16_t>(v, n, 0x7f80))
+                                  : half_to_float(largest_bits<uint16_t>(v, n, 0x7c00));
 }
 
 constexpr float kFloat16Max = 65504.0f;
