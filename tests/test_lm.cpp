@@ -100,6 +100,16 @@ TEST_P(DecoderCache, CachedEqualsFullForward) {
   std::vector<KVCache> caches = model.make_caches(2, 16);
   for (KVCache& cache : caches) cache.k.fill_(NAN), cache.v.fill_(NAN);
   Tensor step_logits = model.forward_cached(ids, caches);
+  {  // a prefill keeping the last position's logits only: those, and the same caches
+    std::vector<KVCache> again = model.make_caches(2, 16);
+    Tensor last = model.forward_cached(ids, again, /*last_only=*/true);
+    ASSERT_EQ(last.shape(), (Shape{2, 1, c.vocab_size})) << GetParam();
+    EXPECT_TRUE(all_close(last, step_logits.slice(1, 4, 5).contiguous(), 1e-5f, 1e-5f)) << GetParam();
+    EXPECT_EQ(again[0].length, 5);
+    EXPECT_TRUE(
+        all_close(again.back().k.slice(2, 0, 5).contiguous(), caches.back().k.slice(2, 0, 5).contiguous(), 0, 0))
+        << GetParam();
+  }
   std::vector<std::vector<int64_t>> seq = {{3, 9, 4, 27, 1}, {8, 8, 20, 5, 6}};
   const int64_t V = c.vocab_size;
   for (int step = 0; step < 6; ++step) {

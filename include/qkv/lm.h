@@ -42,8 +42,12 @@ public:
   // One KV cache per layer for `capacity` positions.
   std::vector<KVCache> make_caches(int64_t batch, int64_t capacity) const;
   // ids [B, T] at positions caches[0].length .. +T-1 -> logits [B, T, V]:
-  // the prompt at once (prefill), then one token at a time.
-  Tensor forward_cached(const Tensor& ids, std::vector<KVCache>& caches);
+  // the prompt at once (prefill), then one token at a time. With last_only,
+  // the logits of the last position only, [B, 1, V]: a prefill that draws
+  // its next token from there skips the output head for the others (at
+  // lm-100m's shape a seventh of the prefill; llama.cpp and transformers'
+  // generate keep the last position's too).
+  Tensor forward_cached(const Tensor& ids, std::vector<KVCache>& caches, bool last_only = false);
   // One decoding step of B independent sequences (continuous batching): ids
   // [B, 1], row b the next token of the sequence whose caches are *rows[b]
   // (make_caches(1, ...), each at its own length) -> logits [B, 1, V]. Every

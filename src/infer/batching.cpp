@@ -83,7 +83,7 @@ void BatchGenerator::admit(Slot& s, BatchRequest r) {
   Tensor logits;
   try {
     const std::vector<int64_t>& p = s.request.prompt;
-    logits = model_.model->forward_cached(Tensor::from_ints(p, {1, (int64_t)p.size()}), s.caches);
+    logits = model_.model->forward_cached(Tensor::from_ints(p, {1, (int64_t)p.size()}), s.caches, /*last_only=*/true);
   } catch (const std::exception& e) {
     return finish(s, "error", e.what());
   }

@@ -232,7 +232,7 @@ std::vector<int64_t> generate(LanguageModel& m, const std::string& prompt, const
   const int64_t P = (int64_t)ids.size();
   const int64_t capacity = o.max_new_tokens < C - P ? P + o.max_new_tokens : C;
   std::vector<KVCache> caches = model.make_caches(1, capacity);
-  Tensor logits = model.forward_cached(Tensor::from_ints(ids, {1, (int64_t)ids.size()}), caches);
+  Tensor logits = model.forward_cached(Tensor::from_ints(ids, {1, (int64_t)ids.size()}), caches, /*last_only=*/true);
   const int64_t V = logits.size(-1);
   Rng rng(o.seed);
   std::vector<int64_t> out;

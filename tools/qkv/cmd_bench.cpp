@@ -1031,7 +1031,8 @@ int run_bench_generate(const BenchArgs& a) {
     auto run = [&](const char* impl) {
       std::vector<KVCache> caches = model.make_caches(1, prompt_len + new_tokens);
       auto t0 = std::chrono::steady_clock::now();
-      Tensor logits = model.forward_cached(Tensor::from_ints(prompt, {1, prompt_len}), caches);
+      // The last position's logits only, as qkv generate, llama.cpp and transformers' generate keep them.
+      Tensor logits = model.forward_cached(Tensor::from_ints(prompt, {1, prompt_len}), caches, /*last_only=*/true);
       const double prefill = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       std::vector<int64_t> tokens;
       t0 = std::chrono::steady_clock::now();

@@ -84,11 +84,12 @@ std::vector<KVCache> DecoderLM::make_caches(int64_t batch, int64_t capacity) con
   return caches;
 }
 
-Tensor DecoderLM::forward_cached(const Tensor& ids, std::vector<KVCache>& caches) {
+Tensor DecoderLM::forward_cached(const Tensor& ids, std::vector<KVCache>& caches, bool last_only) {
   QKV_CHECK(ids.dim() == 2 && caches.size() == layers.size(), "decoder: ids [B, T] and one cache per layer");
   Tensor x = embed_tokens(ids, caches[0].length);
   for (size_t i = 0; i < layers.size(); ++i) x = layers[i]->forward_cached(x, caches[i]);
-  return logits(x);
+  const int64_t T = x.size(1);
+  return logits(last_only && T > 1 ? x.slice(1, T - 1, T) : x);
 }
 
 Tensor DecoderLM::forward_cached_rows(const Tensor& ids, const std::vector<std::vector<KVCache>*>& rows) {
