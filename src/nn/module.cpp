@@ -160,13 +160,9 @@ void check_loadable(const std::string& name, const Tensor& p, const Tensor& t) {
             " (an int8 Linear weight loads into a model that adopt_linear_dtypes prepared)");
 }
 
-// The largest magnitude in `t`, a float tensor; NaNs passed over. A float's
-// magnitude orders as its bits without the sign, so a 16-bit tensor is
-// scanned as it lies (no float32 copy of it), and each scan keeps 16 running
-// maxima, which the compiler keeps in vectors (a float32 copy and one chain
-// of std::max were an eighth of loading a bfloat16 model in float16).
-// Bits (the sign cleared) up to `inf` (NaNs above it passed over), as
-// running maxima per lane.
+// The largest of v's n values with the sign bit cleared, up to `inf` (the
+// NaNs above it passed over): 16 running maxima, which the compiler keeps in
+// vectors.
 template <class Bits>
 Bits largest_bits(const Bits* v, int64_t n, Bits inf) {
   const Bits no_sign = (Bits)((Bits)~Bits{0} >> 1);
@@ -182,6 +178,10 @@ Bits largest_bits(const Bits* v, int64_t n, Bits inf) {
   return *std::max_element(lane, lane + 16);
 }
 
+// The largest magnitude in `t`, a float tensor; NaNs passed over. A float's
+// magnitude orders as its bits without the sign, so a 16-bit tensor is
+// scanned as it lies (a float32 copy of it and one chain of std::max were
+// an eighth of loading a bfloat16 model in float16).
 float largest_magnitude(const Tensor& t) {
   const Tensor c = t.contiguous();
   const int64_t n = c.numel();
