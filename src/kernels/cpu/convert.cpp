@@ -75,6 +75,49 @@ inline void store16(DType to, __m512 v, void* y, int64_t i) {
   const __m256i h = to == DType::F16 ? narrow_to_halves(v) : bf16_of(v);
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(y) + i), h);
 }
+#elif defined(__AVX2__)
+// The same on the avx2 level (x86-64-v3 has F16C), 8 values at a time: see
+// widen_halves and narrow_to_halves above.
+inline __m256 widen_halves(__m128i h) {
+  const __m256 f = _mm256_cvtph_ps(h);
+  const __m256i wide = _mm256_cvtepu16_epi32(h);
+  const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(wide, _mm256_set1_epi32(0x7fff)), _mm256_set1_epi32(0x7c00));
+  const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(wide, _mm256_set1_epi32(0x8000)), 16);
+  const __m256i man = _mm256_slli_epi32(_mm256_and_si256(wide, _mm256_set1_epi32(0x3ff)), 13);
+  const __m256i bits = _mm256_or_si256(_mm256_or_si256(sign, man), _mm256_set1_epi32(0x7f800000));
+  return _mm256_blendv_ps(f, _mm256_castsi256_ps(bits), _mm256_castsi256_ps(nan));
+}
+inline __m128i narrow_to_halves(__m256 f) {
+  const __m128i h = _mm256_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256i nan32 = _mm256_castps_si256(_mm256_cmp_ps(f, f, _CMP_UNORD_Q));
+  const __m128i nan = _mm_packs_epi32(_mm256_castsi256_si128(nan32), _mm256_extracti128_si256(nan32, 1));
+  const __m256i top = _mm256_srli_epi32(_mm256_castps_si256(f), 16);  // each value's sign in bit 15
+  const __m128i sign = _mm_and_si128(_mm_packus_epi32(_mm256_castsi256_si128(top), _mm256_extracti128_si256(top, 1)),
+                                     _mm_set1_epi16((short)0x8000));
+  return _mm_blendv_epi8(h, _mm_or_si128(sign, _mm_set1_epi16(0x7e00)), nan);
+}
+inline __m256 widen_bf16(__m128i b) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(b), 16)); }
+// 8 floats rounded to bfloat16 (round_to_bf16's integer operations).
+inline __m128i bf16_of(__m256 v) {
+  const __m256i u = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  const __m256i nan =
+      _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
+  const __m256i rounded = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb));
+  const __m256i r = _mm256_blendv_epi8(rounded, _mm256_or_si256(u, _mm256_set1_epi32(0x00400000)), nan);
+  const __m256i top = _mm256_srli_epi32(r, 16);
+  return _mm_packus_epi32(_mm256_castsi256_si128(top), _mm256_extracti128_si256(top, 1));
+}
+inline __m256 load8(DType from, const void* x, int64_t i) {
+  if (from == DType::F32) return _mm256_loadu_ps(static_cast<const float*>(x) + i);
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(x) + i));
+  return from == DType::F16 ? widen_halves(h) : widen_bf16(h);
+}
+inline void store8(DType to, __m256 v, void* y, int64_t i) {
+  if (to == DType::F32) return _mm256_storeu_ps(static_cast<float*>(y) + i, v);
+  const __m128i h = to == DType::F16 ? narrow_to_halves(v) : bf16_of(v);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(static_cast<uint16_t*>(y) + i), h);
+}
 #endif
 
 float load1(DType from, const void* x, int64_t i) {
@@ -94,6 +137,8 @@ void convert_range(DType from, const void* x, DType to, void* y, int64_t begin, 
   int64_t i = begin;
 #if defined(__AVX512F__)
   for (; i + 16 <= end; i += 16) store16(to, load16(from, x, i), y, i);
+#elif defined(__AVX2__)
+  for (; i + 8 <= end; i += 8) store8(to, load8(from, x, i), y, i);
 #else
   if (from == DType::F32 && to == DType::BF16) {  // round_to_bf16's integer operations, which the compiler vectorizes
     const float* s = static_cast<const float*>(x);
@@ -135,6 +180,34 @@ void quantize_int8_rows(const float* x, int8_t* q, float* scales, int64_t rows, 
           const __m512i i32 = _mm512_maskz_cvtps_epi32(number, t);
           _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 16 * half), _mm512_maskz_cvtepi32_epi8(kAll, i32));
         }
+        continue;
+      }
+#elif defined(__AVX2__)
+      if (len == 32) {  // four vectors of 8, as above
+        __m256 x4[4];
+        __m256 amax = _mm256_setzero_ps();
+        for (int p = 0; p < 4; ++p) {
+          x4[p] = _mm256_loadu_ps(v + 8 * p);
+          amax = _mm256_max_ps(_mm256_and_ps(x4[p], _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff))), amax);
+        }
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+        scale = _mm_cvtss_f32(h) / 127.0f;
+        const float inv = scale >= std::numeric_limits<float>::min() ? 1.0f / scale : 0.0f;
+        __m256i i32[4];
+        for (int p = 0; p < 4; ++p) {
+          const __m256 s = _mm256_mul_ps(x4[p], _mm256_set1_ps(inv));
+          __m256 t = _mm256_round_ps(s, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+          t = _mm256_min_ps(_mm256_max_ps(t, _mm256_set1_ps(-127.0f)), _mm256_set1_ps(127.0f));
+          t = _mm256_and_ps(t, _mm256_cmp_ps(s, s, _CMP_ORD_Q));  // a NaN quantizes to 0
+          i32[p] = _mm256_cvtps_epi32(t);
+        }
+        // The packs interleave the 128-bit lanes: 4-byte groups a0-3 b0-3 c0-3 d0-3 | a4-7 b4-7 c4-7 d4-7.
+        const __m256i bytes =
+            _mm256_packs_epi16(_mm256_packs_epi32(i32[0], i32[1]), _mm256_packs_epi32(i32[2], i32[3]));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out),
+                            _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
         continue;
       }
 #endif
