@@ -409,8 +409,7 @@ Tensor Tensor::to(DType target) const {
   const DTypeTraits& into = dtype_traits(target);
   const char* in = static_cast<const char*>(src.raw_data());
   char* dst = static_cast<char*>(out.raw_data());
-  const auto is_float = [](DType t) { return t == DType::F32 || t == DType::F16 || t == DType::BF16; };
-  if (is_float(dtype()) && is_float(target) && device() == Device::Cpu) {  // vectors and threads (loading, convert)
+  if (from.is_float && into.is_float && device() == Device::Cpu) {  // vectors and threads (loading, convert)
     kernels_for(Device::Cpu).convert_floats(dtype(), in, target, dst, numel());
     return out;
   }

@@ -35,9 +35,6 @@ void in_chunks(int64_t n, Body&& body) {
   for (int64_t c = 0; c < chunks; ++c) body(c * kChunk, std::min(n, (c + 1) * kChunk));
 }
 
-inline uint16_t bf16_bits(float x) { return float_to_bf16(x); }
-inline float from_bf16_bits(uint16_t b) { return std::bit_cast<float>((uint32_t)b << 16); }
-
 #if defined(__AVX512F__)
 // 16 float16 values widened exactly, as half_to_float widens them (F16C's
 // conversion makes a signalling NaN quiet; half_to_float keeps its bits).
@@ -120,19 +117,19 @@ inline void store8(DType to, __m256 v, void* y, int64_t i) {
 }
 #endif
 
-float load1(DType from, const void* x, int64_t i) {
-  if (from == DType::F32) return static_cast<const float*>(x)[i];
-  const uint16_t h = static_cast<const uint16_t*>(x)[i];
-  return from == DType::F16 ? half_to_float(h) : from_bf16_bits(h);
-}
-void store1(DType to, float v, void* y, int64_t i) {
-  if (to == DType::F32)
-    static_cast<float*>(y)[i] = v;
-  else
-    static_cast<uint16_t*>(y)[i] = to == DType::F16 ? float_to_half(v) : bf16_bits(v);
+// [i, end) one value at a time through float, by the dtype table's own
+// scalar conversions (the reference's, and Tensor::to's for the other dtypes).
+void convert_scalar(DType from, const void* x, DType to, void* y, int64_t i, int64_t end) {
+  const DTypeTraits &a = dtype_traits(from), &b = dtype_traits(to);
+  float staged[256];
+  for (; i < end; i += 256) {
+    const int64_t n = std::min<int64_t>(256, end - i);
+    a.to_float(static_cast<const char*>(x) + i * a.size, staged, n);
+    b.from_float(staged, static_cast<char*>(y) + i * b.size, n);
+  }
 }
 
-// [begin, end): whole vectors, then the tail one element at a time.
+// [begin, end): whole vectors, then the tail (all of it on the generic level, but bfloat16) one value at a time.
 void convert_range(DType from, const void* x, DType to, void* y, int64_t begin, int64_t end) {
   int64_t i = begin;
 #if defined(__AVX512F__)
@@ -146,7 +143,7 @@ void convert_range(DType from, const void* x, DType to, void* y, int64_t begin, 
     for (; i < end; ++i) d[i] = (uint16_t)(std::bit_cast<uint32_t>(round_to_bf16(s[i])) >> 16);
   }
 #endif
-  for (; i < end; ++i) store1(to, load1(from, x, i), y, i);
+  convert_scalar(from, x, to, y, i, end);
 }
 
 }  // namespace

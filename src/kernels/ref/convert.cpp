@@ -1,6 +1,7 @@
 // Reference dtype conversions and int8 quantization: the scalar functions of
-// qkv/dtype.h, one element after another.
+// qkv/dtype.h (its dtype table for the conversions), one element after another.
 #include <algorithm>
+#include <vector>
 
 #include "qkv/dtype.h"
 #include "src/kernels/kernels.h"
@@ -8,19 +9,9 @@
 namespace qkv::ref {
 
 void convert_floats(DType from, const void* x, DType to, void* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    float v;
-    if (from == DType::F32)
-      v = static_cast<const float*>(x)[i];
-    else if (from == DType::F16)
-      v = half_to_float(static_cast<const uint16_t*>(x)[i]);
-    else
-      v = bf16_to_float(static_cast<const uint16_t*>(x)[i]);
-    if (to == DType::F32)
-      static_cast<float*>(y)[i] = v;
-    else
-      static_cast<uint16_t*>(y)[i] = to == DType::F16 ? float_to_half(v) : float_to_bf16(v);
-  }
+  std::vector<float> f((size_t)n);
+  dtype_traits(from).to_float(x, f.data(), n);
+  dtype_traits(to).from_float(f.data(), y, n);
 }
 
 void quantize_int8_rows(const float* x, int8_t* q, float* scales, int64_t rows, int64_t cols) {
