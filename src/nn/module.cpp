@@ -3,6 +3,7 @@
 #include <optional>
 #include <cmath>
 #include <set>
+#include <type_traits>
 
 #include "qkv/nn.h"
 
@@ -161,21 +162,21 @@ void check_loadable(const std::string& name, const Tensor& p, const Tensor& t) {
 }
 
 // The largest of v's n values with the sign bit cleared, up to `inf` (the
-// NaNs above it passed over): 16 running maxima, which the compiler keeps in
-// vectors.
+// NaNs above it passed over), compared as signed integers (every value fits
+// once its sign bit is cleared), which SSE2 compares in vectors. (Written as
+// 16 running maxima without `omp simd`, GCC kept the loop scalar: a third of
+// loading a bfloat16 model in float16.)
 template <class Bits>
 Bits largest_bits(const Bits* v, int64_t n, Bits inf) {
+  using Signed = std::make_signed_t<Bits>;
   const Bits no_sign = (Bits)((Bits)~Bits{0} >> 1);
-  Bits lane[16] = {};
-  const auto take = [&](Bits& l, Bits x) {
-    const Bits m = x & no_sign;
-    l = m <= inf && m > l ? m : l;
-  };
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16)
-    for (int l = 0; l < 16; ++l) take(lane[l], v[i + l]);
-  for (; i < n; ++i) take(lane[0], v[i]);
-  return *std::max_element(lane, lane + 16);
+  Signed largest = 0;
+#pragma omp simd reduction(max : largest)
+  for (int64_t i = 0; i < n; ++i) {
+    const Signed m = (Signed)(v[i] & no_sign);
+    largest = std::max(largest, m <= (Signed)inf ? m : Signed{0});
+  }
+  return (Bits)largest;
 }
 
 // The largest magnitude in `t`, a float tensor; NaNs passed over. A float's
