@@ -5,7 +5,7 @@
 // int8_block_scale, int8_quantize), in vectors where the level has them,
 // split between threads when large. (Element by element on one core,
 // loading an 855M-parameter bfloat16 Llama with --dtype int8 took 6.1 s
-// and with f16 8.1 s; 1.4 and 1.8 s now: docs/benchmarks.md.)
+// and with f16 8.1 s; 1.4 and 1.5 s now: docs/benchmarks.md.)
 #include <omp.h>
 
 #include <algorithm>
