@@ -30,36 +30,44 @@ void for_each_share(const Spans& spans, F f) {
 
 }  // namespace
 
+// The steps' constants are copied into locals: read through `s`, they could
+// alias the parameters the loop writes, and GCC reloaded them every element
+// and left the loop scalar (AdamW was 5% of a bf16 ViT training step).
 void adamw_step(const AdamWStep& s, const std::vector<ParamSpan>& params) {
+  const AdamWStep c = s;
   for_each_share(params, [&](size_t i, int64_t begin, int64_t end, int64_t) {
     float* p = params[i].p;
     float* m = params[i].m;
     float* v = params[i].v;
     const float* d = params[i].grad;
+#pragma omp simd
     for (int64_t j = begin; j < end; ++j) {
-      p[j] *= s.decay;
-      m[j] = s.beta1 * m[j] + (1.0f - s.beta1) * d[j];
-      v[j] = s.beta2 * v[j] + (1.0f - s.beta2) * d[j] * d[j];
-      p[j] -= s.step_size * m[j] / (std::sqrt(v[j]) / s.bc2_sqrt + s.eps);
+      p[j] *= c.decay;
+      m[j] = c.beta1 * m[j] + (1.0f - c.beta1) * d[j];
+      v[j] = c.beta2 * v[j] + (1.0f - c.beta2) * d[j] * d[j];
+      p[j] -= c.step_size * m[j] / (std::sqrt(v[j]) / c.bc2_sqrt + c.eps);
     }
   });
 }
 
 void sgd_step(const SgdStep& s, const std::vector<ParamSpan>& params) {
+  const SgdStep c = s;
   for_each_share(params, [&](size_t i, int64_t begin, int64_t end, int64_t) {
     float* p = params[i].p;
     float* m = params[i].m;
     const float* d = params[i].grad;
+#pragma omp simd
     for (int64_t j = begin; j < end; ++j) {
-      const float g = d[j] + s.weight_decay * p[j];
-      m[j] = s.momentum * m[j] + g;
-      p[j] -= s.lr * (s.momentum != 0.0f ? m[j] : g);
+      const float g = d[j] + c.weight_decay * p[j];
+      m[j] = c.momentum * m[j] + g;
+      p[j] -= c.lr * (c.momentum != 0.0f ? m[j] : g);
     }
   });
 }
 
 // Per-thread partial sums, added in thread order: the same total every run
-// with the same thread count.
+// with the same thread count. Each thread's sum runs in vector lanes (one
+// chain of dependent double adds was 2% of a bf16 ViT training step).
 double sum_of_squares(const std::vector<FloatSpan>& spans) {
   constexpr int kMaxThreads = 1024;
   double partial[kMaxThreads] = {};
@@ -73,6 +81,7 @@ double sum_of_squares(const std::vector<FloatSpan>& spans) {
   for_each_share(spans, [&](size_t i, int64_t begin, int64_t end, int64_t thread) {
     const float* d = spans[i].data;
     double s = 0;
+#pragma omp simd reduction(+ : s)
     for (int64_t j = begin; j < end; ++j) s += (double)d[j] * d[j];
     partial[thread] += s;
   });
@@ -84,6 +93,7 @@ double sum_of_squares(const std::vector<FloatSpan>& spans) {
 void scale_spans(const std::vector<FloatSpan>& spans, float s) {
   for_each_share(spans, [&](size_t i, int64_t begin, int64_t end, int64_t) {
     float* d = spans[i].data;
+#pragma omp simd
     for (int64_t j = begin; j < end; ++j) d[j] *= s;
   });
 }
