@@ -244,6 +244,14 @@ TEST_P(DecoderCache, Bf16WeightsTakeBf16AttentionFrom128Tokens) {
   DecoderLM model(c, rng);
   model.eval();
   NoGradGuard no_grad;
+  const Tensor five = Tensor::from_ints({3, 9, 4, 27, 1}, {1, 5});
+  Tensor mixed;
+  {  // float32 weights under mixed precision: the guard the model sets for
+     // bfloat16 weights must not turn off one already on
+    Bf16AutocastGuard autocast(true);
+    mixed = model.forward(five);
+  }
+  EXPECT_FALSE(all_close(mixed, model.forward(five), 0, 0)) << GetParam();
   model.convert_linear_weights(DType::BF16);
   auto ids_of = [&](int64_t t) {
     std::vector<int64_t> v;
@@ -254,13 +262,13 @@ TEST_P(DecoderCache, Bf16WeightsTakeBf16AttentionFrom128Tokens) {
     const std::vector<float> x = a.to_vector(), y = b.to_vector();
     float w = 0;
     *largest = 0;
-    for (size_t i = 0; i < x.size(); ++i) w = std::max(w, std::fabs(x[i] - y[i])), *largest = std::max(*largest, std::fabs(y[i]));
+    for (size_t i = 0; i < x.size(); ++i)
+      w = std::max(w, std::fabs(x[i] - y[i])), *largest = std::max(*largest, std::fabs(y[i]));
     return w;
   };
   float largest = 0;
   const Tensor short_ids = ids_of(100);
-  EXPECT_LE(worst(model.forward(short_ids), model.forward(short_ids, /*need_weights=*/true), &largest),
-            1e-5f * largest)
+  EXPECT_LE(worst(model.forward(short_ids), model.forward(short_ids, /*need_weights=*/true), &largest), 1e-5f * largest)
       << GetParam();
   const Tensor ids = ids_of(136);
   const Tensor flash = model.forward(ids);

@@ -76,8 +76,9 @@ Tensor DecoderLM::forward(const Tensor& ids, bool need_weights) {
   // too, on the tiles the linears use, with float32 sums and softmax, as a
   // bfloat16 model runs in PyTorch: a 990-token prefill of the 97M Llama
   // 0.27-0.29 -> 0.21-0.22 s (Intel Xeon model 207). Shorter sequences and
-  // decoding steps keep float32 attention.
-  Bf16AutocastGuard bf16(linear_weight_dtype() == DType::BF16);
+  // decoding steps keep float32 attention. (A guard already on, as in
+  // mixed-precision training, stays on.)
+  Bf16AutocastGuard bf16(bf16_autocast() || linear_weight_dtype() == DType::BF16);
   Tensor x = embed_tokens(ids, 0);
   for (auto& layer : layers) x = layer->forward(x, {.causal = true, .need_weights = need_weights});
   return logits(x);
@@ -93,7 +94,7 @@ std::vector<KVCache> DecoderLM::make_caches(int64_t batch, int64_t capacity) con
 
 Tensor DecoderLM::forward_cached(const Tensor& ids, std::vector<KVCache>& caches, bool last_only) {
   QKV_CHECK(ids.dim() == 2 && caches.size() == layers.size(), "decoder: ids [B, T] and one cache per layer");
-  Bf16AutocastGuard bf16(linear_weight_dtype() == DType::BF16);  // see forward
+  Bf16AutocastGuard bf16(bf16_autocast() || linear_weight_dtype() == DType::BF16);  // see forward
   Tensor x = embed_tokens(ids, caches[0].length);
   for (size_t i = 0; i < layers.size(); ++i) x = layers[i]->forward_cached(x, caches[i]);
   const int64_t T = x.size(1);
