@@ -277,7 +277,9 @@ TEST_P(DecoderCache, Bf16WeightsTakeBf16AttentionFrom128Tokens) {
   // (Measured: 0.3-0.5 of the bound for the dense configs. A mixture of
   // experts has none, most likely because a token whose router scores change
   // order goes to another expert: 4.8 times the bound here at 136 tokens.)
-  if (c.mlp != MLPKind::MoE) EXPECT_LE(moved, 2 * c.num_layers * std::ldexp(1.0f, -8) * largest) << GetParam();
+  if (c.mlp != MLPKind::MoE) {
+    EXPECT_LE(moved, 2 * c.num_layers * std::ldexp(1.0f, -8) * largest) << GetParam();
+  }
   std::vector<KVCache> caches = model.make_caches(1, 144);
   EXPECT_LE(worst(model.forward_cached(ids, caches), flash, &largest), 1e-5f * largest) << GetParam();
 }

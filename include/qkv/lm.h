@@ -75,6 +75,9 @@ protected:
 private:
   Tensor embed_tokens(const Tensor& ids, int64_t offset);
   Tensor logits(const Tensor& x);
+  // Whether ids [B, T] run under Bf16AutocastGuard: bfloat16 weights and a
+  // long enough T for bfloat16 attention, or a guard already on.
+  bool bf16_attention(const Tensor& ids) const;
   DecoderConfig config_;
   TiedHead tied_head_;  // with tie_output
 };

@@ -68,8 +68,18 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor
 // bfloat16 (x and W rounded to bfloat16 as the GEMM packs them, float32
 // sums and output), and so does its backward (dy, W and x rounded the same
 // way; dW comes out in float32 for the float32 master weight), whenever it
-// runs: the choice is recorded with the op. Everything else stays float32.
+// runs: the choice is recorded with the op. So does flash attention of at
+// least kBf16AttentionLength queries and keys (its tile products; softmax
+// and sums in float32). Everything else stays float32.
 bool bf16_autocast();
+// Under Bf16AutocastGuard, attention takes bfloat16 products from this many
+// queries and keys on (the kernels' key tile, where they pack bfloat16
+// operands for AMX or AVX512-BF16). Shorter sequences stay float32: their
+// products are small and their bfloat16 form is float32 GEMMs on rounded
+// copies of q, k, v and dO, slower and less precise (the copies alone took
+// 6.7% of a bf16 ViT training step of 16 tokens; Intel Xeon, family 6
+// model 167).
+constexpr int64_t kBf16AttentionLength = 128;
 class Bf16AutocastGuard {
 public:
   explicit Bf16AutocastGuard(bool enabled = true);

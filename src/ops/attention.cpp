@@ -74,22 +74,13 @@ std::optional<FlashLayout> readable_layout(const Tensor& t) {
   return FlashLayout{st[0], st[1], st[2]};
 }
 
-// Under Bf16AutocastGuard, attention takes bfloat16 products from this many
-// queries and keys on (the kernels' key tile, where they pack bfloat16
-// operands for AMX or AVX512-BF16). Shorter sequences stay float32: their
-// products are small and their bfloat16 form is float32 GEMMs on rounded
-// copies of q, k, v and dO, slower and less precise (the copies alone took
-// 6.7% of a bf16 ViT training step of 16 tokens; Intel Xeon, family 6
-// model 167).
-constexpr int64_t kFlashBf16Length = 128;
-
 // The kernel's shape for contiguous operands; `lengths` (I64, or undefined) must outlive its use.
 FlashShape flash_shape(const Dims& d, const AttentionOptions& o, const Tensor& lengths) {
   FlashShape f{d.batch, d.heads, d.kv_heads, d.t, d.s, d.dh, d.dv};
   f.scale = scale_of(o, d), f.causal = o.causal;
   f.key_lengths = lengths.defined() ? lengths.data<int64_t>() : nullptr;
   // Recorded with the op: its backward multiplies the same way.
-  f.bf16 = bf16_autocast() && d.t >= kFlashBf16Length && d.s >= kFlashBf16Length;
+  f.bf16 = bf16_autocast() && d.t >= kBf16AttentionLength && d.s >= kBf16AttentionLength;
   return f;
 }
 

@@ -69,16 +69,20 @@ uint64_t DecoderLM::decode_bytes() const {
   return parameter_bytes() - embed->parameter_bytes() + tied_head_.bytes(*embed);
 }
 
+// With bfloat16 weights (--dtype bf16) the attention of kBf16AttentionLength
+// tokens or more multiplies bfloat16 operands too, on the tiles the linears
+// use, with float32 sums and softmax, as a bfloat16 model runs in PyTorch: a
+// 990-token prefill of the 97M Llama 0.27-0.29 -> 0.21-0.22 s (Intel Xeon
+// model 207). Shorter sequences and decoding steps keep float32 attention
+// (and skip the walk over the modules for their dtype). A guard already on,
+// as in mixed-precision training, stays on.
+bool DecoderLM::bf16_attention(const Tensor& ids) const {
+  return bf16_autocast() || (ids.size(1) >= kBf16AttentionLength && linear_weight_dtype() == DType::BF16);
+}
+
 Tensor DecoderLM::forward(const Tensor& ids, bool need_weights) {
   QKV_CHECK(ids.dim() == 2, "decoder: ids must be [B, T], got ", shape_str(ids.shape()));
-  // With bfloat16 weights (--dtype bf16) the attention of 128 tokens or more
-  // (the flash kernel's bfloat16 threshold) multiplies bfloat16 operands
-  // too, on the tiles the linears use, with float32 sums and softmax, as a
-  // bfloat16 model runs in PyTorch: a 990-token prefill of the 97M Llama
-  // 0.27-0.29 -> 0.21-0.22 s (Intel Xeon model 207). Shorter sequences and
-  // decoding steps keep float32 attention. (A guard already on, as in
-  // mixed-precision training, stays on.)
-  Bf16AutocastGuard bf16(bf16_autocast() || linear_weight_dtype() == DType::BF16);
+  Bf16AutocastGuard bf16(bf16_attention(ids));
   Tensor x = embed_tokens(ids, 0);
   for (auto& layer : layers) x = layer->forward(x, {.causal = true, .need_weights = need_weights});
   return logits(x);
@@ -94,7 +98,7 @@ std::vector<KVCache> DecoderLM::make_caches(int64_t batch, int64_t capacity) con
 
 Tensor DecoderLM::forward_cached(const Tensor& ids, std::vector<KVCache>& caches, bool last_only) {
   QKV_CHECK(ids.dim() == 2 && caches.size() == layers.size(), "decoder: ids [B, T] and one cache per layer");
-  Bf16AutocastGuard bf16(bf16_autocast() || linear_weight_dtype() == DType::BF16);  // see forward
+  Bf16AutocastGuard bf16(bf16_attention(ids));
   Tensor x = embed_tokens(ids, caches[0].length);
   for (size_t i = 0; i < layers.size(); ++i) x = layers[i]->forward_cached(x, caches[i]);
   const int64_t T = x.size(1);
