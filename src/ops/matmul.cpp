@@ -213,14 +213,15 @@ thread_local bool t_bf16_autocast = false;
 
 // C = op(A) op(B) + ... as `g` describes it (its activation epilogue aside),
 // in float32 or, with bf16, on operands rounded to bfloat16 (float32 sums).
-void gemm_in(bool bf16, const GemmArgs& g) {
+// With a_sums (bf16 only), each row of op(A)'s sum over k too (GemmBf16Args::a_sums).
+void gemm_in(bool bf16, const GemmArgs& g, float* a_sums = nullptr) {
   if (g.m == 0 || g.n == 0) return;
   if (!bf16) return QKV_KERNEL(gemm)(g);
   GemmBf16Args h;
   h.m = g.m, h.n = g.n, h.k = g.k, h.alpha = g.alpha, h.beta = g.beta;
   h.a_f32 = g.a, h.lda = g.lda, h.a_transposed = g.trans_a;
   h.b_f32 = g.b, h.ldb = g.ldb, h.b_transposed = !g.trans_b;  // gemm_bf16's B is B^T's [n, k] layout
-  h.c = g.c, h.ldc = g.ldc, h.bias = g.bias;
+  h.c = g.c, h.ldc = g.ldc, h.bias = g.bias, h.a_sums = a_sums;
   QKV_KERNEL(gemm_bf16)(h);
 }
 
@@ -288,17 +289,20 @@ Tensor linear_impl(const Tensor& x, const Tensor& weight, const Tensor& bias, co
       if (out_features == 0) dx.fill_(0.0f);
       else gemm_in(bf16, g);
     }
+    const bool needs_db = a.needs_grad.size() > 2 && a.needs_grad[2];
+    if (needs_db) db = Tensor::empty({out_features});
+    bool db_summed = false;  // by dW's product, which reads all of dy as its A (bf16)
     if (a.needs_grad[1]) {  // dW [out, in] = dy^T [out, rows] x [rows, in]
       dw = Tensor::empty({out_features, in});
       GemmArgs g{true, false, out_features, in, rows, 1.0f, dy.data<float>(), std::max<int64_t>(out_features, 1),
                  x2.data<float>(), std::max<int64_t>(in, 1), 0.0f, dw.data<float>(), std::max<int64_t>(in, 1)};
-      if (rows > 0) gemm_in(bf16, g);
-      else dw.fill_(0.0f);  // no rows: dW is 0
+      db_summed = needs_db && bf16 && rows > 0 && out_features > 0 && in > 0;
+      if (rows == 0)
+        dw.fill_(0.0f);  // no rows: dW is 0
+      else
+        gemm_in(bf16, g, db_summed ? db.data<float>() : nullptr);
     }
-    if (a.needs_grad.size() > 2 && a.needs_grad[2]) {
-      db = Tensor::empty({out_features});
-      QKV_KERNEL(sum_middle)(dy.data<float>(), db.data<float>(), 1, rows, out_features);
-    }
+    if (needs_db && !db_summed) QKV_KERNEL(sum_middle)(dy.data<float>(), db.data<float>(), 1, rows, out_features);
     return {dx, dw, db};
   });
   return y;

@@ -96,6 +96,30 @@ void widened(const GemmBf16Args& g) {
       [&](int64_t j, float* out) { for (int64_t p = 0; p < g.k; ++p) out[p] = widen(b.at(j, p)); });
 }
 
+// GemmBf16Args::a_sums in a pass of its own, each row's k in order: for the
+// paths that do not pack A transposed from float32 (and on every level
+// without AVX512-BF16).
+void sum_rows_of_a(const GemmBf16Args& g) {
+  std::fill(g.a_sums, g.a_sums + g.m, 0.0f);
+  for (int64_t p = 0; p < g.k; ++p)
+    if (g.a_transposed) {
+      const float* row = g.a_f32 + p * g.lda;
+#pragma omp simd
+      for (int64_t i = 0; i < g.m; ++i) g.a_sums[i] += row[i];
+    } else {
+      for (int64_t i = 0; i < g.m; ++i) g.a_sums[i] += g.a_f32[i * g.lda + p];
+    }
+}
+
+// g's product after sum_rows_of_a: the same call without a_sums.
+template <class Gemm>
+void summed_apart(const GemmBf16Args& g, Gemm&& gemm) {
+  sum_rows_of_a(g);
+  GemmBf16Args h = g;
+  h.a_sums = nullptr;
+  gemm(h);
+}
+
 // g with C in bfloat16 (GemmBf16Args::c_bf16) by way of a float32 C, for
 // the paths that write C element by element (the GEMV of B as it lies, the
 // widened float32 GEMM, k = 0): f(h) computes h, which is g with a float32
@@ -190,17 +214,44 @@ __attribute__((target("avx512bf16"))) void pairs_of_transposed(const Operand& x,
   }
 }
 
-// The 16 x 32 tile of A at rows m0, k from k0, when A is held transposed.
-void pack_a_transposed(const GemmBf16Args& g, const Operand& a, int64_t m0, int64_t k0, uint16_t* tile) {
+// pairs_of_transposed of a float32 operand that also sums its 32 k for each
+// of the 16 rows, in order of k, into sums[16] (GemmBf16Args::a_sums).
+__attribute__((target("avx512bf16"))) void pairs_of_transposed_summing(const Operand& x, int64_t r0, int64_t k0,
+                                                                       uint32_t* out, float* sums) {
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t kk = 0; kk < 16; ++kk) {
+    const float* at = x.f32 + (k0 + 2 * kk) * x.k_stride + r0;
+    const __m512 lo_f = _mm512_loadu_ps(at), hi_f = _mm512_loadu_ps(at + x.k_stride);
+    acc = _mm512_add_ps(_mm512_add_ps(acc, lo_f), hi_f);
+    const __m512i lo = _mm512_maskz_cvtepu16_epi32(0xffff, (__m256i)_mm512_cvtneps_pbh(lo_f));
+    const __m512i hi = _mm512_maskz_cvtepu16_epi32(0xffff, (__m256i)_mm512_cvtneps_pbh(hi_f));
+    _mm512_storeu_si512(out + kk * 16, _mm512_or_si512(lo, _mm512_maskz_slli_epi32(0xffff, hi, 16)));
+  }
+  _mm512_storeu_ps(sums, acc);
+}
+
+// The 16 x 32 tile of A at rows m0, k from k0, when A is held transposed;
+// with `sums` (a float32 A on a CPU with AVX512-BF16: gemm_bf16 asks), the
+// tile's 16 rows' sums over its k too.
+void pack_a_transposed(const GemmBf16Args& g, const Operand& a, int64_t m0, int64_t k0, uint16_t* tile,
+                       float* sums = nullptr) {
   if (m0 + 16 <= g.m && k0 + 32 <= g.k && avx512_bf16_usable()) {
     alignas(64) uint32_t by_k[256];
-    pairs_of_transposed(a, m0, k0, by_k);
+    if (sums)
+      pairs_of_transposed_summing(a, m0, k0, by_k, sums);
+    else
+      pairs_of_transposed(a, m0, k0, by_k);
     return transpose_words(by_k, reinterpret_cast<uint32_t*>(tile));
   }
   if (a.f32 && avx512_bf16_usable()) {  // an edge tile
     alignas(64) float staged[16 * 32];
     stage_block(a, m0, g.m, k0, g.k, staged);
     for (int64_t r = 0; r < 16; ++r) round32(staged + r * 32, tile + r * 32);
+    for (int64_t r = 0; sums && r < 16; ++r) {  // the zeros past the edges add nothing
+      float s = 0.0f;
+      for (int64_t p = 0; p < 32; ++p) s += staged[r * 32 + p];
+      sums[r] = s;
+    }
     return;
   }
   const int64_t rows = std::clamp<int64_t>(g.m - m0, 0, 16);
@@ -295,9 +346,28 @@ void for_each_tile(const GemmBf16Args& g, int64_t blocks, bool transposed, Tile&
   }
 }
 
+// Whether pack_bf16_a sums A's rows (GemmBf16Args::a_sums) as it packs: a
+// transposed float32 A, on a CPU with AVX512-BF16.
+bool sums_while_packing(const GemmBf16Args& g) { return g.a_f32 && g.a_transposed && avx512_bf16_usable(); }
+
 void pack_bf16_a(const GemmBf16Args& g, uint32_t* out) {
   const bool vector_round = vector_round_a(g);
   const Operand a = operand_a(g);
+  if (g.a_sums && sums_while_packing(g)) {
+    // Each tile's 16 sums apart ([chunk][row]), then the chunks in order.
+    const int64_t kb = bf16_chunks(g.k), rows = bf16_blocks(g.m) * 16;
+    Scratch partial(kb * rows);
+    float* part = partial.data();
+    for_each_tile(g, bf16_blocks(g.m), true, [&](int64_t index, int64_t blk, int64_t p) {
+      pack_a_transposed(g, a, blk * 16, p * 32, reinterpret_cast<uint16_t*>(out + index * 256),
+                        part + p * rows + blk * 16);
+    });
+    std::copy(part, part + g.m, g.a_sums);
+    for (int64_t p = 1; p < kb; ++p)
+#pragma omp simd
+      for (int64_t i = 0; i < g.m; ++i) g.a_sums[i] += part[p * rows + i];
+    return;
+  }
   for_each_tile(g, bf16_blocks(g.m), g.a_transposed, [&](int64_t index, int64_t blk, int64_t p) {
     pack_a_tile(g, a, vector_round, blk * 16, p * 32, reinterpret_cast<uint16_t*>(out + index * 256));
   });
@@ -983,6 +1053,10 @@ void gemm_bf16_widened(const GemmBf16Args& g) {
 }
 
 void gemm_bf16(const GemmBf16Args& g) {
+  // a_sums from the packing where it packs a transposed float32 A whole
+  // (with_packed, for more than kMaxGemvRows rows), else apart
+  if (g.a_sums && !(sums_while_packing(g) && g.m > kMaxGemvRows && g.n > 0 && g.k > 0 && !g.b_packed))
+    return summed_apart(g, [](const GemmBf16Args& h) { gemm_bf16(h); });
   if (g.m == 0 || g.n == 0) return;
   if (g.b_packed && g.m <= kMaxGemvRows && avx512_bf16_usable()) return g.k == 0 ? empty_sum(g) : gemv_packed(g);
   if (amx_bf16_usable() && (g.m > kMaxGemvRows || !g.b)) return gemm_bf16_amx(g);  // (!g.b: B packed only)
@@ -1020,6 +1094,7 @@ void pack_bf16_b(const GemmBf16Args&, uint32_t*) { std::abort(); }
 void gemm_bf16_packed(const GemmBf16Args&, const PackedBf16&) { std::abort(); }
 
 void gemm_bf16(const GemmBf16Args& g) {
+  if (g.a_sums) return summed_apart(g, [](const GemmBf16Args& h) { gemm_bf16(h); });
   if (g.m == 0 || g.n == 0) return;
   if (g.c_bf16) return through_float32_c(g, [](const GemmBf16Args& h) { gemm_bf16(h); });
   if (g.k == 0) return scale_only(g);

@@ -36,6 +36,11 @@ static float bf16_b(const GemmBf16Args& g, int64_t j, int64_t p) {
 }
 
 void gemm_bf16(const GemmBf16Args& g) {
+  for (int64_t i = 0; g.a_sums && i < g.m; ++i) {
+    double s = 0;
+    for (int64_t p = 0; p < g.k; ++p) s += g.a_f32[g.a_transposed ? p * g.lda + i : i * g.lda + p];
+    g.a_sums[i] = (float)s;
+  }
   for (int64_t i = 0; i < g.m; ++i) {
     for (int64_t j = 0; j < g.n; ++j) {
       double acc = 0;
