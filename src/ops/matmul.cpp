@@ -222,6 +222,7 @@ void gemm_in(bool bf16, const GemmArgs& g, float* a_sums = nullptr) {
   h.a_f32 = g.a, h.lda = g.lda, h.a_transposed = g.trans_a;
   h.b_f32 = g.b, h.ldb = g.ldb, h.b_transposed = !g.trans_b;  // gemm_bf16's B is B^T's [n, k] layout
   h.c = g.c, h.ldc = g.ldc, h.bias = g.bias, h.a_sums = a_sums;
+  h.act = g.act, h.act_out = g.act_out, h.ld_act = g.ld_act;
   QKV_KERNEL(gemm_bf16)(h);
 }
 
@@ -264,13 +265,8 @@ Tensor linear_impl(const Tensor& x, const Tensor& weight, const Tensor& bias, co
   g.c = pre.defined() ? pre.data<float>() : y.data<float>(), g.ldc = std::max<int64_t>(out_features, 1);
   g.bias = b.defined() ? b.data<float>() : nullptr;
   g.inference = !any_requires_grad({x, weight, bias});
-  if (bf16) {
-    gemm_in(true, g);  // then the activation over the whole product
-    if (act) QKV_KERNEL(unary_forward)(*act, g.c, y.data<float>(), y.numel());
-  } else {
-    if (act) g.act = *act, g.act_out = y.data<float>(), g.ld_act = g.ldc;
-    if (rows > 0 && out_features > 0) QKV_KERNEL(gemm)(g);
-  }
+  if (act) g.act = *act, g.act_out = y.data<float>(), g.ld_act = g.ldc;  // as each block of the product is stored
+  if (rows > 0 && out_features > 0) gemm_in(bf16, g);
   const UnaryOp op = act ? *act : UnaryOp::Relu;
   record_op(y, act ? "linear_activation" : "linear", {x, weight, bias},
             [x2, w, pre, op, bf16, in, out_features, rows, x_shape = x.shape()](const BackwardArgs& a) -> std::vector<Tensor> {

@@ -55,6 +55,7 @@ void gemm_bf16(const GemmBf16Args& g) {
       }
       float& c = g.c[i * g.ldc + j];
       c = (float)(g.alpha * acc + (g.beta == 0.0f ? 0.0 : (double)g.beta * c) + (g.bias ? g.bias[j] : 0.0f));
+      if (g.act_out) unary_forward(g.act, &c, g.act_out + i * g.ld_act + j, 1);
     }
   }
 }
