@@ -94,11 +94,11 @@ struct GemmBf16Args {
   // layer, written once in bfloat16 for its second product to read.
   bool has_act = false;
   UnaryOp act = UnaryOp::Relu;
-  // With a float32 C: where act_out is set, act of each
-  // element of C as stored, written to act_out (row stride ld_act; it may be
-  // c itself), C keeping the values before it. A Linear's activation under
-  // mixed precision: its pre-activation kept for the backward, its output
-  // computed while the block of C is in L1, not in a pass over C after.
+  // With a float32 C: where act_out is set, act of each element of C as
+  // stored, written to act_out (row stride ld_act; it may be c itself), C
+  // keeping the values before it. A Linear's activation under mixed
+  // precision: its pre-activation kept for the backward, its output computed
+  // while the block of C is in L1, not in a pass over C after.
   float* act_out = nullptr;
   int64_t ld_act = 0;
   // B as this level's gemm_bf16 packs it (gemm_bf16_pack_b of the same b,

@@ -211,7 +211,7 @@ void check_input_and_bias(const Tensor& x, const Tensor& bias, const Shape& weig
 
 thread_local bool t_bf16_autocast = false;
 
-// C = op(A) op(B) + ... as `g` describes it (its activation epilogue aside),
+// C = op(A) op(B) + ... as `g` describes it (with its activation epilogue),
 // in float32 or, with bf16, on operands rounded to bfloat16 (float32 sums).
 // With a_sums (bf16 only), each row of op(A)'s sum over k too (GemmBf16Args::a_sums).
 void gemm_in(bool bf16, const GemmArgs& g, float* a_sums = nullptr) {

@@ -393,8 +393,6 @@ void pack_bf16_b(const GemmBf16Args& g, uint32_t* out) {  // block nb holds its 
 
 namespace {
 
-// Writes a block of sums (rows x 16 columns per tile, row stride 16) into C,
-// only where it lies inside C: float32 C, or C in bfloat16 (c_bf16).
 // GemmBf16Args::act_out of 16 values of C (its lanes past `lanes` left as
 // they are): GELU in registers (unary_forward's operations, so its bits),
 // other activations through unary_forward. Through unary_forward for each
@@ -408,6 +406,8 @@ inline void activate16(const GemmBf16Args& g, __m512 v, float* out, __mmask16 la
   _mm512_mask_storeu_ps(out, lanes, _mm512_load_ps(staged));
 }
 
+// Writes a block of sums (rows x 16 columns per tile, row stride 16) into C,
+// only where it lies inside C: float32 C (and act_out), or C in bfloat16 (c_bf16).
 void finish_tile(const GemmBf16Args& g, const float* sums, int64_t i0, int64_t j0, int64_t rows) {
   if (j0 >= g.n) return;
   const int64_t ie = std::min(i0 + rows, g.m);

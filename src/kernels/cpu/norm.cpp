@@ -14,6 +14,8 @@ namespace qkv::cpu::QKV_CPU_NS {
 
 constexpr int64_t kColumnBlock = 64;
 
+namespace {
+
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))  // (this level's Vec)
 // A row's statistics in four chains of vector adds, summed as a tree: at
 // d_model 128 one chain through eight vectors and then sixteen lanes one at
@@ -77,6 +79,8 @@ inline void row_moments(const float* xr, int64_t cols, float& mean, float& var) 
   mean = m, var = v;
 }
 
+}  // namespace
+
 void layer_norm_forward(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd,
                         int64_t rows, int64_t cols, float eps) {
 #pragma omp parallel for schedule(static) if (rows * cols >= 16384 && rows > 1)
@@ -96,6 +100,8 @@ void layer_norm_forward(const float* x, const float* w, const float* b, float* y
     }
   }
 }
+
+namespace {
 
 // dx of one LayerNorm row (w may be null).
 inline void layer_norm_dx_row(const float* xr, const float* w, float m, float rs, const float* dyr, float* dxr,
@@ -135,6 +141,8 @@ inline void layer_norm_dx_row(const float* xr, const float* w, float m, float rs
 // (the rows another thread's dx pass had in its cache): half of LayerNorm's
 // backward at d_model 128 (2048 rows).
 constexpr int64_t kRowChunk = 64;
+
+}  // namespace
 
 void layer_norm_backward(const float* x, const float* w, const float* mean, const float* rstd, const float* dy,
                          float* dx, float* dw, float* db, int64_t rows, int64_t cols) {
@@ -242,5 +250,7 @@ void rms_norm_backward(const float* x, const float* w, const float* rstd, const 
     for (int64_t j = c0; j < c1; ++j) dw[j] = acc[j - c0];
   }
 }
+
+#undef QKV_NORM_CHAINS
 
 }  // namespace qkv::cpu::QKV_CPU_NS
