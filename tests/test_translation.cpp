@@ -765,6 +765,50 @@ TEST(BeamSearch, BeamOfOneIsGreedyAndScoresAreConsistent) {
   }
 }
 
+// After a step each row's self-attention cache holds its source row's
+// written positions: moved in place while the rows stay as many (a source
+// that is itself overwritten is saved first, as in a cycle), copied into a new
+// cache when a sentence leaves. Reading a cycle's sources where they lie, after
+// some were overwritten, fails the first case.
+TEST(BeamSearch, SelectRowsMovesTheCachesWrittenPositions) {
+  TinyTranslator& t = tiny_translator();
+  TranslationTransformer& model = *t.model;
+  NoGradGuard no_grad;
+  Batch b = collate({{t.data[0].src, {}}, {t.data[1].src, {}}}, {0, 1});
+  std::unique_ptr<DecodeState> base = model.start_decoding(b.src, b.src_lengths, 10);
+  model.expand_beams(*base, 2, 3);
+  auto& st = dynamic_cast<TransformerDecodeState&>(*base);
+  model.decode_step(Tensor::from_ints({1, 2, 3, 4, 5, 6}, {6, 1}), st);
+  model.decode_step(Tensor::from_ints({7, 8, 9, 10, 11, 12}, {6, 1}), st);
+  ASSERT_EQ(st.self[0].length, 2);
+  const auto written = [](const KVCache& c, const Tensor& t, int64_t row) {
+    return t.slice(0, row, row + 1).slice(2, 0, c.length).clone();
+  };
+  const auto expect_rows = [&](const std::vector<int64_t>& rows, const char* what) {
+    std::vector<std::vector<Tensor>> before;  // [layer][2 * row + (0: k, 1: v)]
+    for (const KVCache& c : st.self) {
+      before.emplace_back();
+      for (int64_t r = 0; r < c.k.size(0); ++r)
+        before.back().push_back(written(c, c.k, r)), before.back().push_back(written(c, c.v, r));
+    }
+    model.select_rows(st, rows);
+    for (size_t l = 0; l < st.self.size(); ++l) {
+      const KVCache& c = st.self[l];
+      ASSERT_EQ(c.k.size(0), (int64_t)rows.size()) << what;
+      for (size_t r = 0; r < rows.size(); ++r) {
+        EXPECT_TRUE(testing::all_close(written(c, c.k, (int64_t)r), before[l][2 * rows[r]], 0, 0))
+            << what << ": layer " << l << ", row " << r << ", k";
+        EXPECT_TRUE(testing::all_close(written(c, c.v, (int64_t)r), before[l][2 * rows[r] + 1], 0, 0))
+            << what << ": layer " << l << ", row " << r << ", v";
+      }
+    }
+  };
+  expect_rows({1, 2, 0, 3, 3, 5}, "a cycle of three, a copy");
+  expect_rows({0, 1, 2, 3, 4, 5}, "nothing moves");
+  expect_rows({2, 2, 2, 5, 3, 4}, "one row to three, a cycle");
+  expect_rows({4, 3, 5}, "the first sentence left");
+}
+
 TEST(BeamSearch, BeamsShareTheirSentencesCrossAttentionKeysAndValues) {
   TinyTranslator& t = tiny_translator();
   TranslationTransformer& model = *t.model;

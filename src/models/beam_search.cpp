@@ -86,14 +86,25 @@ std::vector<BeamHypothesis> beam_translate(Seq2Seq& model, const std::vector<std
     std::vector<int64_t> active(B);
     for (int64_t s = 0; s < B; ++s) active[s] = s;
     std::vector<int64_t> last(B * K, ids.start);
+    std::vector<std::vector<std::pair<float, int64_t>>> row_best;  // per row: its best 2K tokens
     for (int64_t step = 0; step < max_len && !active.empty(); ++step) {
       const bool last_step = step == max_len - 1;  // every hypothesis ends here
+      const bool only_eos = last_step && ids.forced_eos;
       const int64_t A = (int64_t)active.size();
       Tensor logp = log_softmax(model.decode_step(Tensor::from_ints(last, {A * K, 1}), *beams));
       const int64_t V = logp.size(-1);
-      float* lp = logp.data<float>();  // each row through o.rules first
+      float* lp = logp.data<float>();
+      // Each live row through o.rules, then its best 2K tokens: the rows
+      // apart, so split between the threads (a row's answer is the same on
+      // any thread; the rules run first, on this one, since they may throw).
+      const auto live = [&](int64_t r) { return !only_eos && std::isfinite(alive[active[r / K]][r % K].score); };
+      for (int64_t r = 0; r < A * K; ++r)
+        if (live(r)) o.rules.apply({&ids.start, 1}, alive[active[r / K]][r % K].tokens, {&ids.eos, 1}, lp + r * V, V);
+      row_best.resize((size_t)(A * K));
+#pragma omp parallel for schedule(static) if (A * K * V >= 65536)
+      for (int64_t r = 0; r < A * K; ++r)
+        if (live(r)) best_tokens(lp + r * V, V, 2 * K, ids, row_best[(size_t)r]);
       std::vector<int64_t> still_active, origin, next_last;
-      std::vector<std::pair<float, int64_t>> row_best;
       for (int64_t a = 0; a < A; ++a) {
         const int64_t s = active[a];
         // The best 2K continuations: at most K of them end with <eos>, so at
@@ -101,14 +112,12 @@ std::vector<BeamHypothesis> beam_translate(Seq2Seq& model, const std::vector<std
         std::vector<std::pair<double, int64_t>> cand;  // (score, beam * V + token)
         for (int64_t k = 0; k < K; ++k) {
           if (!std::isfinite(alive[s][k].score)) continue;
-          if (last_step && ids.forced_eos) {
+          if (only_eos) {
             cand.push_back({alive[s][k].score, k * V + ids.eos});
             continue;
           }
-          float* row = lp + (a * K + k) * V;
-          o.rules.apply({&ids.start, 1}, alive[s][k].tokens, {&ids.eos, 1}, row, V);
-          best_tokens(row, V, 2 * K, ids, row_best);
-          for (const auto& [logp_v, v] : row_best) cand.push_back({alive[s][k].score + logp_v, k * V + v});
+          for (const auto& [logp_v, v] : row_best[(size_t)(a * K + k)])
+            cand.push_back({alive[s][k].score + logp_v, k * V + v});
         }
         const size_t keep = std::min<size_t>(cand.size(), 2 * K);
         std::partial_sort(cand.begin(), cand.begin() + keep, cand.end(), [](auto& x, auto& y) {

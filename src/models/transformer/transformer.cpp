@@ -1,4 +1,5 @@
 // The encoder-decoder Transformer for translation, and its config.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -182,6 +183,65 @@ std::string TranslationTransformer::attention_name() const {
   return "cross-attention: last decoder layer, mean of " + std::to_string(config_.nhead) + " heads";
 }
 
+namespace {
+
+// One self-attention cache tensor [B, H, capacity, Dh] after a beam step: row
+// r takes row rows[r]'s `length` written positions (those past it are never
+// read, so they are not copied). With as many rows as before the rows move in
+// place: only those whose hypothesis came from another row, and of their
+// sources only the ones that are themselves overwritten are saved first. A
+// cache with fewer rows is a new tensor. Rows split between the threads.
+void gather_cache_rows(Tensor& t, int64_t length, const std::vector<int64_t>& rows) {
+  if (!t.is_contiguous() || t.dim() != 4) {
+    t = select_rows(t, rows);
+    return;
+  }
+  const int64_t B = t.size(0), H = t.size(1), R = (int64_t)rows.size();
+  for (int64_t r : rows) QKV_CHECK(r >= 0 && r < B, "select_rows: row ", r, " outside [0, ", B, ")");
+  const size_t position = (size_t)t.size(3) * dtype_size(t.dtype());
+  const size_t head = (size_t)t.size(2) * position, used = (size_t)length * position;
+  const bool parallel = (size_t)R * H * used >= (1 << 18);
+  // Row `to` (heads `to_head` bytes apart) from row `from` (`from_head` apart).
+  const auto copy_row = [&](char* to, size_t to_head, const char* from, size_t from_head) {
+    for (int64_t h = 0; h < H; ++h) std::memcpy(to + h * to_head, from + h * from_head, used);
+  };
+  const char* base = static_cast<const char*>(t.raw_data());
+  if (R != B) {
+    Tensor out = Tensor::empty({R, H, t.size(2), t.size(3)}, t.dtype());
+    char* o = static_cast<char*>(out.raw_data());
+#pragma omp parallel for schedule(static) if (parallel)
+    for (int64_t r = 0; r < R; ++r) copy_row(o + r * H * head, head, base + rows[r] * H * head, head);
+    t = out;
+    return;
+  }
+  std::vector<int64_t> moved, saved_rows, slot(B, -1);  // slot: a saved row's place in `saved`
+  for (int64_t r = 0; r < R; ++r) {
+    if (rows[r] == r) continue;
+    moved.push_back(r);
+    const int64_t from = rows[r];
+    if (rows[from] != from && slot[from] < 0) slot[from] = (int64_t)saved_rows.size(), saved_rows.push_back(from);
+  }
+  if (moved.empty() || used == 0) return;
+  Tensor saved = Tensor::empty({std::max<int64_t>((int64_t)saved_rows.size(), 1), H, length, t.size(3)}, t.dtype());
+  char* sv = static_cast<char*>(saved.raw_data());
+  char* data = static_cast<char*>(t.raw_data());
+  const int64_t S = (int64_t)saved_rows.size(), M = (int64_t)moved.size();
+#pragma omp parallel for schedule(static) if (parallel)
+  for (int64_t i = 0; i < S; ++i) copy_row(sv + i * H * used, used, base + saved_rows[i] * H * head, head);
+#pragma omp parallel for schedule(static) if (parallel)
+  for (int64_t m = 0; m < M; ++m) {
+    const int64_t r = moved[m], from = rows[r];
+    char* to = data + r * H * head;
+    if (slot[from] >= 0) {
+      copy_row(to, head, sv + slot[from] * H * used, used);
+    } else {
+      copy_row(to, head, base + from * H * head, head);
+    }
+  }
+}
+
+}  // namespace
+
 void TranslationTransformer::select_rows(DecodeState& base, const std::vector<int64_t>& rows) {
   auto& st = dynamic_cast<TransformerDecodeState&>(base);
   const int64_t G = st.beams, R = (int64_t)rows.size();
@@ -194,9 +254,9 @@ void TranslationTransformer::select_rows(DecodeState& base, const std::vector<in
       QKV_CHECK(rows[g * G + i] / G == sentences.back(), "transformer: rows ", g * G, "..", g * G + G - 1,
                 " mix beams of different sentences");
   }
-  for (KVCache& c : st.self) {
-    c.k = qkv::select_rows(c.k, rows);
-    c.v = qkv::select_rows(c.v, rows);
+  for (KVCache& c : st.self) {  // the written positions only, in place where the rows stay as many
+    gather_cache_rows(c.k, c.length, rows);
+    gather_cache_rows(c.v, c.length, rows);
   }
   bool same_sentences = (int64_t)sentences.size() == st.src_lengths.size(0);
   for (size_t i = 0; same_sentences && i < sentences.size(); ++i) same_sentences = sentences[i] == (int64_t)i;
