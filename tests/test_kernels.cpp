@@ -851,8 +851,8 @@ TEST(Kernels, OptimizerStepsMatchTheReference) {
 // head size (24) is not a multiple of 16 (the avx512 level's small products
 // in registers transpose K 16 x 16 at a time, the last block part full), and
 // long ones whose products take the panels with packed operands.
-// Dropping the accumulation of the one-row p V loop, or reading k_batches as
-// one buffer, fails; so does leaving K untransposed in the small products,
+// Dropping the accumulation of the one-row p V loop, or the last key of a
+// one-row group of 16, or reading k_batches as one buffer, fails; so does leaving K untransposed in the small products,
 // or cutting a causal query tile's products short of its packed key tile.
 TEST(Kernels, FlashAttentionMatchesTheReference) {
   omp_set_num_threads(2);
@@ -868,6 +868,15 @@ TEST(Kernels, FlashAttentionMatchesTheReference) {
       {2, 4, 2, 70, 70, 16, true, true, {70, 33}},
       {3, 4, 2, 1, 150, 32, false, false, {150, 64, 1}},
       {3, 4, 2, 1, 150, 32, false, false, {150, 65, 0}, true},
+      // One query row on the avx512 level: keys 16 at a time with their dots
+      // summed across lanes together (Dh a multiple of 16 up to 128: 45 and
+      // 17 keys, a part-full last group), o in registers 64 floats at a time
+      // (Dh 128: two rounds; 80: a part-full round; 24: the plain dot, and
+      // masked lanes of o).
+      {2, 2, 2, 1, 45, 64, false, false, {45, 17}},
+      {1, 3, 3, 1, 33, 128, false, false, {}},
+      {1, 2, 2, 1, 20, 80, false, false, {}},
+      {1, 2, 1, 1, 40, 24, false, false, {}},
       {2, 2, 2, 20, 37, 24, false, false, {}},
       // A ViT's 17 tokens: tiles of 9 + 8 rows, the 17th key's column of K^T
       // and V^T copied alone.

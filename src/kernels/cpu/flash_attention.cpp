@@ -81,10 +81,18 @@ inline int64_t tasks_per_grab(int64_t tasks) {
   return std::clamp<int64_t>(tasks / (8 * std::max(1, omp_get_max_threads())), 1, 64);
 }
 
-// One query row against `cols` keys (decoding: a tile of one row), as plain
-// loops: s_j = scale q.k_j, and o += sum_j p_j v_j. For one row these beat a
-// GEMM call, whose fixed costs (and BLAS's, for p V) outweighed the products.
-void row_scores(const float* q, const float* k, int64_t ldk, int64_t cols, int64_t dh, float scale, float* s) {
+// One query row against `cols` keys (decoding: a tile of one row): s_j =
+// scale q.k_j, and o += sum_j p_j v_j. For one row these beat a GEMM call,
+// whose fixed costs (and BLAS's, for p V) outweighed the products.
+//
+// On the avx512 level, for Dh a multiple of 16 up to 128: q in registers,
+// 16 keys at a time, each key's products in a vector of its own, the 16
+// summed across their lanes together (lane_sums16); and o in registers over
+// all the keys, 64 of its floats at a time. As plain loops (a dot per key,
+// its 16 lanes then summed one after another; o loaded and stored for every
+// key) this took 11% of greedy translation's time on Zen 4, for under 2%
+// of its multiply-adds.
+void row_scores_plain(const float* q, const float* k, int64_t ldk, int64_t cols, int64_t dh, float scale, float* s) {
   for (int64_t j = 0; j < cols; ++j) {
     const float* kj = k + j * ldk;
     float dot = 0;
@@ -93,13 +101,77 @@ void row_scores(const float* q, const float* k, int64_t ldk, int64_t cols, int64
     s[j] = scale * dot;
   }
 }
+#if defined(__AVX512F__)
+template <int Chunks>  // Dh / 16
+void row_scores_lanes(const float* q, const float* k, int64_t ldk, int64_t cols, float scale, float* s) {
+  __m512 qv[Chunks];
+  for (int c = 0; c < Chunks; ++c) qv[c] = _mm512_loadu_ps(q + 16 * c);
+  for (int64_t j0 = 0; j0 < cols; j0 += 16) {
+    const int64_t n = std::min<int64_t>(16, cols - j0);
+    __m512 dots[16];  // past n: the last key's dot again, not stored (no branch, so the 16 stay in registers)
+#pragma GCC unroll 16
+    for (int t = 0; t < 16; ++t) {
+      const float* kj = k + (j0 + std::min<int64_t>(t, n - 1)) * ldk;
+      dots[t] = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kj));
+      for (int c = 1; c < Chunks; ++c) dots[t] = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kj + 16 * c), dots[t]);
+    }
+    _mm512_mask_storeu_ps(s + j0, lanes_of(n), _mm512_mul_ps(_mm512_set1_ps(scale), lane_sums16(dots)));
+  }
+}
+#endif
+void row_scores(const float* q, const float* k, int64_t ldk, int64_t cols, int64_t dh, float scale, float* s) {
+#if defined(__AVX512F__)
+  switch (dh) {
+    case 16: return row_scores_lanes<1>(q, k, ldk, cols, scale, s);
+    case 32: return row_scores_lanes<2>(q, k, ldk, cols, scale, s);
+    case 48: return row_scores_lanes<3>(q, k, ldk, cols, scale, s);
+    case 64: return row_scores_lanes<4>(q, k, ldk, cols, scale, s);
+    case 80: return row_scores_lanes<5>(q, k, ldk, cols, scale, s);
+    case 96: return row_scores_lanes<6>(q, k, ldk, cols, scale, s);
+    case 112: return row_scores_lanes<7>(q, k, ldk, cols, scale, s);
+    case 128: return row_scores_lanes<8>(q, k, ldk, cols, scale, s);
+    default: break;
+  }
+#endif
+  row_scores_plain(q, k, ldk, cols, dh, scale, s);
+}
 void row_values(const float* p, const float* v, int64_t ldv, int64_t cols, int64_t dv, float* o) {
+#if defined(__AVX512F__)
+  // o[d] + (p_0 v_0[d] + p_2 v_2[d] + ...) + (p_1 v_1[d] + p_3 v_3[d] + ...):
+  // the even and the odd keys in accumulators of their own, so that two
+  // keys' FMAs are in flight where one chain would wait on each result.
+  for (int64_t d0 = 0; d0 < dv; d0 += 64) {
+    __mmask16 in[4];
+    __m512 even[4], odd[4];
+    for (int i = 0; i < 4; ++i) {
+      in[i] = lanes_of(dv - d0 - 16 * i);
+      even[i] = _mm512_maskz_loadu_ps(in[i], o + d0 + 16 * i), odd[i] = _mm512_setzero_ps();
+    }
+    int64_t j = 0;
+    for (; j + 1 < cols; j += 2) {
+      const __m512 pe = _mm512_set1_ps(p[j]), po = _mm512_set1_ps(p[j + 1]);
+      const float* ve = v + j * ldv + d0;
+      const float* vo = ve + ldv;
+      for (int i = 0; i < 4; ++i) {
+        even[i] = _mm512_fmadd_ps(pe, _mm512_maskz_loadu_ps(in[i], ve + 16 * i), even[i]);
+        odd[i] = _mm512_fmadd_ps(po, _mm512_maskz_loadu_ps(in[i], vo + 16 * i), odd[i]);
+      }
+    }
+    if (j < cols) {
+      const __m512 pe = _mm512_set1_ps(p[j]);
+      for (int i = 0; i < 4; ++i)
+        even[i] = _mm512_fmadd_ps(pe, _mm512_maskz_loadu_ps(in[i], v + j * ldv + d0 + 16 * i), even[i]);
+    }
+    for (int i = 0; i < 4; ++i) _mm512_mask_storeu_ps(o + d0 + 16 * i, in[i], _mm512_add_ps(even[i], odd[i]));
+  }
+#else
   for (int64_t j = 0; j < cols; ++j) {
     const float pj = p[j];
     const float* vj = v + j * ldv;
 #pragma omp simd
     for (int64_t d = 0; d < dv; ++d) o[d] += pj * vj[d];
   }
+#endif
 }
 
 #if defined(__AVX512F__)

@@ -61,6 +61,28 @@ inline __m512 max_lanes(__m512 v) {
 // The first min(16, max(n, 0)) lanes.
 inline __mmask16 lanes_of(int64_t n) { return (__mmask16)((1u << std::clamp<int64_t>(n, 0, 16)) - 1); }
 
+// One vector whose lane i is the sum of r[i]'s 16 lanes: within each
+// 128-bit lane the vectors are paired up and added (unpacks, four vectors
+// to one), then the four 128-bit lanes of each sum are added across
+// (45 shuffles and adds for the 16 sums, where one sum at a time takes 4
+// shuffles and 4 adds in a chain).
+inline __m512 lane_sums16(const __m512* r) {  // (the maskz forms: GCC 12 warns on the plain ones)
+  __m512 q[4];  // q[g], per 128-bit lane L: [lane L's part of r[4g], r[4g + 1], r[4g + 2], r[4g + 3]]
+  for (int g = 0; g < 4; ++g) {
+    const __m512* x = r + 4 * g;
+    const __m512d ab = _mm512_castps_pd(
+        _mm512_add_ps(_mm512_maskz_unpacklo_ps(kAll, x[0], x[1]), _mm512_maskz_unpackhi_ps(kAll, x[0], x[1])));
+    const __m512d cd = _mm512_castps_pd(
+        _mm512_add_ps(_mm512_maskz_unpacklo_ps(kAll, x[2], x[3]), _mm512_maskz_unpackhi_ps(kAll, x[2], x[3])));
+    q[g] = _mm512_add_ps(_mm512_castpd_ps(_mm512_maskz_unpacklo_pd(0xff, ab, cd)),
+                         _mm512_castpd_ps(_mm512_maskz_unpackhi_pd(0xff, ab, cd)));
+  }
+  const auto halves = [](__m512 a, __m512 b) {  // [a0 + a1, a2 + a3, b0 + b1, b2 + b3] of 128-bit lanes
+    return _mm512_add_ps(_mm512_maskz_shuffle_f32x4(kAll, a, b, 0x88), _mm512_maskz_shuffle_f32x4(kAll, a, b, 0xdd));
+  };
+  return halves(halves(q[0], q[1]), halves(q[2], q[3]));
+}
+
 // r[i] <- column i of the 16 x 16 block whose rows were r[0..15].
 inline void transpose16(__m512* r) {  // (the maskz forms: GCC 12 warns on the plain ones)
   __m512 t[16], u[16];
