@@ -235,8 +235,14 @@ TEST_P(DecoderCache, Int8LinearWeightsMoveLogitsByTheirStepsOnly) {
 // float32 products) the logits then move by the rounding of Q, K, V and P:
 // each product's operands together by at most 2^-8 of it, two products an
 // attention, so at most (2 layers x 2) 2^-8 of the largest logit. Below 128
-// tokens the two differ by float32's sums only; at 136 by more (checked: the
-// guard left out of DecoderLM::forward fails the second expectation).
+// tokens both run float32 attention and differ in float32's last bits, but a
+// bf16 Linear after them rounds its input to bfloat16 (AVX512-BF16, AMX), so
+// an input within a float32 ulp of a rounding midpoint moves by a bfloat16
+// ulp there (seen on Zen 4: one position of 100 moved by 0.5% of the largest
+// logit). So below 128 tokens at most a tenth of the positions may move by
+// more than float32's 1e-5 of the largest logit, and at 136 more than half
+// must (measured on Zen 4: 0-2 of 100, and 134-135 of 136; the guard left
+// out of DecoderLM::forward fails the second count).
 TEST_P(DecoderCache, Bf16WeightsTakeBf16AttentionFrom128Tokens) {
   DecoderConfig c = DecoderConfig::from_json(GetParam(), "case");
   c.vocab_size = 31;
@@ -266,14 +272,28 @@ TEST_P(DecoderCache, Bf16WeightsTakeBf16AttentionFrom128Tokens) {
       w = std::max(w, std::fabs(x[i] - y[i])), *largest = std::max(*largest, std::fabs(y[i]));
     return w;
   };
+  // Positions (rows of [1, T, V] logits) where a and b differ by more than tol.
+  auto positions_beyond = [](const Tensor& a, const Tensor& b, float tol) {
+    const std::vector<float> x = a.to_vector(), y = b.to_vector();
+    const size_t V = (size_t)a.size(-1);
+    int64_t n = 0;
+    for (size_t r = 0; r < x.size() / V; ++r) {
+      bool moved = false;
+      for (size_t i = r * V; i < r * V + V; ++i) moved = moved || std::fabs(x[i] - y[i]) > tol;
+      n += moved;
+    }
+    return n;
+  };
   float largest = 0;
   const Tensor short_ids = ids_of(100);
-  EXPECT_LE(worst(model.forward(short_ids), model.forward(short_ids, /*need_weights=*/true), &largest), 1e-5f * largest)
-      << GetParam();
+  const Tensor short_flash = model.forward(short_ids), short_naive = model.forward(short_ids, /*need_weights=*/true);
+  const float short_worst = worst(short_flash, short_naive, &largest);
+  EXPECT_LE(positions_beyond(short_flash, short_naive, 1e-5f * largest), 100 / 10) << GetParam();
+  if (c.mlp != MLPKind::MoE) EXPECT_LE(short_worst, 2 * c.num_layers * std::ldexp(1.0f, -8) * largest) << GetParam();
   const Tensor ids = ids_of(136);
-  const Tensor flash = model.forward(ids);
-  const float moved = worst(flash, model.forward(ids, /*need_weights=*/true), &largest);
-  EXPECT_GT(moved, 1e-5f * largest) << GetParam();
+  const Tensor flash = model.forward(ids), naive = model.forward(ids, /*need_weights=*/true);
+  const float moved = worst(flash, naive, &largest);
+  EXPECT_GT(positions_beyond(flash, naive, 1e-5f * largest), 136 / 2) << GetParam();
   // (Measured: 0.3-0.5 of the bound for the dense configs. A mixture of
   // experts has none, most likely because a token whose router scores change
   // order goes to another expert: 4.8 times the bound here at 136 tokens.)
@@ -281,7 +301,8 @@ TEST_P(DecoderCache, Bf16WeightsTakeBf16AttentionFrom128Tokens) {
     EXPECT_LE(moved, 2 * c.num_layers * std::ldexp(1.0f, -8) * largest) << GetParam();
   }
   std::vector<KVCache> caches = model.make_caches(1, 144);
-  EXPECT_LE(worst(model.forward_cached(ids, caches), flash, &largest), 1e-5f * largest) << GetParam();
+  const float cached = worst(model.forward_cached(ids, caches), flash, &largest);
+  EXPECT_LE(cached, 1e-5f * largest) << GetParam();
 }
 
 INSTANTIATE_TEST_SUITE_P(
