@@ -765,6 +765,15 @@ TEST(BeamSearch, BeamOfOneIsGreedyAndScoresAreConsistent) {
   }
 }
 
+// The tiny translator's first two sources, and their decoding state with three
+// beams each (rows 0-2 and 3-5), room for 10 target positions.
+Batch two_sentences(const TinyTranslator& t) { return collate({{t.data[0].src, {}}, {t.data[1].src, {}}}, {0, 1}); }
+std::unique_ptr<DecodeState> three_beams_each(TranslationTransformer& model, const Batch& b) {
+  std::unique_ptr<DecodeState> state = model.start_decoding(b.src, b.src_lengths, 10);
+  model.expand_beams(*state, 2, 3);
+  return state;
+}
+
 // After a step each row's self-attention cache holds its source row's
 // written positions: moved in place while the rows stay as many (a source
 // that is itself overwritten is saved first, as in a cycle), copied into a new
@@ -774,9 +783,8 @@ TEST(BeamSearch, SelectRowsMovesTheCachesWrittenPositions) {
   TinyTranslator& t = tiny_translator();
   TranslationTransformer& model = *t.model;
   NoGradGuard no_grad;
-  Batch b = collate({{t.data[0].src, {}}, {t.data[1].src, {}}}, {0, 1});
-  std::unique_ptr<DecodeState> base = model.start_decoding(b.src, b.src_lengths, 10);
-  model.expand_beams(*base, 2, 3);
+  const Batch b = two_sentences(t);
+  std::unique_ptr<DecodeState> base = three_beams_each(model, b);
   auto& st = dynamic_cast<TransformerDecodeState&>(*base);
   model.decode_step(Tensor::from_ints({1, 2, 3, 4, 5, 6}, {6, 1}), st);
   model.decode_step(Tensor::from_ints({7, 8, 9, 10, 11, 12}, {6, 1}), st);
@@ -813,9 +821,8 @@ TEST(BeamSearch, BeamsShareTheirSentencesCrossAttentionKeysAndValues) {
   TinyTranslator& t = tiny_translator();
   TranslationTransformer& model = *t.model;
   NoGradGuard no_grad;
-  Batch b = collate({{t.data[0].src, {}}, {t.data[1].src, {}}}, {0, 1});
-  std::unique_ptr<DecodeState> base = model.start_decoding(b.src, b.src_lengths, 10);
-  model.expand_beams(*base, 2, 3);
+  const Batch b = two_sentences(t);
+  std::unique_ptr<DecodeState> base = three_beams_each(model, b);
   auto& st = dynamic_cast<TransformerDecodeState&>(*base);
   EXPECT_EQ(st.self[0].k.size(0), 6);       // one self-attention cache per beam
   EXPECT_EQ(st.cross[0].first.size(0), 2);  // one cross-attention K/V per sentence
@@ -830,9 +837,8 @@ TEST(BeamSearch, BeamsShareTheirSentencesCrossAttentionKeysAndValues) {
 
   // Shared K/V give the logits and attention weights that copied K/V give.
   std::unique_ptr<DecodeState> copied = model.start_decoding(b.src, b.src_lengths, 10);
-  std::unique_ptr<DecodeState> shared = model.start_decoding(b.src, b.src_lengths, 10);
+  std::unique_ptr<DecodeState> shared = three_beams_each(model, b);
   model.Seq2Seq::expand_beams(*copied, 2, 3);  // the default: every row copied
-  model.expand_beams(*shared, 2, 3);
   EXPECT_EQ(dynamic_cast<TransformerDecodeState&>(*copied).cross[0].first.size(0), 6);
   std::vector<std::vector<int64_t>> steps = {{1, 1, 1, 1, 1, 1}, {5, 6, 7, 8, 9, 10}, {11, 12, 13, 14, 15, 16}};
   for (size_t i = 0; i < steps.size(); ++i) {

@@ -205,24 +205,33 @@ inline void transpose_words(const uint32_t* in, uint32_t* out) {
     for (int c = 0; c < 16; ++c) out[c * 16 + r] = in[r * 16 + c];
 }
 
+// 16 bfloat16 values (or 16 floats rounded to them) in the low halves of 16 words.
+__attribute__((target("avx512bf16"))) inline __m512i in_words(__m256i h) {
+  return _mm512_maskz_cvtepu16_epi32(0xffff, h);  // (the maskz forms keep GCC 12 from seeing an undefined source)
+}
+__attribute__((target("avx512bf16"))) inline __m512i in_words(__m512 f) {
+  return in_words((__m256i)_mm512_cvtneps_pbh(f));
+}
+
 // Elements [i0, i0 + 16) of row p of a transposed operand (A^T or B^T: each
-// of its rows holds one k of 16 neighbouring rows of A or B), as bfloat16 in
-// the low halves of 16 words.
+// of its rows holds one k of 16 neighbouring rows of A or B), as in_words.
 __attribute__((target("avx512bf16"))) inline __m512i sixteen(const Operand& x, int64_t p, int64_t i0) {
   const int64_t o = p * x.k_stride + i0;
-  const __m256i h = x.f32 ? (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x.f32 + o))
-                          : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.bf16 + o));
-  return _mm512_maskz_cvtepu16_epi32(0xffff, h);  // (the maskz forms keep GCC 12 from seeing an undefined source)
+  return x.f32 ? in_words(_mm512_loadu_ps(x.f32 + o))
+               : in_words(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.bf16 + o)));
+}
+
+// Two k of 16 rows (words as in_words gives them) as 16 pairs: lo in the low half.
+__attribute__((target("avx512bf16"))) inline __m512i paired(__m512i lo, __m512i hi) {
+  return _mm512_or_si512(lo, _mm512_maskz_slli_epi32(0xffff, hi, 16));
 }
 
 // 16 pairs of k (from k0) of the 16 rows r0.. of a transposed operand, the
 // pair of row r at out[kk * 16 + r]: two of its rows per step, interleaved.
 __attribute__((target("avx512bf16"))) void pairs_of_transposed(const Operand& x, int64_t r0, int64_t k0,
                                                                uint32_t* out) {
-  for (int64_t kk = 0; kk < 16; ++kk) {
-    const __m512i lo = sixteen(x, k0 + 2 * kk, r0), hi = sixteen(x, k0 + 2 * kk + 1, r0);
-    _mm512_storeu_si512(out + kk * 16, _mm512_or_si512(lo, _mm512_maskz_slli_epi32(0xffff, hi, 16)));
-  }
+  for (int64_t kk = 0; kk < 16; ++kk)
+    _mm512_storeu_si512(out + kk * 16, paired(sixteen(x, k0 + 2 * kk, r0), sixteen(x, k0 + 2 * kk + 1, r0)));
 }
 
 // pairs_of_transposed of a float32 operand that also sums its 32 k for each
@@ -232,11 +241,9 @@ __attribute__((target("avx512bf16"))) void pairs_of_transposed_summing(const Ope
   __m512 acc = _mm512_setzero_ps();
   for (int64_t kk = 0; kk < 16; ++kk) {
     const float* at = x.f32 + (k0 + 2 * kk) * x.k_stride + r0;
-    const __m512 lo_f = _mm512_loadu_ps(at), hi_f = _mm512_loadu_ps(at + x.k_stride);
-    acc = _mm512_add_ps(_mm512_add_ps(acc, lo_f), hi_f);
-    const __m512i lo = _mm512_maskz_cvtepu16_epi32(0xffff, (__m256i)_mm512_cvtneps_pbh(lo_f));
-    const __m512i hi = _mm512_maskz_cvtepu16_epi32(0xffff, (__m256i)_mm512_cvtneps_pbh(hi_f));
-    _mm512_storeu_si512(out + kk * 16, _mm512_or_si512(lo, _mm512_maskz_slli_epi32(0xffff, hi, 16)));
+    const __m512 lo = _mm512_loadu_ps(at), hi = _mm512_loadu_ps(at + x.k_stride);
+    acc = _mm512_add_ps(_mm512_add_ps(acc, lo), hi);
+    _mm512_storeu_si512(out + kk * 16, paired(in_words(lo), in_words(hi)));
   }
   _mm512_storeu_ps(sums, acc);
 }
