@@ -353,5 +353,56 @@ TEST(Cpu, AnInferenceRowDoesNotDependOnTheRowsBesideIt) {
   }
 }
 
+// GemmArgs::addend (a residual connection, Linear::forward_add) on every
+// level and every path of gemm: the panels add it as they store a tile (C's
+// rows split between the threads, then its columns; k 300 in three steps, the
+// sums waiting in C; beta 0.5 in a buffer of their own), the inference tiles
+// (8 rows), the GEMV (2 rows) and BLAS (below kPanelWork) after the product.
+// C must hold the bits of the product without it plus the addend, rounded
+// once more, and GELU must be of that sum. Adding the addend before the bias
+// in the panels, or leaving it out of a path, fails it.
+TEST(Cpu, TheAddendIsAddedAfterTheProduct) {
+  omp_set_num_threads(2);
+  Rng rng(17);
+  struct Case {
+    int64_t m, n, k;
+    float beta;
+    bool inference, gelu;
+  };
+  const Case cases[] = {{301, 67, 300, 0.0f, false, false}, {67, 301, 300, 0.5f, false, true},
+                        {130, 200, 100, 0.0f, true, false}, {8, 301, 203, 0.0f, true, false},
+                        {2, 301, 203, 0.0f, false, true},   {8, 16, 16, 0.0f, false, false}};
+  for (CpuIsa isa : kLevels) {
+    if (!isa_supported(isa)) continue;
+    const Kernels& fast = cpu::kernels(isa);
+    for (const Case& c : cases) {
+      const int64_t ldc = c.n + 3, ld_addend = c.n + 5;
+      Tensor a = Tensor::randn({c.m, c.k}, rng), w = Tensor::randn({c.n, c.k}, rng), bias = Tensor::randn({c.n}, rng);
+      Tensor c0 = Tensor::randn({c.m, ldc}, rng), addend = Tensor::randn({c.m, ld_addend}, rng);
+      GemmArgs g;
+      g.trans_b = true, g.m = c.m, g.n = c.n, g.k = c.k, g.beta = c.beta, g.inference = c.inference;
+      g.a = a.data<float>(), g.lda = c.k, g.b = w.data<float>(), g.ldb = c.k, g.bias = bias.data<float>();
+      g.ldc = ldc;
+      Tensor plain = c0.clone(), added = c0.clone(), act = Tensor::empty({c.m, c.n});
+      g.c = plain.data<float>();
+      fast.gemm(g);
+      g.c = added.data<float>(), g.addend = addend.data<float>(), g.ld_addend = ld_addend;
+      if (c.gelu) g.act = UnaryOp::Gelu, g.act_out = act.data<float>(), g.ld_act = c.n;
+      fast.gemm(g);
+      const std::string label = std::string(isa_name(isa)) + " " + std::to_string(c.m) + " x " + std::to_string(c.n) +
+                                " x " + std::to_string(c.k) + (c.inference ? " inference" : "");
+      Tensor expect = plain.clone();
+      for (int64_t i = 0; i < c.m; ++i)
+        for (int64_t j = 0; j < c.n; ++j) expect.data<float>()[i * ldc + j] += addend.data<float>()[i * ld_addend + j];
+      EXPECT_EQ(0, std::memcmp(added.data<float>(), expect.data<float>(), sizeof(float) * c.m * ldc)) << label;
+      if (!c.gelu) continue;
+      Tensor expect_act = Tensor::empty({c.m, c.n});
+      for (int64_t i = 0; i < c.m; ++i)
+        fast.unary_forward(UnaryOp::Gelu, expect.data<float>() + i * ldc, expect_act.data<float>() + i * c.n, c.n);
+      EXPECT_EQ(0, std::memcmp(act.data<float>(), expect_act.data<float>(), sizeof(float) * c.m * c.n)) << label;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace qkv

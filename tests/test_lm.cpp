@@ -289,7 +289,9 @@ TEST_P(DecoderCache, Bf16WeightsTakeBf16AttentionFrom128Tokens) {
   const Tensor short_flash = model.forward(short_ids), short_naive = model.forward(short_ids, /*need_weights=*/true);
   const float short_worst = worst(short_flash, short_naive, &largest);
   EXPECT_LE(positions_beyond(short_flash, short_naive, 1e-5f * largest), 100 / 10) << GetParam();
-  if (c.mlp != MLPKind::MoE) EXPECT_LE(short_worst, 2 * c.num_layers * std::ldexp(1.0f, -8) * largest) << GetParam();
+  if (c.mlp != MLPKind::MoE) {
+    EXPECT_LE(short_worst, 2 * c.num_layers * std::ldexp(1.0f, -8) * largest) << GetParam();
+  }
   const Tensor ids = ids_of(136);
   const Tensor flash = model.forward(ids), naive = model.forward(ids, /*need_weights=*/true);
   const float moved = worst(flash, naive, &largest);

@@ -336,6 +336,66 @@ TEST(Ops, LinearWithActivationMatchesLinearThenActivation) {
   omp_set_num_threads(1);
 }
 
+// linear_add (a block's skip connection, the residual added by the GEMM as
+// it stores y) against add(residual, linear(...)): the same bits forward and
+// in every gradient, for C's rows split between two threads (2-D and 3-D x),
+// a few rows of inference (the decoding tiles), x as its own residual (a
+// Post-Norm block's x + f(x)), and the cases it hands to add: a broadcast
+// residual, autocast, a BF16 weight. Adding the residual before the bias in
+// the panels' epilogue, or dropping its gradient, fails it.
+TEST(Ops, LinearAddIsTheResidualPlusTheLinear) {
+  omp_set_num_threads(2);
+  auto same_bits = [](const Tensor& a, const Tensor& b) {
+    if (!a.defined() || !b.defined() || a.shape() != b.shape()) return false;
+    const Tensor ca = a.contiguous(), cb = b.contiguous();
+    return std::memcmp(ca.data<float>(), cb.data<float>(), sizeof(float) * ca.numel()) == 0;
+  };
+  Rng rng(23);
+  struct Case {
+    std::string name;
+    Shape x, residual;
+    int64_t out;
+  };
+  const Case cases[] = {{"rows", {301, 67}, {301, 130}, 130},
+                        {"batch", {3, 100, 67}, {3, 100, 130}, 130},
+                        {"few rows", {2, 4, 67}, {2, 4, 130}, 130},
+                        {"broadcast", {301, 67}, {130}, 130},
+                        {"own residual", {301, 67}, {}, 67}};
+  for (const Case& c : cases) {
+    Tensor x = Tensor::randn(c.x, rng), w = Tensor::randn({c.out, c.x.back()}, rng, 0.2f),
+           b = Tensor::randn({c.out}, rng);
+    Tensor res = c.residual.empty() ? Tensor() : Tensor::randn(c.residual, rng);
+    Shape y_shape = c.x;
+    y_shape.back() = c.out;
+    Tensor r = Tensor::randn(y_shape, rng);
+    auto run = [&](bool fused) {
+      std::vector<Tensor> in = {x.clone().set_requires_grad(true), w.clone().set_requires_grad(true),
+                                b.clone().set_requires_grad(true)};
+      in.push_back(res.defined() ? res.clone().set_requires_grad(true) : in[0]);
+      Tensor y = fused ? linear_add(in[0], in[1], in[2], in[3]) : add(in[3], linear(in[0], in[1], in[2]));
+      sum(mul(y, r)).backward();
+      return std::vector<Tensor>{y, in[0].grad(), in[1].grad(), in[2].grad(), in[3].grad()};
+    };
+    const std::vector<Tensor> fused = run(true), plain = run(false);
+    for (size_t i = 0; i < fused.size(); ++i) EXPECT_TRUE(same_bits(fused[i], plain[i])) << c.name << " tensor " << i;
+    NoGradGuard no_grad;  // inference: the decoding tiles for a few rows
+    const Tensor own = res.defined() ? res : x;
+    EXPECT_TRUE(same_bits(linear_add(x, w, b, own), add(own, linear(x, w, b)))) << c.name << " without history";
+    {
+      Bf16AutocastGuard mixed;
+      EXPECT_TRUE(same_bits(linear_add(x, w, b, own), add(own, linear(x, w, b)))) << c.name << " under autocast";
+    }
+    Tensor w16 = w.clone();
+    w16.convert_(DType::BF16);
+    EXPECT_TRUE(same_bits(linear_add(x, w16, b, own), add(own, linear(x, w16, b)))) << c.name << " bf16 weight";
+  }
+  Tensor x = Tensor::randn({4, 67}, rng), w = Tensor::randn({130, 67}, rng);
+  EXPECT_NE(testing::error_of([&] { linear_add(x, w, Tensor(), Tensor::randn({4, 7}, rng)); }), "");
+  EXPECT_NE(testing::error_of([&] { linear_add(x, w, Tensor(), Tensor()); }).find("residual is undefined"),
+            std::string::npos);
+  omp_set_num_threads(1);
+}
+
 TEST(Ops, LinearWithBf16WeightIsTheFloat32ProductOfRoundedInputs) {
   // A BF16 weight: x is rounded to bfloat16 and the products summed in
   // float32, so the result is the float32 linear of the rounded x and the

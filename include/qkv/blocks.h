@@ -59,6 +59,9 @@ struct AttentionCall {
   Tensor attn_mask;            // U8 or F32, broadcastable to [B, H, T, S]
   int64_t position_offset = 0; // RoPE position of the first query (and key, for self-attention)
   bool need_weights = false;   // use the naive path and return the weights
+  // Added to the result by the output projection's GEMM (the block's skip
+  // connection, Linear::forward_add): out is then residual + attention.
+  Tensor residual;
 };
 
 // The keys and values of past positions of one self-attention layer, kept
@@ -103,7 +106,9 @@ public:
   // caches[b] (batch 1, each at its own length). The projections run once for
   // all rows; each row's k, v are appended to its cache, and the rows' queries
   // attend to their caches in one call (cached_rows_attention; no dropout).
-  AttentionOutput forward_cached_rows(const Tensor& x, const std::vector<KVCache*>& caches);
+  // residual, where defined, is added to out as AttentionCall::residual is.
+  AttentionOutput forward_cached_rows(const Tensor& x, const std::vector<KVCache*>& caches,
+                                      const Tensor& residual = Tensor());
   KVCache make_cache(int64_t batch, int64_t capacity) const;
 
   const MultiheadAttentionOptions& options() const { return options_; }
@@ -112,6 +117,8 @@ public:
 
 private:
   Tensor heads(const Tensor& x, int64_t count) const;  // [B,T,count*Dh] -> [B,count,T,Dh]
+  // out_proj of the merged heads, plus the residual where it is defined.
+  Tensor project_out(const Tensor& merged, const Tensor& residual) const;
   // The projections of self-attention, [B,T,H*Dh] and [B,T,Hkv*Dh] twice, before the heads are split.
   std::vector<Tensor> project_self(const Tensor& x) const;
   Tensor prepare(const Tensor& heads, const std::shared_ptr<RMSNorm>& norm, int64_t offset) const;
@@ -125,6 +132,9 @@ private:
 class FeedForward : public Module {
 public:
   virtual Tensor forward(const Tensor& x) = 0;
+  // residual + forward(x): the dense MLP and SwiGLU add the residual in
+  // their last product (Linear::forward_add), the others after.
+  virtual Tensor forward_add(const Tensor& x, const Tensor& residual) { return add(residual, forward(x)); }
   // An auxiliary loss of the last forward to add to the training loss
   // (Mixture of Experts' load balancing); undefined for the others.
   virtual Tensor aux_loss() const { return Tensor(); }
@@ -135,6 +145,7 @@ class DenseFeedForward : public FeedForward {
 public:
   DenseFeedForward(MLPOptions options, Rng& rng);
   Tensor forward(const Tensor& x) override { return mlp->forward(x); }
+  Tensor forward_add(const Tensor& x, const Tensor& residual) override { return mlp->forward_add(x, residual); }
   std::shared_ptr<MLP> mlp;
 };
 
@@ -143,6 +154,7 @@ class SwiGLU : public FeedForward {
 public:
   SwiGLU(int64_t d_model, int64_t hidden, Rng& rng);
   Tensor forward(const Tensor& x) override;
+  Tensor forward_add(const Tensor& x, const Tensor& residual) override;
   std::shared_ptr<Linear> w1, w2, w3;
 };
 
@@ -228,7 +240,9 @@ public:
   std::shared_ptr<Dropout> dropout1, dropout2;
 
 private:
-  Tensor run(const Tensor& x, const std::function<Tensor(const Tensor&)>& attend);  // Pre- or Post-Norm wiring
+  // The Pre- or Post-Norm wiring; attend(h, residual) is residual + the
+  // attention of h, or the attention alone for an undefined residual.
+  Tensor run(const Tensor& x, const std::function<Tensor(const Tensor&, const Tensor&)>& attend);
   TransformerLayerOptions options_;
 };
 
@@ -253,7 +267,7 @@ public:
   Tensor last_cross_weights;
 
 private:
-  using Sublayer = std::function<Tensor(const Tensor&)>;
+  using Sublayer = std::function<Tensor(const Tensor& h, const Tensor& residual)>;  // as in the encoder layer's run
   // The Pre-Norm or Post-Norm wiring of the three sublayers, shared by forward and forward_cached.
   Tensor run(const Tensor& x, const Sublayer& self, const Sublayer& cross);
   TransformerLayerOptions options_;

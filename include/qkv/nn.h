@@ -183,6 +183,9 @@ public:
   Tensor forward(const Tensor& x) const;
   // act(x W^T + b), the activation applied by the GEMM (qkv::linear).
   Tensor forward(const Tensor& x, Activation activation) const;
+  // residual + x W^T + b, the residual added by the GEMM where the weight is
+  // float32 (qkv::linear_add), else after the product: a block's skip connection.
+  Tensor forward_add(const Tensor& x, const Tensor& residual) const;
   // The weight converted in place to F32, BF16 or I8 (I8 quantizes it and
   // adds weight_scale; leaving I8 dequantizes it and removes weight_scale).
   void convert_weight(DType dtype);
@@ -245,6 +248,9 @@ class Dropout : public Module {
 public:
   Dropout(float p, uint64_t seed) : p(p), rng(seed) { register_rng("rng", &rng); }
   Tensor forward(const Tensor& x) { return dropout(x, rng, {.p = p, .training = is_training()}); }
+  // forward(x) is x itself (evaluation, or p 0): a residual may then be added
+  // by the product before it (Linear::forward_add).
+  bool passes_through() const { return !is_training() || p == 0.0f; }
   float p;
   Rng rng;
 };
@@ -283,6 +289,8 @@ public:
   MLP(MLPOptions options, Rng& rng);
   // With both weights BF16, the hidden layer is a BF16 tensor (module.cpp).
   Tensor forward(const Tensor& x) const;
+  // residual + forward(x), fc2 adding the residual (Linear::forward_add).
+  Tensor forward_add(const Tensor& x, const Tensor& residual) const;
   std::shared_ptr<Linear> fc1, fc2;
   Activation activation;
 };

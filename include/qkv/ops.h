@@ -63,6 +63,13 @@ Tensor matmul(const Tensor& a, const Tensor& b);
 // a gradient) multiplies x rounded to bfloat16, with float32 sums (AMX tiles
 // or AVX512-BF16 where the CPU has them; `qkv info` says which).
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+// residual + linear(x, weight, bias): a Transformer block's skip connection
+// around its attention or MLP. With a float32 weight (outside autocast) and
+// a float32 residual of the output's shape, the GEMM adds the residual to each
+// block of the output as it stores it, instead of a pass of its own over both:
+// the same bits as add(residual, linear(x, weight, bias)), which is what it
+// computes otherwise (a BF16, F16 or I8 weight, autocast, a broadcast residual).
+Tensor linear_add(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& residual);
 // Mixed precision (per thread, as torch.autocast): while a Bf16AutocastGuard
 // is alive on this thread, linear() with a float32 weight multiplies in
 // bfloat16 (x and W rounded to bfloat16 as the GEMM packs them, float32

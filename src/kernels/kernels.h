@@ -54,6 +54,12 @@ struct GemmArgs {
   // every row count, so that a batch split between processes sums as the
   // whole batch does.
   bool inference = false;
+  // Optional, [m, n] with row stride ld_addend: added to C after alpha, beta
+  // and the bias, before the activation (a residual connection x + f(x),
+  // added as the product is stored instead of in a pass of its own). The
+  // sum is rounded once more, so C holds the bits of adding it afterwards.
+  const float* addend = nullptr;
+  int64_t ld_addend = 0;
 };
 
 // The bfloat16 GEMM: C[M,N] = alpha * A B^T + beta * C + bias, A [M,K] and

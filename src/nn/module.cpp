@@ -310,6 +310,11 @@ Tensor Linear::forward(const Tensor& x, Activation activation) const {
   return linear(x, weight, bias, activation);
 }
 
+Tensor Linear::forward_add(const Tensor& x, const Tensor& residual) const {
+  if (weight.dtype() == DType::F32) return linear_add(x, weight, bias, residual);
+  return add(residual, forward(x));
+}
+
 void Linear::pack_weight() {
   if (held_packed_only()) return;  // packed already, the values gone
   weight_packed = Tensor();
@@ -469,6 +474,12 @@ Tensor MLP::forward(const Tensor& x) const {
   if (fc1->weight.dtype() == DType::BF16 && fc2->weight.dtype() == DType::BF16 && x.dtype() == DType::F32)
     return fc2->forward(linear_bf16(x, fc1->weight, fc1->weight_packed, fc1->bias, &activation, DType::BF16));
   return fc2->forward(fc1->forward(x, activation));
+}
+
+Tensor MLP::forward_add(const Tensor& x, const Tensor& residual) const {
+  if (fc1->weight.dtype() == DType::BF16 && fc2->weight.dtype() == DType::BF16 && x.dtype() == DType::F32)
+    return add(residual, forward(x));
+  return fc2->forward_add(fc1->forward(x, activation), residual);
 }
 
 }  // namespace qkv

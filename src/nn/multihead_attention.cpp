@@ -121,8 +121,12 @@ AttentionOutput MultiheadAttention::attend(const Tensor& q, const Tensor& k, con
     ctx = unfold(scaled_dot_product_attention(qb, k, v, o));
   }
   Tensor merged = ctx.permute({0, 2, 1, 3}).reshape({ctx.size(0), ctx.size(2), options_.nhead * head_dim_});
-  result.out = out_proj->forward(merged);
+  result.out = project_out(merged, call.residual);
   return result;
+}
+
+Tensor MultiheadAttention::project_out(const Tensor& merged, const Tensor& residual) const {
+  return residual.defined() ? out_proj->forward_add(merged, residual) : out_proj->forward(merged);
 }
 
 AttentionOutput MultiheadAttention::forward(const Tensor& x, const AttentionCall& call) {
@@ -131,7 +135,9 @@ AttentionOutput MultiheadAttention::forward(const Tensor& x, const AttentionCall
             options_.d_model, "], got ", shape_str(x.shape()));
   if (qkv_proj && !q_norm && !options_.rotary && !call.need_weights) {  // nothing to do per head in between
     Tensor packed = qkv_proj->forward(x);
-    return {out_proj->forward(packed_self_attention(packed, options_.nhead, kv_heads_, attention_options(call))), {}};
+    return {
+        project_out(packed_self_attention(packed, options_.nhead, kv_heads_, attention_options(call)), call.residual),
+        {}};
   }
   std::vector<Tensor> qkv = project_self(x);
   Tensor q = prepare(heads(qkv[0], options_.nhead), q_norm, call.position_offset);
@@ -170,7 +176,8 @@ AttentionOutput MultiheadAttention::forward_cached(const Tensor& x, KVCache& cac
   return attend(q, cache.k.slice(2, 0, cache.length), cache.v.slice(2, 0, cache.length), c);
 }
 
-AttentionOutput MultiheadAttention::forward_cached_rows(const Tensor& x, const std::vector<KVCache*>& caches) {
+AttentionOutput MultiheadAttention::forward_cached_rows(const Tensor& x, const std::vector<KVCache*>& caches,
+                                                        const Tensor& residual) {
   QKV_CHECK(!options_.cross_attention, "MultiheadAttention: forward_cached_rows is for self-attention");
   const int64_t B = x.dim() == 3 ? x.size(0) : 0;
   QKV_CHECK(x.dim() == 3 && x.size(1) == 1 && x.size(-1) == options_.d_model && (size_t)B == caches.size(),
@@ -196,7 +203,7 @@ AttentionOutput MultiheadAttention::forward_cached_rows(const Tensor& x, const s
   }
   Tensor ctx = cached_rows_attention(concat(qs, 0), keys, values);  // [B, H, 1, Dh]
   Tensor merged = ctx.permute({0, 2, 1, 3}).reshape({B, 1, options_.nhead * head_dim_});
-  return {out_proj->forward(merged), {}};
+  return {project_out(merged, residual), {}};
 }
 
 AttentionOutput MultiheadAttention::forward(const Tensor& x, const Tensor& memory, const AttentionCall& call) {

@@ -27,6 +27,10 @@ SwiGLU::SwiGLU(int64_t d_model, int64_t hidden, Rng& rng) {
 
 Tensor SwiGLU::forward(const Tensor& x) { return w3->forward(mul(silu(w1->forward(x)), w2->forward(x))); }
 
+Tensor SwiGLU::forward_add(const Tensor& x, const Tensor& residual) {
+  return w3->forward_add(mul(silu(w1->forward(x)), w2->forward(x)), residual);
+}
+
 Norm::Norm(NormKind kind, int64_t dim, float eps) : kind(kind), eps(eps) {
   weight = register_parameter("weight", Tensor::ones({dim}));
   if (kind == NormKind::LayerNorm) bias = register_parameter("bias", Tensor::zeros({dim}));
@@ -40,6 +44,28 @@ std::shared_ptr<FeedForward> make_feed_forward(const TransformerLayerOptions& o,
   if (o.mlp == MLPKind::SwiGLU) return std::make_shared<SwiGLU>(o.d_model, o.dim_feedforward, rng);
   if (o.mlp == MLPKind::MoE) return std::make_shared<MixtureOfExperts>(o.d_model, o.dim_feedforward, o.moe, rng);
   return std::make_shared<DenseFeedForward>(MLPOptions{o.d_model, o.dim_feedforward, o.d_model, o.activation}, rng);
+}
+
+// x + dropout(f(x's sublayer input)), where f(residual) is residual + the
+// sublayer's output (or the output alone for an undefined residual): while
+// the dropout passes its input through (evaluation, or p 0), the sublayer's
+// last product adds x as it stores its output, else the dropout comes
+// between and x is added after it.
+static Tensor skip(const Tensor& x, Dropout& dropout, const std::function<Tensor(const Tensor&)>& f) {
+  if (dropout.passes_through()) return f(x);
+  return add(x, dropout.forward(f(Tensor())));
+}
+
+// The feed-forward sublayer's f for skip().
+static std::function<Tensor(const Tensor&)> feed_forward(FeedForward& mlp, const Tensor& h) {
+  return
+      [&mlp, h](const Tensor& residual) { return residual.defined() ? mlp.forward_add(h, residual) : mlp.forward(h); };
+}
+
+// An attention sublayer's f for skip().
+static std::function<Tensor(const Tensor&)> attention(const std::function<Tensor(const Tensor&, const Tensor&)>& attend,
+                                                      const Tensor& h) {
+  return [&attend, h](const Tensor& residual) { return attend(h, residual); };
 }
 
 static MultiheadAttentionOptions attention_options(const TransformerLayerOptions& o, bool cross) {
@@ -60,30 +86,42 @@ TransformerEncoderLayer::TransformerEncoderLayer(TransformerLayerOptions o, Rng&
   dropout2 = register_module("dropout2", std::make_shared<Dropout>(o.dropout, rng.next_bits()));
 }
 
+// The call with its residual.
+static AttentionCall adding(const AttentionCall& call, const Tensor& residual) {
+  AttentionCall c = call;
+  c.residual = residual;
+  return c;
+}
+
 Tensor TransformerEncoderLayer::forward(const Tensor& x, const AttentionCall& call) {
-  return run(x, [&](const Tensor& h) {
-    AttentionOutput a = self_attn->forward(h, call);
+  return run(x, [&](const Tensor& h, const Tensor& residual) {
+    AttentionOutput a = self_attn->forward(h, adding(call, residual));
     last_self_weights = a.weights;
     return a.out;
   });
 }
 
 Tensor TransformerEncoderLayer::forward_cached(const Tensor& x, KVCache& cache) {
-  return run(x, [&](const Tensor& h) { return self_attn->forward_cached(h, cache).out; });
+  return run(x, [&](const Tensor& h, const Tensor& residual) {
+    return self_attn->forward_cached(h, cache, adding({}, residual)).out;
+  });
 }
 
 Tensor TransformerEncoderLayer::forward_cached_rows(const Tensor& x, const std::vector<KVCache*>& caches) {
-  return run(x, [&](const Tensor& h) { return self_attn->forward_cached_rows(h, caches).out; });
+  return run(x, [&](const Tensor& h, const Tensor& residual) {
+    return self_attn->forward_cached_rows(h, caches, residual).out;
+  });
 }
 
-Tensor TransformerEncoderLayer::run(const Tensor& x_in, const std::function<Tensor(const Tensor&)>& attend) {
+Tensor TransformerEncoderLayer::run(const Tensor& x_in,
+                                    const std::function<Tensor(const Tensor&, const Tensor&)>& attend) {
   Tensor x = x_in;
   if (options_.norm_first) {
-    x = add(x, dropout1->forward(attend(norm1->forward(x))));
-    return add(x, dropout2->forward(mlp->forward(norm2->forward(x))));
+    x = skip(x, *dropout1, attention(attend, norm1->forward(x)));
+    return skip(x, *dropout2, feed_forward(*mlp, norm2->forward(x)));
   }
-  x = norm1->forward(add(x, dropout1->forward(attend(x))));
-  return norm2->forward(add(x, dropout2->forward(mlp->forward(x))));
+  x = norm1->forward(skip(x, *dropout1, attention(attend, x)));
+  return norm2->forward(skip(x, *dropout2, feed_forward(*mlp, x)));
 }
 
 TransformerDecoderLayer::TransformerDecoderLayer(TransformerLayerOptions o, Rng& rng) : options_(o) {
@@ -102,26 +140,26 @@ TransformerDecoderLayer::TransformerDecoderLayer(TransformerLayerOptions o, Rng&
 Tensor TransformerDecoderLayer::run(const Tensor& x_in, const Sublayer& self, const Sublayer& cross) {
   Tensor x = x_in;
   if (options_.norm_first) {
-    x = add(x, dropout1->forward(self(norm1->forward(x))));
-    x = add(x, dropout2->forward(cross(norm2->forward(x))));
-    return add(x, dropout3->forward(mlp->forward(norm3->forward(x))));
+    x = skip(x, *dropout1, attention(self, norm1->forward(x)));
+    x = skip(x, *dropout2, attention(cross, norm2->forward(x)));
+    return skip(x, *dropout3, feed_forward(*mlp, norm3->forward(x)));
   }
-  x = norm1->forward(add(x, dropout1->forward(self(x))));
-  x = norm2->forward(add(x, dropout2->forward(cross(x))));
-  return norm3->forward(add(x, dropout3->forward(mlp->forward(x))));
+  x = norm1->forward(skip(x, *dropout1, attention(self, x)));
+  x = norm2->forward(skip(x, *dropout2, attention(cross, x)));
+  return norm3->forward(skip(x, *dropout3, feed_forward(*mlp, x)));
 }
 
 Tensor TransformerDecoderLayer::forward(const Tensor& x, const Tensor& memory, const AttentionCall& self_call,
                                         const AttentionCall& cross_call) {
   return run(
       x,
-      [&](const Tensor& h) {
-        AttentionOutput o = self_attn->forward(h, self_call);
+      [&](const Tensor& h, const Tensor& residual) {
+        AttentionOutput o = self_attn->forward(h, adding(self_call, residual));
         last_self_weights = o.weights;
         return o.out;
       },
-      [&](const Tensor& h) {
-        AttentionOutput o = cross_attn->forward(h, memory, cross_call);
+      [&](const Tensor& h, const Tensor& residual) {
+        AttentionOutput o = cross_attn->forward(h, memory, adding(cross_call, residual));
         last_cross_weights = o.weights;
         return o.out;
       });
@@ -130,10 +168,13 @@ Tensor TransformerDecoderLayer::forward(const Tensor& x, const Tensor& memory, c
 Tensor TransformerDecoderLayer::forward_cached(const Tensor& x, KVCache& self_cache, const Tensor& cross_k,
                                                const Tensor& cross_v, const AttentionCall& cross_call) {
   return run(
-      x, [&](const Tensor& h) { return self_attn->forward_cached(h, self_cache).out; },
-      [&](const Tensor& h) {
+      x,
+      [&](const Tensor& h, const Tensor& residual) {
+        return self_attn->forward_cached(h, self_cache, adding({}, residual)).out;
+      },
+      [&](const Tensor& h, const Tensor& residual) {
         AttentionOutput o = cross_attn->attend(cross_attn->project_q(h, self_cache.length - h.size(1)), cross_k,
-                                               cross_v, cross_call);
+                                               cross_v, adding(cross_call, residual));
         last_cross_weights = o.weights;
         return o.out;
       });

@@ -236,8 +236,12 @@ void check_input_dtype(const Tensor& x, const Tensor& weight) {
 // y = act(x W^T + b), or x W^T + b when act is null. With an activation and
 // history to record, the product before it (pre) is kept for the backward:
 // dpre = dy * act'(pre), then the linear's backward with dpre. Under
-// Bf16AutocastGuard the three products take bfloat16 operands.
-Tensor linear_impl(const Tensor& x, const Tensor& weight, const Tensor& bias, const UnaryOp* act) {
+// Bf16AutocastGuard the three products take bfloat16 operands. With a
+// residual (linear_add: a float32 weight, no activation, no autocast, the
+// residual float32 of y's shape) y = residual + x W^T + b, the residual
+// added as the GEMM stores each block of y; its gradient is dy.
+Tensor linear_impl(const Tensor& x, const Tensor& weight, const Tensor& bias, const UnaryOp* act,
+                   const Tensor& residual = Tensor()) {
   check_input_dtype(x, weight);
   QKV_CHECK(weight.defined(), "linear: weight is undefined");
   QKV_CHECK(weight.dtype() != DType::I8, "linear: an I8 weight needs its scales (linear_int8)");
@@ -265,6 +269,8 @@ Tensor linear_impl(const Tensor& x, const Tensor& weight, const Tensor& bias, co
   g.c = pre.defined() ? pre.data<float>() : y.data<float>(), g.ldc = std::max<int64_t>(out_features, 1);
   g.bias = b.defined() ? b.data<float>() : nullptr;
   g.inference = !any_requires_grad({x, weight, bias});
+  Tensor r = contiguous_values(residual);
+  if (r.defined()) g.addend = r.data<float>(), g.ld_addend = g.ldc;
   // The activation as each block of the product is stored; in bfloat16
   // without history (activation in place) after the whole product instead:
   // fused there, a bf16 ViT's inference ran 5% slower (Intel Xeon, model
@@ -274,7 +280,10 @@ Tensor linear_impl(const Tensor& x, const Tensor& weight, const Tensor& bias, co
   if (rows > 0 && out_features > 0) gemm_in(bf16, g);
   if (act_after) QKV_KERNEL(unary_forward)(*act, g.c, y.data<float>(), y.numel());
   const UnaryOp op = act ? *act : UnaryOp::Relu;
-  record_op(y, act ? "linear_activation" : "linear", {x, weight, bias},
+  std::vector<Tensor> inputs{x, weight, bias};
+  if (residual.defined()) inputs.push_back(residual);
+  const char* name = act ? "linear_activation" : residual.defined() ? "linear_add" : "linear";
+  record_op(y, name, inputs,
             [x2, w, pre, op, bf16, in, out_features, rows, x_shape = x.shape()](const BackwardArgs& a) -> std::vector<Tensor> {
     Tensor dy = a.grad_out.contiguous();
     if (pre.defined()) {  // through the activation first
@@ -305,6 +314,7 @@ Tensor linear_impl(const Tensor& x, const Tensor& weight, const Tensor& bias, co
         gemm_in(bf16, g, db_summed ? db.data<float>() : nullptr);
     }
     if (needs_db && !db_summed) QKV_KERNEL(sum_middle)(dy.data<float>(), db.data<float>(), 1, rows, out_features);
+    if (a.needs_grad.size() > 3) return {dx, dw, db, a.needs_grad[3] ? a.grad_out : Tensor()};  // the residual's
     return {dx, dw, db};
   });
   return y;
@@ -334,6 +344,18 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation activation) {
   const UnaryOp op = unary_op(activation);
   return linear_impl(x, weight, bias, &op);
+}
+
+Tensor linear_add(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& residual) {
+  QKV_CHECK(residual.defined(), "linear_add: the residual is undefined");
+  const bool fused = weight.defined() && weight.dtype() == DType::F32 && weight.dim() == 2 && !t_bf16_autocast &&
+                     x.defined() && x.dim() >= 1 && residual.dtype() == DType::F32 && [&] {
+                       Shape y = x.shape();
+                       y.back() = weight.size(0);
+                       return residual.shape() == y;
+                     }();
+  if (!fused) return add(residual, linear(x, weight, bias));  // broadcasts, converts or reports
+  return linear_impl(x, weight, bias, nullptr, residual);
 }
 
 Tensor pack_bf16_weight(const Tensor& weight) {

@@ -80,6 +80,16 @@ void add_bias_rows(const GemmArgs& g) {
   }
 }
 
+// then the addend (a residual connection; the panels add it as they store),
+void add_addend_rows(const GemmArgs& g) {
+  for (int64_t i = 0; i < g.m; ++i) {
+    float* c = g.c + i * g.ldc;
+    const float* r = g.addend + i * g.ld_addend;
+#pragma omp simd
+    for (int64_t j = 0; j < g.n; ++j) c[j] += r[j];
+  }
+}
+
 // and then the activation, over all of it at once when C and act_out are
 // dense (unary_forward stays on this thread inside the split's parallel region).
 void activate_rows(const GemmArgs& g) {
@@ -99,6 +109,7 @@ void blas(const GemmArgs& g) {
                 (blasint)g.m, (blasint)g.n, (blasint)g.k, g.alpha, g.a, (blasint)g.lda, g.b, (blasint)g.ldb,
                 bias_first ? 1.0f : g.beta, g.c, (blasint)g.ldc);
   if (g.bias && !bias_first) add_bias_rows(g);
+  if (g.addend) add_addend_rows(g);
   if (g.act_out) activate_rows(g);
 }
 
@@ -119,11 +130,13 @@ void gemm(const GemmArgs& g) {
 #ifdef QKV_HAVE_GEMV
   if (g.inference && !g.trans_a && g.trans_b && g.m <= kMaxTiledRows && g.k >= 16) {
     gemm_tiled(g);  // bias included
+    if (g.addend) add_addend_rows(g);
     if (g.act_out) activate_rows(g);
     return;
   }
   if (!g.trans_a && g.trans_b && g.m <= kMaxGemvRows && g.k >= 16) {
     gemv(g);  // bias included
+    if (g.addend) add_addend_rows(g);
     if (g.act_out) activate_rows(g);
     return;
   }
@@ -148,12 +161,14 @@ void gemm(const GemmArgs& g) {
         p.a = g.trans_a ? g.a + i0 : g.a + i0 * g.lda;  // A is stored [k, m] when transposed
         p.c = g.c + i0 * g.ldc;
         if (g.act_out) p.act_out = g.act_out + i0 * g.ld_act;
+        if (g.addend) p.addend = g.addend + i0 * g.ld_addend;
       } else {
         p.n = i1 - i0;
         p.b = g.trans_b ? g.b + i0 * g.ldb : g.b + i0;  // B is stored [n, k] when transposed
         p.c = g.c + i0;
         if (g.bias) p.bias = g.bias + i0;
         if (g.act_out) p.act_out = g.act_out + i0;
+        if (g.addend) p.addend = g.addend + i0;
       }
       if (i1 > i0) one_thread(p);
     }

@@ -18,8 +18,8 @@
 //     L2), and a block of A's rows sweeps one panel before the next panel.
 //
 // Between steps a tile's sums wait in C (or in a buffer, when beta needs C's
-// old values); after the last step alpha, beta, the bias and the activation
-// are applied as the tile is stored, while it is still in L1 (no pass of its
+// old values); after the last step alpha, beta, the bias, the addend (a
+// residual connection) and the activation are applied as the tile is stored, while it is still in L1 (no pass of its
 // own over C, no clearing of C first). Every output is one chain of FMAs over
 // p = 0, 1, ..., k-1 in a lane of its own, so its bits depend neither on the
 // rows or columns beside it nor on how gemm splits C between the threads.
@@ -190,6 +190,7 @@ template <int R, int V, bool Packed>
     check_rows(Access::Write, g.c + i0 * g.ldc + j0, R, cols, g.ldc);
     if (g.act_out) check_rows(Access::Write, g.act_out + i0 * g.ld_act + j0, R, cols, g.ld_act);
     if (g.bias) check_rows(Access::Read, g.bias + j0, 1, cols, 0);
+    if (g.addend) check_rows(Access::Read, g.addend + i0 * g.ld_addend + j0, R, cols, g.ld_addend);
   }
   Vec acc[R][V];
 #pragma GCC unroll 8
@@ -203,6 +204,14 @@ template <int R, int V, bool Packed>
       for (int v = 0; v < V; ++v)
         acc[r][v] =
             vload_first(s.sums + (i0 + r) * s.ld_sums + j0 + v * kLanes, std::min<int64_t>(kLanes, cols - v * kLanes));
+  // The addend's part of this tile, asked for now so that it is in L1 when
+  // the epilogue reads it after the last step.
+  if (s.last && g.addend)
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+      for (int v = 0; v < V; ++v)
+        _mm_prefetch(reinterpret_cast<const char*>(g.addend + (i0 + r) * g.ld_addend + j0 + v * kLanes), _MM_HINT_T0);
   // A's R values of step p: side by side in a packed tile, one per row of A
   // otherwise.
   const float* a = rows.a;
@@ -240,12 +249,14 @@ template <int R, int V, bool Packed>
   for (int r = 0; r < R; ++r) {
     float* c = g.c + (i0 + r) * g.ldc + j0;
     float* act = g.act_out ? g.act_out + (i0 + r) * g.ld_act + j0 : nullptr;
+    const float* addend = g.addend ? g.addend + (i0 + r) * g.ld_addend + j0 : nullptr;
 #pragma GCC unroll 4
     for (int v = 0; v < V; ++v) {
       const int64_t n = std::min<int64_t>(kLanes, cols - v * kLanes);
       Vec y = vmul(acc[r][v], alpha);
       if (g.beta != 0.0f) y = vfma(beta, vload_first(c + v * kLanes, n), y);  // beta 0 ignores C, NaN included
       if (g.bias) y = vadd(y, vload_first(g.bias + j0 + v * kLanes, n));
+      if (addend) y = vadd(y, vload_first(addend + v * kLanes, n));
       vstore_first(c + v * kLanes, y, n);
       if (gelu) vstore_first(act + v * kLanes, gelu_exact(y), n);
     }

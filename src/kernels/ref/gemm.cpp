@@ -19,6 +19,7 @@ void gemm(const GemmArgs& g) {
       }
       float& c = g.c[i * g.ldc + j];
       c = (float)(g.alpha * acc + (g.beta == 0.0f ? 0.0 : (double)g.beta * c) + (g.bias ? g.bias[j] : 0.0f));
+      if (g.addend) c += g.addend[i * g.ld_addend + j];
       if (g.act_out) unary_forward(g.act, &c, g.act_out + i * g.ld_act + j, 1);
     }
   }
