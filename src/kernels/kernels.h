@@ -316,7 +316,7 @@ struct SgdStep {
   /* mask[i] = 0 where uniform number first + i of rng is below p, else 1 / (1 - p) */                           \
   void dropout_mask(const Rng& rng, uint64_t first, float p, float* mask, int64_t n);                            \
   /* Writes out and lse (log-sum-exp of each query row's scaled scores; -inf for a row that sees no key, */      \
-  /* whose output is 0) */                                                                                       \
+  /* whose output is 0); lse may be null where nothing will differentiate out (no logarithms then) */            \
   void flash_attention_forward(const FlashShape& f, const float* q, const float* k, const float* v, float* out,  \
                                float* lse);                                                                      \
   /* Writes every element of dq, dk and dv (the caller need not clear them) */                                  \

@@ -100,9 +100,9 @@ Tensor flash_attention(const Tensor& q, const Tensor& k, const Tensor& v, const 
   if (k_layout) f.k = *k_layout;
   if (v_layout) f.v = *v_layout;
   Tensor out = Tensor::empty({d.batch, d.heads, d.t, d.dv});
-  Tensor lse = Tensor::empty({d.batch, d.heads, d.t});
+  Tensor lse = inference ? Tensor() : Tensor::empty({d.batch, d.heads, d.t});  // for the backward only
   QKV_KERNEL(flash_attention_forward)(f, qc.data<float>(), kc.data<float>(), vc.data<float>(),
-                                         out.data<float>(), lse.data<float>());
+                                         out.data<float>(), inference ? nullptr : lse.data<float>());
   record_op(out, "flash_attention", {q, k, v}, [qc, kc, vc, lse, lengths, f](const BackwardArgs& a) -> std::vector<Tensor> {
     Tensor dout = a.grad_out.contiguous();
     Tensor dq = Tensor::empty(qc.shape()), dk = Tensor::empty(kc.shape()), dv = Tensor::empty(vc.shape());
@@ -197,8 +197,7 @@ Tensor cached_rows_attention(const Tensor& q, const std::vector<Tensor>& keys, c
   f.scale = scale_of(o, d), f.key_lengths = lengths.data();
   f.k = *k_layout, f.v = *v_layout, f.k_batches = k_batches.data(), f.v_batches = v_batches.data();
   Tensor out = Tensor::empty({d.batch, d.heads, 1, d.dv});
-  Tensor lse = Tensor::empty({d.batch, d.heads, 1});
-  QKV_KERNEL(flash_attention_forward)(f, qc.data<float>(), nullptr, nullptr, out.data<float>(), lse.data<float>());
+  QKV_KERNEL(flash_attention_forward)(f, qc.data<float>(), nullptr, nullptr, out.data<float>(), nullptr);
   return out;
 }
 
@@ -234,10 +233,11 @@ Tensor packed_self_attention(const Tensor& qkv, int64_t heads, int64_t kv_heads,
   f.k = f.v = f.q;
   f.o = {T * heads * Dh, Dh, heads * Dh};
   Tensor out = Tensor::empty({B, T, heads * Dh});
-  Tensor lse = Tensor::empty({B, heads, T});
+  const bool inference = !any_requires_grad({qkv});
+  Tensor lse = inference ? Tensor() : Tensor::empty({B, heads, T});  // for the backward only
   const float* base = packed.data<float>();
   QKV_KERNEL(flash_attention_forward)(f, base, base + heads * Dh, base + (heads + kv_heads) * Dh,
-                                         out.data<float>(), lse.data<float>());
+                                         out.data<float>(), inference ? nullptr : lse.data<float>());
   record_op(out, "packed_self_attention", {qkv}, [packed, lse, lengths, f, heads, kv_heads, Dh](const BackwardArgs& a) {
     Tensor dout = a.grad_out.contiguous();
     Tensor dqkv = Tensor::empty(packed.shape());  // the kernel writes all of q, k and v

@@ -542,13 +542,23 @@ inline __m512 exp_lanes(const float* s, int64_t j, int64_t vis, __m512 m, __m512
   return p;
 }
 
+// The row's running sum before this tile's terms: nothing on the first key
+// tile (l16 is then written, not read: it starts as whatever memory held),
+// else l16 rescaled by alpha.
+inline __m512 running_sum(const float* l16, float alpha, bool first) {
+  return first ? _mm512_setzero_ps() : _mm512_mul_ps(_mm512_loadu_ps(l16), _mm512_set1_ps(alpha));
+}
+
 // The step with float32 products (and Rounded ones, which round P after):
 // p written over s[0, cols). Returns alpha; 1 for a row that sees no key of
 // the tile (its p all zero).
-inline float softmax_row_in_place(float* s, int64_t vis, int64_t cols, float& m, float* l16) {
-  if (vis == 0) return std::fill(s, s + cols, 0.0f), 1.0f;
+inline float softmax_row_in_place(float* s, int64_t vis, int64_t cols, float& m, float* l16, bool first) {
+  if (vis == 0) {
+    if (first) _mm512_storeu_ps(l16, _mm512_setzero_ps());
+    return std::fill(s, s + cols, 0.0f), 1.0f;
+  }
   const float alpha = move_row_max(s, vis, m);
-  __m512 sum = _mm512_mul_ps(_mm512_loadu_ps(l16), _mm512_set1_ps(alpha));
+  __m512 sum = running_sum(l16, alpha, first);
   const __m512 shift = _mm512_set1_ps(m);
   for (int64_t j = 0; j < cols; j += 16)
     _mm512_mask_storeu_ps(s + j, visible_lanes(j, cols), exp_lanes(s, j, vis, shift, sum));
@@ -561,13 +571,14 @@ inline float softmax_row_in_place(float* s, int64_t vis, int64_t cols, float& m,
 // chunk of k side by side, chunks 256 words apart, zero to the end of the
 // last chunk), instead of written as float32 and read back by pack_a.
 __attribute__((target("avx512bf16"))) float softmax_row_into_packed(const float* s, int64_t vis, int64_t chunks,
-                                                                    float& m, float* l16, uint32_t* p_row) {
+                                                                    float& m, float* l16, bool first, uint32_t* p_row) {
   if (vis == 0) {
+    if (first) _mm512_storeu_ps(l16, _mm512_setzero_ps());
     for (int64_t c = 0; c < chunks; ++c) _mm512_storeu_si512(p_row + c * 256, _mm512_setzero_si512());
     return 1.0f;
   }
   const float alpha = move_row_max(s, vis, m);
-  __m512 sum = _mm512_mul_ps(_mm512_loadu_ps(l16), _mm512_set1_ps(alpha));
+  __m512 sum = running_sum(l16, alpha, first);
   const __m512 shift = _mm512_set1_ps(m);
   for (int64_t c = 0; c < chunks; ++c) {
     const __m512 lo = exp_lanes(s, c * 32, vis, shift, sum), hi = exp_lanes(s, c * 32 + 16, vis, shift, sum);
@@ -658,13 +669,15 @@ void forward_tiles(const FlashShape& f, const float* q, const float* k, const fl
       const float* V = kv_rows(v, f.v_batches, L.v, b, h / G);
       const int64_t tile_hi = visible_keys(f, b, q0 + rows - 1);  // rows see more keys further down
       std::fill(m, m + rows, -INFINITY);
-      std::fill(l, l + rows, 0.0f);
-      if (kLaneSums) std::fill(l16, l16 + rows * 16, 0.0f);
+      if (!kLaneSums) std::fill(l, l + rows, 0.0f);
       // The first key tile's p V overwrites O (beta 0, and no rescaling:
       // every row's alpha there is e^{-inf} = 0, or 1 for a row that sees
-      // none of its keys, whose p are zeros); O starts as zeros only for
-      // rows that see no key at all.
-      if (tile_hi == 0) std::fill(O, O + rows * f.dv, 0.0f);
+      // none of its keys, whose p are zeros), and its softmax writes l16; O
+      // and l16 start as zeros only for rows that see no key at all.
+      if (tile_hi == 0) {
+        std::fill(O, O + rows * f.dv, 0.0f);
+        if (kLaneSums) std::fill(l16, l16 + rows * 16, 0.0f);
+      }
       const int64_t bh_kv = b * f.kv_heads + h / G;
       if (packed) pack_a({Qp.words, rows, f.dh}, Q, L.q.row, false);
       for (int64_t k0 = 0; k0 < tile_hi; k0 += Bc) {
@@ -686,7 +699,7 @@ void forward_tiles(const FlashShape& f, const float* q, const float* k, const fl
           const int64_t chunks = bf16_chunks(cols);
           for (int64_t r = 0; r < rows; ++r) {
             const int64_t vis = std::clamp<int64_t>(visible_keys(f, b, q0 + r) - k0, 0, cols);
-            const float alpha = softmax_row_into_packed(S + r * Bc, vis, chunks, m[r], l16 + r * 16,
+            const float alpha = softmax_row_into_packed(S + r * Bc, vis, chunks, m[r], l16 + r * 16, first,
                                                         P.words + r / 16 * P.stride() + r % 16 * 16);
             if (alpha == 1.0f || first) continue;
             float* o = O + r * f.dv;
@@ -704,7 +717,7 @@ void forward_tiles(const FlashShape& f, const float* q, const float* k, const fl
           float* s = S + r * Bc;
           const int64_t vis = std::clamp<int64_t>(visible_keys(f, b, q0 + r) - k0, 0, cols);
 #if defined(__AVX512F__)
-          const float alpha = softmax_row_in_place(s, vis, cols, m[r], l16 + r * 16);
+          const float alpha = softmax_row_in_place(s, vis, cols, m[r], l16 + r * 16, first);
           if (alpha == 1.0f || first) continue;
 #else
           const float mx = max_of(s, vis);
@@ -742,13 +755,22 @@ void forward_tiles(const FlashShape& f, const float* q, const float* k, const fl
         }
       }
 #if defined(__AVX512F__)
-      for (int64_t r = 0; r < rows; ++r) l[r] = hsum(_mm512_loadu_ps(l16 + r * 16));
+      // Each row's 16 partial sums summed across lanes, 16 rows together (a
+      // row's sum in the same order whatever the rows beside it).
+      static_assert(Br % 16 == 0, "l holds whole groups of 16 rows");
+      for (int64_t r0 = 0; r0 < rows; r0 += 16) {
+        __m512 partial[16];
+#pragma GCC unroll 16
+        for (int64_t i = 0; i < 16; ++i)
+          partial[i] = r0 + i < rows ? _mm512_loadu_ps(l16 + (r0 + i) * 16) : _mm512_setzero_ps();
+        _mm512_storeu_ps(l + r0, lane_sums16(partial));
+      }
 #endif
       for (int64_t r = 0; r < rows; ++r) {
         float* dst = out + at(L.o, b, h) + (q0 + r) * L.o.row;
         const float inv = l[r] > 0 ? 1.0f / l[r] : 0.0f;
         for (int64_t d = 0; d < f.dv; ++d) dst[d] = O[r * f.dv + d] * inv;
-        lse[bh * f.t + q0 + r] = l[r] > 0 ? m[r] + std::log(l[r]) : -INFINITY;
+        if (lse) lse[bh * f.t + q0 + r] = l[r] > 0 ? m[r] + std::log(l[r]) : -INFINITY;
       }
     }
   }

@@ -77,7 +77,7 @@ void flash_attention_forward(const FlashShape& f, const float* q, const float* k
           for (int64_t c = 0; c < f.dv; ++c) acc[c] += p * factor(f, vj[c]);
         }
         for (int64_t c = 0; c < f.dv; ++c) o[c] = n ? (float)acc[c] : 0.0f;
-        lse[(b * f.heads + h) * f.t + i] = n ? (float)(m + std::log(l)) : -INFINITY;
+        if (lse) lse[(b * f.heads + h) * f.t + i] = n ? (float)(m + std::log(l)) : -INFINITY;
       }
 }
 
