@@ -264,10 +264,13 @@ TEST_P(DecoderCache, Int8LinearWeightsMoveLogitsByTheirStepsOnly) {
 // bf16 Linear after them rounds its input to bfloat16 (AVX512-BF16, AMX), so
 // an input within a float32 ulp of a rounding midpoint moves by a bfloat16
 // ulp there (seen on Zen 4: one position of 100 moved by 0.5% of the largest
-// logit). So below 128 tokens at most a tenth of the positions may move by
-// more than float32's 1e-5 of the largest logit, and at 136 more than half
-// must (measured on Zen 4: 0-2 of 100, and 134-135 of 136; the guard left
-// out of DecoderLM::forward fails the second count).
+// logit), and in layers after the first the later positions, whose keys
+// and values it then changes, move too, by about its move over their count
+// of keys. So below 128 tokens at most a tenth of the positions may move by
+// more than 1e-4 of the largest logit (ten times float32's 1e-5, above what
+// such a change spreads to the others), and at 136 more than half must
+// (measured on Zen 4: 0-2 of 100, and 132-135 of 136 past 1e-4, 134-135
+// past 1e-5; the guard left out of DecoderLM::forward fails the second count).
 TEST_P(DecoderCache, Bf16WeightsTakeBf16AttentionFrom128Tokens) {
   DecoderConfig c = DecoderConfig::from_json(GetParam(), "case");
   c.vocab_size = 31;
@@ -313,14 +316,14 @@ TEST_P(DecoderCache, Bf16WeightsTakeBf16AttentionFrom128Tokens) {
   const Tensor short_ids = ids_of(100);
   const Tensor short_flash = model.forward(short_ids), short_naive = model.forward(short_ids, /*need_weights=*/true);
   const float short_worst = worst(short_flash, short_naive, &largest);
-  EXPECT_LE(positions_beyond(short_flash, short_naive, 1e-5f * largest), 100 / 10) << GetParam();
+  EXPECT_LE(positions_beyond(short_flash, short_naive, 1e-4f * largest), 100 / 10) << GetParam();
   if (c.mlp != MLPKind::MoE) {
     EXPECT_LE(short_worst, 2 * c.num_layers * std::ldexp(1.0f, -8) * largest) << GetParam();
   }
   const Tensor ids = ids_of(136);
   const Tensor flash = model.forward(ids), naive = model.forward(ids, /*need_weights=*/true);
   const float moved = worst(flash, naive, &largest);
-  EXPECT_GT(positions_beyond(flash, naive, 1e-5f * largest), 136 / 2) << GetParam();
+  EXPECT_GT(positions_beyond(flash, naive, 1e-4f * largest), 136 / 2) << GetParam();
   // (Measured: 0.3-0.5 of the bound for the dense configs. A mixture of
   // experts has none, most likely because a token whose router scores change
   // order goes to another expert: 4.8 times the bound here at 136 tokens.)
