@@ -297,11 +297,11 @@ int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 
 const char* panels_path() {
 #if defined(__AVX512F__)
-  return "own panels: 8 x 48 register tiles of 16 lanes, k in steps of 128, bias and activation fused; BLAS below "
-         "2^18 multiply-adds";
+  return "own panels: 8 x 48 register tiles of 16 lanes, k in steps of 128, bias, residual and activation fused; "
+         "BLAS below 2^18 multiply-adds";
 #else
-  return "own panels: 6 x 16 register tiles of 8 lanes, k in steps of 128, bias and activation fused; BLAS below "
-         "2^18 multiply-adds";
+  return "own panels: 6 x 16 register tiles of 8 lanes, k in steps of 128, bias, residual and activation fused; "
+         "BLAS below 2^18 multiply-adds";
 #endif
 }
 
