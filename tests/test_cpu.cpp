@@ -5,6 +5,7 @@
 // level; these check all levels in one process).
 #include <omp.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -20,6 +21,36 @@ namespace qkv {
 namespace {
 
 const std::vector<CpuIsa> kLevels = {CpuIsa::Generic, CpuIsa::Avx2, CpuIsa::Avx512};
+
+// QKV_CPU_FEATURES_OFF's list: the extensions that can be turned off, and a
+// clear error for anything else (a typo must not silently test nothing).
+TEST(Cpu, FeaturesOffAreOnlyTheSwitchableExtensions) {
+  EXPECT_TRUE(parse_features_off("").empty());
+  EXPECT_EQ(parse_features_off("amx_bf16,avx512_vnni"), (std::vector<std::string>{"amx_bf16", "avx512_vnni"}));
+  for (const char* bad : {"avx512f", "amx-bf16", "amx_bf16,", ",avx512_bf16", "avx512_bf16 "}) {
+    const std::string error = testing::error_of([&] { parse_features_off(bad); });
+    EXPECT_NE(error.find("cannot turn off"), std::string::npos) << bad << ": " << error;
+    EXPECT_NE(error.find("avx512_vnni"), std::string::npos) << bad << ": the names that can be";
+  }
+}
+
+// Under QKV_CPU_FEATURES_OFF (make test's plain_extensions tests) the
+// extensions turned off are not used: the low-precision kernels say they take
+// the paths of a CPU without them. (Whether those paths compute the right
+// values is for the kernel and model tests run under the same variable.)
+TEST(Cpu, TurnedOffFeaturesAreNotUsed) {
+  const std::vector<std::string>& off = features_turned_off();
+  if (off.empty()) GTEST_SKIP() << "QKV_CPU_FEATURES_OFF is not set";
+  for (const std::string& f : off) EXPECT_FALSE(feature_usable(f)) << f;
+  auto is_off = [&](const char* f) { return std::find(off.begin(), off.end(), f) != off.end(); };
+  const std::string bf16 = gemm_bf16_path(), int8 = gemm_int8_path();
+  const bool no_amx_bf16 = is_off("amx_bf16") || is_off("amx_tile"),
+             no_amx_int8 = is_off("amx_int8") || is_off("amx_tile");
+  EXPECT_TRUE(!no_amx_bf16 || bf16.find("AMX") == std::string::npos) << bf16;
+  EXPECT_TRUE(!(no_amx_bf16 && is_off("avx512_bf16")) || bf16.find("AVX512-BF16") == std::string::npos) << bf16;
+  EXPECT_TRUE(!is_off("avx512_vnni") || int8.find("VNNI") == std::string::npos) << int8;
+  EXPECT_TRUE(!no_amx_int8 || int8.find("AMX") == std::string::npos) << int8;
+}
 
 TEST(Cpu, LevelFollowsFeatures) {
   const CpuInfo& cpu = cpu_info();

@@ -14,6 +14,13 @@
 // OpenBLAS, whose kernel ("core") qkv chooses from the same features
 // (OpenBLAS's own choice goes by CPU model and falls back to 2005-era SSE3
 // kernels on models it does not know); OPENBLAS_CORETYPE set by the user wins.
+//
+// Within a level, the bfloat16 and int8 kernels take the extensions the CPU
+// has (AMX, AVX512-BF16, AVX512-VNNI) and other paths without them. The
+// environment variable QKV_CPU_FEATURES_OFF=name,name,... turns extensions
+// off, so that the kernels take the paths of a CPU without them (make test
+// runs the low-precision tests that way too: plain_extensions): amx_tile, amx_bf16, amx_int8,
+// avx512_bf16, avx512_vnni; any other name is refused with an error.
 #pragma once
 
 #include <string>
@@ -26,6 +33,15 @@ enum class CpuIsa { Generic, Avx2, Avx512 };
 const char* isa_name(CpuIsa isa);
 // "generic" | "avx2" | "avx512" -> the level; anything else is a qkv::Error.
 CpuIsa parse_isa(const std::string& name);
+
+// QKV_CPU_FEATURES_OFF's value as a list of names ("" -> none); a name that
+// cannot be turned off is a qkv::Error naming the ones that can.
+std::vector<std::string> parse_features_off(const std::string& list);
+// The extensions QKV_CPU_FEATURES_OFF turns off (read once; an invalid value
+// is an error at the first call, which the first kernel makes).
+const std::vector<std::string>& features_turned_off();
+// The CPU has `feature` and it is not turned off: what the kernels may use.
+bool feature_usable(const std::string& feature);
 
 struct CpuInfo {
   std::string vendor;      // "GenuineIntel", "AuthenticAMD", ...

@@ -134,6 +134,40 @@ CpuIsa parse_isa(const std::string& name) {
   fail("unknown instruction-set level '", name, "': expected generic, avx2 or avx512");
 }
 
+std::vector<std::string> parse_features_off(const std::string& list) {
+  static const std::vector<std::string> kSwitchable = {"amx_tile", "amx_bf16", "amx_int8", "avx512_bf16",
+                                                       "avx512_vnni"};
+  std::vector<std::string> names;
+  size_t from = 0;
+  while (from <= list.size() && !list.empty()) {
+    const size_t comma = std::min(list.find(',', from), list.size());
+    const std::string name = list.substr(from, comma - from);
+    if (std::find(kSwitchable.begin(), kSwitchable.end(), name) == kSwitchable.end())
+      fail("cannot turn off '", name, "': expected a comma-separated list of amx_tile, amx_bf16, amx_int8, ",
+           "avx512_bf16, avx512_vnni");
+    names.push_back(name);
+    from = comma + 1;
+  }
+  return names;
+}
+
+const std::vector<std::string>& features_turned_off() {
+  static const std::vector<std::string> off = [] {
+    const char* value = std::getenv("QKV_CPU_FEATURES_OFF");
+    try {
+      return parse_features_off(value ? value : "");
+    } catch (const Error& e) {
+      fail("QKV_CPU_FEATURES_OFF: ", e.what());
+    }
+  }();
+  return off;
+}
+
+bool feature_usable(const std::string& feature) {
+  const std::vector<std::string>& off = features_turned_off();
+  return cpu_info().has(feature) && std::find(off.begin(), off.end(), feature) == off.end();
+}
+
 bool CpuInfo::has(const std::string& feature) const {
   return std::find(features.begin(), features.end(), feature) != features.end();
 }

@@ -26,11 +26,12 @@ const Kernels& kernels(CpuIsa isa) {
   fail("kernels: unknown instruction-set level");
 }
 
-bool has_feature(const char* feature) { return cpu_info().has(feature); }
+bool has_feature(const char* feature) { return feature_usable(feature); }
 
 const Kernels& kernels() {
   static const Kernels& k = []() -> const Kernels& {
     const Kernels& chosen = kernels(cpu_isa());
+    features_turned_off();  // an invalid QKV_CPU_FEATURES_OFF is an error here, not inside a kernel
     // Load the BLAS now, from the first op, rather than from inside a kernel's
     // parallel region: a library that cannot be loaded is then an error the
     // caller sees, not an exception thrown inside an OpenMP region.
@@ -63,6 +64,10 @@ std::string runtime_summary() {
      << ", family " << cpu.family << " model " << cpu.model << ")\n";
   os << "features:";
   for (const std::string& f : cpu.features) os << " " << f;
+  if (!features_turned_off().empty()) {
+    os << "\n          turned off by QKV_CPU_FEATURES_OFF:";
+    for (const std::string& f : features_turned_off()) os << " " << f;
+  }
   os << "\nkernels:  " << isa_name(cpu_isa());
   if (cpu_isa() != cpu.best) os << " (forced by QKV_ISA; this CPU runs up to " << isa_name(cpu.best) << ")";
   else os << " (the best this CPU runs; QKV_ISA=generic|avx2|avx512 forces a lower level)";

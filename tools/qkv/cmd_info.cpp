@@ -28,6 +28,7 @@ nlohmann::ordered_json runtime_json() {
           {"family", cpu.family},
           {"model", cpu.model},
           {"features", cpu.features},
+          {"features_off", features_turned_off()},
           {"kernels", isa_name(cpu_isa())},
           {"best_kernels", isa_name(cpu.best)},
           {"gemm", blas.library},
