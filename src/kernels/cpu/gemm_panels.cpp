@@ -19,10 +19,11 @@
 //
 // Between steps a tile's sums wait in C (or in a buffer, when beta needs C's
 // old values); after the last step alpha, beta, the bias, the addend (a
-// residual connection) and the activation are applied as the tile is stored, while it is still in L1 (no pass of its
-// own over C, no clearing of C first). Every output is one chain of FMAs over
-// p = 0, 1, ..., k-1 in a lane of its own, so its bits depend neither on the
-// rows or columns beside it nor on how gemm splits C between the threads.
+// residual connection) and the activation are applied as the tile is stored,
+// while it is still in L1 (no pass of its own over C, no clearing of C
+// first). Every output is one chain of FMAs over p = 0, 1, ..., k-1 in a lane
+// of its own, so its bits depend neither on the rows or columns beside it nor
+// on how gemm splits C between the threads.
 //
 // Why not OpenBLAS here: on these shapes its kernel spends 10-20% of a
 // product packing both operands, and the clearing, bias and activation passes
