@@ -293,6 +293,9 @@ public:
   Tensor forward_add(const Tensor& x, const Tensor& residual) const;
   std::shared_ptr<Linear> fc1, fc2;
   Activation activation;
+
+private:
+  Tensor hidden(const Tensor& x) const;  // act(fc1(x)), what fc2 reads
 };
 
 }  // namespace qkv

@@ -466,20 +466,18 @@ MLP::MLP(MLPOptions o, Rng& rng) : activation(o.activation) {
   fc2 = register_module("fc2", std::make_shared<Linear>(LinearOptions{o.hidden_features, o.out_features}, rng));
 }
 
-Tensor MLP::forward(const Tensor& x) const {
+Tensor MLP::hidden(const Tensor& x) const {
   // Both weights BF16 (inference): the hidden layer is written in bfloat16,
   // the activation applied before its rounding, and fc2 reads it as it lies
   // (it would round a float32 one to the same values as it read it): half
   // the bytes of the widest activation, and no rounding pass.
   if (fc1->weight.dtype() == DType::BF16 && fc2->weight.dtype() == DType::BF16 && x.dtype() == DType::F32)
-    return fc2->forward(linear_bf16(x, fc1->weight, fc1->weight_packed, fc1->bias, &activation, DType::BF16));
-  return fc2->forward(fc1->forward(x, activation));
+    return linear_bf16(x, fc1->weight, fc1->weight_packed, fc1->bias, &activation, DType::BF16);
+  return fc1->forward(x, activation);
 }
 
-Tensor MLP::forward_add(const Tensor& x, const Tensor& residual) const {
-  if (fc1->weight.dtype() == DType::BF16 && fc2->weight.dtype() == DType::BF16 && x.dtype() == DType::F32)
-    return add(residual, forward(x));
-  return fc2->forward_add(fc1->forward(x, activation), residual);
-}
+Tensor MLP::forward(const Tensor& x) const { return fc2->forward(hidden(x)); }
+
+Tensor MLP::forward_add(const Tensor& x, const Tensor& residual) const { return fc2->forward_add(hidden(x), residual); }
 
 }  // namespace qkv

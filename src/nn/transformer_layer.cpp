@@ -46,26 +46,22 @@ std::shared_ptr<FeedForward> make_feed_forward(const TransformerLayerOptions& o,
   return std::make_shared<DenseFeedForward>(MLPOptions{o.d_model, o.dim_feedforward, o.d_model, o.activation}, rng);
 }
 
-// x + dropout(f(x's sublayer input)), where f(residual) is residual + the
-// sublayer's output (or the output alone for an undefined residual): while
-// the dropout passes its input through (evaluation, or p 0), the sublayer's
-// last product adds x as it stores its output, else the dropout comes
-// between and x is added after it.
-static Tensor skip(const Tensor& x, Dropout& dropout, const std::function<Tensor(const Tensor&)>& f) {
-  if (dropout.passes_through()) return f(x);
-  return add(x, dropout.forward(f(Tensor())));
+// x + dropout(f(h, none)) for the sublayer f of input h, where f(h, residual)
+// is residual + the sublayer's output (the output alone for an undefined
+// residual): while the dropout passes its input through (evaluation, or p
+// 0), the sublayer's last product adds x as it stores its output, else the
+// dropout comes between and x is added after it.
+template <class Sublayer>
+static Tensor skip(const Tensor& x, Dropout& dropout, const Tensor& h, const Sublayer& f) {
+  if (dropout.passes_through()) return f(h, x);
+  return add(x, dropout.forward(f(h, Tensor())));
 }
 
-// The feed-forward sublayer's f for skip().
-static std::function<Tensor(const Tensor&)> feed_forward(FeedForward& mlp, const Tensor& h) {
-  return
-      [&mlp, h](const Tensor& residual) { return residual.defined() ? mlp.forward_add(h, residual) : mlp.forward(h); };
-}
-
-// An attention sublayer's f for skip().
-static std::function<Tensor(const Tensor&)> attention(const std::function<Tensor(const Tensor&, const Tensor&)>& attend,
-                                                      const Tensor& h) {
-  return [&attend, h](const Tensor& residual) { return attend(h, residual); };
+// The feed-forward sublayer as skip() takes it.
+static auto feed_forward(FeedForward& mlp) {
+  return [&mlp](const Tensor& h, const Tensor& residual) {
+    return residual.defined() ? mlp.forward_add(h, residual) : mlp.forward(h);
+  };
 }
 
 static MultiheadAttentionOptions attention_options(const TransformerLayerOptions& o, bool cross) {
@@ -117,11 +113,11 @@ Tensor TransformerEncoderLayer::run(const Tensor& x_in,
                                     const std::function<Tensor(const Tensor&, const Tensor&)>& attend) {
   Tensor x = x_in;
   if (options_.norm_first) {
-    x = skip(x, *dropout1, attention(attend, norm1->forward(x)));
-    return skip(x, *dropout2, feed_forward(*mlp, norm2->forward(x)));
+    x = skip(x, *dropout1, norm1->forward(x), attend);
+    return skip(x, *dropout2, norm2->forward(x), feed_forward(*mlp));
   }
-  x = norm1->forward(skip(x, *dropout1, attention(attend, x)));
-  return norm2->forward(skip(x, *dropout2, feed_forward(*mlp, x)));
+  x = norm1->forward(skip(x, *dropout1, x, attend));
+  return norm2->forward(skip(x, *dropout2, x, feed_forward(*mlp)));
 }
 
 TransformerDecoderLayer::TransformerDecoderLayer(TransformerLayerOptions o, Rng& rng) : options_(o) {
@@ -140,13 +136,13 @@ TransformerDecoderLayer::TransformerDecoderLayer(TransformerLayerOptions o, Rng&
 Tensor TransformerDecoderLayer::run(const Tensor& x_in, const Sublayer& self, const Sublayer& cross) {
   Tensor x = x_in;
   if (options_.norm_first) {
-    x = skip(x, *dropout1, attention(self, norm1->forward(x)));
-    x = skip(x, *dropout2, attention(cross, norm2->forward(x)));
-    return skip(x, *dropout3, feed_forward(*mlp, norm3->forward(x)));
+    x = skip(x, *dropout1, norm1->forward(x), self);
+    x = skip(x, *dropout2, norm2->forward(x), cross);
+    return skip(x, *dropout3, norm3->forward(x), feed_forward(*mlp));
   }
-  x = norm1->forward(skip(x, *dropout1, attention(self, x)));
-  x = norm2->forward(skip(x, *dropout2, attention(cross, x)));
-  return norm3->forward(skip(x, *dropout3, feed_forward(*mlp, x)));
+  x = norm1->forward(skip(x, *dropout1, x, self));
+  x = norm2->forward(skip(x, *dropout2, x, cross));
+  return norm3->forward(skip(x, *dropout3, x, feed_forward(*mlp)));
 }
 
 Tensor TransformerDecoderLayer::forward(const Tensor& x, const Tensor& memory, const AttentionCall& self_call,
