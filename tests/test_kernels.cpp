@@ -881,6 +881,13 @@ TEST(Kernels, FlashAttentionMatchesTheReference) {
       // A ViT's 17 tokens: tiles of 9 + 8 rows, the 17th key's column of K^T
       // and V^T copied alone.
       {4, 2, 2, 17, 17, 32, false, false, {}},
+      // Short sequences on the avx512 level (at most 16 queries and keys:
+      // short_head): a ViT's 16 tokens; causal rows that see more keys than
+      // there are queries, grouped queries, a part-full vector of dims and a
+      // batch that sees nothing; the packed layout with 64 dims.
+      {4, 2, 2, 16, 16, 32, false, false, {}},
+      {3, 4, 2, 5, 9, 24, true, false, {9, 3, 0}},
+      {2, 2, 1, 12, 12, 64, true, true, {}},
       // Head size 64 and full tiles: the float32 products on gemm's panels
       // with K, V, Q and dO packed once (on_panels), causal query tiles that
       // see part of a packed key tile, a last key tile of 4 keys, a batch
@@ -964,6 +971,60 @@ TEST(Kernels, FlashAttentionMatchesTheReference) {
       ref::flash_attention_backward(f, p, p + k_at, p + v_at, out_r.data<float>(), dout.data<float>(),
                                     lse_r.data<float>(), dr, dr + k_at, dr + v_at);
       EXPECT_TRUE(all_close(d_f, d_r, 1e-4f, 1e-3f)) << what;
+    }
+  }
+}
+
+// A short sequence (at most 16 queries and 16 keys, heads of at most 64
+// dims) takes a path of its own on the avx512 level (short_head in
+// src/kernels/cpu/flash_attention.cpp), which promises the tile path's bits.
+// A sequence of 20 takes the tile path; with its keys past 16 out of sight
+// (causal, and key lengths of at most 16) its first 16 rows are the
+// 16-token sequence's attention, so each of their outputs and lse must be
+// the same float. (Summing a row's p in another order than lane_sums16's
+// fails this.)
+TEST(Kernels, ShortSequenceAttentionHasTheTilePathsBits) {
+  omp_set_num_threads(2);
+  struct Case {
+    int64_t heads, kv_heads, dh;
+    bool causal;
+    std::vector<int64_t> lengths;
+  };
+  const std::vector<Case> cases = {{2, 2, 32, true, {16, 11, 3}},
+                                   {4, 2, 24, false, {16, 9, 0}},
+                                   {2, 1, 64, true, {16, 16, 16}},
+                                   {3, 3, 16, false, {16, 1, 16}}};
+  const int64_t B = 3, T = 20, S = 16;
+  for (const Kernels* k : levels()) {
+    for (const Case& c : cases) {
+      Rng rng(5);
+      const int64_t q_n = B * c.heads * T * c.dh, kv_n = B * c.kv_heads * T * c.dh;
+      const Tensor in = Tensor::randn({q_n + 2 * kv_n}, rng);
+      const float* q = in.data<float>();
+      // Both sequences read and write [B, heads, 20, dh]; the short one its first 16 rows of each head.
+      const auto attend = [&](int64_t t, Tensor& out, Tensor& lse) {
+        FlashShape f{B, c.heads, c.kv_heads, t, t, c.dh, c.dh};
+        f.scale = 1.0f / std::sqrt((float)c.dh), f.causal = c.causal, f.key_lengths = c.lengths.data();
+        f.q = f.o = {c.heads * T * c.dh, T * c.dh, c.dh};
+        f.k = f.v = {c.kv_heads * T * c.dh, T * c.dh, c.dh};
+        out = Tensor::zeros({q_n}), lse = Tensor::zeros({B * c.heads * t});
+        k->flash_attention_forward(f, q, q + q_n, q + q_n + kv_n, out.data<float>(), lse.data<float>());
+      };
+      Tensor out_short, lse_short, out_tiles, lse_tiles;
+      attend(S, out_short, lse_short);
+      attend(T, out_tiles, lse_tiles);
+      const float* os = out_short.data<float>();
+      const float* ot = out_tiles.data<float>();
+      const float* ls = lse_short.data<float>();
+      const float* lt = lse_tiles.data<float>();
+      int64_t differ = 0;
+      for (int64_t bh = 0; bh < B * c.heads; ++bh)
+        for (int64_t i = 0; i < S; ++i) {
+          differ += ls[bh * S + i] != lt[bh * T + i];
+          for (int64_t d = 0; d < c.dh; ++d) differ += os[(bh * T + i) * c.dh + d] != ot[(bh * T + i) * c.dh + d];
+        }
+      EXPECT_EQ(differ, 0) << k->name << " heads " << c.heads << "/" << c.kv_heads << " dh " << c.dh
+                           << (c.causal ? " causal" : "");
     }
   }
 }

@@ -602,6 +602,117 @@ inline void probabilities_in_place(float* s, int64_t vis, int64_t cols, float ls
 #endif
 }
 
+#if defined(__AVX512F__)
+// A short sequence's (batch, head) in one pass (float32 products, at most
+// 16 queries and 16 keys, heads of at most 64 dims: a ViT of 16 patches, a
+// short sentence). The scores are made transposed, S^T [keys][16 query
+// lanes], in registers: the softmax then runs down the keys, a few vector
+// instructions for all the rows at once, where the tile path took each row's
+// max and sum across lanes (half the time of a 16-token head went to those
+// row-by-row steps). Every value gets the bits the tile path gives it: each
+// score is the same chain of FMAs over the head's dims, the max is exact,
+// each row's sum adds its terms in lane_sums16's order, and p V is the same
+// tiny_rows product.
+constexpr int64_t kShortSeq = 16, kShortDims = 64;
+bool short_sequence(const FlashShape& f, Products mode) {
+  return mode == Products::F32 && f.t >= 2 && f.t <= kShortSeq && f.s <= kShortSeq && f.dh <= kShortDims &&
+         f.dv <= kShortDims;
+}
+
+// out [dh][16] = the first `rows` rows of x [rows, dh] (row stride ld)
+// transposed, zero past them; out has room for dh rounded up to 16 rows.
+inline void transpose_short(const float* x, int64_t ld, int64_t rows, int64_t dh, float* out) {
+  for (int64_t d0 = 0; d0 < dh; d0 += 16) {
+    const __mmask16 dims = lanes_of(dh - d0);
+    __m512 r[16];
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; ++i) r[i] = i < rows ? _mm512_maskz_loadu_ps(dims, x + i * ld + d0) : _mm512_setzero_ps();
+    transpose16(r);
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; ++i) _mm512_store_ps(out + (d0 + i) * 16, r[i]);
+  }
+}
+
+// Query rows [0, rows) of head (b, h), whose last row sees C keys: rows of
+// Q, K and V from q, k and v (row strides ldq, ldk, ldv), the output's rows
+// to o (stride ldo), each row's log-sum-exp to lse (when given).
+template <int C>
+void short_head(const FlashShape& f, int64_t b, int64_t rows, const float* q, int64_t ldq, const float* k, int64_t ldk,
+                const float* v, int64_t ldv, float* o, int64_t ldo, float* lse) {
+  if constexpr (C == 0) {  // no row sees a key: zeros, as the tile path writes them
+    for (int64_t r = 0; r < rows; ++r) {
+      std::fill_n(o + r * ldo, f.dv, 0.0f);
+      if (lse) lse[r] = -INFINITY;
+    }
+    return;
+  }
+  // Q^T and K^T [dh][16 lanes] (zero past rows and keys): step d of the
+  // scores reads one vector of Q^T and broadcasts K's C values of dim d from
+  // one place (read where they lie, each row of K through a pointer of its
+  // own, they spilled).
+  alignas(64) float qt[kShortDims * 16], kt[kShortDims * 16];
+  transpose_short(q, ldq, rows, f.dh, qt);
+  transpose_short(k, ldk, C, f.dh, kt);
+  __m512 st[C > 0 ? C : 1];  // st[j]: key j's scores, lane i for query i
+#pragma GCC unroll 16
+  for (int j = 0; j < C; ++j) st[j] = _mm512_setzero_ps();
+  for (int64_t d = 0; d < f.dh; ++d) {
+    const __m512 qd = _mm512_load_ps(qt + d * 16);
+#pragma GCC unroll 16
+    for (int j = 0; j < C; ++j) st[j] = _mm512_fmadd_ps(_mm512_set1_ps(kt[d * 16 + j]), qd, st[j]);
+  }
+  alignas(64) int32_t vis[16];  // the keys each row sees (none for lanes past rows)
+  for (int64_t i = 0; i < 16; ++i) vis[i] = i < rows ? (int32_t)visible_keys(f, b, i) : 0;
+  const __m512i visible = _mm512_load_si512(vis);
+  const auto sees = [&](int j) { return _mm512_cmpgt_epi32_mask(visible, _mm512_set1_epi32(j)); };  // rows seeing key j
+  __m512 m = _mm512_set1_ps(-INFINITY);
+#pragma GCC unroll 16
+  for (int j = 0; j < C; ++j) {
+    st[j] = _mm512_mul_ps(st[j], _mm512_set1_ps(f.scale));
+    m = _mm512_mask_max_ps(m, sees(j), m, st[j]);
+  }
+  // p over the scores (st[j] becomes p_j), written out as P^T [keys][16
+  // query lanes], and each row's sum as lane_sums16 adds its 16 lanes
+  // (simd.h): four at a time, then the four quarters.
+  alignas(64) float pt[16 * kShortSeq];
+  const auto term = [&](int j) {
+    if (j >= C) return _mm512_setzero_ps();
+    st[j] = _mm512_maskz_mov_ps(sees(j), exp16(_mm512_sub_ps(st[j], m)));
+    _mm512_store_ps(pt + j * 16, st[j]);
+    return st[j];
+  };
+  __m512 quarter[4];
+#pragma GCC unroll 4
+  for (int g = 0; g < 4; ++g) {
+    const __m512 p0 = term(4 * g), p1 = term(4 * g + 1), p2 = term(4 * g + 2), p3 = term(4 * g + 3);
+    quarter[g] = _mm512_add_ps(_mm512_add_ps(p0, p2), _mm512_add_ps(p1, p3));
+  }
+  alignas(64) float l[16], row_max[16];
+  _mm512_store_ps(l, _mm512_add_ps(_mm512_add_ps(quarter[0], quarter[1]), _mm512_add_ps(quarter[2], quarter[3])));
+  _mm512_store_ps(row_max, m);
+  // p V straight into the output's rows, then each row divided by its sum.
+  const int64_t dv_vecs = (f.dv + 15) / 16;
+  if (dv_vecs == 1) tiny_rows<1>(rows, f.dv, C, 1.0f, pt, 1, 16, v, ldv, 0.0f, o, ldo);
+  if (dv_vecs == 2) tiny_rows<2>(rows, f.dv, C, 1.0f, pt, 1, 16, v, ldv, 0.0f, o, ldo);
+  if (dv_vecs == 3) tiny_rows<3>(rows, f.dv, C, 1.0f, pt, 1, 16, v, ldv, 0.0f, o, ldo);
+  if (dv_vecs == 4) tiny_rows<4>(rows, f.dv, C, 1.0f, pt, 1, 16, v, ldv, 0.0f, o, ldo);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float inv = l[r] > 0 ? 1.0f / l[r] : 0.0f;
+    for (int64_t d = 0; d < f.dv; ++d) o[r * ldo + d] *= inv;
+    if (lse) lse[r] = l[r] > 0 ? row_max[r] + std::log(l[r]) : -INFINITY;
+  }
+}
+
+// short_head for the number of keys its last row sees, 0 <= keys <= C.
+template <int C = kShortSeq>
+void short_head_of(int64_t keys, const FlashShape& f, int64_t b, int64_t rows, const float* q, int64_t ldq,
+                   const float* k, int64_t ldk, const float* v, int64_t ldv, float* o, int64_t ldo, float* lse) {
+  if constexpr (C > 0)
+    if (keys < C) return short_head_of<C - 1>(keys, f, b, rows, q, ldq, k, ldk, v, ldv, o, ldo, lse);
+  short_head<C>(f, b, rows, q, ldq, k, ldk, v, ldv, o, ldo, lse);
+}
+#endif
+
 void forward_tiles(const FlashShape& f, const float* q, const float* k, const float* v, float* out, float* lse,
                    Products mode) {
   const int64_t G = f.heads / f.kv_heads;
@@ -650,6 +761,9 @@ void forward_tiles(const FlashShape& f, const float* q, const float* k, const fl
     pack_panel(at_tile + k_floats, kv_rows(v, f.v_batches, L.v, b, hk) + k0 * L.v.row, L.v.row, false, f.dv, cols);
   }
   const int64_t grab = tasks_per_grab(tasks);
+#if defined(__AVX512F__)
+  const bool short_seq = short_sequence(f, mode);
+#endif
 #pragma omp parallel if (tasks > 1)
   {
     Scratch scores(Br * Bc), acc(Br * f.dv), row_max(Br), row_sum(Br), row_sums16(kLaneSums ? Br * 16 : 1);
@@ -668,6 +782,13 @@ void forward_tiles(const FlashShape& f, const float* q, const float* k, const fl
       const float* K = kv_rows(k, f.k_batches, L.k, b, h / G);
       const float* V = kv_rows(v, f.v_batches, L.v, b, h / G);
       const int64_t tile_hi = visible_keys(f, b, q0 + rows - 1);  // rows see more keys further down
+#if defined(__AVX512F__)
+      if (short_seq) {
+        short_head_of(tile_hi, f, b, rows, Q, L.q.row, K, L.k.row, V, L.v.row, out + at(L.o, b, h), L.o.row,
+                      lse ? lse + bh * f.t : nullptr);
+        continue;
+      }
+#endif
       std::fill(m, m + rows, -INFINITY);
       if (!kLaneSums) std::fill(l, l + rows, 0.0f);
       // The first key tile's p V overwrites O (beta 0, and no rescaling:
