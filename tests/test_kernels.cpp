@@ -975,57 +975,66 @@ TEST(Kernels, FlashAttentionMatchesTheReference) {
   }
 }
 
-// A short sequence (at most 16 queries and 16 keys, heads of at most 64
+// A short sequence (2 to 16 queries, at most 16 keys, heads of at most 64
 // dims) takes a path of its own on the avx512 level (short_head in
 // src/kernels/cpu/flash_attention.cpp), which promises the tile path's bits.
-// A sequence of 20 takes the tile path; with its keys past 16 out of sight
-// (causal, and key lengths of at most 16) its first 16 rows are the
-// 16-token sequence's attention, so each of their outputs and lse must be
-// the same float. (Summing a row's p in another order than lane_sums16's
-// fails this.)
+// A sequence of 20 queries takes the tile path; where its first rows see
+// the same keys as the short sequence's rows (key lengths of at most the
+// short one's keys; causal with the same S - T), those rows are the short
+// sequence's attention, so each of their outputs and lse must be the same
+// float. (Summing a row's p in another order than lane_sums16's fails this.)
 TEST(Kernels, ShortSequenceAttentionHasTheTilePathsBits) {
+  if (!isa_supported(CpuIsa::Avx512)) GTEST_SKIP() << "no avx512 level on this CPU: the short path does not run";
   omp_set_num_threads(2);
   struct Case {
-    int64_t heads, kv_heads, dh;
+    int64_t heads, kv_heads, dh, dv;
     bool causal;
+    int64_t t, s, s_tiles;  // the short sequence's queries and keys; the 20-query one's keys
     std::vector<int64_t> lengths;
   };
-  const std::vector<Case> cases = {{2, 2, 32, true, {16, 11, 3}},
-                                   {4, 2, 24, false, {16, 9, 0}},
-                                   {2, 1, 64, true, {16, 16, 16}},
-                                   {3, 3, 16, false, {16, 1, 16}}};
-  const int64_t B = 3, T = 20, S = 16;
-  for (const Kernels* k : levels()) {
-    for (const Case& c : cases) {
-      Rng rng(5);
-      const int64_t q_n = B * c.heads * T * c.dh, kv_n = B * c.kv_heads * T * c.dh;
-      const Tensor in = Tensor::randn({q_n + 2 * kv_n}, rng);
-      const float* q = in.data<float>();
-      // Both sequences read and write [B, heads, 20, dh]; the short one its first 16 rows of each head.
-      const auto attend = [&](int64_t t, Tensor& out, Tensor& lse) {
-        FlashShape f{B, c.heads, c.kv_heads, t, t, c.dh, c.dh};
-        f.scale = 1.0f / std::sqrt((float)c.dh), f.causal = c.causal, f.key_lengths = c.lengths.data();
-        f.q = f.o = {c.heads * T * c.dh, T * c.dh, c.dh};
-        f.k = f.v = {c.kv_heads * T * c.dh, T * c.dh, c.dh};
-        out = Tensor::zeros({q_n}), lse = Tensor::zeros({B * c.heads * t});
-        k->flash_attention_forward(f, q, q + q_n, q + q_n + kv_n, out.data<float>(), lse.data<float>());
-      };
-      Tensor out_short, lse_short, out_tiles, lse_tiles;
-      attend(S, out_short, lse_short);
-      attend(T, out_tiles, lse_tiles);
-      const float* os = out_short.data<float>();
-      const float* ot = out_tiles.data<float>();
-      const float* ls = lse_short.data<float>();
-      const float* lt = lse_tiles.data<float>();
-      int64_t differ = 0;
-      for (int64_t bh = 0; bh < B * c.heads; ++bh)
-        for (int64_t i = 0; i < S; ++i) {
-          differ += ls[bh * S + i] != lt[bh * T + i];
-          for (int64_t d = 0; d < c.dh; ++d) differ += os[(bh * T + i) * c.dh + d] != ot[(bh * T + i) * c.dh + d];
-        }
-      EXPECT_EQ(differ, 0) << k->name << " heads " << c.heads << "/" << c.kv_heads << " dh " << c.dh
-                           << (c.causal ? " causal" : "");
-    }
+  const std::vector<Case> cases = {
+      {2, 2, 32, 32, true, 16, 16, 20, {16, 11, 3}},  // a ViT's 16 tokens, causal
+      {4, 2, 24, 24, false, 16, 16, 20, {16, 9, 0}},  // grouped heads, a part-full vector, a batch seeing nothing
+      {2, 1, 64, 64, true, 16, 16, 20, {16, 16, 16}},
+      {3, 3, 16, 48, false, 5, 16, 20, {16, 1, 7}},  // lanes past the rows, dv != dh
+      {2, 2, 32, 16, true, 16, 5, 9, {5, 5, 2}},     // causal rows that see no key
+  };
+  const int64_t B = 3, T = 20;
+  const Kernels& k = cpu::kernels(CpuIsa::Avx512);
+  for (const Case& c : cases) {
+    Rng rng(5);
+    const int64_t q_n = B * c.heads * T * c.dh, k_n = B * c.kv_heads * T * c.dh, v_n = B * c.kv_heads * T * c.dv;
+    const Tensor in = Tensor::randn({q_n + k_n + v_n}, rng);
+    const float* q = in.data<float>();
+    // Both sequences read and write [B, heads, 20, d]; the short one its first rows of each head.
+    const auto attend = [&](int64_t t, int64_t s, Tensor& out, Tensor& lse) {
+      FlashShape f{B, c.heads, c.kv_heads, t, s, c.dh, c.dv};
+      f.scale = 1.0f / std::sqrt((float)c.dh), f.causal = c.causal, f.key_lengths = c.lengths.data();
+      f.q = {c.heads * T * c.dh, T * c.dh, c.dh};
+      f.k = {c.kv_heads * T * c.dh, T * c.dh, c.dh};
+      f.v = {c.kv_heads * T * c.dv, T * c.dv, c.dv};
+      f.o = {c.heads * T * c.dv, T * c.dv, c.dv};
+      out = Tensor::zeros({B * c.heads * T * c.dv}), lse = Tensor::zeros({B * c.heads * t});
+      k.flash_attention_forward(f, q, q + q_n, q + q_n + k_n, out.data<float>(), lse.data<float>());
+    };
+    Tensor out_short, lse_short, out_tiles, lse_tiles;
+    attend(c.t, c.s, out_short, lse_short);
+    attend(T, c.s_tiles, out_tiles, lse_tiles);
+    const float* os = out_short.data<float>();
+    const float* ot = out_tiles.data<float>();
+    const float* ls = lse_short.data<float>();
+    const float* lt = lse_tiles.data<float>();
+    int64_t differ = 0, unseen = 0;
+    for (int64_t bh = 0; bh < B * c.heads; ++bh)
+      for (int64_t i = 0; i < c.t; ++i) {
+        differ += ls[bh * c.t + i] != lt[bh * T + i];
+        unseen += std::isinf(ls[bh * c.t + i]);
+        for (int64_t d = 0; d < c.dv; ++d) differ += os[(bh * T + i) * c.dv + d] != ot[(bh * T + i) * c.dv + d];
+      }
+    const std::string what = "heads " + std::to_string(c.heads) + "/" + std::to_string(c.kv_heads) + " dh " +
+                             std::to_string(c.dh) + " t " + std::to_string(c.t) + " s " + std::to_string(c.s);
+    EXPECT_EQ(differ, 0) << what;
+    EXPECT_LT(unseen, B * c.heads * c.t) << what;  // most rows see keys: not all zeros on both sides
   }
 }
 

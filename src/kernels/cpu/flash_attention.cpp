@@ -603,17 +603,19 @@ inline void probabilities_in_place(float* s, int64_t vis, int64_t cols, float ls
 }
 
 #if defined(__AVX512F__)
-// A short sequence's (batch, head) in one pass (float32 products, at most
-// 16 queries and 16 keys, heads of at most 64 dims: a ViT of 16 patches, a
-// short sentence). The scores are made transposed, S^T [keys][16 query
+// A short sequence's (batch, head) in one pass (float32 products, 2 to 16
+// queries, at most 16 keys, heads of at most 64 dims: a ViT of 16 patches,
+// a short sentence). The scores are made transposed, S^T [keys][16 query
 // lanes], in registers: the softmax then runs down the keys, a few vector
-// instructions for all the rows at once, where the tile path took each row's
-// max and sum across lanes (half the time of a 16-token head went to those
-// row-by-row steps). Every value gets the bits the tile path gives it: each
+// instructions for all the rows at once, where the tile path takes its
+// softmax a row at a time, each row's max across lanes (that softmax and the
+// output took 31% of a 16-token head's forward, the products 68%). Every
+// value gets the bits the tile path gives it (NaN payloads aside): each
 // score is the same chain of FMAs over the head's dims, the max is exact,
 // each row's sum adds its terms in lane_sums16's order, and p V is the same
 // tiny_rows product.
 constexpr int64_t kShortSeq = 16, kShortDims = 64;
+static_assert(kShortSeq <= Br, "a short sequence is one query tile: its rows start at q0 = 0");
 bool short_sequence(const FlashShape& f, Products mode) {
   return mode == Products::F32 && f.t >= 2 && f.t <= kShortSeq && f.s <= kShortSeq && f.dh <= kShortDims &&
          f.dv <= kShortDims;
