@@ -693,11 +693,13 @@ void short_head(const FlashShape& f, int64_t b, int64_t rows, const float* q, in
   _mm512_store_ps(l, _mm512_add_ps(_mm512_add_ps(quarter[0], quarter[1]), _mm512_add_ps(quarter[2], quarter[3])));
   _mm512_store_ps(row_max, m);
   // p V straight into the output's rows, then each row divided by its sum.
-  const int64_t dv_vecs = (f.dv + 15) / 16;
-  if (dv_vecs == 1) tiny_rows<1>(rows, f.dv, C, 1.0f, pt, 1, 16, v, ldv, 0.0f, o, ldo);
-  if (dv_vecs == 2) tiny_rows<2>(rows, f.dv, C, 1.0f, pt, 1, 16, v, ldv, 0.0f, o, ldo);
-  if (dv_vecs == 3) tiny_rows<3>(rows, f.dv, C, 1.0f, pt, 1, 16, v, ldv, 0.0f, o, ldo);
-  if (dv_vecs == 4) tiny_rows<4>(rows, f.dv, C, 1.0f, pt, 1, 16, v, ldv, 0.0f, o, ldo);
+  switch ((f.dv + 15) / 16) {  // dv <= kShortDims: 1 to 4 vectors (0 with no dims)
+    case 1: tiny_rows<1>(rows, f.dv, C, 1.0f, pt, 1, 16, v, ldv, 0.0f, o, ldo); break;
+    case 2: tiny_rows<2>(rows, f.dv, C, 1.0f, pt, 1, 16, v, ldv, 0.0f, o, ldo); break;
+    case 3: tiny_rows<3>(rows, f.dv, C, 1.0f, pt, 1, 16, v, ldv, 0.0f, o, ldo); break;
+    case 4: tiny_rows<4>(rows, f.dv, C, 1.0f, pt, 1, 16, v, ldv, 0.0f, o, ldo); break;
+  }
+  static_assert(kShortDims <= 4 * 16, "tiny_rows takes at most 4 vectors a row");
   for (int64_t r = 0; r < rows; ++r) {
     const float inv = l[r] > 0 ? 1.0f / l[r] : 0.0f;
     for (int64_t d = 0; d < f.dv; ++d) o[r * ldo + d] *= inv;
