@@ -1034,7 +1034,7 @@ TEST(Kernels, ShortSequenceAttentionHasTheTilePathsBits) {
     const std::string what = "heads " + std::to_string(c.heads) + "/" + std::to_string(c.kv_heads) + " dh " +
                              std::to_string(c.dh) + " t " + std::to_string(c.t) + " s " + std::to_string(c.s);
     EXPECT_EQ(differ, 0) << what;
-    EXPECT_LT(unseen, B * c.heads * c.t) << what;  // most rows see keys: not all zeros on both sides
+    EXPECT_LT(unseen, B * c.heads * c.t) << what;  // some rows see keys: not only zeros and -inf on both sides
   }
 }
 
