@@ -358,6 +358,14 @@ check "bench vit tiny" 0 bash -c "cd '$FIXTURES/../..' && '$QKV' bench vit --ste
 grep -q '"qkv_train_images_per_s"' "$tmp/out" || { echo "FAIL bench vit json"; failures=$((failures + 1)); }
 python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); sys.exit(not (d["rounds"] == 1 and len(d["qkv_train_images_per_s_by_round"]) == 1 and d["torch_train_images_per_s_by_round"] == [] and d["train_ratio"] is None))' "$tmp/out" \
   || { echo "FAIL bench vit --rounds 1 json: one figure for qkv, none for an absent peer"; failures=$((failures + 1)); }
+# A Hugging Face ViT folder: inference in three dtypes, two rounds, the peer absent.
+check "bench vit --model" 0 "$QKV" bench vit --model "$FIXTURES/hf/vit" --images 3 --steps 1 --rounds 2 --json --python false
+python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); sys.exit(not ([r["impl"] for r in d["qkv"]] == ["qkv f32", "qkv bf16", "qkv int8"] and all(len(r["images_per_s_by_round"]) == 2 and r["images_per_s"] > 0 for r in d["qkv"]) and d["images"] == 3 and d["infer_ratio"] is None and d["peer"]))' "$tmp/out" \
+  || { echo "FAIL bench vit --model json: three dtypes, two rounds each, no peer"; head -c 800 "$tmp/out"; failures=$((failures + 1)); }
+check "bench vit --model, not a folder" nonzero "$QKV" bench vit --model "$tmp/no-such-folder" --python false
+one_line_error "bench vit --model, not a folder"
+check "bench vit --images 0" nonzero "$QKV" bench vit --model "$FIXTURES/hf/vit" --images 0 --python false
+one_line_error "bench vit --images 0"
 
 # A decoder language model on a short text, then generation from it.
 for i in $(seq 30); do printf 'the cat sat on the mat.\n\n' >>"$tmp/lm.txt"; done

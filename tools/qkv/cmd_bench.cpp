@@ -55,6 +55,7 @@ struct BenchArgs {
   std::string test = "out/demo/zh-ja.test.tsv";  // decode: its sentences
   int64_t sentences = 200;                        // decode: how many of them
   std::vector<int64_t> rows = {1, 4, 16};         // streams: sequences decoded together
+  int64_t images = 16;                            // vit --model: images a batch
 };
 
 // A suite's --json output: its figures, plus what ran them.
@@ -818,7 +819,154 @@ int run_bench_attention(const BenchArgs& a) {
 
 // --- vit: the recipe's Vision Transformer, qkv vs the same model in PyTorch ---
 
+// vit --model: a folder's Vision Transformer (a Hugging Face
+// ViTForImageClassification or DeiT folder, or qkv's own), inference only,
+// against transformers' model of the same folder on the same pixels
+// (scripts/bench_vit_hf_peer.py): qkv in float32, bf16 and int8 against the
+// peer in float32, rounds alternating; the peer's logits of the first images
+// are compared with qkv's float32 ones, so that the two ran the same model.
+int run_bench_vit_folder(const BenchArgs& a) {
+  QKV_CHECK(a.images >= 1, "bench vit: --images must be at least 1");
+  const bool progress = !a.json && isatty(STDERR_FILENO);
+  const int64_t first = std::min<int64_t>(4, a.images);
+  const int calls = std::max(2, a.steps);
+  const std::vector<std::string> dtypes = {"f32", "bf16", "int8"};
+  std::vector<std::shared_ptr<VisionTransformer>> models;
+  for (const std::string& dtype : dtypes) models.push_back(load_vit_model(a.model, "bench vit", dtype));
+  const ViTConfig& c = models[0]->config();
+  Rng rng(0);
+  const Tensor pixels = Tensor::randn({a.images, c.channels, c.image_size, c.image_size}, rng);
+  Tensor logits;  // qkv's float32 logits of the first images
+  {
+    NoGradGuard no_grad;
+    logits = models[0]->forward(pixels.slice(0, 0, first)).contiguous();
+  }
+  // The peer reads the pixels from a file of its own.
+  const std::filesystem::path file =
+      std::filesystem::temp_directory_path() / ("qkv-bench-vit-" + std::to_string(getpid()) + ".safetensors");
+  struct RemovedAtExit {
+    std::filesystem::path path;
+    ~RemovedAtExit() {
+      std::error_code ignored;
+      std::filesystem::remove(path, ignored);
+    }
+  } removed{file};
+  save_safetensors(file.string(), std::vector<std::pair<std::string, Tensor>>{{"pixels", pixels}});
+  const std::string peer_cmd = a.python + " scripts/bench_vit_hf_peer.py --model '" + a.model + "' --pixels '" +
+                               file.string() + "' --threads " + std::to_string(thread_count()) + " --calls " +
+                               std::to_string(calls) + " --first " + std::to_string(first);
+  std::vector<std::vector<double>> ours(dtypes.size());
+  std::vector<double> peak_mb(dtypes.size(), 0.0), theirs;
+  nlohmann::json peer;  // the peer's last answer (its versions, logits)
+  std::string peer_error;
+  for (int round = 1; round <= a.rounds; ++round) {
+    for (size_t d = 0; d < dtypes.size(); ++d) {
+      if (progress)
+        std::fprintf(stderr, "\rbench vit: qkv %s, round %d of %d ...          ", dtypes[d].c_str(), round, a.rounds);
+      release_cached_memory();
+      const uint64_t base = allocator_stats().bytes_in_use;
+      reset_peak_bytes();
+      double best = 1e30;
+      for (int i = 0; i <= calls; ++i) {  // the first call warms up and is not counted
+        NoGradGuard no_grad;
+        const auto t0 = std::chrono::steady_clock::now();
+        models[d]->forward(pixels);
+        if (i > 0) best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      }
+      ours[d].push_back(a.images / best);
+      peak_mb[d] = std::max(peak_mb[d], (allocator_stats().peak_bytes_in_use - base) / 1e6);
+    }
+    if (round > 1 && theirs.empty()) continue;  // no peer: its first round failed
+    if (progress)
+      std::fprintf(stderr, "\rbench vit: transformers (scripts/bench_vit_hf_peer.py), round %d of %d ...   ", round,
+                   a.rounds);
+    const nlohmann::json t = run_peer(peer_cmd);
+    if (t.is_null() || t.contains("error")) {
+      peer_error = t.is_null() ? "its script failed (needs torch and transformers)" : t["error"].get<std::string>();
+      continue;
+    }
+    peer = t;
+    theirs.push_back(t["images_per_s"].get<double>());
+  }
+  if (progress) std::fprintf(stderr, "\r%76s\r", "");
+  auto best = [](const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); };
+  const bool have_peer = !theirs.empty();
+  double max_diff = -1;
+  if (have_peer) {
+    const nlohmann::json& their_logits = peer["first"];
+    const int64_t classes = logits.size(1);
+    max_diff = (int64_t)their_logits.size() == first ? 0 : INFINITY;
+    for (int64_t i = 0; i < first && std::isfinite(max_diff); ++i) {
+      if ((int64_t)their_logits[i].size() != classes) max_diff = INFINITY;
+      for (int64_t j = 0; j < classes && std::isfinite(max_diff); ++j) {
+        const double diff = std::fabs(logits.data<float>()[i * classes + j] - their_logits[i][j].get<double>());
+        max_diff = std::isnan(diff) ? INFINITY : std::max(max_diff, diff);
+      }
+    }
+  }
+  nlohmann::ordered_json rows = nlohmann::ordered_json::array();
+  for (size_t d = 0; d < dtypes.size(); ++d) {
+    nlohmann::ordered_json r = {{"impl", "qkv " + dtypes[d]},
+                                {"images_per_s", best(ours[d])},
+                                {"peak_extra_mb", peak_mb[d]},
+                                {"images_per_s_by_round", ours[d]}};
+    if (have_peer) r["vs_peer"] = best(ours[d]) / best(theirs);
+    rows.push_back(r);
+  }
+  const std::string peer_name = have_peer ? "transformers " + peer["transformers"].get<std::string>() + " (torch " +
+                                                peer["torch"].get<std::string>() + ", attention " +
+                                                peer["attention"].get<std::string>() + ")"
+                                          : "";
+  if (a.json) {
+    nlohmann::ordered_json out = {{"suite", "vit"},
+                                  {"model", a.model},
+                                  {"summary", models[0]->summary()},
+                                  {"threads", thread_count()},
+                                  {"images", a.images},
+                                  {"rounds", a.rounds},
+                                  {"qkv", rows}};
+    if (have_peer) {
+      out["peer"] = {{"impl", peer_name},
+                     {"images_per_s", best(theirs)},
+                     {"images_per_s_by_round", theirs},
+                     {"max_abs_logit_diff_f32_first", max_diff}};
+      out["infer_ratio"] = best(ours[0]) / best(theirs);
+    } else {
+      out["peer"] = peer_error;
+      out["infer_ratio"] = nullptr;
+    }
+    print_json(out);
+    return 0;
+  }
+  std::printf(
+      "qkv bench vit: %s\n  %s, inference on batches of %lld random images, the best of %d forwards a round, "
+      "%d threads;\n  %s\n",
+      a.model.c_str(), models[0]->summary().c_str(), (long long)a.images, calls, thread_count(),
+      rounds_note(ours[0].size(), have_peer).c_str());
+  if (have_peer)
+    std::printf("  peer: %s, float32; its logits of the first %lld images within %.1e of qkv's float32\n\n",
+                peer_name.c_str(), (long long)first, max_diff);
+  else
+    std::printf("  peer: transformers not available (%s)\n\n", peer_error.c_str());
+  const auto by_round = [](const std::vector<double>& rates) {  // one decimal: a large model runs a few images/s
+    std::string out;
+    char buf[32];
+    for (double r : rates) std::snprintf(buf, sizeof buf, "%s%.1f", out.empty() ? "" : " ", r), out += buf;
+    return out;
+  };
+  std::printf("  %-16s %12s %14s %10s   %s\n", "", "images/s", "peak extra MB", "vs peer", "by round");
+  for (size_t d = 0; d < dtypes.size(); ++d)
+    std::printf("  %-16s %12.2f %14.1f %10s   %s\n", ("qkv " + dtypes[d]).c_str(), best(ours[d]), peak_mb[d],
+                have_peer ? (std::to_string(best(ours[d]) / best(theirs)).substr(0, 4) + "x").c_str() : "-",
+                by_round(ours[d]).c_str());
+  if (have_peer)
+    std::printf("  %-16s %12.2f %14s %10s   %s\n", "transformers", best(theirs), "-", "1.00x",
+                by_round(theirs).c_str());
+  return 0;
+}
+
 int run_bench_vit(const BenchArgs& a) {
+  if (a.model_option && a.model_option->count() > 0) return run_bench_vit_folder(a);
   // The recipe's model (learned positions, mean pooling: the shape the PyTorch peer builds).
   const std::string recipe = "configs/vit-fashion-mnist.json";
   ViTConfig c = ViTConfig::from_json(recipe_text(recipe, "vit"), recipe);
@@ -1548,7 +1696,9 @@ Run add_bench(CLI::App& app) {
       sub->add_option(
              "--model", args->model,
              "decode: a trained model folder; generate, streams: a decoder folder (qkv or Hugging Face; without it, "
-             "random models of configs/lm-20m.json and lm-100m.json); embed: an encoder folder (required)")
+             "random models of configs/lm-20m.json and lm-100m.json); embed: an encoder folder (required); vit: "
+             "a vit folder (Hugging Face ViT or DeiT, or qkv's), inference against transformers (without it, the "
+             "recipe's model, training and inference against PyTorch)")
           ->capture_default_str();
   args->test_option =
       sub->add_option("--test", args->test,
@@ -1557,7 +1707,11 @@ Run add_bench(CLI::App& app) {
                       "(default: generated English)")
           ->capture_default_str();
   sub->add_option("--sentences", args->sentences, "decode, embed: how many")->capture_default_str();
-  sub->add_option("--steps", args->steps, "train, vit: timed training steps")->capture_default_str();
+  sub->add_option("--steps", args->steps, "train, vit: timed training steps (vit --model: timed forwards a round)")
+      ->capture_default_str();
+  sub->add_option("--images", args->images, "vit --model: images a batch")
+      ->check(CLI::Range((int64_t)1, (int64_t)4096))
+      ->capture_default_str();
   sub->add_option("--rounds", args->rounds,
                   "train, vit, attention, ops (its float32 matmul table): measure qkv and the PyTorch peer alternately "
                   "this many times and keep each one's best (the machine's speed moves between minutes)")
@@ -1575,7 +1729,7 @@ Run add_bench(CLI::App& app) {
   sub->add_flag("--causal", args->causal, "attention: causal mask");
   sub->add_option("--python", args->python,
                   "attention, train, vit, generate: Python with torch (generate --model: transformers, "
-                  "llama-cpp-python) for the peer columns")
+                  "llama-cpp-python; vit --model: transformers) for the peer columns")
       ->capture_default_str();
   sub->add_flag("--json", args->json, "Print one JSON object instead of tables");
   sub->add_option("--threads", args->threads, "Threads (0: all cores)")->capture_default_str();
