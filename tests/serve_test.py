@@ -476,6 +476,35 @@ class ChatTools(unittest.TestCase):
             r = self.s.client.chat.completions.create(model="chat-tools", messages=self.MESSAGES, max_tokens=2)
             self.assertEqual(len(r.choices), 1)
 
+    def test_json_nested_past_the_limit_is_a_400_and_the_server_goes_on(self):
+        """A tool's JSON schema, or a call's arguments, nested 100,000 deep (each copy and conversion of it a
+        recursion that ran the server out of stack): a 400 naming the field. 64 levels still serve."""
+        deep = '{"a": ' * 100000 + "{}" + "}" * 100000
+        head = '{"messages": [{"role": "user", "content": "the cat"}], "max_tokens": 2, '
+        tool = '"tools": [{"type": "function", "function": {"name": "now", "parameters": %s}}]'
+        call = ('"messages": [{"role": "user", "content": "the cat"}, {"role": "assistant", "content": null, '
+                '"tool_calls": [{"id": "c", "type": "function", "function": {"name": "now", "arguments": %s}}]}, '
+                '{"role": "tool", "tool_call_id": "c", "content": "12:00"}], "max_tokens": 2}')
+        for raw, param in [(head + tool % deep + "}", "tools"),
+                           ("{" + call % json.dumps(deep), "messages"),
+                           ("{" + call % deep, "messages")]:
+            status, answer = self.s.request("POST", "/v1/chat/completions", raw=raw)
+            self.assertEqual(status, 400, str(answer)[:300])
+            self.assertEqual(answer["error"]["param"], param, answer)
+            self.assertIn("nested deeper than", answer["error"]["message"])
+            r = self.s.client.chat.completions.create(model="chat-tools", messages=self.MESSAGES, max_tokens=2)
+            self.assertEqual(len(r.choices), 1)
+        # The body 100 levels deep at most: tools [ {function {parameters ...}}] leave 96 to the schema
+        # (tool_choice "none" keeps it out of the prompt, which this context has no room for).
+        for levels, status_wanted in [(96, 200), (97, 400)]:
+            schema = '{"a": ' * (levels - 1) + "{}" + "}" * (levels - 1)
+            status, answer = self.s.request("POST", "/v1/chat/completions",
+                                            raw=head + '"tool_choice": "none", ' + tool % schema + "}")
+            self.assertEqual(status, status_wanted, str(answer)[:300])
+            if status == 400:
+                self.assertEqual(answer["error"]["param"], "tools", answer)
+                self.assertIn("nested deeper than 100 levels", answer["error"]["message"])
+
 
 class Slow(unittest.TestCase):
     """A model slow enough that requests overlap: queueing, leaving mid-stream, draining on SIGTERM."""

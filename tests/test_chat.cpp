@@ -171,6 +171,20 @@ TEST(Chat, ToolCallsAreReadFromTheirTags) {
   EXPECT_EQ(marker_begins_at_end("ab<|im_end|>", "<|im_end|>"), 0u);
   EXPECT_EQ(marker_begins_at_end("<", "<|im_end|>"), 1u);
   EXPECT_EQ(marker_begins_at_end("abc", ""), 0u);
+  // A call nested deeper than a request may be stays text (its copies would
+  // recurse once a level: 60,000 ran a copy out of stack); 99 levels are a call.
+  const auto nested_call = [](int levels) {
+    std::string args;
+    for (int i = 0; i < levels; ++i) args += "{\"a\": ";
+    args += "1" + std::string(levels, '}');
+    return "<tool_call>{\"name\": \"f\", \"arguments\": " + args + "}</tool_call>";
+  };
+  EXPECT_EQ(parse_tool_calls(nested_call(99)).tool_calls.size(), 1u);
+  for (int levels : {100, 100000}) {
+    r = parse_tool_calls(nested_call(levels));
+    EXPECT_TRUE(r.tool_calls.empty()) << levels;
+    EXPECT_EQ(r.content, nested_call(levels)) << levels;
+  }
 }
 
 // A folder whose template is none of the four layouts (the "renamed" and

@@ -236,6 +236,9 @@ TEST(HfTokenizer, WhatIsNotReadIsOneErrorNamingTheField) {
   EXPECT_EQ(error_of([&] { load_hf_tokenizer(path, {}); }), path + ": not a tokenizer.json (the top level is not an object)");
   write_file_atomic(path, "{\"model\": ");
   EXPECT_NE(error_of([&] { load_hf_tokenizer(path, {}); }).find(": not valid JSON"), std::string::npos);
+  // Refused by parse_json (src/core/json.h) before anything walks it: a copy recursed once a level.
+  write_file_atomic(path, "{\"model\": " + std::string(100000, '[') + std::string(100000, ']') + "}");
+  EXPECT_EQ(error_of([&] { load_hf_tokenizer(path, {}); }), path + ": JSON nested deeper than 256 levels");
 }
 
 }  // namespace

@@ -124,6 +124,53 @@ TEST(Jinja, AHostileTemplateStaysFinite) {
   EXPECT_EQ(error_of([&] { Template{nested}; }), "line 1: blocks nested too deep");
 }
 
+// Values stay acyclic and at most 128 levels deep, so that printing,
+// comparing, converting and freeing one (a call a level) stays on the stack.
+// The fuzzer's input: a namespace set to hold itself, then printed (repr
+// recursed until the stack ran out; the cycle of shared pointers also leaked).
+TEST(Jinja, ValuesNeitherHoldThemselvesNorNestWithoutEnd) {
+  const nlohmann::ordered_json none = nlohmann::ordered_json::object();
+  EXPECT_EQ(error_of([&] { Template("{% set ns = namespace(x=1) %}{% set ns.x = ns %}{{ ns }}").render(none); }),
+            "line 1: a namespace() cannot be put in a list, a dict or another namespace: set ns.x");
+  EXPECT_EQ(error_of([&] { Template("{% set ns = namespace() %}{{ [ns] }}").render(none); }),
+            "a namespace() cannot be put in a list, a dict or another namespace");
+  EXPECT_EQ(error_of([&] { Template("{% set a = namespace() %}{{ namespace(b=a) }}").render(none); }),
+            "a namespace() cannot be put in a list, a dict or another namespace");
+  // Nesting carried through a namespace, a level an iteration.
+  EXPECT_EQ(error_of([&] {
+              Template("{% set ns = namespace(l=[]) %}{% for i in range(100000) %}{% set ns.l = [ns.l] %}{% endfor %}")
+                  .render(none);
+            }),
+            "line 1: lists and dicts nested deeper than 128 levels: set ns.l");
+  EXPECT_EQ(error_of([&] {
+              Template(
+                  "{% set ns = namespace(d={}) %}{% for i in range(100000) %}{% set ns.d = {'k': ns.d} %}"
+                  "{% endfor %}")
+                  .render(none);
+            }),
+            "line 1: lists and dicts nested deeper than 128 levels: set ns.d");
+  // 127 levels made so, 128 with the outer list: printed whole.
+  const std::string deepest =
+      Template(
+          "{% set ns = namespace(l=[]) %}{% for i in range(126) %}{% set ns.l = [ns.l] %}{% endfor %}"
+          "{{ [ns.l] }}")
+          .render(none);
+  EXPECT_EQ(deepest, std::string(128, '[') + std::string(128, ']'));
+  // A value of the context: 128 levels render, 129 and 100,000 are one error.
+  const auto nested_list = [](int levels) {
+    return nlohmann::ordered_json::parse(std::string(levels, '[') + std::string(levels, ']'));
+  };
+  EXPECT_EQ(Template("{{ x | length }}").render({{"x", nested_list(128)}}), "1");
+  EXPECT_EQ(error_of([&] {
+              Template("{{ x | length }}").render({{"x", nested_list(129)}});
+            }),
+            "the context is nested deeper than 128 levels");
+  EXPECT_EQ(error_of([&] {
+              Template("{{ x | length }}").render({{"x", nested_list(100000)}});
+            }),
+            "the context is nested deeper than 128 levels");
+}
+
 // A for loop binds `loop` only in a template that reads the name somewhere
 // (building its nine fields was most of an empty iteration's time: the
 // hostile template above took 3 s, 0.4 s without them); where one does,

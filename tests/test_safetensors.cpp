@@ -102,6 +102,9 @@ std::vector<Malformed> malformed_cases() {
       {"header_not_utf8", file_bytes("{\"a\xff\":1}", ""), "header is not valid UTF-8"},
       {"header_not_json", file_bytes("{not json", ""), "header is not valid JSON"},
       {"header_not_object", file_bytes("[1,2]", ""), "header is not a JSON object"},
+      // Refused before anything walks it (a copy recursed once a level; 60,000 ran out of stack).
+      {"header_nested_too_deep", file_bytes(std::string(100000, '[') + std::string(100000, ']'), ""),
+       "header nested deeper than 256 levels"},
       {"entry_not_object", file_bytes(R"({"w":5})", ""), "tensor 'w': entry is not an object"},
       {"missing_offsets", file_bytes(R"({"w":{"dtype":"F32","shape":[2]}})", eight), "data_offsets must be"},
       {"unknown_field", file_bytes(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8],"x":1}})", eight),

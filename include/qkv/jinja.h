@@ -36,7 +36,9 @@
 // only when it runs, so that a branch the template does not take may use
 // one. One newline at the end of the source is dropped, as jinja2 drops it. A
 // template cannot loop or recurse without end: ranges, loop iterations,
-// output and macro depth are bounded. Errors are one line (a raised message's
+// output and macro depth are bounded, and so is how deep values nest (128
+// levels, the context's included; a namespace() goes in no list, dict or
+// other namespace, so no value holds itself). Errors are one line (a raised message's
 // newlines become spaces).
 #pragma once
 

@@ -9,6 +9,7 @@
 #include "qkv/error.h"
 #include "qkv/io.h"
 #include "qkv/utf8.h"
+#include "src/core/json.h"
 
 namespace qkv {
 
@@ -85,6 +86,8 @@ ChatTemplate chat_template_of_folder(const std::string& dir) {
     } catch (const nlohmann::json::exception&) {
       fail(config, ": not valid JSON");
     }
+    QKV_CHECK(!json_nested_deeper_than(j, kMaxFileJsonDepth), config, ": JSON nested deeper than ", kMaxFileJsonDepth,
+              " levels");
   }
   try {
     if (std::filesystem::is_regular_file(jinja)) return chat_template_of(read_file(jinja), special_tokens(j));
@@ -224,7 +227,9 @@ ChatReply parse_tool_calls(const std::string& text) {
     reply.content += text.substr(at, open - at);
     const std::string inside = text.substr(open + kCallOpen.size(), close - open - kCallOpen.size());
     const nlohmann::ordered_json call = nlohmann::ordered_json::parse(inside, nullptr, /*allow_exceptions=*/false);
-    const bool named = call.is_object() && call.contains("name") && call["name"].is_string();
+    // A call nested deeper than a request may be (kMaxRequestJsonDepth) stays text: its copies would recurse.
+    const bool named = call.is_object() && !json_nested_deeper_than(call, kMaxRequestJsonDepth) &&
+                       call.contains("name") && call["name"].is_string();
     const bool with_arguments = named && (!call.contains("arguments") || call["arguments"].is_object());
     if (with_arguments) {
       ToolCall c{call["name"].get<std::string>()};

@@ -46,6 +46,11 @@ constexpr int64_t kMaxRange = 1 << 20;    // items range() may make
 constexpr int kMaxDepth = 64;             // nested macro calls
 constexpr int kMaxNesting = 256;          // nested expressions and blocks while parsing
 constexpr int64_t kMaxSteps = 1 << 20;    // loop iterations and macro calls of one render
+// Lists, dicts and namespaces inside one another, the context's JSON among
+// them: printing, comparing, converting and freeing a value go down it a
+// call a level. A template could otherwise nest without end
+// ({% set ns.l = [ns.l] %} in a loop).
+constexpr int kMaxValueDepth = 128;
 
 // Errors are one line; a template's own text (a key, a raised message) may not be.
 std::string one_line(std::string s) {
@@ -79,6 +84,11 @@ struct Value {
   std::shared_ptr<List> list;  // shared: a list is one object, as in Python
   std::shared_ptr<Dict> dict;  // a namespace() too, whose attributes `set` may change
   bool is_namespace = false;
+  // A list's or dict's levels (1 + its deepest element's), at most
+  // kMaxValueDepth. Lists and dicts do not change once made, so it stays
+  // true; a namespace does, so no list, dict or namespace may hold one (no
+  // value then holds itself, and none is deeper than its depth says).
+  int depth = 0;
   bool is_tuple = false;  // a list written (a, b): printed with parentheses
   // Str: jinja2's Markup, what |safe returns. `+` with a plain string beside
   // it escapes that string for HTML (markupsafe's rule), and the sum is
@@ -114,13 +124,21 @@ struct Value {
   }
   static Value of_list(List x) {
     Value v = make(Kind::List);
+    for (const Value& e : x) v.hold(e);
     v.list = std::make_shared<List>(std::move(x));
     return v;
   }
   static Value of_dict(Dict x) {
     Value v = make(Kind::Dict);
+    for (const auto& [key, value] : x) v.hold(key), v.hold(value);
     v.dict = std::make_shared<Dict>(std::move(x));
     return v;
+  }
+  // Checks that this container (depth 0 until its first element) may hold e.
+  void hold(const Value& e) {
+    QKV_CHECK(!e.is_namespace, "a namespace() cannot be put in a list, a dict or another namespace");
+    QKV_CHECK(e.depth < kMaxValueDepth, "lists and dicts nested deeper than ", kMaxValueDepth, " levels");
+    depth = std::max(depth, e.depth + 1);
   }
   static Value function(Function f) {
     Value v = make(Kind::Function);
@@ -150,7 +168,9 @@ struct Value {
   }
 };
 
-Value from_json(const nlohmann::ordered_json& j) {
+Value from_json(const nlohmann::ordered_json& j, int depth = 1) {
+  if (j.is_structured() && depth > kMaxValueDepth)
+    fail("the context is nested deeper than ", kMaxValueDepth, " levels");
   switch (j.type()) {
     case nlohmann::ordered_json::value_t::null: return Value::none();
     case nlohmann::ordered_json::value_t::boolean: return Value::boolean(j.get<bool>());
@@ -160,12 +180,12 @@ Value from_json(const nlohmann::ordered_json& j) {
     case nlohmann::ordered_json::value_t::string: return Value::str(j.get<std::string>());
     case nlohmann::ordered_json::value_t::array: {
       List l;
-      for (const auto& e : j) l.push_back(from_json(e));
+      for (const auto& e : j) l.push_back(from_json(e, depth + 1));
       return Value::of_list(std::move(l));
     }
     case nlohmann::ordered_json::value_t::object: {
       Dict d;
-      for (const auto& [k, v] : j.items()) d.emplace_back(Value::str(k), from_json(v));
+      for (const auto& [k, v] : j.items()) d.emplace_back(Value::str(k), from_json(v, depth + 1));
       return Value::of_dict(std::move(d));
     }
     default: fail("a JSON value of a type Jinja has no counterpart for");
@@ -1236,6 +1256,11 @@ private:
         }
         Value ns = lookup(s.text);
         if (!ns.is_namespace) fail_at(s.line, "'" + s.text + "' is not a namespace: set " + s.text + "." + s.attr);
+        try {
+          ns.hold(v);  // ns's own depth is not kept (nothing holds a namespace): this checks v
+        } catch (const Error& e) {
+          fail_at(s.line, std::string(e.what()) + ": set " + s.text + "." + s.attr);
+        }
         for (auto& [k, old] : *ns.dict)
           if (k.kind == Value::Kind::Str && k.s == s.attr) {
             old = std::move(v);

@@ -8,6 +8,7 @@
 
 #include "qkv/io.h"
 #include "qkv/utf8.h"
+#include "src/core/json.h"
 
 namespace qkv {
 
@@ -89,6 +90,7 @@ Header parse_header(const std::string& header, uint64_t data_size, const std::st
   } catch (const nlohmann::json::exception& e) {
     bad("header is not valid JSON (", e.what(), ")");
   }
+  if (json_nested_deeper_than(j, kMaxFileJsonDepth)) bad("header nested deeper than ", kMaxFileJsonDepth, " levels");
   if (!j.is_object()) bad("header is not a JSON object");
 
   Header out;

@@ -11,6 +11,7 @@
 #include <memory>
 
 #include "qkv/allocator.h"
+#include "src/core/json.h"
 #include "src/train/gradient_reducer.h"
 #include "src/train/train_state.h"
 
@@ -91,6 +92,8 @@ Resumed resume_from(TrainTask& task, AdamW& opt, const std::string& out_dir) {
   if (const std::string* history = state.metadata("history")) {
     r.history = nlohmann::json::parse(*history, nullptr, /*allow_exceptions=*/false);
     QKV_CHECK(r.history.is_array(), path, ": metadata 'history' is not a JSON list; cannot resume");
+    QKV_CHECK(!json_nested_deeper_than(r.history, kMaxFileJsonDepth), path,
+              ": metadata 'history' is nested deeper than ", kMaxFileJsonDepth, " levels; cannot resume");
   }
   r.processes = (int64_t)metadata_number(state, "processes", 1);
   QKV_CHECK(r.processes >= 1 && r.processes <= (1 << 20), path, ": metadata 'processes' is ", r.processes,

@@ -8,6 +8,7 @@
 #include "qkv/chat.h"
 #include "qkv/io.h"
 #include "qkv/registry.h"
+#include "src/core/json.h"
 #include "src/train/loop.h"
 
 namespace qkv {
@@ -206,6 +207,8 @@ const Family& init_family(const TrainRun& r) {
   } catch (const nlohmann::json::exception&) {
     fail(r.config_source, ": not valid JSON");
   }
+  QKV_CHECK(!json_nested_deeper_than(config, kMaxFileJsonDepth), r.config_source, ": JSON nested deeper than ",
+            kMaxFileJsonDepth, " levels");
   QKV_CHECK(config.is_object(), r.config_source, ": expected a JSON object");
   for (const auto& [key, value] : config.items()) {
     if (key == "train") continue;

@@ -372,8 +372,10 @@ std::string rounds_note(size_t rounds, bool with_peer) {
 // "4820 5341 4410": a suite's figures by round.
 std::string join_rounds(const nlohmann::json& rates) {
   std::string out;
-  for (const auto& r : rates)
-    out += (out.empty() ? "" : " ") + std::to_string((long long)std::llround(r.get<double>()));
+  for (const auto& r : rates) {
+    if (!out.empty()) out += ' ';
+    out += std::to_string((long long)std::llround(r.get<double>()));
+  }
   return out;
 }
 

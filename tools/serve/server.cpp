@@ -26,6 +26,7 @@
 #include "qkv/ops.h"
 #include "qkv/registry.h"
 #include "qkv/utf8.h"
+#include "src/core/json.h"
 #include "tools/serve/explorer_html.h"
 #include "tools/serve/merged_runs.h"
 
@@ -59,6 +60,12 @@ void send_error(httplib::Response& res, const HttpError& e) {
   send_json(res, e.status, {{"error", error}});
 }
 
+std::string nested_too_deep(std::string field) {
+  field += " is nested deeper than ";
+  field += std::to_string(kMaxRequestJsonDepth);
+  return field + " levels";
+}
+
 // The body as a JSON object; `known` lists the fields the endpoint reads, any other is an error.
 json parse_body(const httplib::Request& req, std::initializer_list<const char*> known) {
   if (const size_t at = invalid_utf8_offset(req.body); at != std::string::npos)
@@ -74,6 +81,8 @@ json parse_body(const httplib::Request& req, std::initializer_list<const char*> 
     bool found = false;
     for (const char* k : known) found = found || it.key() == k;
     if (!found) bad(it.key(), "unknown field '" + it.key() + "'");
+    // Before anything copies it (src/core/json.h): a copy recurses once a level.
+    if (json_nested_deeper_than(it.value(), kMaxRequestJsonDepth - 1)) bad(it.key(), nested_too_deep(it.key()));
   }
   return body;
 }
@@ -654,6 +663,8 @@ private:
         bad("messages", at + " must be {\"type\": \"function\", \"function\": {\"name\", \"arguments\"}}");
       json arguments = c["function"].value("arguments", json::object());
       if (arguments.is_string()) arguments = json::parse(arguments.get<std::string>(), nullptr, false);
+      if (json_nested_deeper_than(arguments, kMaxRequestJsonDepth))
+        bad("messages", nested_too_deep(at + ".function.arguments"));
       if (!arguments.is_object()) bad("messages", at + ".function.arguments must be the JSON text of an object");
       json call = {{"type", "function"}, {"function", {{"name", c["function"]["name"]}, {"arguments", arguments}}}};
       if (c.contains("id")) call["id"] = c["id"];
