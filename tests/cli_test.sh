@@ -366,6 +366,8 @@ check "bench vit --model, not a folder" nonzero "$QKV" bench vit --model "$tmp/n
 one_line_error "bench vit --model, not a folder"
 check "bench vit --images 0" nonzero "$QKV" bench vit --model "$FIXTURES/hf/vit" --images 0 --python false
 one_line_error "bench vit --images 0"
+check "bench vit --model --precision bf16" nonzero "$QKV" bench vit --model "$FIXTURES/hf/vit" --precision bf16 --python false
+one_line_error "bench vit --model --precision bf16"
 
 # A decoder language model on a short text, then generation from it.
 for i in $(seq 30); do printf 'the cat sat on the mat.\n\n' >>"$tmp/lm.txt"; done

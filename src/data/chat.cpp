@@ -81,13 +81,14 @@ ChatTemplate chat_template_of_folder(const std::string& dir) {
   const std::string jinja = dir + "/chat_template.jinja", config = dir + "/tokenizer_config.json";
   nlohmann::json j;
   if (std::filesystem::is_regular_file(config)) {
+    const std::string text = read_file(config);
+    QKV_CHECK(!json_text_nested_deeper_than(text, kMaxFileJsonDepth), config, ": JSON nested deeper than ",
+              kMaxFileJsonDepth, " levels");
     try {
-      j = nlohmann::json::parse(read_file(config));
+      j = nlohmann::json::parse(text);
     } catch (const nlohmann::json::exception&) {
       fail(config, ": not valid JSON");
     }
-    QKV_CHECK(!json_nested_deeper_than(j, kMaxFileJsonDepth), config, ": JSON nested deeper than ", kMaxFileJsonDepth,
-              " levels");
   }
   try {
     if (std::filesystem::is_regular_file(jinja)) return chat_template_of(read_file(jinja), special_tokens(j));
@@ -226,10 +227,12 @@ ChatReply parse_tool_calls(const std::string& text) {
     }
     reply.content += text.substr(at, open - at);
     const std::string inside = text.substr(open + kCallOpen.size(), close - open - kCallOpen.size());
-    const nlohmann::ordered_json call = nlohmann::ordered_json::parse(inside, nullptr, /*allow_exceptions=*/false);
-    // A call nested deeper than a request may be (kMaxRequestJsonDepth) stays text: its copies would recurse.
-    const bool named = call.is_object() && !json_nested_deeper_than(call, kMaxRequestJsonDepth) &&
-                       call.contains("name") && call["name"].is_string();
+    // A call nested deeper than a request may be (kMaxRequestJsonDepth) stays text: parsing it would recurse.
+    const nlohmann::ordered_json call =
+        json_text_nested_deeper_than(inside, kMaxRequestJsonDepth)
+            ? nlohmann::ordered_json()
+            : nlohmann::ordered_json::parse(inside, nullptr, /*allow_exceptions=*/false);
+    const bool named = call.is_object() && call.contains("name") && call["name"].is_string();
     const bool with_arguments = named && (!call.contains("arguments") || call["arguments"].is_object());
     if (with_arguments) {
       ToolCall c{call["name"].get<std::string>()};

@@ -84,13 +84,14 @@ Header parse_header(const std::string& header, uint64_t data_size, const std::st
     bad("header is not valid UTF-8 (bad byte at header offset ", at, ")");
   std::string duplicate = first_duplicate_key(header);
   if (!duplicate.empty()) bad("key '", duplicate, "' appears twice in the header");
+  if (json_text_nested_deeper_than(header, kMaxFileJsonDepth))
+    bad("header nested deeper than ", kMaxFileJsonDepth, " levels");
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(header);
   } catch (const nlohmann::json::exception& e) {
     bad("header is not valid JSON (", e.what(), ")");
   }
-  if (json_nested_deeper_than(j, kMaxFileJsonDepth)) bad("header nested deeper than ", kMaxFileJsonDepth, " levels");
   if (!j.is_object()) bad("header is not a JSON object");
 
   Header out;

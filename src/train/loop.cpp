@@ -90,10 +90,10 @@ Resumed resume_from(TrainTask& task, AdamW& opt, const std::string& out_dir) {
   r.lr_scale = metadata_number(state, "lr_scale", 1);
   QKV_CHECK(r.lr_scale > 0 && r.lr_scale <= 1, path, ": metadata 'lr_scale' is ", r.lr_scale, "; cannot resume");
   if (const std::string* history = state.metadata("history")) {
+    QKV_CHECK(!json_text_nested_deeper_than(*history, kMaxFileJsonDepth), path,
+              ": metadata 'history' is nested deeper than ", kMaxFileJsonDepth, " levels; cannot resume");
     r.history = nlohmann::json::parse(*history, nullptr, /*allow_exceptions=*/false);
     QKV_CHECK(r.history.is_array(), path, ": metadata 'history' is not a JSON list; cannot resume");
-    QKV_CHECK(!json_nested_deeper_than(r.history, kMaxFileJsonDepth), path,
-              ": metadata 'history' is nested deeper than ", kMaxFileJsonDepth, " levels; cannot resume");
   }
   r.processes = (int64_t)metadata_number(state, "processes", 1);
   QKV_CHECK(r.processes >= 1 && r.processes <= (1 << 20), path, ": metadata 'processes' is ", r.processes,

@@ -829,6 +829,9 @@ int run_bench_attention(const BenchArgs& a) {
 // are compared with qkv's float32 ones, so that the two ran the same model.
 int run_bench_vit_folder(const BenchArgs& a) {
   QKV_CHECK(a.images >= 1, "bench vit: --images must be at least 1");
+  QKV_CHECK(a.precision == "f32",
+            "bench vit --model: --precision is for the recipe's model (a folder runs float32, "
+            "bf16 and int8 weights, each against transformers' float32)");
   const bool progress = !a.json && isatty(STDERR_FILENO);
   const int64_t first = std::min<int64_t>(4, a.images);
   const int calls = std::max(2, a.steps);

@@ -70,6 +70,7 @@ std::string nested_too_deep(std::string field) {
 json parse_body(const httplib::Request& req, std::initializer_list<const char*> known) {
   if (const size_t at = invalid_utf8_offset(req.body); at != std::string::npos)
     bad("", "the body is not valid UTF-8 (at byte " + std::to_string(at + 1) + ")");
+  if (json_text_nested_deeper_than(req.body, kMaxRequestJsonDepth)) bad("", nested_too_deep("the body"));
   json body;
   try {
     body = json::parse(req.body);
@@ -81,8 +82,6 @@ json parse_body(const httplib::Request& req, std::initializer_list<const char*> 
     bool found = false;
     for (const char* k : known) found = found || it.key() == k;
     if (!found) bad(it.key(), "unknown field '" + it.key() + "'");
-    // Before anything copies it (src/core/json.h): a copy recurses once a level.
-    if (json_nested_deeper_than(it.value(), kMaxRequestJsonDepth - 1)) bad(it.key(), nested_too_deep(it.key()));
   }
   return body;
 }
@@ -662,9 +661,11 @@ private:
           !c["function"]["name"].is_string())
         bad("messages", at + " must be {\"type\": \"function\", \"function\": {\"name\", \"arguments\"}}");
       json arguments = c["function"].value("arguments", json::object());
-      if (arguments.is_string()) arguments = json::parse(arguments.get<std::string>(), nullptr, false);
-      if (json_nested_deeper_than(arguments, kMaxRequestJsonDepth))
-        bad("messages", nested_too_deep(at + ".function.arguments"));
+      if (arguments.is_string()) {
+        if (json_text_nested_deeper_than(arguments.get<std::string>(), kMaxRequestJsonDepth))
+          bad("messages", nested_too_deep(at + ".function.arguments"));
+        arguments = json::parse(arguments.get<std::string>(), nullptr, false);
+      }
       if (!arguments.is_object()) bad("messages", at + ".function.arguments must be the JSON text of an object");
       json call = {{"type", "function"}, {"function", {{"name", c["function"]["name"]}, {"arguments", arguments}}}};
       if (c.contains("id")) call["id"] = c["id"];
