@@ -369,12 +369,19 @@ std::string rounds_note(size_t rounds, bool with_peer) {
                      : "best of " + std::to_string(rounds) + " rounds each, qkv and PyTorch alternating";
 }
 
-// "4820 5341 4410": a suite's figures by round.
-std::string join_rounds(const nlohmann::json& rates) {
+// "4820 5341 4410": a suite's figures by round, with `decimals` digits
+// after the point (a large model runs a few images/s).
+std::string join_rounds(const nlohmann::json& rates, int decimals = 0) {
   std::string out;
+  char buf[64];
   for (const auto& r : rates) {
     if (!out.empty()) out += ' ';
-    out += std::to_string((long long)std::llround(r.get<double>()));
+    if (decimals == 0) {
+      out += std::to_string((long long)std::llround(r.get<double>()));
+      continue;
+    }
+    std::snprintf(buf, sizeof buf, "%.*f", decimals, r.get<double>());
+    out += buf;
   }
   return out;
 }
@@ -828,7 +835,6 @@ int run_bench_attention(const BenchArgs& a) {
 // peer in float32, rounds alternating; the peer's logits of the first images
 // are compared with qkv's float32 ones, so that the two ran the same model.
 int run_bench_vit_folder(const BenchArgs& a) {
-  QKV_CHECK(a.images >= 1, "bench vit: --images must be at least 1");
   QKV_CHECK(a.precision == "f32",
             "bench vit --model: --precision is for the recipe's model (a folder runs float32, "
             "bf16 and int8 weights, each against transformers' float32)");
@@ -953,20 +959,14 @@ int run_bench_vit_folder(const BenchArgs& a) {
                 peer_name.c_str(), (long long)first, max_diff);
   else
     std::printf("  peer: transformers not available (%s)\n\n", peer_error.c_str());
-  const auto by_round = [](const std::vector<double>& rates) {  // one decimal: a large model runs a few images/s
-    std::string out;
-    char buf[32];
-    for (double r : rates) std::snprintf(buf, sizeof buf, "%s%.1f", out.empty() ? "" : " ", r), out += buf;
-    return out;
-  };
   std::printf("  %-16s %12s %14s %10s   %s\n", "", "images/s", "peak extra MB", "vs peer", "by round");
   for (size_t d = 0; d < dtypes.size(); ++d)
     std::printf("  %-16s %12.2f %14.1f %10s   %s\n", ("qkv " + dtypes[d]).c_str(), best(ours[d]), peak_mb[d],
                 have_peer ? (std::to_string(best(ours[d]) / best(theirs)).substr(0, 4) + "x").c_str() : "-",
-                by_round(ours[d]).c_str());
+                join_rounds(ours[d], 1).c_str());
   if (have_peer)
     std::printf("  %-16s %12.2f %14s %10s   %s\n", "transformers", best(theirs), "-", "1.00x",
-                by_round(theirs).c_str());
+                join_rounds(theirs, 1).c_str());
   return 0;
 }
 
