@@ -362,6 +362,21 @@ python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); sys.exit(not (d[
 check "bench vit --model" 0 "$QKV" bench vit --model "$FIXTURES/hf/vit" --images 3 --steps 1 --rounds 2 --json --python false
 python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); sys.exit(not ([r["impl"] for r in d["qkv"]] == ["qkv f32", "qkv bf16", "qkv int8"] and all(len(r["images_per_s_by_round"]) == 2 and r["images_per_s"] > 0 for r in d["qkv"]) and d["images"] == 3 and d["infer_ratio"] is None and d["peer"]))' "$tmp/out" \
   || { echo "FAIL bench vit --model json: three dtypes, two rounds each, no peer"; head -c 800 "$tmp/out"; failures=$((failures + 1)); }
+# A peer whose logits are not the model's shape: the bench says they do not
+# match (it printed "within inf" before), as bench embed does for vectors.
+cat >"$tmp/peer-vit" <<'PEER'
+#!/bin/sh
+echo '{"images_per_s": 1.0, "transformers": "0", "torch": "0", "attention": "eager", "first": [[0.5, 0.5]]}'
+PEER
+cat >"$tmp/peer-embed" <<'PEER'
+#!/bin/sh
+echo '{"sentences_per_s": 1.0, "version": "0", "torch": "0", "first": [[0.5], "not a vector"]}'
+PEER
+chmod +x "$tmp/peer-vit" "$tmp/peer-embed"
+check "bench vit --model, a peer of another shape" 0 "$QKV" bench vit --model "$FIXTURES/hf/vit" --images 3 --steps 1 --rounds 1 --python "$tmp/peer-vit"
+grep -q "images do NOT match qkv's float32" "$tmp/out" || { echo "FAIL bench vit: a peer of another shape is reported"; cat "$tmp/out"; failures=$((failures + 1)); }
+check "bench embed --model, a peer of another shape" 0 bash -c "cd '$FIXTURES/../..' && '$QKV' bench embed --model '$FIXTURES/hf/bert' --sentences 6 --python '$tmp/peer-embed'"
+grep -q "sentences do NOT match qkv's float32" "$tmp/out" || { echo "FAIL bench embed: a peer of another shape is reported"; cat "$tmp/out"; failures=$((failures + 1)); }
 check "bench vit --model, not a folder" nonzero "$QKV" bench vit --model "$tmp/no-such-folder" --python false
 one_line_error "bench vit --model, not a folder"
 check "bench vit --images 0" nonzero "$QKV" bench vit --model "$FIXTURES/hf/vit" --images 0 --python false

@@ -386,6 +386,34 @@ std::string join_rounds(const nlohmann::json& rates, int decimals = 0) {
   return out;
 }
 
+// The largest |ours - theirs| over a peer's first rows (JSON arrays of
+// numbers), to show both sides ran the same model. Infinity when a shape
+// differs, an entry is not a number, or either side holds a NaN, so a
+// mismatch can never print as agreement.
+double max_abs_diff_with_peer(const float* ours, int64_t rows, int64_t cols, const nlohmann::json& theirs) {
+  if (!theirs.is_array() || (int64_t)theirs.size() != rows) return INFINITY;
+  double max_diff = 0;
+  for (int64_t i = 0; i < rows; ++i) {
+    const nlohmann::json& row = theirs[i];
+    if (!row.is_array() || (int64_t)row.size() != cols) return INFINITY;
+    for (int64_t j = 0; j < cols; ++j) {
+      if (!row[j].is_number()) return INFINITY;
+      const double diff = std::fabs(ours[i * cols + j] - row[j].get<double>());
+      if (std::isnan(diff)) return INFINITY;
+      max_diff = std::max(max_diff, diff);
+    }
+  }
+  return max_diff;
+}
+
+// "within 4.2e-06 of qkv's float32", or a plain "do NOT match" for infinity.
+std::string agreement(double max_diff) {
+  if (!std::isfinite(max_diff)) return "do NOT match qkv's float32 (a shape differs, or a value is missing or NaN)";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "within %.1e of qkv's float32", max_diff);
+  return buf;
+}
+
 int run_bench_train(const BenchArgs& a) {
   // d_model 256, 4 heads, 3 + 3 layers, dim_feedforward 1024, vocabulary 8000,
   // Post-Norm, dropout 0.1, tied embeddings; 64 sentences x (32 source + 32 target) tokens.
@@ -902,19 +930,8 @@ int run_bench_vit_folder(const BenchArgs& a) {
   if (progress) std::fprintf(stderr, "\r%76s\r", "");
   auto best = [](const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); };
   const bool have_peer = !theirs.empty();
-  double max_diff = -1;
-  if (have_peer) {
-    const nlohmann::json& their_logits = peer["first"];
-    const int64_t classes = logits.size(1);
-    max_diff = (int64_t)their_logits.size() == first ? 0 : INFINITY;
-    for (int64_t i = 0; i < first && std::isfinite(max_diff); ++i) {
-      if ((int64_t)their_logits[i].size() != classes) max_diff = INFINITY;
-      for (int64_t j = 0; j < classes && std::isfinite(max_diff); ++j) {
-        const double diff = std::fabs(logits.data<float>()[i * classes + j] - their_logits[i][j].get<double>());
-        max_diff = std::isnan(diff) ? INFINITY : std::max(max_diff, diff);
-      }
-    }
-  }
+  const double max_diff =
+      have_peer ? max_abs_diff_with_peer(logits.data<float>(), first, logits.size(1), peer["first"]) : -1;
   nlohmann::ordered_json rows = nlohmann::ordered_json::array();
   for (size_t d = 0; d < dtypes.size(); ++d) {
     nlohmann::ordered_json r = {{"impl", "qkv " + dtypes[d]},
@@ -955,8 +972,8 @@ int run_bench_vit_folder(const BenchArgs& a) {
       a.model.c_str(), models[0]->summary().c_str(), (long long)a.images, calls, thread_count(),
       rounds_note(ours[0].size(), have_peer).c_str());
   if (have_peer)
-    std::printf("  peer: %s, float32; its logits of the first %lld images within %.1e of qkv's float32\n\n",
-                peer_name.c_str(), (long long)first, max_diff);
+    std::printf("  peer: %s, float32; its logits of the first %lld images %s\n\n", peer_name.c_str(), (long long)first,
+                agreement(max_diff).c_str());
   else
     std::printf("  peer: transformers not available (%s)\n\n", peer_error.c_str());
   std::printf("  %-16s %12s %14s %10s   %s\n", "", "images/s", "peak extra MB", "vs peer", "by round");
@@ -1500,13 +1517,11 @@ int run_bench_embed(const BenchArgs& a) {
   double peer_rate = 0, max_diff = -1;
   if (have_peer) {
     peer_rate = peer["sentences_per_s"].get<double>();
-    const nlohmann::json& theirs = peer["first"];
-    max_diff = theirs.size() == ours_first.size() ? 0 : INFINITY;
-    for (size_t i = 0; i < ours_first.size() && max_diff == 0; ++i)
-      if (theirs[i].size() != ours_first[i].size()) max_diff = INFINITY;
-    for (size_t i = 0; i < ours_first.size() && std::isfinite(max_diff); ++i)
-      for (size_t d = 0; d < ours_first[i].size(); ++d)
-        max_diff = std::max(max_diff, (double)std::fabs(ours_first[i][d] - theirs[i][d].get<float>()));
+    // Every embedding has the same width; flattened, they are one table.
+    const int64_t width = ours_first.empty() ? 0 : (int64_t)ours_first[0].size();
+    std::vector<float> flat;
+    for (const auto& v : ours_first) flat.insert(flat.end(), v.begin(), v.end());
+    max_diff = max_abs_diff_with_peer(flat.data(), (int64_t)ours_first.size(), width, peer["first"]);
     for (auto& r : rows) r["vs_peer"] = r["sentences_per_s"].get<double>() / peer_rate;
   }
   if (a.json) {
@@ -1529,8 +1544,9 @@ int run_bench_embed(const BenchArgs& a) {
   if (have_peer)
     std::printf(
         "peer: sentence-transformers %s (torch %s) encode(), float32, batches of 32; its vectors of the first "
-        "%d sentences within %.1e of qkv's float32\n\n",
-        peer["version"].get<std::string>().c_str(), peer["torch"].get<std::string>().c_str(), first, max_diff);
+        "%d sentences %s\n\n",
+        peer["version"].get<std::string>().c_str(), peer["torch"].get<std::string>().c_str(), first,
+        agreement(max_diff).c_str());
   else
     std::printf("peer: sentence-transformers not available (%s)\n\n",
                 peer.is_null() ? "its script failed" : peer["error"].get<std::string>().c_str());
