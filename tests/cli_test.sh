@@ -397,6 +397,10 @@ check "train --init" 0 "$QKV" train --init "$FIXTURES/hf/llama" --train "$tmp/ft
 check "generate from the fine-tuned folder" 0 "$QKV" generate --model "$tmp/ft" --prompt "the cat" --max-new-tokens 4 --temperature 0
 check "train --init with a model config" nonzero "$QKV" train --init "$FIXTURES/hf/llama" --config "$tmp/lm.json" --train "$tmp/lm.txt" --out "$tmp/ft2"
 one_line_error "train --init with a model config"
+printf '{"train": {"steps": ' >"$tmp/broken.json"
+check "train --init with a broken config" nonzero "$QKV" train --init "$FIXTURES/hf/llama" --config "$tmp/broken.json" --train "$tmp/lm.txt" --out "$tmp/ft2"
+one_line_error "train --init with a broken config"
+grep -q "broken.json: not valid JSON" "$tmp/err" || { echo "FAIL train --init with a broken config names it"; cat "$tmp/err"; failures=$((failures + 1)); }
 check "train --init a missing folder" nonzero "$QKV" train --init "$tmp/nope" --train "$tmp/lm.txt" --out "$tmp/ft2"
 one_line_error "train --init a missing folder"
 [ ! -e "$tmp/ft2" ] || { echo "FAIL a refused train --init left a folder"; failures=$((failures + 1)); }

@@ -89,6 +89,16 @@ TEST(Chat, AFolderSaysItsFormatInEitherFile) {
   write_file_atomic(dir + "/tokenizer_config.json", R"({"chat_template": 3})");
   EXPECT_EQ(testing::error_of([&] { chat_format_of_folder(dir); }),
             dir + "/tokenizer_config.json: chat_template must be a string or a list of {\"name\", \"template\"}");
+  // A broken tokenizer_config.json is one error naming it (parse_json's checks).
+  const std::string config = dir + "/tokenizer_config.json";
+  write_file_atomic(config, "{\"chat_template\": ");
+  EXPECT_EQ(testing::error_of([&] { chat_format_of_folder(dir); }).rfind(config + ": not valid JSON (", 0), 0u);
+  write_file_atomic(config, "{\"chat_template\": \"\xff\"}");
+  EXPECT_EQ(testing::error_of([&] { chat_format_of_folder(dir); }),
+            config + ": not valid UTF-8 (a bad byte at line 1, column 20)");
+  write_file_atomic(config, "{\"x\": " + std::string(300, '[') + std::string(300, ']') + "}");
+  EXPECT_EQ(testing::error_of([&] { chat_format_of_folder(dir); }), config + ": JSON nested deeper than 256 levels");
+  write_file_atomic(config, R"({"chat_template": 3})");
   // The file wins; a template the interpreter does not run is known by its markers.
   write_file_atomic(dir + "/chat_template.jinja", "{% include 'x' %}<|start_header_id|>x<|eot_id|>");
   EXPECT_EQ(chat_format_of_folder(dir), ChatFormat::Llama3);

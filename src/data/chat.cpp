@@ -80,16 +80,7 @@ ChatFormat chat_format_of_folder(const std::string& dir) { return chat_template_
 ChatTemplate chat_template_of_folder(const std::string& dir) {
   const std::string jinja = dir + "/chat_template.jinja", config = dir + "/tokenizer_config.json";
   nlohmann::json j;
-  if (std::filesystem::is_regular_file(config)) {
-    const std::string text = read_file(config);
-    QKV_CHECK(!json_text_nested_deeper_than(text, kMaxFileJsonDepth), config, ": JSON nested deeper than ",
-              kMaxFileJsonDepth, " levels");
-    try {
-      j = nlohmann::json::parse(text);
-    } catch (const nlohmann::json::exception&) {
-      fail(config, ": not valid JSON");
-    }
-  }
+  if (std::filesystem::is_regular_file(config)) j = parse_json(read_file(config), config);
   try {
     if (std::filesystem::is_regular_file(jinja)) return chat_template_of(read_file(jinja), special_tokens(j));
   } catch (const Error& e) {

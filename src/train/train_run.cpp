@@ -201,14 +201,7 @@ TrainOutcome with_chat_template(const TrainRun& r, TrainOutcome outcome) {
 // section (and an "arch" that agrees), since the model is the folder's.
 const Family& init_family(const TrainRun& r) {
   const Family& family = family_of_folder(r.init);
-  QKV_CHECK(!json_text_nested_deeper_than(r.config_text, kMaxFileJsonDepth), r.config_source,
-            ": JSON nested deeper than ", kMaxFileJsonDepth, " levels");
-  nlohmann::json config;
-  try {
-    config = nlohmann::json::parse(r.config_text);
-  } catch (const nlohmann::json::exception&) {
-    fail(r.config_source, ": not valid JSON");
-  }
+  const nlohmann::json config = parse_json(r.config_text, r.config_source);
   QKV_CHECK(config.is_object(), r.config_source, ": expected a JSON object");
   for (const auto& [key, value] : config.items()) {
     if (key == "train") continue;
