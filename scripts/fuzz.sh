@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 seconds="${1:-30}"
 shift || true
 names=("$@")
-[ ${#names[@]} -gt 0 ] || names=(safetensors images idx text config tokenizer_model hf_tokenizer trainer_state jinja)
+[ ${#names[@]} -gt 0 ] || names=(safetensors images idx text config tokenizer_model hf_tokenizer trainer_state jinja serve)
 jobs="${QKV_FUZZ_JOBS:-2}"
 
 run_one() {

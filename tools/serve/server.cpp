@@ -307,6 +307,7 @@ public:
                 summary().c_str());
     std::printf("listening on http://%s:%d\n", o_.host.c_str(), port);
     std::fflush(stdout);
+    if (o_.listening) o_.listening(port);
     const size_t pool = (size_t)(o_.parallel + o_.queue + 4);
     http_.new_task_queue = [pool] { return new httplib::ThreadPool(pool); };
     const bool ok = http_.listen_after_bind();

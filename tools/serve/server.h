@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "qkv/checkpoint.h"
@@ -34,6 +35,7 @@ struct ServerOptions {
   size_t max_body = 1 << 20;  // bytes; a larger body is a 413
   int threads = 0;        // OpenMP threads for the model; 0: all cores
   bool quiet = false;     // no line per request on stderr
+  std::function<void(int port)> listening;  // called once bound, with the port (the fuzz harness's port 0)
 };
 
 // Serves `folder` (loaded from `dir`) until SIGTERM or SIGINT; returns the exit
