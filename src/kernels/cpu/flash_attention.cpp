@@ -36,7 +36,7 @@ constexpr int64_t Br = kFlashQueryTile;
 constexpr int64_t Bc = kFlashKeyTile;
 // Below this many multiply-adds a tile's product is a short sequence's (the
 // panels of gemm take the longer ones).
-constexpr int64_t kSmallTile = 1 << 18;
+[[maybe_unused]] constexpr int64_t kSmallTile = 1 << 18;  // read by the AVX-512 level alone
 
 // Keys [0, visible_keys(i)) are visible to query row i.
 int64_t visible_keys(const FlashShape& f, int64_t b, int64_t i) {

@@ -56,18 +56,19 @@ constexpr int64_t kMaxGemvRows = 4;
 // Rows of A from which AMX tiles run (a block of them is 32 rows). GFLOP/s
 // on the Intel Xeon (family 6 model 167), AMX against the VNNI tiles: 16 x
 // 512 x 1408 378 / 442, 24 x 512 x 1536 518 / 492, 32 x 256 x 1024 524 / 393.
-constexpr int64_t kMinAmxRows = 24;
+[[maybe_unused]] constexpr int64_t kMinAmxRows = 24;  // read by the AVX-512 level alone
 
 // qkv::int8_block_scale and int8_quantize (qkv/dtype.h), written again so
 // that they inline here (see gemm_bf16.cpp's widen); the arithmetic is the
 // same float32 operations, so every path quantizes A to the same values.
-inline float block_scale(const float* x, int64_t n) {
+// The levels below AVX-512 call them.
+[[maybe_unused]] inline float block_scale(const float* x, int64_t n) {
   float amax = 0.0f;
   for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(x[i]));
   return amax / 127.0f;
 }
 
-inline void quantize(const float* x, int64_t n, float scale, int8_t* q) {
+[[maybe_unused]] inline void quantize(const float* x, int64_t n, float scale, int8_t* q) {
   const float inv = scale >= std::numeric_limits<float>::min() ? 1.0f / scale : 0.0f;
   for (int64_t i = 0; i < n; ++i) {
     const float r = std::nearbyint(x[i] * inv);
