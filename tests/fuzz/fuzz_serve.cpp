@@ -5,15 +5,18 @@
 // own: a decoder with a chat template (qwen2), a translation model (marian),
 // a sentence encoder (bert) and a ViT.
 //
-// The contract: every answer is a 200, or a 4xx whose body is a JSON error
-// object. A 5xx (an exception the request checks let through, a failed
-// generation), a dropped connection or a server that stops answering aborts.
+// The contract: every answer is a 200 (a JSON object, or a stream of JSON
+// events ending in [DONE], none of them an error), or a 4xx whose body is a
+// JSON error object. A 5xx (an exception the request checks let through, a
+// failed generation), an error inside a stream, a dropped connection or a
+// server that stops answering aborts.
 #include <httplib.h>
 
 #include <chrono>
 #include <cstdio>
 #include <future>
 #include <memory>
+#include <string_view>
 #include <thread>
 #include <nlohmann/json.hpp>
 
@@ -82,7 +85,27 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const httplib::Result res = e.client->Post(e.path, (const char*)data + 1, size - 1, "application/json");
   if (!res) fail(std::string("POST ") + e.path + ": no answer (" + httplib::to_string(res.error()) + ")");
   const std::string said = std::string("POST ") + e.path + ": " + std::to_string(res->status) + " " + res->body;
-  if (res->status == 200) return 0;
+  if (res->status == 200) {
+    // A stream: JSON events, none an error (a generation that failed after
+    // the 200 went out), ending in [DONE]. Otherwise one JSON object.
+    if (res->get_header_value("Content-Type").rfind("text/event-stream", 0) == 0) {
+      const std::string_view events = res->body;
+      const std::string_view last = "data: [DONE]\n\n";
+      if (events.size() < last.size() || events.substr(events.size() - last.size()) != last) fail(said);
+      for (size_t at = 0; at + last.size() < events.size();) {
+        const size_t end = events.find("\n\n", at);
+        if (events.substr(at, 6) != "data: " || end == std::string_view::npos) fail(said);
+        const nlohmann::json event =
+            nlohmann::json::parse(events.substr(at + 6, end - at - 6), nullptr, /*allow_exceptions=*/false);
+        if (!event.is_object() || event.contains("error")) fail(said);
+        at = end + 2;
+      }
+      return 0;
+    }
+    const nlohmann::json body = nlohmann::json::parse(res->body, nullptr, /*allow_exceptions=*/false);
+    if (!body.is_object() || body.contains("error")) fail(said);
+    return 0;
+  }
   if (res->status < 400 || res->status >= 500) fail(said);
   const nlohmann::json body = nlohmann::json::parse(res->body, nullptr, /*allow_exceptions=*/false);
   if (!body.is_object() || !body.contains("error") || !body["error"].contains("message")) fail(said);
