@@ -147,6 +147,44 @@ class Completions(unittest.TestCase):
             self.assertEqual(r.usage.prompt_tokens, 1 + len(prompt.encode()))  # <bos> and the bytes
             self.assertEqual(r.usage.completion_tokens + r.usage.prompt_tokens, r.usage.total_tokens)
 
+    def test_logprobs_score_what_was_generated(self):
+        """logprobs: one entry per completion token, its text, value and likeliest alternatives; echo with
+        max_tokens 0 scores a prompt, and scoring prompt + completion gives the completion's own numbers
+        (the KV-cached steps against one pass over the text); a stream's chunks carry the same tokens."""
+        status, r = self.s.complete(prompt="the", max_tokens=8, temperature=0, logprobs=3)
+        self.assertEqual(status, 200, r)
+        choice, n = r["choices"][0], r["usage"]["completion_tokens"]
+        lp = choice["logprobs"]
+        self.assertEqual([len(lp[k]) for k in ("tokens", "token_logprobs", "top_logprobs", "text_offset")], [n] * 4)
+        self.assertEqual("".join(lp["tokens"]), choice["text"])  # bytes of ASCII text: one character each
+        self.assertEqual(lp["text_offset"], list(range(n)))
+        for token, value, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"]):
+            self.assertEqual(len(top), 3)
+            self.assertLess(value, 0)
+            self.assertLessEqual(value, max(top.values()) + 1e-6)  # greedy among the tokens it may draw
+            if token in top:
+                self.assertAlmostEqual(top[token], value, places=5)
+        status, scored = self.s.complete(prompt="the" + choice["text"], max_tokens=0, echo=True, logprobs=0)
+        self.assertEqual(status, 200, scored)
+        sc = scored["choices"][0]
+        self.assertEqual((sc["text"], scored["usage"]["completion_tokens"]), ("the" + choice["text"], 0))
+        slp = sc["logprobs"]
+        self.assertEqual(len(slp["tokens"]), scored["usage"]["prompt_tokens"])  # <bos> and the bytes
+        self.assertEqual((slp["tokens"][0], slp["token_logprobs"][0], slp["top_logprobs"][0]), ("", None, None))
+        self.assertEqual(slp["tokens"][-n:], lp["tokens"])
+        for a, b in zip(slp["token_logprobs"][-n:], lp["token_logprobs"]):
+            self.assertAlmostEqual(a, b, delta=1e-4)
+        self.assertEqual(slp["top_logprobs"][1:], [{}] * (len(slp["tokens"]) - 1))
+        chunks = list(self.s.client.completions.create(model="small", prompt="the", max_tokens=8, temperature=0,
+                                                       logprobs=3, stream=True))
+        streamed = [t for c in chunks if c.choices[0].logprobs for t in c.choices[0].logprobs.tokens]
+        self.assertEqual(streamed, lp["tokens"])
+        for body, param in [({"logprobs": 21}, "logprobs"), ({"logprobs": "3"}, "logprobs"),
+                            ({"echo": True, "stream": True}, "echo"), ({"echo": 1}, "echo")]:
+            status, answer = self.s.complete(prompt="a", max_tokens=1, **body)
+            self.assertEqual((status, answer["error"]["param"]), (400, param), answer)
+        self.assert_serving()
+
     def test_sampling_with_a_seed_is_what_generate_prints(self):
         r = self.s.client.completions.create(model="small", prompt="the", max_tokens=25, temperature=0.9,
                                              top_p=0.9, seed=7, extra_body={"top_k": 5})
@@ -387,6 +425,26 @@ class Chat(unittest.TestCase):
             finish = chunk.choices[0].finish_reason or finish
         self.assertEqual(text, r.choices[0].message.content)
         self.assertEqual(finish, r.choices[0].finish_reason)
+
+    def test_logprobs_of_a_chat_reply(self):
+        r = self.s.client.chat.completions.create(model="chat", messages=self.MESSAGES, max_tokens=6, temperature=0,
+                                                  logprobs=True, top_logprobs=2)
+        content = r.choices[0].logprobs.content
+        self.assertEqual(len(content), r.usage.completion_tokens)
+        for t in content:
+            self.assertEqual(bytes(t.bytes).decode("utf-8", "replace"), t.token)
+            self.assertEqual(len(t.top_logprobs), 2)
+            self.assertLessEqual(t.logprob, t.top_logprobs[0].logprob + 1e-6)
+            self.assertGreaterEqual(t.top_logprobs[0].logprob, t.top_logprobs[1].logprob)
+        plain = self.s.client.chat.completions.create(model="chat", messages=self.MESSAGES, max_tokens=6,
+                                                      temperature=0)
+        self.assertIsNone(plain.choices[0].logprobs)
+        self.assertEqual(plain.choices[0].message.content, r.choices[0].message.content)
+        for extra, param in [({"top_logprobs": 2}, "top_logprobs"), ({"logprobs": True, "top_logprobs": 21},
+                                                                      "top_logprobs"), ({"logprobs": 1}, "logprobs")]:
+            status, answer = self.s.request("POST", "/v1/chat/completions",
+                                            {"messages": self.MESSAGES, "max_tokens": 2, **extra})
+            self.assertEqual((status, answer["error"]["param"]), (400, param), answer)
 
     def test_bad_messages_are_a_400_and_the_server_goes_on(self):
         for messages, says in [([], "at least one message"), ([{"role": "bot", "content": "a"}], "role 'bot'"),

@@ -96,7 +96,7 @@ BatchRequest request_for(const LanguageModel& m, const std::string& prompt, Gene
   r.prompt = with_bos(m, prompt);
   r.options = o;
   r.stop = std::move(stop);
-  r.on_text = [&into](const std::string& piece) { into.pieces += piece; };
+  r.on_text = [&into](const std::string& piece, const std::vector<TokenLogprob>&) { into.pieces += piece; };
   r.on_done = [&into](const BatchResult& result) { into.result = result, into.done = true; };
   return r;
 }
@@ -220,7 +220,9 @@ TEST(Batching, QueueIsBoundedAndCancelledRequestsFreeTheirSlot) {
   BatchRequest first = request_for(m, "a", o, a);
   auto cancel = std::make_shared<std::atomic<bool>>(false);
   first.cancel = cancel;
-  first.on_text = [&](const std::string& piece) { a.pieces += piece, *cancel = true; };
+  first.on_text = [&](const std::string& piece, const std::vector<TokenLogprob>&) {
+    a.pieces += piece, *cancel = true;
+  };
   ASSERT_TRUE(g.submit(std::move(first)));       // takes the free slot at the next step
   ASSERT_TRUE(g.submit(request_for(m, "b", o, b)));  // waits
   EXPECT_FALSE(g.submit(request_for(m, "c", o, c)));  // the queue of 1 is full
@@ -303,6 +305,90 @@ TEST(Batching, PostedTasksRunBetweenStepsOnTheGeneratorsThread) {
       EXPECT_NEAR(sum, 1.0f, 1e-5f);
     }
   }
+}
+
+// Log-probabilities, of the prompt (echo) and of sampled tokens, sharing a
+// batch with another request: each is log_softmax of the logits of one
+// forward pass over the whole text without a cache (in double here), at the
+// position before the token, and its top 3 are that row's likeliest. The
+// pieces' tokens, streamed, are the result's; their texts join to the
+// completion's bytes. A prompt is scored with max_new_tokens 0.
+TEST(Batching, LogprobsAreTheLogSoftmaxOfOneForwardOverTheText) {
+  LanguageModel m = random_byte_model(kRope);
+  GenerateOptions o;
+  o.max_new_tokens = 7;
+  o.temperature = 1.2f;  // sampled: the chosen token is often not the likeliest
+  o.seed = 11;
+  o.ignore_eos = true;
+  BatchGenerator g(m, 2, m.model->config().context, 4);
+  Collected scored, other, prompt_only;
+  std::vector<TokenLogprob> streamed;
+  BatchRequest r = request_for(m, "the cat", o, scored);
+  r.logprobs = 3;
+  r.prompt_logprobs = true;
+  r.on_text = [&](const std::string& piece, const std::vector<TokenLogprob>& tokens) {
+    scored.pieces += piece;
+    streamed.insert(streamed.end(), tokens.begin(), tokens.end());
+  };
+  ASSERT_TRUE(g.submit(std::move(r)));
+  ASSERT_TRUE(g.submit(request_for(m, "我是中国人", o, other)));
+  run_until_idle(g);
+  ASSERT_TRUE(scored.done && other.done);
+  const BatchResult& res = scored.result;
+  const std::vector<int64_t> prompt = with_bos(m, "the cat");
+  ASSERT_EQ(res.prompt_logprobs.size(), prompt.size());
+  ASSERT_EQ(res.logprobs.size(), 7u);
+  EXPECT_TRUE(std::isnan(res.prompt_logprobs[0].logprob) && res.prompt_logprobs[0].top.empty());
+  std::vector<int64_t> ids = prompt, completion;
+  std::string text;
+  for (const TokenLogprob& t : res.logprobs) ids.push_back(t.token), completion.push_back(t.token), text += t.text;
+  EXPECT_EQ(text, m.tokenizer->decode(completion));
+  ASSERT_EQ(streamed.size(), res.logprobs.size());
+  for (size_t i = 0; i < streamed.size(); ++i) EXPECT_EQ(streamed[i].token, res.logprobs[i].token);
+
+  NoGradGuard no_grad;
+  const Tensor logits = m.model->forward(Tensor::from_ints(ids, {1, (int64_t)ids.size()})).contiguous();
+  const int64_t V = logits.size(-1);
+  int chosen_not_likeliest = 0;
+  auto check = [&](const TokenLogprob& t, size_t position) {  // `position`'s logits predict the token
+    const float* row = logits.data<float>() + position * V;
+    double max = -INFINITY, sum = 0;
+    for (int64_t v = 0; v < V; ++v) max = std::max(max, (double)row[v]);
+    for (int64_t v = 0; v < V; ++v) sum += std::exp(row[v] - max);
+    auto logprob = [&](int64_t v) { return row[v] - max - std::log(sum); };
+    EXPECT_EQ(t.token, ids[position + 1]);
+    EXPECT_NEAR(t.logprob, logprob(t.token), 1e-4) << "position " << position;
+    std::vector<int64_t> order(V);
+    for (int64_t v = 0; v < V; ++v) order[v] = v;
+    std::partial_sort(order.begin(), order.begin() + 3, order.end(),
+                      [&](int64_t a, int64_t b) { return row[a] > row[b]; });
+    ASSERT_EQ(t.top.size(), 3u);
+    for (int k = 0; k < 3; ++k) {
+      EXPECT_EQ(t.top[k].first, order[k]) << "position " << position;
+      EXPECT_NEAR(t.top[k].second, logprob(order[k]), 1e-4);
+    }
+    chosen_not_likeliest += t.token != order[0];
+  };
+  for (size_t i = 1; i < prompt.size(); ++i) check(res.prompt_logprobs[i], i - 1);
+  for (size_t j = 0; j < res.logprobs.size(); ++j) check(res.logprobs[j], prompt.size() - 1 + j);
+  EXPECT_GT(chosen_not_likeliest, 0);  // the test sees sampled tokens, not only the argmax
+
+  GenerateOptions none = o;
+  none.max_new_tokens = 0;
+  BatchRequest q = request_for(m, "the cat", none, prompt_only);
+  q.logprobs = 0;
+  q.prompt_logprobs = true;
+  ASSERT_TRUE(g.submit(std::move(q)));
+  run_until_idle(g);
+  ASSERT_TRUE(prompt_only.done);
+  EXPECT_EQ(prompt_only.result.finish_reason, "length");
+  EXPECT_EQ(prompt_only.result.completion_tokens, 0);
+  ASSERT_EQ(prompt_only.result.prompt_logprobs.size(), prompt.size());
+  for (size_t i = 1; i < prompt.size(); ++i) {
+    EXPECT_FLOAT_EQ(prompt_only.result.prompt_logprobs[i].logprob, res.prompt_logprobs[i].logprob);
+    EXPECT_TRUE(prompt_only.result.prompt_logprobs[i].top.empty());
+  }
+  EXPECT_TRUE(other.result.logprobs.empty() && other.result.prompt_logprobs.empty());  // none asked
 }
 
 }  // namespace

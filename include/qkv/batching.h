@@ -22,15 +22,31 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "qkv/infer.h"
 
 namespace qkv {
 
+// A token's log-probability under the model: the log-softmax of the logits
+// it was chosen from, before temperature and the sampling rules (the model's
+// own distribution, whatever the request samples with).
+struct TokenLogprob {
+  int64_t token = 0;
+  std::string text;   // the bytes it added to the decoded text ("" for a special; maybe part of a character)
+  float logprob = 0;  // NaN for a prompt's first token, which nothing predicts
+  std::vector<std::pair<int64_t, float>> top;  // the request's `logprobs` likeliest tokens there, likeliest first
+};
+
 struct BatchResult {
   std::string text;  // the completion as emitted, less any stop sequence
   int64_t prompt_tokens = 0, completion_tokens = 0;
+  // With BatchRequest::logprobs >= 0: one per completion token (those
+  // completion_tokens counts: not <eos> or a stop id; the token a stop
+  // sequence begins in, and any after it in that step, included), and with
+  // prompt_logprobs one per prompt token.
+  std::vector<TokenLogprob> logprobs, prompt_logprobs;
   // "stop": <eos> or a stop sequence; "length": max_new_tokens or the
   // context; "cancelled"; "error" (then `error` says what failed).
   std::string finish_reason;
@@ -46,8 +62,17 @@ struct BatchRequest {
   // Generation also ends at any of these token ids, as at <eos> (a chat
   // format's end of turn); like <eos>, the token is not part of the text.
   std::vector<int64_t> stop_ids;
-  // Each new piece of text, on the generator's thread; never a split UTF-8 character.
-  std::function<void(const std::string&)> on_text;
+  // -1: no log-probabilities; k >= 0: each completion token's, with the k
+  // likeliest tokens at its position (BatchResult::logprobs).
+  int64_t logprobs = -1;
+  // Also each prompt token's (with logprobs >= 0; the prompt is then
+  // prefilled with the logits of every position, and max_new_tokens may be 0).
+  bool prompt_logprobs = false;
+  // Each new piece of text, on the generator's thread; never a split UTF-8
+  // character. With logprobs, `tokens` are those drawn since the last piece
+  // (a piece held back for a stop sequence comes with the tokens after it;
+  // the tokens of text never emitted are only in the result).
+  std::function<void(const std::string& piece, const std::vector<TokenLogprob>& tokens)> on_text;
   // Once, at the end, on the generator's thread.
   std::function<void(const BatchResult&)> on_done;
   // Set by the caller (a client gone): the request leaves at the next step.

@@ -5,6 +5,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "qkv/utf8.h"
 #include "src/infer/sampling.h"
@@ -20,8 +21,35 @@ struct BatchGenerator::Slot {
   std::string text;             // their decoded text
   size_t emitted = 0;           // bytes of `text` already given to on_text
   int64_t pending = -1;         // the token the next step feeds, or -1
+  TokenLogprob drawn;           // the last token drawn, with request.logprobs, until accept() keeps it
+  size_t logprobs_emitted = 0;  // entries of result.logprobs already given to on_text
   BatchResult result;
 };
+
+namespace {
+
+// log_softmax(logits)[token], and the k likeliest ids with theirs (a NaN
+// logit ranks last).
+TokenLogprob logprob_of(const float* logits, int64_t V, int64_t token, int64_t k) {
+  auto key = [&](int64_t i) { return logits[i] == logits[i] ? logits[i] : -INFINITY; };
+  float max = -INFINITY;
+  for (int64_t i = 0; i < V; ++i) max = std::max(max, key(i));
+  double sum = 0;
+  for (int64_t i = 0; i < V; ++i) sum += std::exp((double)key(i) - max);
+  const float log_z = max + (float)std::log(sum);
+  TokenLogprob t;
+  t.token = token;
+  t.logprob = logits[token] - log_z;
+  k = std::min(k, V);
+  std::vector<int64_t> ids(V);
+  for (int64_t i = 0; i < V; ++i) ids[i] = i;
+  std::partial_sort(ids.begin(), ids.begin() + k, ids.end(),
+                    [&](int64_t a, int64_t b) { return key(a) > key(b) || (key(a) == key(b) && a < b); });
+  for (int64_t i = 0; i < k; ++i) t.top.emplace_back(ids[i], logits[ids[i]] - log_z);
+  return t;
+}
+
+}  // namespace
 
 BatchGenerator::BatchGenerator(LanguageModel model, int64_t slots, int64_t context, int64_t max_waiting)
     : model_(std::move(model)), context_(context), max_waiting_(max_waiting) {
@@ -75,19 +103,40 @@ void BatchGenerator::admit(Slot& s, BatchRequest r) {
   s.text.clear();
   s.emitted = 0;
   s.pending = -1;
+  s.logprobs_emitted = 0;
   s.result = BatchResult{};
   s.result.prompt_tokens = (int64_t)s.request.prompt.size();
   for (KVCache& c : s.caches) c.length = 0;  // what the last request left is overwritten
   if (s.request.cancel && *s.request.cancel) return finish(s, "cancelled");
-  if (s.request.options.max_new_tokens == 0) return finish(s, "length");
+  const bool score_prompt = s.request.logprobs >= 0 && s.request.prompt_logprobs;
+  if (s.request.options.max_new_tokens == 0 && !score_prompt) return finish(s, "length");
+  const std::vector<int64_t>& p = s.request.prompt;
   Tensor logits;
   try {
-    const std::vector<int64_t>& p = s.request.prompt;
-    logits = model_.model->forward_cached(Tensor::from_ints(p, {1, (int64_t)p.size()}), s.caches, /*last_only=*/true);
+    logits = model_.model->forward_cached(Tensor::from_ints(p, {1, (int64_t)p.size()}), s.caches,
+                                          /*last_only=*/!score_prompt);
   } catch (const std::exception& e) {
     return finish(s, "error", e.what());
   }
   const int64_t V = logits.size(-1);
+  if (score_prompt) {  // position i - 1 predicts token i
+    std::string text;
+    for (size_t i = 0; i < p.size(); ++i) {
+      TokenLogprob t;
+      if (i == 0) {
+        t.token = p[0];
+        t.logprob = NAN;
+      } else {
+        t = logprob_of(logits.data<float>() + (int64_t)(i - 1) * V, V, p[i], s.request.logprobs);
+      }
+      std::string longer = model_.tokenizer->decode(std::vector<int64_t>(p.begin(), p.begin() + i + 1));
+      t.text =
+          longer.compare(0, text.size(), text) == 0 ? longer.substr(text.size()) : model_.tokenizer->decode({p[i]});
+      text = std::move(longer);
+      s.result.prompt_logprobs.push_back(std::move(t));
+    }
+  }
+  if (s.request.options.max_new_tokens == 0) return finish(s, "length");
   draw(s, logits.data<float>() + (logits.size(1) - 1) * V, V);
 }
 
@@ -101,6 +150,7 @@ void BatchGenerator::draw(Slot& s, const float* logits, int64_t V) {
   } catch (const std::exception& e) {
     return finish(s, "error", e.what());
   }
+  if (s.request.logprobs >= 0) s.drawn = logprob_of(logits, V, token, s.request.logprobs);
   accept(s, token);
 }
 
@@ -130,7 +180,11 @@ void BatchGenerator::accept(Slot& s, int64_t token) {
     const std::string piece = replace_invalid_utf8(s.text.substr(s.emitted, end - s.emitted));
     s.emitted = end;
     s.result.text += piece;
-    if (s.request.on_text) s.request.on_text(piece);
+    if (!s.request.on_text) return;
+    const std::vector<TokenLogprob> tokens(s.result.logprobs.begin() + (ptrdiff_t)s.logprobs_emitted,
+                                           s.result.logprobs.end());
+    s.logprobs_emitted = s.result.logprobs.size();
+    s.request.on_text(piece, tokens);
   };
   const std::vector<int64_t>& ids = s.request.stop_ids;
   if (model_.tokenizer->is_eos(token) || std::find(ids.begin(), ids.end(), token) != ids.end()) {
@@ -140,7 +194,13 @@ void BatchGenerator::accept(Slot& s, int64_t token) {
   }
   s.tokens.push_back(token);
   s.result.completion_tokens = (int64_t)s.tokens.size();
-  s.text = model_.tokenizer->decode(s.tokens);
+  std::string text = model_.tokenizer->decode(s.tokens);
+  if (s.request.logprobs >= 0) {  // the bytes this token added (or, where decoding rewrote the text, its own)
+    s.drawn.text =
+        text.compare(0, s.text.size(), s.text) == 0 ? text.substr(s.text.size()) : model_.tokenizer->decode({token});
+    s.result.logprobs.push_back(std::move(s.drawn));
+  }
+  s.text = std::move(text);
   const std::vector<std::string>& stops = s.request.stop;
   if (const size_t at = find_stop(s.text, stops, s.emitted); at != std::string::npos) {
     emit_to(at);

@@ -37,6 +37,9 @@ namespace {
 using json = nlohmann::ordered_json;
 using Clock = std::chrono::steady_clock;
 
+// The most alternatives a request's logprobs (top_logprobs) may ask for, as OpenAI's chat.
+constexpr int64_t kMaxTopLogprobs = 20;
+
 // A request the server refuses: its status, the field at fault, and why.
 struct HttpError {
   int status;
@@ -227,7 +230,7 @@ private:
 struct Stream {
   std::mutex mutex;
   std::condition_variable ready;
-  std::deque<std::string> pieces;
+  std::deque<std::pair<std::string, std::vector<TokenLogprob>>> pieces;  // text, and its tokens with logprobs
   bool done = false;
   BatchResult result;
 };
@@ -462,11 +465,59 @@ private:
     else http_.Post(path, wrapped);
   }
 
-  json completion_chunk(const std::string& id, const std::string& text, const json& finish) const {
-    return {{"id", id},         {"object", "text_completion"},
-            {"created", (int64_t)std::time(nullptr)}, {"model", name_},
-            {"choices",
-             json::array({{{"text", text}, {"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish}}})}};
+  json completion_chunk(const std::string& id, const std::string& text, const json& finish,
+                        json logprobs = nullptr) const {
+    return {
+        {"id", id},
+        {"object", "text_completion"},
+        {"created", (int64_t)std::time(nullptr)},
+        {"model", name_},
+        {"choices", json::array({{{"text", text}, {"index", 0}, {"logprobs", logprobs}, {"finish_reason", finish}}})}};
+  }
+
+  // A token as logprobs name it: the text it adds, or for a special (which
+  // adds none) its piece, as "<|im_end|>".
+  std::string token_string(int64_t id) const {
+    const Tokenizer& t = *generator_->model().tokenizer;
+    std::string text = t.decode({id});
+    return text.empty() ? t.pieces({id}).at(0) : text;
+  }
+
+  static json logprob_value(float x) { return std::isnan(x) ? json(nullptr) : json(x); }
+
+  // Legacy completions' logprobs of `tokens`: their texts, log-probabilities,
+  // likeliest alternatives and offsets in characters, counted on from
+  // `offset` (the characters before them in the choice's text).
+  json completion_logprobs(const std::vector<TokenLogprob>& tokens, int64_t& offset) const {
+    json out = {{"tokens", json::array()},
+                {"token_logprobs", json::array()},
+                {"top_logprobs", json::array()},
+                {"text_offset", json::array()}};
+    for (const TokenLogprob& t : tokens) {
+      out["tokens"].push_back(t.text);
+      out["token_logprobs"].push_back(logprob_value(t.logprob));
+      json top = json::object();
+      for (const auto& [id, lp] : t.top) top.emplace(token_string(id), lp);  // the likelier of two alike is kept
+      out["top_logprobs"].push_back(std::isnan(t.logprob) ? json(nullptr) : top);
+      out["text_offset"].push_back(offset);
+      for (unsigned char c : t.text) offset += (c & 0xC0) != 0x80;
+    }
+    return out;
+  }
+
+  // Chat's logprobs of `tokens`: {"content": [{token, logprob, bytes, top_logprobs}]}.
+  json chat_logprobs(const std::vector<TokenLogprob>& tokens) const {
+    auto entry = [](const std::string& text, float lp) {
+      return json{{"token", text}, {"logprob", lp}, {"bytes", std::vector<uint8_t>(text.begin(), text.end())}};
+    };
+    json content = json::array();
+    for (const TokenLogprob& t : tokens) {
+      json e = entry(t.text, t.logprob);
+      e["top_logprobs"] = json::array();
+      for (const auto& [id, lp] : t.top) e["top_logprobs"].push_back(entry(token_string(id), lp));
+      content.push_back(std::move(e));
+    }
+    return {{"content", content}};
   }
 
   static json usage(const BatchResult& r) {
@@ -481,18 +532,36 @@ private:
               "stream", "n", "echo", "logprobs", "presence_penalty", "frequency_penalty", "user", "ignore_eos"});
     if (!generator_) bad("model", "model '" + name_ + "' is " + kind() + "; /v1/completions needs a decoder model");
     check_model_field(body);
-    if (bool_field(body, "echo", false)) bad("echo", "echo is not supported");
-    if (body.contains("logprobs") && !body["logprobs"].is_null()) bad("logprobs", "logprobs is not supported");
+    const bool stream = bool_field(body, "stream", false), echo = bool_field(body, "echo", false);
+    if (echo && stream) bad("echo", "echo is not supported with stream");
+    // logprobs: k of the likeliest tokens at each position (0 to 20), beside the chosen one's.
+    const int64_t logprobs = int_field(body, "logprobs", -1, 0, kMaxTopLogprobs);
     if (!body.contains("prompt")) bad("prompt", "prompt is required");
     const std::vector<std::string> prompts = strings_field(body, "prompt", 1);
     if (prompts.size() != 1) bad("prompt", "prompt must be one string");
     BatchRequest r = generation_request(body, generator_->model().tokenizer->encode_prompt(prompts[0]), "prompt",
                                         "max_tokens");
+    r.logprobs = logprobs;
+    r.prompt_logprobs = echo;
     const std::string id = "cmpl-" + std::to_string(ids_++);
+    auto offset = std::make_shared<int64_t>(0);  // a stream's characters so far, for text_offset
     respond(
-        std::move(r), bool_field(body, "stream", false), res, token,
-        [this, id](const std::string& piece, const json& finish) { return completion_chunk(id, piece, finish); },
-        [this, id](const BatchResult& result) { return completion_chunk(id, result.text, result.finish_reason); });
+        std::move(r), stream, res, token,
+        [this, id, logprobs, offset](const std::string& piece, const std::vector<TokenLogprob>& tokens,
+                                     const json& finish) {
+          return completion_chunk(id, piece, finish,
+                                  logprobs < 0 ? json(nullptr) : completion_logprobs(tokens, *offset));
+        },
+        [this, id, logprobs, echo, prompt = prompts[0]](const BatchResult& result) {
+          json lp = nullptr;
+          if (logprobs >= 0) {
+            std::vector<TokenLogprob> tokens = echo ? result.prompt_logprobs : std::vector<TokenLogprob>{};
+            tokens.insert(tokens.end(), result.logprobs.begin(), result.logprobs.end());
+            int64_t offset = 0;
+            lp = completion_logprobs(tokens, offset);
+          }
+          return completion_chunk(id, (echo ? prompt : "") + result.text, result.finish_reason, lp);
+        });
   }
 
   // OpenAI's chat completions: the messages in the folder's chat format
@@ -502,7 +571,8 @@ private:
     json body =
         parse_body(req, {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
                          "min_p", "typical_p", "seed", "stop", "stream", "n", "presence_penalty", "frequency_penalty",
-                         "user", "ignore_eos", "tools", "tool_choice", "parallel_tool_calls"});
+                         "user", "ignore_eos", "tools", "tool_choice", "parallel_tool_calls", "logprobs",
+                         "top_logprobs"});
     if (!generator_)
       bad("model", "model '" + name_ + "' is " + kind() + "; /v1/chat/completions needs a decoder model");
     check_model_field(body);
@@ -557,6 +627,13 @@ private:
     BatchRequest r = generation_request(body, generator_->model().tokenizer->encode_prompt(prompt), "messages",
                                         new_name ? "max_completion_tokens" : "max_tokens");
     r.stop_ids = end_of_turn_;
+    // logprobs: true gives each token's; top_logprobs (0 to 20) the likeliest tokens beside it.
+    const bool with_logprobs = bool_field(body, "logprobs", false);
+    const int64_t top = int_field(body, "top_logprobs", 0, 0, kMaxTopLogprobs);
+    if (body.contains("top_logprobs") && !body["top_logprobs"].is_null() && !with_logprobs)
+      bad("top_logprobs", "top_logprobs needs logprobs: true");
+    const int64_t logprobs = with_logprobs ? top : -1;
+    r.logprobs = logprobs;
     if (!chat_.end_of_turn.empty()) r.stop.push_back(chat_.end_of_turn);  // for a vocabulary that spells it in pieces
     const std::string id = "chatcmpl-" + std::to_string(ids_++);
     auto shape = [this, id](bool chunk, json choice) {
@@ -582,7 +659,8 @@ private:
     auto streamed = std::make_shared<std::pair<std::string, size_t>>();  // the text so far, the bytes sent
     respond(
         std::move(r), bool_field(body, "stream", false), res, token,
-        [shape, read_calls, streamed, calls_json](const std::string& piece, const json& finish) {
+        [this, shape, read_calls, streamed, calls_json, logprobs](
+            const std::string& piece, const std::vector<TokenLogprob>& tokens, const json& finish) {
           json delta = json::object();
           json reason = finish;
           auto& [text, sent] = *streamed;
@@ -602,9 +680,10 @@ private:
               delta = {{"content", text.substr(sent)}};
             }
           }
-          return shape(true, {{"index", 0}, {"delta", delta}, {"logprobs", nullptr}, {"finish_reason", reason}});
+          const json lp = logprobs < 0 ? json(nullptr) : chat_logprobs(tokens);
+          return shape(true, {{"index", 0}, {"delta", delta}, {"logprobs", lp}, {"finish_reason", reason}});
         },
-        [shape, read_calls, calls_json](const BatchResult& result) {
+        [this, shape, read_calls, calls_json, logprobs](const BatchResult& result) {
           json message = {{"role", "assistant"}, {"content", result.text}};
           std::string reason = result.finish_reason;
           if (read_calls) {
@@ -615,7 +694,8 @@ private:
               reason = "tool_calls";
             }
           }
-          return shape(false, {{"index", 0}, {"message", message}, {"logprobs", nullptr}, {"finish_reason", reason}});
+          const json lp = logprobs < 0 ? json(nullptr) : chat_logprobs(result.logprobs);
+          return shape(false, {{"index", 0}, {"message", message}, {"logprobs", lp}, {"finish_reason", reason}});
         });
   }
 
@@ -714,7 +794,7 @@ private:
   // server-sent events, chunk(piece, null) per piece of text and
   // chunk("", finish_reason) with usage at the end, then [DONE].
   void respond(BatchRequest r, bool stream, httplib::Response& res, const InFlightToken& token,
-               std::function<json(const std::string&, const json&)> chunk,
+               std::function<json(const std::string&, const std::vector<TokenLogprob>&, const json&)> chunk,
                std::function<json(const BatchResult&)> whole) {
     auto cancel = std::make_shared<std::atomic<bool>>(false);
     r.cancel = cancel;
@@ -735,9 +815,9 @@ private:
     }
 
     auto st = std::make_shared<Stream>();
-    r.on_text = [st](const std::string& piece) {
+    r.on_text = [st](const std::string& piece, const std::vector<TokenLogprob>& tokens) {
       std::lock_guard<std::mutex> lock(st->mutex);
-      st->pieces.push_back(piece);
+      st->pieces.emplace_back(piece, tokens);
       st->ready.notify_one();
     };
     r.on_done = [this, st](const BatchResult& result) {
@@ -751,8 +831,8 @@ private:
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         "text/event-stream",
-        [st, cancel, chunk, token](size_t, httplib::DataSink& sink) {
-          std::deque<std::string> pieces;
+        [st, cancel, chunk, token, sent = std::make_shared<size_t>(0)](size_t, httplib::DataSink& sink) {
+          std::deque<std::pair<std::string, std::vector<TokenLogprob>>> pieces;
           bool done;
           BatchResult result;
           {
@@ -770,8 +850,9 @@ private:
             *cancel = true;
             return false;
           }
-          for (const std::string& p : pieces) {
-            if (!event(chunk(p, nullptr))) {
+          for (const auto& [piece, tokens] : pieces) {
+            *sent += tokens.size();
+            if (!event(chunk(piece, tokens, nullptr))) {
               *cancel = true;
               return false;
             }
@@ -781,7 +862,10 @@ private:
             event({{"error",
                     {{"message", result.error}, {"type", "server_error"}, {"param", nullptr}, {"code", nullptr}}}});
           } else {
-            json last = chunk("", result.finish_reason);
+            // The tokens of text never sent (cut by a stop sequence) come with the end.
+            const std::vector<TokenLogprob> rest(
+                result.logprobs.begin() + (ptrdiff_t)std::min(*sent, result.logprobs.size()), result.logprobs.end());
+            json last = chunk("", rest, result.finish_reason);
             last["usage"] = usage(result);
             event(last);
           }
