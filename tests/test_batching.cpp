@@ -391,5 +391,42 @@ TEST(Batching, LogprobsAreTheLogSoftmaxOfOneForwardOverTheText) {
   EXPECT_TRUE(other.result.logprobs.empty() && other.result.prompt_logprobs.empty());  // none asked
 }
 
+// A prompt past the 256 positions prefilled at once when scoring goes in
+// chunks: its log-probabilities are still those of one uncached forward, and
+// its tokens' texts join to the decoded prompt.
+TEST(Batching, ALongPromptIsScoredInChunks) {
+  LanguageModel m = random_byte_model(R"({"d_model": 16, "nhead": 2, "num_layers": 1, "dim_feedforward": 16,
+                                          "context": 640, "positions": "rope"})");
+  std::string text;
+  for (int i = 0; i < 40; ++i) text += "the cat 我是 ";  // 600 bytes
+  const std::vector<int64_t> prompt = with_bos(m, text);
+  ASSERT_GT(prompt.size(), 512u);  // three chunks
+  GenerateOptions o;
+  o.max_new_tokens = 0;
+  Collected got;
+  BatchRequest r = request_for(m, text, o, got);
+  r.logprobs = 1;
+  r.prompt_logprobs = true;
+  BatchGenerator g(m, 1, m.model->config().context, 1);
+  ASSERT_TRUE(g.submit(std::move(r)));
+  run_until_idle(g);
+  ASSERT_TRUE(got.done);
+  const std::vector<TokenLogprob>& lp = got.result.prompt_logprobs;
+  ASSERT_EQ(lp.size(), prompt.size());
+  std::string joined;
+  for (const TokenLogprob& t : lp) joined += t.text;
+  EXPECT_EQ(joined, text);
+  NoGradGuard no_grad;
+  const Tensor logits =
+      log_softmax(m.model->forward(Tensor::from_ints(prompt, {1, (int64_t)prompt.size()}))).contiguous();
+  const int64_t V = logits.size(-1);
+  double worst = 0;
+  for (size_t i = 1; i < prompt.size(); ++i) {
+    ASSERT_EQ(lp[i].token, prompt[i]);
+    worst = std::max(worst, (double)std::fabs(lp[i].logprob - logits.data<float>()[(i - 1) * V + prompt[i]]));
+  }
+  EXPECT_LT(worst, 1e-4);
+}
+
 }  // namespace
 }  // namespace qkv

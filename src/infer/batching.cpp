@@ -49,6 +49,21 @@ TokenLogprob logprob_of(const float* logits, int64_t V, int64_t token, int64_t k
   return t;
 }
 
+// The bytes token i adds to the decoded text of ids[0..i], told by decoding
+// a few tokens before it with and without it (all of them, for every token
+// of a long prompt, would cost P^2 decodes); its own decoding where a
+// tokenizer's output is not a prefix of the longer one.
+std::string token_text(const Tokenizer& t, const std::vector<int64_t>& ids, size_t i) {
+  std::vector<int64_t> window(ids.begin() + (ptrdiff_t)(i >= 8 ? i - 8 : 0), ids.begin() + (ptrdiff_t)i);
+  const std::string before = t.decode(window);
+  window.push_back(ids[i]);
+  const std::string after = t.decode(window);
+  return after.compare(0, before.size(), before) == 0 ? after.substr(before.size()) : t.decode({ids[i]});
+}
+
+// Prompt positions prefilled at once when every position's logits are kept.
+constexpr int64_t kScoreChunk = 256;
+
 }  // namespace
 
 BatchGenerator::BatchGenerator(LanguageModel model, int64_t slots, int64_t context, int64_t max_waiting)
@@ -110,34 +125,36 @@ void BatchGenerator::admit(Slot& s, BatchRequest r) {
   if (s.request.cancel && *s.request.cancel) return finish(s, "cancelled");
   const bool score_prompt = s.request.logprobs >= 0 && s.request.prompt_logprobs;
   if (s.request.options.max_new_tokens == 0 && !score_prompt) return finish(s, "length");
+  // Scoring needs every position's logits: the prompt then goes in chunks,
+  // whose logits take kScoreChunk x V floats at a time, not P x V.
   const std::vector<int64_t>& p = s.request.prompt;
-  Tensor logits;
+  const int64_t P = (int64_t)p.size(), chunk = score_prompt ? kScoreChunk : P;
+  if (score_prompt) {
+    s.result.prompt_logprobs.resize(p.size());
+    for (size_t i = 0; i < p.size(); ++i) s.result.prompt_logprobs[i].text = token_text(*model_.tokenizer, p, i);
+    s.result.prompt_logprobs[0].token = p[0];
+    s.result.prompt_logprobs[0].logprob = NAN;  // nothing predicts the first
+  }
+  std::vector<float> last;  // the last position's logits, which the first token is drawn from
   try {
-    logits = model_.model->forward_cached(Tensor::from_ints(p, {1, (int64_t)p.size()}), s.caches,
-                                          /*last_only=*/!score_prompt);
+    for (int64_t at = 0; at < P; at += chunk) {
+      const int64_t n = std::min(chunk, P - at);
+      const Tensor ids = Tensor::from_ints(std::vector<int64_t>(p.begin() + at, p.begin() + at + n), {1, n});
+      const Tensor logits = model_.model->forward_cached(ids, s.caches, /*last_only=*/!score_prompt).contiguous();
+      const int64_t rows = logits.size(1), V = logits.size(-1);
+      const float* row = logits.data<float>();
+      for (int64_t i = 0; score_prompt && i < n && at + i + 1 < P; ++i) {  // position at + i predicts the next token
+        std::string text = std::move(s.result.prompt_logprobs[at + i + 1].text);
+        s.result.prompt_logprobs[at + i + 1] = logprob_of(row + i * V, V, p[at + i + 1], s.request.logprobs);
+        s.result.prompt_logprobs[at + i + 1].text = std::move(text);
+      }
+      last.assign(row + (rows - 1) * V, row + rows * V);
+    }
   } catch (const std::exception& e) {
     return finish(s, "error", e.what());
   }
-  const int64_t V = logits.size(-1);
-  if (score_prompt) {  // position i - 1 predicts token i
-    std::string text;
-    for (size_t i = 0; i < p.size(); ++i) {
-      TokenLogprob t;
-      if (i == 0) {
-        t.token = p[0];
-        t.logprob = NAN;
-      } else {
-        t = logprob_of(logits.data<float>() + (int64_t)(i - 1) * V, V, p[i], s.request.logprobs);
-      }
-      std::string longer = model_.tokenizer->decode(std::vector<int64_t>(p.begin(), p.begin() + i + 1));
-      t.text =
-          longer.compare(0, text.size(), text) == 0 ? longer.substr(text.size()) : model_.tokenizer->decode({p[i]});
-      text = std::move(longer);
-      s.result.prompt_logprobs.push_back(std::move(t));
-    }
-  }
   if (s.request.options.max_new_tokens == 0) return finish(s, "length");
-  draw(s, logits.data<float>() + (logits.size(1) - 1) * V, V);
+  draw(s, last.data(), (int64_t)last.size());
 }
 
 // The slot's next token from its row of logits, or the slot finished with
