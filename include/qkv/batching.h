@@ -43,9 +43,9 @@ struct BatchResult {
   std::string text;  // the completion as emitted, less any stop sequence
   int64_t prompt_tokens = 0, completion_tokens = 0;
   // With BatchRequest::logprobs >= 0: one per completion token (those
-  // completion_tokens counts: not <eos> or a stop id; the token a stop
-  // sequence begins in, and any after it in that step, included), and with
-  // prompt_logprobs one per prompt token.
+  // completion_tokens counts: not <eos> or a stop id; the token whose text
+  // completes a stop sequence is included), and with prompt_logprobs one
+  // per prompt token.
   std::vector<TokenLogprob> logprobs, prompt_logprobs;
   // "stop": <eos> or a stop sequence; "length": max_new_tokens or the
   // context; "cancelled"; "error" (then `error` says what failed).
