@@ -1003,6 +1003,20 @@ class Translation(unittest.TestCase):
         finally:
             self.assertEqual(s.stop(), 0)
 
+    def test_attention_of_a_long_text_is_a_400_and_the_server_goes_on(self):
+        """/v1/attention answers every layer and head of every view; past 4,194,304 weights it is a 400 naming
+        text (an 800-byte text to the Marian fixture, 773 source tokens, answered 111 MB before the bound)."""
+        s = Server(os.path.join(FIXTURES, "hf", "marian"))
+        try:
+            status, body = s.request("POST", "/v1/attention", {"text": "我是" + "q" * 770, "max_len": 5})
+            self.assertEqual((status, body["error"]["param"]), (400, "text"), body)
+            self.assertIn("more than the 4194304 one answer holds", body["error"]["message"])
+            status, a = s.request("POST", "/v1/attention", {"text": "我是中国人", "max_len": 5})
+            self.assertEqual(status, 200, a)
+            self.assertEqual(len(a["weights"]), len(a["target_tokens"]))
+        finally:
+            self.assertEqual(s.stop(), 0)
+
     def test_generation_config_gives_the_default_beam(self):
         """A request without beam and max_len runs with the folder's generation_config.json ones, as the CLI does."""
         with tempfile.TemporaryDirectory() as tmp:

@@ -49,6 +49,21 @@ struct HttpError {
 
 [[noreturn]] void bad(const std::string& param, const std::string& message) { throw HttpError{400, param, message}; }
 
+// The most attention weights one /v1/attention answer holds, every layer
+// and head of every view counted: 4,194,304, about 90 MB of JSON (some 20
+// bytes a weight). Without a bound an 800-byte text to the 2-layer, 4-head
+// Marian fixture answered 111 MB (773 source tokens: its encoder's 8 heads
+// of 773 x 773), and a real model's answer to a long text would not fit in
+// memory (Qwen2-0.5B's 336 heads of 32k x 32k).
+constexpr int64_t kMaxAttentionWeights = int64_t(1) << 22;
+
+// The 400 for an answer of `weights` attention weights past the bound.
+void check_attention_size(int64_t weights, const std::string& what) {
+  if (weights <= kMaxAttentionWeights) return;
+  bad("text", "the attention of " + what + " is " + std::to_string(weights) + " weights (every layer and head), " +
+                  "more than the " + std::to_string(kMaxAttentionWeights) + " one answer holds; send a shorter text");
+}
+
 // JSON text; bytes that are not UTF-8 (none should reach here) become U+FFFD rather than an exception.
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
@@ -944,6 +959,11 @@ private:
       a = translate_with_attention(*translation_.model, source, max_len, translation_.generation.rules);
     }
     const int64_t T = (int64_t)a.tokens.size(), S = a.source_length;
+    int64_t weights = T * S * (1 + a.layers * a.nheads);        // the cross view's mean and heads
+    for (const Tensor* w : {&a.encoder_self, &a.decoder_self})  // [L, H, n, n]: its heads and the mean
+      if (w->defined()) weights += w->size(2) * w->size(3) * (1 + w->size(0) * w->size(1));
+    check_attention_size(
+        weights, "a " + std::to_string(S) + "-token source and its " + std::to_string(T) + "-token translation");
     const std::vector<std::string> source_pieces = translation_.tokenizer->pieces(source);
     const Tokenizer& target = translation_.tokenizer->target();
     const std::vector<std::string> target_pieces = target.pieces(a.tokens);
@@ -1022,6 +1042,9 @@ private:
     const int64_t T = (int64_t)ids.size(), C = m.model->config().context;
     if (T > C)
       bad("text", "text is " + std::to_string(T) + " tokens (with <bos>); the context is " + std::to_string(C));
+    // Checked before the model runs: every layer's [H, T, T] weights, and their mean.
+    check_attention_size(T * T * (1 + (int64_t)m.model->layers.size() * m.model->config().nhead),
+                         "a " + std::to_string(T) + "-token text");
     auto done = std::make_shared<std::promise<Tensor>>();
     std::future<Tensor> future = done->get_future();
     generator_->post([&m, ids, T, done] {
