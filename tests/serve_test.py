@@ -270,6 +270,7 @@ class Completions(unittest.TestCase):
             (dict(raw='{"prompt": '), 400, None),
             (dict(raw='[1, 2]'), 400, None),
             (dict(raw=b'{"prompt": "\xff\xfe"}'), 400, None),  # invalid UTF-8
+            (dict(raw='{"prompt": "a", "max_tokens": 1e999}'), 400, None),  # past a double (a 500 until the fuzzer)
             (dict(body={"prompt": "a", "max_tokens": "x"}), 400, "max_tokens"),
             (dict(body={"prompt": "a", "max_tokens": -1}), 400, "max_tokens"),
             (dict(body={"prompt": "a", "max_tokens": 64}), 400, "max_tokens"),  # past the context with the prompt

@@ -92,7 +92,7 @@ json parse_body(const httplib::Request& req, std::initializer_list<const char*> 
   json body;
   try {
     body = json::parse(req.body);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // a parse error, or a number past a double's range (out_of_range 406)
     bad("", std::string("the body is not JSON: ") + e.what());
   }
   if (!body.is_object()) bad("", "the body must be a JSON object");
