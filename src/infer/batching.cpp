@@ -49,16 +49,21 @@ TokenLogprob logprob_of(const float* logits, int64_t V, int64_t token, int64_t k
   return t;
 }
 
+// The bytes token `id` added when the decoded text went from `before` to
+// `after`; its own decoding where a tokenizer's output is not a prefix of
+// the longer one.
+std::string added_text(const Tokenizer& t, const std::string& before, const std::string& after, int64_t id) {
+  return after.compare(0, before.size(), before) == 0 ? after.substr(before.size()) : t.decode({id});
+}
+
 // The bytes token i adds to the decoded text of ids[0..i], told by decoding
 // a few tokens before it with and without it (all of them, for every token
-// of a long prompt, would cost P^2 decodes); its own decoding where a
-// tokenizer's output is not a prefix of the longer one.
+// of a long prompt, would cost P^2 decodes).
 std::string token_text(const Tokenizer& t, const std::vector<int64_t>& ids, size_t i) {
   std::vector<int64_t> window(ids.begin() + (ptrdiff_t)(i >= 8 ? i - 8 : 0), ids.begin() + (ptrdiff_t)i);
   const std::string before = t.decode(window);
   window.push_back(ids[i]);
-  const std::string after = t.decode(window);
-  return after.compare(0, before.size(), before) == 0 ? after.substr(before.size()) : t.decode({ids[i]});
+  return added_text(t, before, t.decode(window), ids[i]);
 }
 
 // Prompt positions prefilled at once when every position's logits are kept.
@@ -129,32 +134,29 @@ void BatchGenerator::admit(Slot& s, BatchRequest r) {
   // whose logits take kScoreChunk x V floats at a time, not P x V.
   const std::vector<int64_t>& p = s.request.prompt;
   const int64_t P = (int64_t)p.size(), chunk = score_prompt ? kScoreChunk : P;
-  if (score_prompt) {
-    s.result.prompt_logprobs.resize(p.size());
-    for (size_t i = 0; i < p.size(); ++i) s.result.prompt_logprobs[i].text = token_text(*model_.tokenizer, p, i);
-    s.result.prompt_logprobs[0].token = p[0];
-    s.result.prompt_logprobs[0].logprob = NAN;  // nothing predicts the first
-  }
-  std::vector<float> last;  // the last position's logits, which the first token is drawn from
+  if (score_prompt) s.result.prompt_logprobs.resize(p.size());
+  Tensor logits;  // the last chunk's; its last row is what the first token is drawn from
   try {
     for (int64_t at = 0; at < P; at += chunk) {
       const int64_t n = std::min(chunk, P - at);
       const Tensor ids = Tensor::from_ints(std::vector<int64_t>(p.begin() + at, p.begin() + at + n), {1, n});
-      const Tensor logits = model_.model->forward_cached(ids, s.caches, /*last_only=*/!score_prompt).contiguous();
-      const int64_t rows = logits.size(1), V = logits.size(-1);
-      const float* row = logits.data<float>();
-      for (int64_t i = 0; score_prompt && i < n && at + i + 1 < P; ++i) {  // position at + i predicts the next token
-        std::string text = std::move(s.result.prompt_logprobs[at + i + 1].text);
-        s.result.prompt_logprobs[at + i + 1] = logprob_of(row + i * V, V, p[at + i + 1], s.request.logprobs);
-        s.result.prompt_logprobs[at + i + 1].text = std::move(text);
-      }
-      last.assign(row + (rows - 1) * V, row + rows * V);
+      logits = model_.model->forward_cached(ids, s.caches, /*last_only=*/!score_prompt).contiguous();
+      const int64_t V = logits.size(-1);
+      for (int64_t i = 0; score_prompt && i < n && at + i + 1 < P; ++i)  // position at + i predicts the next token
+        s.result.prompt_logprobs[at + i + 1] =
+            logprob_of(logits.data<float>() + i * V, V, p[at + i + 1], s.request.logprobs);
     }
   } catch (const std::exception& e) {
     return finish(s, "error", e.what());
   }
+  if (score_prompt) {
+    s.result.prompt_logprobs[0].token = p[0];
+    s.result.prompt_logprobs[0].logprob = NAN;  // nothing predicts the first
+    for (size_t i = 0; i < p.size(); ++i) s.result.prompt_logprobs[i].text = token_text(*model_.tokenizer, p, i);
+  }
   if (s.request.options.max_new_tokens == 0) return finish(s, "length");
-  draw(s, last.data(), (int64_t)last.size());
+  const int64_t V = logits.size(-1);
+  draw(s, logits.data<float>() + (logits.size(1) - 1) * V, V);
 }
 
 // The slot's next token from its row of logits, or the slot finished with
@@ -212,9 +214,8 @@ void BatchGenerator::accept(Slot& s, int64_t token) {
   s.tokens.push_back(token);
   s.result.completion_tokens = (int64_t)s.tokens.size();
   std::string text = model_.tokenizer->decode(s.tokens);
-  if (s.request.logprobs >= 0) {  // the bytes this token added (or, where decoding rewrote the text, its own)
-    s.drawn.text =
-        text.compare(0, s.text.size(), s.text) == 0 ? text.substr(s.text.size()) : model_.tokenizer->decode({token});
+  if (s.request.logprobs >= 0) {
+    s.drawn.text = added_text(*model_.tokenizer, s.text, text, token);
     s.result.logprobs.push_back(std::move(s.drawn));
   }
   s.text = std::move(text);

@@ -16,8 +16,10 @@
 #include <cstdio>
 #include <future>
 #include <memory>
+#include <string>
 #include <string_view>
 #include <thread>
+#include <vector>
 #include <nlohmann/json.hpp>
 
 #include "qkv/checkpoint.h"
