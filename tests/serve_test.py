@@ -179,10 +179,67 @@ class Completions(unittest.TestCase):
                                                        logprobs=3, stream=True))
         streamed = [t for c in chunks if c.choices[0].logprobs for t in c.choices[0].logprobs.tokens]
         self.assertEqual(streamed, lp["tokens"])
-        for body, param in [({"logprobs": 21}, "logprobs"), ({"logprobs": "3"}, "logprobs"),
-                            ({"echo": True, "stream": True}, "echo"), ({"echo": 1}, "echo")]:
+        for body, param in [({"logprobs": 21}, "logprobs"), ({"logprobs": "3"}, "logprobs"), ({"echo": 1}, "echo")]:
             status, answer = self.s.complete(prompt="a", max_tokens=1, **body)
             self.assertEqual((status, answer["error"]["param"]), (400, param), answer)
+        self.assert_serving()
+
+    def test_a_list_of_prompts_gives_a_choice_each(self):
+        """prompt as a list of texts, a list of token ids, or a list of lists of them (lm-eval's scoring requests):
+        one choice per prompt, in order, each what its prompt alone gives; token ids are the prompt as given (this
+        byte model's <bos> is 1 and byte b is 4 + b); usage adds them up. Streamed, each event names its choice,
+        echo sends each prompt first, and the texts, tokens and offsets gathered per choice are the whole answer's."""
+        prompts = ["the cat", "x", "the dog ran"]
+        ids = [[1] + [4 + b for b in p.encode()] for p in prompts]
+        ask = dict(max_tokens=10, temperature=0, logprobs=2, echo=True)
+        alone = [self.s.complete(prompt=p, **ask)[1] for p in prompts]
+        for a in alone:
+            self.assertEqual(a["usage"]["completion_tokens"], len(a["choices"][0]["logprobs"]["tokens"]) -
+                             a["usage"]["prompt_tokens"])
+        for prompt in (prompts, ids, [prompts[0], ids[1], prompts[2]]):
+            status, r = self.s.complete(prompt=prompt, **ask)
+            self.assertEqual(status, 200, r)
+            self.assertEqual([c["index"] for c in r["choices"]], [0, 1, 2])
+            for c, a in zip(r["choices"], alone):
+                want = a["choices"][0]
+                self.assertEqual((c["text"], c["finish_reason"]), (want["text"], want["finish_reason"]))
+                self.assertEqual(c["logprobs"]["tokens"], want["logprobs"]["tokens"])
+                self.assertEqual(c["logprobs"]["text_offset"], want["logprobs"]["text_offset"])
+                for got, expected in zip(c["logprobs"]["token_logprobs"], want["logprobs"]["token_logprobs"]):
+                    self.assertEqual(got is None, expected is None)
+                    if got is not None:
+                        self.assertAlmostEqual(got, expected, delta=1e-4)
+            for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
+                self.assertEqual(r["usage"][key], sum(a["usage"][key] for a in alone), key)
+        # One list of ids is one prompt; it may lack <bos>.
+        status, r = self.s.complete(prompt=ids[0], max_tokens=10, temperature=0)
+        self.assertEqual((status, r["choices"][0]["text"]), (200, alone[0]["choices"][0]["text"][len(prompts[0]):]))
+        status, r = self.s.complete(prompt=ids[0][1:], max_tokens=3, temperature=0, echo=True)
+        self.assertEqual((status, r["usage"]["prompt_tokens"]), (200, len(prompts[0])), r)
+        self.assertTrue(r["choices"][0]["text"].startswith(prompts[0]), r)
+
+        chunks = list(self.s.client.completions.create(model="small", prompt=prompts, stream=True, **ask))
+        texts, tokens, offsets, finishes = [""] * 3, [[], [], []], [[], [], []], [[], [], []]
+        for c in chunks:
+            (choice,) = c.choices
+            texts[choice.index] += choice.text
+            finishes[choice.index].append(choice.finish_reason)
+            if choice.logprobs:
+                tokens[choice.index] += choice.logprobs.tokens
+                offsets[choice.index] += choice.logprobs.text_offset
+        for i, a in enumerate(alone):
+            want = a["choices"][0]
+            self.assertEqual(texts[i], want["text"])
+            self.assertEqual((tokens[i], offsets[i]), (want["logprobs"]["tokens"], want["logprobs"]["text_offset"]))
+            self.assertEqual(finishes[i][-1], want["finish_reason"])
+            self.assertEqual(finishes[i][:-1], [None] * (len(finishes[i]) - 1))
+        self.assertEqual([c.usage is not None for c in chunks], [False] * (len(chunks) - 1) + [True])
+        self.assertEqual(chunks[-1].usage.prompt_tokens, sum(a["usage"]["prompt_tokens"] for a in alone))
+        # echo streamed without logprobs: the prompt, then the completion
+        streamed = "".join(c.choices[0].text for c in self.s.client.completions.create(
+            model="small", prompt="the dog", max_tokens=6, temperature=0, echo=True, stream=True))
+        self.assertEqual(streamed, "the dog" + self.s.complete(prompt="the dog", max_tokens=6,
+                                                               temperature=0)[1]["choices"][0]["text"])
         self.assert_serving()
 
     def test_sampling_with_a_seed_is_what_generate_prints(self):
@@ -276,6 +333,17 @@ class Completions(unittest.TestCase):
             (dict(body={"prompt": "a", "max_tokens": 64}), 400, "max_tokens"),  # past the context with the prompt
             (dict(body={"prompt": "x" * 70}), 400, "prompt"),  # past the context
             (dict(body={"prompt": 5}), 400, "prompt"),
+            (dict(body={"prompt": []}), 400, "prompt"),
+            (dict(body={"prompt": [[]]}), 400, "prompt"),
+            (dict(body={"prompt": [1, "a"]}), 400, "prompt"),
+            (dict(body={"prompt": ["a", 1]}), 400, "prompt"),
+            (dict(body={"prompt": [1, 1.5]}), 400, "prompt"),
+            (dict(body={"prompt": [1, -1]}), 400, "prompt"),
+            (dict(body={"prompt": [1, 260]}), 400, "prompt"),  # past the byte model's vocabulary
+            (dict(body={"prompt": [[1, 18446744073709551615]]}), 400, "prompt"),
+            (dict(body={"prompt": ["a", "x" * 70]}), 400, "prompt"),  # the second past the context
+            (dict(body={"prompt": ["a"] * 21}), 400, "prompt"),  # more than --parallel 4 plus --queue 16
+            (dict(body={"prompt": [[1, 5]] * 21}), 400, "prompt"),
             (dict(body={"max_tokens": 5}), 400, "prompt"),
             (dict(body={"prompt": "a", "temperature": 3}), 400, "temperature"),
             (dict(body={"prompt": "a", "top_p": 0}), 400, "top_p"),
@@ -592,6 +660,22 @@ class Slow(unittest.TestCase):
             self.assertIn(429, codes)
             status, body = s.complete(prompt="a", max_tokens=2)
             self.assertEqual(status, 200, body)
+            # A list of prompts is queued whole or not at all: past --parallel 1 plus --queue 1 it is a 400, and
+            # two while one decodes a 429 (the first, queued before the second was refused, leaves with it).
+            status, body = s.complete(prompt=["a", "b", "c"], max_tokens=2)
+            self.assertEqual((status, body["error"]["param"]), (400, "prompt"), body)
+            codes.clear()
+            busy = threading.Thread(target=client)
+            busy.start()
+            deadline = time.monotonic() + 30 * SLOW
+            while s.request("GET", "/health")[1]["active"] < 1 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            status, body = s.complete(prompt=["a", "b"], max_tokens=2)
+            self.assertEqual(status, 429, body)
+            busy.join()
+            self.assertEqual(codes, [200])
+            status, body = s.complete(prompt=["a", "b"], max_tokens=2, temperature=0)
+            self.assertEqual((status, [c["index"] for c in body["choices"]]), (200, [0, 1]), body)
         finally:
             self.assertEqual(s.stop(), 0)
 

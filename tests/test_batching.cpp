@@ -311,7 +311,8 @@ TEST(Batching, PostedTasksRunBetweenStepsOnTheGeneratorsThread) {
 // batch with another request: each is log_softmax of the logits of one
 // forward pass over the whole text without a cache (in double here), at the
 // position before the token, and its top 3 are that row's likeliest. The
-// pieces' tokens, streamed, are the result's; their texts join to the
+// prompt's are heard once by on_prompt, before any text; the pieces'
+// tokens, streamed, are the result's; their texts join to the
 // completion's bytes. A prompt is scored with max_new_tokens 0.
 TEST(Batching, LogprobsAreTheLogSoftmaxOfOneForwardOverTheText) {
   LanguageModel m = random_byte_model(kRope);
@@ -326,6 +327,12 @@ TEST(Batching, LogprobsAreTheLogSoftmaxOfOneForwardOverTheText) {
   BatchRequest r = request_for(m, "the cat", o, scored);
   r.logprobs = 3;
   r.prompt_logprobs = true;
+  std::vector<TokenLogprob> heard_prompt;  // on_prompt's, once, before any text
+  int prompts_heard = 0;
+  r.on_prompt = [&](const std::vector<TokenLogprob>& tokens) {
+    EXPECT_TRUE(streamed.empty() && scored.pieces.empty());
+    heard_prompt = tokens, ++prompts_heard;
+  };
   r.on_text = [&](const std::string& piece, const std::vector<TokenLogprob>& tokens) {
     scored.pieces += piece;
     streamed.insert(streamed.end(), tokens.begin(), tokens.end());
@@ -337,6 +344,15 @@ TEST(Batching, LogprobsAreTheLogSoftmaxOfOneForwardOverTheText) {
   const BatchResult& res = scored.result;
   const std::vector<int64_t> prompt = with_bos(m, "the cat");
   ASSERT_EQ(res.prompt_logprobs.size(), prompt.size());
+  ASSERT_EQ(prompts_heard, 1);
+  ASSERT_EQ(heard_prompt.size(), prompt.size());
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    EXPECT_EQ(heard_prompt[i].token, res.prompt_logprobs[i].token);
+    EXPECT_EQ(heard_prompt[i].text, res.prompt_logprobs[i].text);
+    if (i > 0) {
+      EXPECT_EQ(heard_prompt[i].logprob, res.prompt_logprobs[i].logprob);
+    }
+  }
   ASSERT_EQ(res.logprobs.size(), 7u);
   EXPECT_TRUE(std::isnan(res.prompt_logprobs[0].logprob) && res.prompt_logprobs[0].top.empty());
   std::vector<int64_t> ids = prompt, completion;

@@ -73,6 +73,9 @@ struct BatchRequest {
   // (a piece held back for a stop sequence comes with the tokens after it;
   // the tokens of text never emitted are only in the result).
   std::function<void(const std::string& piece, const std::vector<TokenLogprob>& tokens)> on_text;
+  // With prompt_logprobs, once the prompt is scored and before any text, on
+  // the generator's thread: its tokens' log-probabilities (as the result's).
+  std::function<void(const std::vector<TokenLogprob>& prompt)> on_prompt;
   // Once, at the end, on the generator's thread.
   std::function<void(const BatchResult&)> on_done;
   // Set by the caller (a client gone): the request leaves at the next step.

@@ -153,6 +153,7 @@ void BatchGenerator::admit(Slot& s, BatchRequest r) {
     s.result.prompt_logprobs[0].token = p[0];
     s.result.prompt_logprobs[0].logprob = NAN;  // nothing predicts the first
     for (size_t i = 0; i < p.size(); ++i) s.result.prompt_logprobs[i].text = token_text(*model_.tokenizer, p, i);
+    if (s.request.on_prompt) s.request.on_prompt(s.result.prompt_logprobs);
   }
   if (s.request.options.max_new_tokens == 0) return finish(s, "length");
   const int64_t V = logits.size(-1);

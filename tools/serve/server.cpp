@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <future>
 #include <map>
+#include <optional>
 #include <string_view>
 #include <utility>
 #include <nlohmann/json.hpp>
@@ -241,13 +242,26 @@ private:
   int64_t count_ = 0;
 };
 
-// One streamed generation: pieces from the generator's thread to the HTTP thread writing them.
+// What one choice of a streamed answer has to say: a piece of its text, its
+// echoed prompt, or its end.
+struct StreamEvent {
+  size_t choice = 0;
+  std::string piece;
+  std::vector<TokenLogprob> tokens;   // the piece's tokens, with logprobs
+  bool echo = false;                  // the prompt, its tokens the prompt's
+  std::optional<BatchResult> result;  // set on the choice's last event
+};
+
+// One streamed answer: events from the generator's thread to the HTTP thread writing them.
 struct Stream {
   std::mutex mutex;
   std::condition_variable ready;
-  std::deque<std::pair<std::string, std::vector<TokenLogprob>>> pieces;  // text, and its tokens with logprobs
-  bool done = false;
-  BatchResult result;
+  std::deque<StreamEvent> events;
+  void push(StreamEvent e) {
+    std::lock_guard<std::mutex> lock(mutex);
+    events.push_back(std::move(e));
+    ready.notify_one();
+  }
 };
 
 class Server {
@@ -480,14 +494,16 @@ private:
     else http_.Post(path, wrapped);
   }
 
-  json completion_chunk(const std::string& id, const std::string& text, const json& finish,
-                        json logprobs = nullptr) const {
-    return {
-        {"id", id},
-        {"object", "text_completion"},
-        {"created", (int64_t)std::time(nullptr)},
-        {"model", name_},
-        {"choices", json::array({{{"text", text}, {"index", 0}, {"logprobs", logprobs}, {"finish_reason", finish}}})}};
+  json completion_object(const std::string& id, json choices) const {
+    return {{"id", id},
+            {"object", "text_completion"},
+            {"created", (int64_t)std::time(nullptr)},
+            {"model", name_},
+            {"choices", std::move(choices)}};
+  }
+
+  static json completion_choice(size_t index, const std::string& text, const json& finish, json logprobs) {
+    return {{"text", text}, {"index", index}, {"logprobs", std::move(logprobs)}, {"finish_reason", finish}};
   }
 
   // A token as logprobs name it: the text it adds, or for a special (which
@@ -535,10 +551,61 @@ private:
     return {{"content", content}};
   }
 
-  static json usage(const BatchResult& r) {
-    return {{"prompt_tokens", r.prompt_tokens},
-            {"completion_tokens", r.completion_tokens},
-            {"total_tokens", r.prompt_tokens + r.completion_tokens}};
+  static json usage(const std::vector<BatchResult>& results) {
+    int64_t prompt = 0, completion = 0;
+    for (const BatchResult& r : results) prompt += r.prompt_tokens, completion += r.completion_tokens;
+    return {{"prompt_tokens", prompt}, {"completion_tokens", completion}, {"total_tokens", prompt + completion}};
+  }
+
+  // One prompt of /v1/completions: its token ids, and the text `echo` shows.
+  struct Prompt {
+    std::vector<int64_t> ids;
+    std::string text;
+  };
+
+  // OpenAI's prompt: a string, a list of strings, a list of token ids, or a
+  // list of lists of token ids; as many prompts as the server runs and
+  // queues at once. A text is encoded as `qkv generate` encodes it (after
+  // <bos> where the model puts one); token ids are the prompt as given.
+  std::vector<Prompt> prompts_field(const json& body) {
+    if (!body.contains("prompt") || body["prompt"].is_null()) bad("prompt", "prompt is required");
+    const json& v = body["prompt"];
+    const Tokenizer& t = *generator_->model().tokenizer;
+    const int64_t V = generator_->model().model->config().vocab_size;
+    auto text = [&](const json& s) { return Prompt{t.encode_prompt(s.get<std::string>()), s.get<std::string>()}; };
+    auto ids = [&](const json& list, const std::string& where) {
+      if (list.empty()) bad("prompt", where + " is an empty list of token ids");
+      Prompt p;
+      for (size_t k = 0; k < list.size(); ++k) {
+        const std::string at = where + "[" + std::to_string(k) + "]";
+        if (!list[k].is_number_integer()) bad("prompt", at + " must be a token id (an integer)");
+        const bool huge = list[k].is_number_unsigned() && list[k].get<uint64_t>() > (uint64_t)INT64_MAX;
+        const int64_t id = huge ? -1 : list[k].get<int64_t>();
+        if (id < 0 || id >= V)
+          bad("prompt",
+              at + " is " + list[k].dump() + ", not a token id of this model (0 to " + std::to_string(V - 1) + ")");
+        p.ids.push_back(id);
+      }
+      p.text = t.decode(p.ids);
+      return p;
+    };
+    const std::string shape =
+        "prompt must be a string, a list of strings, a list of token ids or a list of lists of them";
+    if (v.is_string()) return {text(v)};
+    if (!v.is_array()) bad("prompt", shape);
+    if (v.empty()) bad("prompt", "prompt is an empty list");
+    if (v[0].is_number()) return {ids(v, "prompt")};
+    const int64_t most = o_.parallel + o_.queue;
+    if ((int64_t)v.size() > most)
+      bad("prompt", "prompt is a list of " + std::to_string(v.size()) + " prompts; this server takes at most " +
+                        std::to_string(most) + " at once (--parallel " + std::to_string(o_.parallel) +
+                        " plus --queue " + std::to_string(o_.queue) + ")");
+    std::vector<Prompt> out;
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (!v[i].is_string() && !v[i].is_array()) bad("prompt", shape);
+      out.push_back(v[i].is_string() ? text(v[i]) : ids(v[i], "prompt[" + std::to_string(i) + "]"));
+    }
+    return out;
   }
 
   void completions(const httplib::Request& req, httplib::Response& res, const InFlightToken& token) {
@@ -548,35 +615,49 @@ private:
     if (!generator_) bad("model", "model '" + name_ + "' is " + kind() + "; /v1/completions needs a decoder model");
     check_model_field(body);
     const bool stream = bool_field(body, "stream", false), echo = bool_field(body, "echo", false);
-    if (echo && stream) bad("echo", "echo is not supported with stream");
     // logprobs: k of the likeliest tokens at each position (0 to 20), beside the chosen one's.
     const int64_t logprobs = int_field(body, "logprobs", -1, 0, kMaxTopLogprobs);
-    if (!body.contains("prompt")) bad("prompt", "prompt is required");
-    const std::vector<std::string> prompts = strings_field(body, "prompt", 1);
-    if (prompts.size() != 1) bad("prompt", "prompt must be one string");
-    BatchRequest r = generation_request(body, generator_->model().tokenizer->encode_prompt(prompts[0]), "prompt",
-                                        "max_tokens");
-    r.logprobs = logprobs;
-    r.prompt_logprobs = echo;
+    const std::vector<Prompt> prompts = prompts_field(body);
+    std::vector<BatchRequest> requests;
+    std::vector<std::string> echoes;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      try {
+        requests.push_back(generation_request(body, prompts[i].ids, "prompt", "max_tokens"));
+      } catch (HttpError& e) {
+        if (prompts.size() > 1) e.message = "prompt[" + std::to_string(i) + "]: " + e.message;
+        throw;
+      }
+      requests.back().logprobs = logprobs;
+      requests.back().prompt_logprobs = echo;
+      if (echo) echoes.push_back(prompts[i].text);
+    }
     const std::string id = "cmpl-" + std::to_string(ids_++);
-    auto offset = std::make_shared<int64_t>(0);  // a stream's characters so far, for text_offset
+    // A stream's characters so far in each choice, for text_offset.
+    auto offsets = std::make_shared<std::vector<int64_t>>(prompts.size(), 0);
     respond(
-        std::move(r), stream, res, token,
-        [this, id, logprobs, offset](const std::string& piece, const std::vector<TokenLogprob>& tokens,
-                                     const json& finish) {
-          return completion_chunk(id, piece, finish,
-                                  logprobs < 0 ? json(nullptr) : completion_logprobs(tokens, *offset));
+        std::move(requests), stream, res, token,
+        [this, id, logprobs, offsets](size_t i, const std::string& piece, const std::vector<TokenLogprob>& tokens,
+                                      const json& finish) {
+          const json lp = logprobs < 0 ? json(nullptr) : completion_logprobs(tokens, (*offsets)[i]);
+          return completion_object(id, json::array({completion_choice(i, piece, finish, lp)}));
         },
-        [this, id, logprobs, echo, prompt = prompts[0]](const BatchResult& result) {
-          json lp = nullptr;
-          if (logprobs >= 0) {
-            std::vector<TokenLogprob> tokens = echo ? result.prompt_logprobs : std::vector<TokenLogprob>{};
-            tokens.insert(tokens.end(), result.logprobs.begin(), result.logprobs.end());
-            int64_t offset = 0;
-            lp = completion_logprobs(tokens, offset);
+        [this, id, logprobs, echoes](const std::vector<BatchResult>& results) {
+          json choices = json::array();
+          for (size_t i = 0; i < results.size(); ++i) {
+            const BatchResult& result = results[i];
+            json lp = nullptr;
+            if (logprobs >= 0) {
+              std::vector<TokenLogprob> tokens = echoes.empty() ? std::vector<TokenLogprob>{} : result.prompt_logprobs;
+              tokens.insert(tokens.end(), result.logprobs.begin(), result.logprobs.end());
+              int64_t offset = 0;
+              lp = completion_logprobs(tokens, offset);
+            }
+            const std::string text = (echoes.empty() ? "" : echoes[i]) + result.text;
+            choices.push_back(completion_choice(i, text, result.finish_reason, lp));
           }
-          return completion_chunk(id, (echo ? prompt : "") + result.text, result.finish_reason, lp);
-        });
+          return completion_object(id, choices);
+        },
+        echoes);
   }
 
   // OpenAI's chat completions: the messages in the folder's chat format
@@ -672,10 +753,12 @@ private:
     // Streaming with calls to read: text is sent as far as no <tool_call>
     // may begin; the calls, and any text held back that was none, come last.
     auto streamed = std::make_shared<std::pair<std::string, size_t>>();  // the text so far, the bytes sent
+    std::vector<BatchRequest> requests;
+    requests.push_back(std::move(r));
     respond(
-        std::move(r), bool_field(body, "stream", false), res, token,
+        std::move(requests), bool_field(body, "stream", false), res, token,
         [this, shape, read_calls, streamed, calls_json, logprobs](
-            const std::string& piece, const std::vector<TokenLogprob>& tokens, const json& finish) {
+            size_t, const std::string& piece, const std::vector<TokenLogprob>& tokens, const json& finish) {
           json delta = json::object();
           json reason = finish;
           auto& [text, sent] = *streamed;
@@ -698,7 +781,8 @@ private:
           const json lp = logprobs < 0 ? json(nullptr) : chat_logprobs(tokens);
           return shape(true, {{"index", 0}, {"delta", delta}, {"logprobs", lp}, {"finish_reason", reason}});
         },
-        [this, shape, read_calls, calls_json, logprobs](const BatchResult& result) {
+        [this, shape, read_calls, calls_json, logprobs](const std::vector<BatchResult>& results) {
+          const BatchResult& result = results.at(0);
           json message = {{"role", "assistant"}, {"content", result.text}};
           std::string reason = result.finish_reason;
           if (read_calls) {
@@ -785,7 +869,7 @@ private:
     if (r.prompt.empty()) bad(what, "the prompt is empty and the tokenizer puts no token before it");
     const int64_t P = (int64_t)r.prompt.size();
     if (P >= C)
-      bad(what, "the prompt is " + std::to_string(P) + " tokens (with <bos>); the context is " + std::to_string(C) +
+      bad(what, "the prompt is " + std::to_string(P) + " tokens; the context is " + std::to_string(C) +
                     ", which leaves room for none to generate");
     const bool given = body.contains(max_name) && !body[max_name].is_null();
     r.options.max_new_tokens = int_field(body, max_name, std::min<int64_t>(16, C - P), 0, 1 << 30);
@@ -805,93 +889,139 @@ private:
     return r;
   }
 
-  // Runs `r` and answers: one JSON object (whole(result), with usage), or
-  // server-sent events, chunk(piece, null) per piece of text and
-  // chunk("", finish_reason) with usage at the end, then [DONE].
-  void respond(BatchRequest r, bool stream, httplib::Response& res, const InFlightToken& token,
-               std::function<json(const std::string&, const std::vector<TokenLogprob>&, const json&)> chunk,
-               std::function<json(const BatchResult&)> whole) {
-    auto cancel = std::make_shared<std::atomic<bool>>(false);
-    r.cancel = cancel;
+  // A stream's event for choice i: a piece of its text and the piece's
+  // tokens, with finish_reason null until its last.
+  using ChunkFn = std::function<json(size_t i, const std::string& piece, const std::vector<TokenLogprob>& tokens,
+                                     const json& finish)>;
+
+  // Runs `requests`, the answer's choices in order, and answers: one JSON
+  // object, whole(results) with their usage summed; or server-sent events,
+  // chunk(i, piece, tokens, null) per piece of choice i as the choices make
+  // them, chunk(i, "", tokens, finish_reason) at each one's end (the last of
+  // these with the usage), then [DONE]. With `echoes` (one per request), a
+  // stream begins each choice with its prompt: chunk(i, echoes[i], the
+  // prompt's tokens where the request scores them, null).
+  void respond(std::vector<BatchRequest> requests, bool stream, httplib::Response& res, const InFlightToken& token,
+               ChunkFn chunk, std::function<json(const std::vector<BatchResult>&)> whole,
+               const std::vector<std::string>& echoes = {}) {
+    auto cancel = std::make_shared<std::atomic<bool>>(false);  // one for all: a choice that fails ends the others
+    for (BatchRequest& r : requests) r.cancel = cancel;
 
     if (!stream) {
-      auto done = std::make_shared<std::promise<BatchResult>>();
-      r.on_done = [this, done](const BatchResult& result) {
-        metrics_.generation(result);
-        done->set_value(result);
-      };
-      std::future<BatchResult> future = done->get_future();
-      submit(std::move(r));
-      const BatchResult result = future.get();
-      if (result.finish_reason == "error") throw HttpError{500, "", result.error, "server_error"};
-      json out = whole(result);
-      out["usage"] = usage(result);
+      std::vector<std::future<BatchResult>> futures;
+      for (BatchRequest& r : requests) {
+        auto done = std::make_shared<std::promise<BatchResult>>();
+        futures.push_back(done->get_future());
+        r.on_done = [this, done](const BatchResult& result) {
+          metrics_.generation(result);
+          done->set_value(result);
+        };
+      }
+      submit_all(requests, *cancel);
+      std::vector<BatchResult> results;
+      for (std::future<BatchResult>& f : futures) results.push_back(f.get());
+      for (const BatchResult& result : results)
+        if (result.finish_reason == "error") throw HttpError{500, "", result.error, "server_error"};
+      json out = whole(results);
+      out["usage"] = usage(results);
       return send_json(res, 200, out);
     }
 
     auto st = std::make_shared<Stream>();
-    r.on_text = [st](const std::string& piece, const std::vector<TokenLogprob>& tokens) {
-      std::lock_guard<std::mutex> lock(st->mutex);
-      st->pieces.emplace_back(piece, tokens);
-      st->ready.notify_one();
-    };
-    r.on_done = [this, st](const BatchResult& result) {
-      metrics_.generation(result);
-      std::lock_guard<std::mutex> lock(st->mutex);
-      st->done = true;
-      st->result = result;
-      st->ready.notify_one();
-    };
-    submit(std::move(r));
+    const size_t n = requests.size();
+    for (size_t i = 0; i < n; ++i) {
+      BatchRequest& r = requests[i];
+      if (!echoes.empty()) {
+        StreamEvent echo{i, echoes[i], {}, true, std::nullopt};
+        if (r.logprobs >= 0 && r.prompt_logprobs) {  // sent once the prompt is scored, with its tokens
+          r.on_prompt = [st, echo](const std::vector<TokenLogprob>& tokens) {
+            StreamEvent e = echo;
+            e.tokens = tokens;
+            st->push(std::move(e));
+          };
+        } else {
+          st->push(std::move(echo));
+        }
+      }
+      r.on_text = [st, i](const std::string& piece, const std::vector<TokenLogprob>& tokens) {
+        st->push({i, piece, tokens, false, std::nullopt});
+      };
+      r.on_done = [this, st, i](const BatchResult& result) {
+        metrics_.generation(result);
+        st->push({i, "", {}, false, result});
+      };
+    }
+    submit_all(requests, *cancel);
     res.set_header("Cache-Control", "no-cache");
+    struct Progress {
+      std::vector<size_t> sent;  // each choice's tokens sent so far
+      std::vector<BatchResult> results;
+    };
+    auto progress = std::make_shared<Progress>();
+    progress->sent.resize(n);
     res.set_chunked_content_provider(
         "text/event-stream",
-        [st, cancel, chunk, token, sent = std::make_shared<size_t>(0)](size_t, httplib::DataSink& sink) {
-          std::deque<std::pair<std::string, std::vector<TokenLogprob>>> pieces;
-          bool done;
-          BatchResult result;
+        [st, cancel, chunk, token, n, progress](size_t, httplib::DataSink& sink) {
+          std::deque<StreamEvent> events;
           {
             std::unique_lock<std::mutex> lock(st->mutex);
-            st->ready.wait_for(lock, std::chrono::milliseconds(100), [&] { return !st->pieces.empty() || st->done; });
-            pieces.swap(st->pieces);
-            done = st->done;
-            if (done) result = st->result;
+            st->ready.wait_for(lock, std::chrono::milliseconds(100), [&] { return !st->events.empty(); });
+            events.swap(st->events);
           }
           auto event = [&](const json& data) {
             const std::string line = "data: " + dump(data) + "\n\n";
             return sink.write(line.data(), line.size());
           };
-          if (!sink.is_writable()) {  // the client has gone: its slot is freed at the next step
+          auto finish = [&] {
+            const std::string end = "data: [DONE]\n\n";
+            sink.write(end.data(), end.size());
+            sink.done();
+            return true;
+          };
+          if (!sink.is_writable()) {  // the client has gone: its slots are freed at the next step
             *cancel = true;
             return false;
           }
-          for (const auto& [piece, tokens] : pieces) {
-            *sent += tokens.size();
-            if (!event(chunk(piece, tokens, nullptr))) {
+          for (const StreamEvent& e : events) {
+            json data;
+            if (!e.result) {
+              if (!e.echo) progress->sent[e.choice] += e.tokens.size();
+              data = chunk(e.choice, e.piece, e.tokens, nullptr);
+            } else if (e.result->finish_reason == "error") {
+              *cancel = true;
+              event(
+                  {{"error",
+                    {{"message", e.result->error}, {"type", "server_error"}, {"param", nullptr}, {"code", nullptr}}}});
+              return finish();
+            } else {
+              // The tokens of text never sent (cut by a stop sequence) come with the end.
+              const std::vector<TokenLogprob>& all = e.result->logprobs;
+              const std::vector<TokenLogprob> rest(
+                  all.begin() + (ptrdiff_t)std::min(progress->sent[e.choice], all.size()), all.end());
+              data = chunk(e.choice, "", rest, e.result->finish_reason);
+              progress->results.push_back(*e.result);
+              if (progress->results.size() == n) data["usage"] = usage(progress->results);
+            }
+            if (!event(data)) {
               *cancel = true;
               return false;
             }
           }
-          if (!done) return true;
-          if (result.finish_reason == "error") {
-            event({{"error",
-                    {{"message", result.error}, {"type", "server_error"}, {"param", nullptr}, {"code", nullptr}}}});
-          } else {
-            // The tokens of text never sent (cut by a stop sequence) come with the end.
-            const std::vector<TokenLogprob> rest(
-                result.logprobs.begin() + (ptrdiff_t)std::min(*sent, result.logprobs.size()), result.logprobs.end());
-            json last = chunk("", rest, result.finish_reason);
-            last["usage"] = usage(result);
-            event(last);
-          }
-          const std::string end = "data: [DONE]\n\n";
-          sink.write(end.data(), end.size());
-          sink.done();
-          return true;
+          return progress->results.size() == n ? finish() : true;
         },
         [cancel](bool success) {
           if (!success) *cancel = true;
         });
+  }
+
+  // Queues every request, or none: past one refused, those queued are cancelled.
+  void submit_all(std::vector<BatchRequest>& requests, std::atomic<bool>& cancel) {
+    try {
+      for (BatchRequest& r : requests) submit(std::move(r));
+    } catch (...) {
+      cancel = true;
+      throw;
+    }
   }
 
   void submit(BatchRequest r) {

@@ -4,7 +4,8 @@
 //   GET  /health             {"status": "ok", ...}
 //   GET  /v1/models          the one model served, OpenAI's list format
 //   GET  /metrics            Prometheus text: requests, tokens, queue depth, latency
-//   POST /v1/completions     decoder models; "stream": true as server-sent events;
+//   POST /v1/completions     decoder models; a prompt, or a list (texts or token ids),
+//                            a choice each; "stream": true as server-sent events;
 //                            concurrent requests share decoding steps (qkv/batching.h)
 //   POST /v1/translate       translation models: {"text": [...], "beam": k}
 //   POST /v1/attention       translation models: one text, its translation and cross-attention weights
