@@ -242,6 +242,34 @@ class Completions(unittest.TestCase):
                                                                temperature=0)[1]["choices"][0]["text"])
         self.assert_serving()
 
+    def test_tokenize_and_detokenize(self):
+        """vLLM's tokenizer endpoints (lm-evaluation-harness's remote tokenizer): /tokenize gives the ids a
+        completion's prompt has, /detokenize their text, /tokenizer_info the context and no special token by a
+        text that would not encode to it (this byte model spells <eos> in bytes)."""
+        status, r = self.s.request("POST", "/tokenize", {"prompt": "the cat"})
+        self.assertEqual((status, r["tokens"], r["count"]), (200, [1] + [4 + b for b in b"the cat"], 8), r)
+        self.assertEqual((r["max_model_len"], r["token_strs"]), (64, None))
+        status, plain = self.s.request("POST", "/tokenize", {"prompt": "猫", "add_special_tokens": False,
+                                                             "return_token_strs": True})
+        self.assertEqual((status, plain["tokens"]), (200, [4 + b for b in "猫".encode()]), plain)
+        self.assertEqual(plain["token_strs"], ["\\xE7", "\\x8C", "\\xAB"])
+        status, d = self.s.request("POST", "/detokenize", {"tokens": r["tokens"]})
+        self.assertEqual((status, d), (200, {"prompt": "the cat"}))
+        self.assertEqual(self.s.complete(prompt=r["tokens"], max_tokens=8, temperature=0)[1]["choices"][0]["text"],
+                         self.s.complete(prompt="the cat", max_tokens=8, temperature=0)[1]["choices"][0]["text"])
+        status, info = self.s.request("GET", "/tokenizer_info")
+        self.assertEqual(status, 200, info)
+        self.assertEqual((info["eos_token"], info["bos_token"], info["model_max_length"], info["vocab_size"],
+                          info["chat_template"]), (None, None, 64, 260, None))
+        for path, body, param in [("/tokenize", {"prompt": 5}, "prompt"), ("/tokenize", {}, "prompt"),
+                                  ("/tokenize", {"prompt": "a", "messages": []}, "messages"),
+                                  ("/tokenize", {"prompt": "a", "add_special_tokens": "no"}, "add_special_tokens"),
+                                  ("/detokenize", {"tokens": "a"}, "tokens"), ("/detokenize", {"tokens": [260]}, "tokens"),
+                                  ("/detokenize", {"tokens": [1, None]}, "tokens"), ("/detokenize", {}, "tokens")]:
+            status, answer = self.s.request("POST", path, body)
+            self.assertEqual((status, answer["error"]["param"]), (400, param), (path, body, answer))
+        self.assert_serving()
+
     def test_sampling_with_a_seed_is_what_generate_prints(self):
         r = self.s.client.completions.create(model="small", prompt="the", max_tokens=25, temperature=0.9,
                                              top_p=0.9, seed=7, extra_body={"top_k": 5})
@@ -982,6 +1010,17 @@ class HuggingFace(unittest.TestCase):
             self.assertEqual(r.usage.completion_tokens, len(expected["new_ids"]))
             self.assertEqual(cli_generate(model, expected["prompt"], "--temperature", "0", "--max-new-tokens", "16"),
                              expected["text"])
+            # The tokenizer endpoints give transformers' ids; those ids as the prompt give the same completion.
+            status, t = s.request("POST", "/tokenize", {"prompt": expected["prompt"]})
+            self.assertEqual((status, t["tokens"]), (200, expected["prompt_ids"]), t)
+            status, info = s.request("GET", "/tokenizer_info")
+            self.assertEqual(status, 200, info)
+            status, eos = s.request("POST", "/tokenize", {"prompt": info["eos_token"], "add_special_tokens": False})
+            self.assertEqual((status, len(eos["tokens"])), (200, 1), (info, eos))  # lm-eval's eos_token_id
+            status, d = s.request("POST", "/detokenize", {"tokens": expected["prompt_ids"]})
+            self.assertEqual((status, d["prompt"]), (200, expected["prompt"]), d)
+            r = s.client.completions.create(model="llama", prompt=expected["prompt_ids"], max_tokens=16, temperature=0)
+            self.assertEqual(r.choices[0].text, expected["text"])
         finally:
             self.assertEqual(s.stop(), 0)
 

@@ -49,6 +49,7 @@ ChatFormat chat_format_of_template(const std::string& jinja);
 struct ChatTemplate {
   ChatFormat format = ChatFormat::None;
   std::shared_ptr<const jinja::Template> jinja;  // Template
+  std::string source;                            // the template's text, as the folder holds it
   // What the template may print besides the messages: tokenizer_config.json's
   // bos_token, eos_token, unk_token and pad_token (strings), where it has them.
   nlohmann::ordered_json tokens = nlohmann::ordered_json::object();

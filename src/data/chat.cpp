@@ -29,6 +29,7 @@ namespace {
 ChatTemplate chat_template_of(const std::string& text, nlohmann::ordered_json tokens) {
   ChatTemplate t;
   t.tokens = std::move(tokens);
+  t.source = text;
   std::string why;
   try {
     t.jinja = std::make_shared<const jinja::Template>(text);

@@ -78,9 +78,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     httplib::Client* translator = serve("marian");
     httplib::Client* encoder = serve("bert");
     httplib::Client* vit = serve("vit");
-    return new std::vector<Endpoint>{{lm, "/v1/completions"},       {lm, "/v1/chat/completions"},
-                                     {translator, "/v1/translate"}, {translator, "/v1/attention"},
-                                     {encoder, "/v1/embeddings"},   {vit, "/v1/classify"}};
+    return new std::vector<Endpoint>{{lm, "/v1/completions"},
+                                     {lm, "/v1/chat/completions"},
+                                     {translator, "/v1/translate"},
+                                     {translator, "/v1/attention"},
+                                     {encoder, "/v1/embeddings"},
+                                     {vit, "/v1/classify"},
+                                     {lm, "/tokenize"},
+                                     {lm, "/detokenize"}};
   }();
   if (size == 0) return 0;
   const Endpoint& e = endpoints[data[0] % endpoints.size()];

@@ -361,9 +361,19 @@ private:
 
   // The endpoint's name for the metrics (a fixed set: never the raw path of a 404).
   static std::string endpoint_of(const httplib::Request& req) {
-    static const char* known[] = {"/",           "/health",        "/metrics",              "/v1/models",
-                                  "/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/v1/translate",
-                                  "/v1/attention",   "/v1/classify"};
+    static const char* known[] = {"/",
+                                  "/health",
+                                  "/metrics",
+                                  "/v1/models",
+                                  "/v1/completions",
+                                  "/v1/chat/completions",
+                                  "/v1/embeddings",
+                                  "/v1/translate",
+                                  "/v1/attention",
+                                  "/v1/classify",
+                                  "/tokenize",
+                                  "/detokenize",
+                                  "/tokenizer_info"};
     for (const char* k : known)
       if (req.path == k) return k;
     return "other";
@@ -445,6 +455,14 @@ private:
                     {"arch", folder_.family->arch}};
       if (generator_) model["context"] = generator_->context();
       send_json(res, 200, {{"object", "list"}, {"data", json::array({model})}});
+    });
+    handle("POST", "/tokenize",
+           [this](const httplib::Request& req, httplib::Response& res, const InFlightToken&) { tokenize(req, res); });
+    handle("POST", "/detokenize",
+           [this](const httplib::Request& req, httplib::Response& res, const InFlightToken&) { detokenize(req, res); });
+    handle("GET", "/tokenizer_info", [this](const httplib::Request&, httplib::Response& res, const InFlightToken&) {
+      if (!generator_) bad("model", "model '" + name_ + "' is " + kind() + "; /tokenizer_info serves decoder models");
+      send_json(res, 200, tokenizer_info());
     });
     handle("POST", "/v1/completions",
            [this](const httplib::Request& req, httplib::Response& res, const InFlightToken& token) {
@@ -557,6 +575,75 @@ private:
     return {{"prompt_tokens", prompt}, {"completion_tokens", completion}, {"total_tokens", prompt + completion}};
   }
 
+  // The decoder's token ids in `list` (JSON integers), each below its
+  // vocabulary size; anything else is a 400 naming `param`, and the entry by
+  // `where` and its index.
+  std::vector<int64_t> token_ids(const json& list, const std::string& where, const std::string& param) {
+    const int64_t V = generator_->model().model->config().vocab_size;
+    std::vector<int64_t> ids;
+    for (size_t k = 0; k < list.size(); ++k) {
+      const std::string at = where + "[" + std::to_string(k) + "]";
+      if (!list[k].is_number_integer()) bad(param, at + " must be a token id (an integer)");
+      const bool huge = list[k].is_number_unsigned() && list[k].get<uint64_t>() > (uint64_t)INT64_MAX;
+      const int64_t id = huge ? -1 : list[k].get<int64_t>();
+      if (id < 0 || id >= V)
+        bad(param,
+            at + " is " + list[k].dump() + ", not a token id of this model (0 to " + std::to_string(V - 1) + ")");
+      ids.push_back(id);
+    }
+    return ids;
+  }
+
+  // vLLM's tokenizer endpoints, which lm-evaluation-harness's remote
+  // tokenizer reads. /tokenize: a text's token ids, as completions encode a
+  // prompt (add_special_tokens: after <bos> where the model puts one) and,
+  // asked for, each token's text.
+  void tokenize(const httplib::Request& req, httplib::Response& res) {
+    json body = parse_body(req, {"model", "prompt", "add_special_tokens", "return_token_strs"});
+    if (!generator_) bad("model", "model '" + name_ + "' is " + kind() + "; /tokenize serves decoder models");
+    check_model_field(body);
+    if (!body.contains("prompt") || !body["prompt"].is_string()) bad("prompt", "prompt must be a string");
+    const Tokenizer& t = *generator_->model().tokenizer;
+    const std::string text = body["prompt"].get<std::string>();
+    const std::vector<int64_t> ids =
+        bool_field(body, "add_special_tokens", true) ? t.encode_prompt(text) : t.encode(text);
+    json out = {
+        {"count", ids.size()}, {"max_model_len", generator_->context()}, {"tokens", ids}, {"token_strs", nullptr}};
+    if (bool_field(body, "return_token_strs", false)) out["token_strs"] = t.pieces(ids);
+    send_json(res, 200, out);
+  }
+
+  // /detokenize: the text of token ids, as a completion's text (specials left out).
+  void detokenize(const httplib::Request& req, httplib::Response& res) {
+    json body = parse_body(req, {"model", "tokens"});
+    if (!generator_) bad("model", "model '" + name_ + "' is " + kind() + "; /detokenize serves decoder models");
+    check_model_field(body);
+    if (!body.contains("tokens") || !body["tokens"].is_array()) bad("tokens", "tokens must be a list of token ids");
+    send_json(res, 200,
+              {{"prompt", generator_->model().tokenizer->decode(token_ids(body["tokens"], "tokens", "tokens"))}});
+  }
+
+  // /tokenizer_info: the special tokens by their text (tokenizer_config.json's
+  // where the folder has them, else a special's piece where the text encodes
+  // to that one id; null otherwise), the context, and the chat template.
+  json tokenizer_info() const {
+    const Tokenizer& t = *generator_->model().tokenizer;
+    auto named = [&](const char* key, int64_t id) -> json {
+      if (chat_.tokens.contains(key) && chat_.tokens[key].is_string()) return chat_.tokens[key];
+      if (id < 0) return nullptr;
+      const std::string piece = t.pieces({id}).at(0);
+      return t.encode(piece) == std::vector<int64_t>{id} ? json(piece) : json(nullptr);
+    };
+    const Tokenizer::Specials& sp = t.specials();
+    return {{"eos_token", named("eos_token", sp.eos.empty() ? -1 : sp.eos.front())},
+            {"bos_token", named("bos_token", sp.prefix.empty() ? -1 : sp.prefix.back())},
+            {"pad_token", named("pad_token", -1)},
+            {"unk_token", named("unk_token", -1)},
+            {"model_max_length", generator_->context()},
+            {"vocab_size", generator_->model().model->config().vocab_size},
+            {"chat_template", chat_.source.empty() ? json(nullptr) : json(chat_.source)}};
+  }
+
   // One prompt of /v1/completions: its token ids, and the text `echo` shows.
   struct Prompt {
     std::vector<int64_t> ids;
@@ -571,21 +658,10 @@ private:
     if (!body.contains("prompt") || body["prompt"].is_null()) bad("prompt", "prompt is required");
     const json& v = body["prompt"];
     const Tokenizer& t = *generator_->model().tokenizer;
-    const int64_t V = generator_->model().model->config().vocab_size;
     auto text = [&](const json& s) { return Prompt{t.encode_prompt(s.get<std::string>()), s.get<std::string>()}; };
     auto ids = [&](const json& list, const std::string& where) {
       if (list.empty()) bad("prompt", where + " is an empty list of token ids");
-      Prompt p;
-      for (size_t k = 0; k < list.size(); ++k) {
-        const std::string at = where + "[" + std::to_string(k) + "]";
-        if (!list[k].is_number_integer()) bad("prompt", at + " must be a token id (an integer)");
-        const bool huge = list[k].is_number_unsigned() && list[k].get<uint64_t>() > (uint64_t)INT64_MAX;
-        const int64_t id = huge ? -1 : list[k].get<int64_t>();
-        if (id < 0 || id >= V)
-          bad("prompt",
-              at + " is " + list[k].dump() + ", not a token id of this model (0 to " + std::to_string(V - 1) + ")");
-        p.ids.push_back(id);
-      }
+      Prompt p{token_ids(list, where, "prompt"), ""};
       p.text = t.decode(p.ids);
       return p;
     };

@@ -10,6 +10,7 @@
 //   POST /v1/translate       translation models: {"text": [...], "beam": k}
 //   POST /v1/attention       translation models: one text, its translation and cross-attention weights
 //   POST /v1/classify        vit models: base64 PNG/JPEG images -> top classes and attention rollout
+//   POST /tokenize, /detokenize, GET /tokenizer_info   decoder models: vLLM's tokenizer endpoints
 //   POST /v1/chat/completions, /v1/embeddings: a 400 saying what the model lacks
 //
 // Every error is a JSON body {"error": {"message", "type", "param", "code"}}
