@@ -242,6 +242,32 @@ class Completions(unittest.TestCase):
                                                                temperature=0)[1]["choices"][0]["text"])
         self.assert_serving()
 
+    def test_n_choices_per_prompt(self):
+        """n: choice j of a prompt samples from seed + j, so it is what that prompt alone gives with that seed;
+        choice i * n + j is prompt i's j-th; each prompt's tokens count once in usage. Streamed, each choice's
+        pieces join to its text."""
+        ask = dict(max_tokens=12, temperature=1.0, ignore_eos=True)
+        prompts = ["the", "a cat"]
+        alone = [[self.s.complete(prompt=p, seed=40 + j, **ask)[1] for j in range(3)] for p in prompts]
+        status, r = self.s.complete(prompt=prompts, n=3, seed=40, **ask)
+        self.assertEqual(status, 200, r)
+        self.assertEqual([c["index"] for c in r["choices"]], list(range(6)))
+        for i in range(2):
+            for j in range(3):
+                self.assertEqual(r["choices"][i * 3 + j]["text"], alone[i][j]["choices"][0]["text"], (i, j))
+        self.assertGreater(len({c["text"] for c in r["choices"][:3]}), 1)  # three seeds, not one
+        self.assertEqual(r["usage"]["prompt_tokens"], sum(a[0]["usage"]["prompt_tokens"] for a in alone))
+        self.assertEqual(r["usage"]["completion_tokens"], 6 * 12)
+        texts = [""] * 3
+        chunks = list(self.s.client.completions.create(model="small", prompt="the", n=3, seed=40, stream=True,
+                                                       max_tokens=12, temperature=1.0,
+                                                       extra_body={"ignore_eos": True}))
+        for c in chunks:
+            texts[c.choices[0].index] += c.choices[0].text
+        self.assertEqual(texts, [a["choices"][0]["text"] for a in alone[0]])
+        self.assertEqual(chunks[-1].usage.prompt_tokens, alone[0][0]["usage"]["prompt_tokens"])
+        self.assert_serving()
+
     def test_tokenize_and_detokenize(self):
         """vLLM's tokenizer endpoints (lm-evaluation-harness's remote tokenizer): /tokenize gives the ids a
         completion's prompt has, /detokenize their text, /tokenizer_info the context and no special token by a
@@ -379,7 +405,9 @@ class Completions(unittest.TestCase):
             (dict(body={"prompt": "a", "typical_p": 0}), 400, "typical_p"),
             (dict(body={"prompt": "a", "stream": "yes"}), 400, "stream"),
             (dict(body={"prompt": "a", "stop": [""]}), 400, "stop"),
-            (dict(body={"prompt": "a", "n": 2}), 400, "n"),
+            (dict(body={"prompt": "a", "n": 0}), 400, "n"),
+            (dict(body={"prompt": "a", "n": 21}), 400, "n"),  # more than --parallel 4 plus --queue 16
+            (dict(body={"prompt": ["a", "b"], "n": 11}), 400, "n"),
             (dict(body={"prompt": "a", "frobnicate": 1}), 400, "frobnicate"),
             (dict(body={"prompt": "a", "model": "gpt-4"}), 404, "model"),
             (dict(raw=json.dumps({"prompt": "a" * 5000})), 413, None),  # past --max-body 4096
@@ -522,6 +550,23 @@ class Chat(unittest.TestCase):
             finish = chunk.choices[0].finish_reason or finish
         self.assertEqual(text, r.choices[0].message.content)
         self.assertEqual(finish, r.choices[0].finish_reason)
+
+    def test_n_replies(self):
+        """n: reply j samples from seed + j, as that request alone would; the prompt counts once; a stream's
+        deltas name their reply."""
+        r = self.s.client.chat.completions.create(model="chat", messages=self.MESSAGES, max_tokens=8, n=2, seed=5,
+                                                  temperature=1.0)
+        self.assertEqual([c.index for c in r.choices], [0, 1])
+        for j in range(2):
+            one = self.s.client.chat.completions.create(model="chat", messages=self.MESSAGES, max_tokens=8,
+                                                        seed=5 + j, temperature=1.0)
+            self.assertEqual(r.choices[j].message.content, one.choices[0].message.content, j)
+        self.assertEqual(r.usage.prompt_tokens, one.usage.prompt_tokens)
+        texts = ["", ""]
+        for chunk in self.s.client.chat.completions.create(model="chat", messages=self.MESSAGES, max_tokens=8, n=2,
+                                                           seed=5, temperature=1.0, stream=True):
+            texts[chunk.choices[0].index] += chunk.choices[0].delta.content or ""
+        self.assertEqual(texts, [c.message.content for c in r.choices])
 
     def test_logprobs_of_a_chat_reply(self):
         r = self.s.client.chat.completions.create(model="chat", messages=self.MESSAGES, max_tokens=6, temperature=0,

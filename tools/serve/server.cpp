@@ -242,6 +242,12 @@ private:
   int64_t count_ = 0;
 };
 
+// How a request's generations make its choices.
+struct Choices {
+  size_t per_prompt = 1;            // n: consecutive generations of one prompt (its tokens counted once in usage)
+  std::vector<std::string> echoes;  // empty, or one per generation: its prompt's text, sent first in a stream
+};
+
 // What one choice of a streamed answer has to say: a piece of its text, its
 // echoed prompt, or its end.
 struct StreamEvent {
@@ -569,9 +575,12 @@ private:
     return {{"content", content}};
   }
 
-  static json usage(const std::vector<BatchResult>& results) {
+  // The tokens of `results`, each prompt's counted once (results[i] is of
+  // prompt i / per_prompt).
+  static json usage(const std::vector<BatchResult>& results, size_t per_prompt) {
     int64_t prompt = 0, completion = 0;
-    for (const BatchResult& r : results) prompt += r.prompt_tokens, completion += r.completion_tokens;
+    for (size_t i = 0; i < results.size(); ++i)
+      prompt += i % per_prompt == 0 ? results[i].prompt_tokens : 0, completion += results[i].completion_tokens;
     return {{"prompt_tokens", prompt}, {"completion_tokens", completion}, {"total_tokens", prompt + completion}};
   }
 
@@ -671,17 +680,37 @@ private:
     if (!v.is_array()) bad("prompt", shape);
     if (v.empty()) bad("prompt", "prompt is an empty list");
     if (v[0].is_number()) return {ids(v, "prompt")};
-    const int64_t most = o_.parallel + o_.queue;
-    if ((int64_t)v.size() > most)
-      bad("prompt", "prompt is a list of " + std::to_string(v.size()) + " prompts; this server takes at most " +
-                        std::to_string(most) + " at once (--parallel " + std::to_string(o_.parallel) +
-                        " plus --queue " + std::to_string(o_.queue) + ")");
+    if ((int64_t)v.size() > o_.parallel + o_.queue)
+      bad("prompt", "prompt is a list of " + std::to_string(v.size()) + " prompts; " + capacity());
     std::vector<Prompt> out;
     for (size_t i = 0; i < v.size(); ++i) {
       if (!v[i].is_string() && !v[i].is_array()) bad("prompt", shape);
       out.push_back(v[i].is_string() ? text(v[i]) : ids(v[i], "prompt[" + std::to_string(i) + "]"));
     }
     return out;
+  }
+
+  // How many generations one request may ask for: as many as run and wait at once.
+  std::string capacity() const {
+    return "this server takes at most " + std::to_string(o_.parallel + o_.queue) + " generations at once (--parallel " +
+           std::to_string(o_.parallel) + " plus --queue " + std::to_string(o_.queue) + ")";
+  }
+
+  // n: choices per prompt, each a generation of its own (its prompt
+  // prefilled again: no prefix is shared), all of a request's together at
+  // most capacity().
+  int64_t n_field(const json& body, size_t prompts) {
+    const int64_t n = int_field(body, "n", 1, 1, o_.parallel + o_.queue);
+    if ((int64_t)prompts * n > o_.parallel + o_.queue)
+      bad("n", "n " + std::to_string(n) + " for each of " + std::to_string(prompts) + " prompts is " +
+                   std::to_string((int64_t)prompts * n) + " generations; " + capacity());
+    return n;
+  }
+
+  // The j-th of a prompt's n choices samples from the request's seed + j
+  // where it gives one (from the next arrival seed otherwise, as any request).
+  static void choice_seed(const json& body, int64_t j, BatchRequest& r) {
+    if (body.contains("seed") && !body["seed"].is_null()) r.options.seed += (uint64_t)j;
   }
 
   void completions(const httplib::Request& req, httplib::Response& res, const InFlightToken& token) {
@@ -694,22 +723,29 @@ private:
     // logprobs: k of the likeliest tokens at each position (0 to 20), beside the chosen one's.
     const int64_t logprobs = int_field(body, "logprobs", -1, 0, kMaxTopLogprobs);
     const std::vector<Prompt> prompts = prompts_field(body);
+    const int64_t n = n_field(body, prompts.size());
+    // Choice i * n + j is prompt i's j-th (OpenAI's order).
     std::vector<BatchRequest> requests;
-    std::vector<std::string> echoes;
+    Choices choices;
+    choices.per_prompt = (size_t)n;
     for (size_t i = 0; i < prompts.size(); ++i) {
-      try {
-        requests.push_back(generation_request(body, prompts[i].ids, "prompt", "max_tokens"));
-      } catch (HttpError& e) {
-        if (prompts.size() > 1) e.message = "prompt[" + std::to_string(i) + "]: " + e.message;
-        throw;
+      for (int64_t j = 0; j < n; ++j) {
+        try {
+          requests.push_back(generation_request(body, prompts[i].ids, "prompt", "max_tokens"));
+        } catch (HttpError& e) {
+          if (prompts.size() > 1) e.message = "prompt[" + std::to_string(i) + "]: " + e.message;
+          throw;
+        }
+        choice_seed(body, j, requests.back());
+        requests.back().logprobs = logprobs;
+        requests.back().prompt_logprobs = echo;
+        if (echo) choices.echoes.push_back(prompts[i].text);
       }
-      requests.back().logprobs = logprobs;
-      requests.back().prompt_logprobs = echo;
-      if (echo) echoes.push_back(prompts[i].text);
     }
     const std::string id = "cmpl-" + std::to_string(ids_++);
     // A stream's characters so far in each choice, for text_offset.
-    auto offsets = std::make_shared<std::vector<int64_t>>(prompts.size(), 0);
+    auto offsets = std::make_shared<std::vector<int64_t>>(requests.size(), 0);
+    const std::vector<std::string> echoes = choices.echoes;
     respond(
         std::move(requests), stream, res, token,
         [this, id, logprobs, offsets](size_t i, const std::string& piece, const std::vector<TokenLogprob>& tokens,
@@ -733,7 +769,7 @@ private:
           }
           return completion_object(id, choices);
         },
-        echoes);
+        choices);
   }
 
   // OpenAI's chat completions: the messages in the folder's chat format
@@ -796,48 +832,54 @@ private:
     const bool new_name = body.contains("max_completion_tokens") && !body["max_completion_tokens"].is_null();
     if (new_name && body.contains("max_tokens") && !body["max_tokens"].is_null())
       bad("max_tokens", "give max_tokens or max_completion_tokens, not both");
-    BatchRequest r = generation_request(body, generator_->model().tokenizer->encode_prompt(prompt), "messages",
-                                        new_name ? "max_completion_tokens" : "max_tokens");
-    r.stop_ids = end_of_turn_;
+    const int64_t n = n_field(body, 1);
     // logprobs: true gives each token's; top_logprobs (0 to 20) the likeliest tokens beside it.
     const bool with_logprobs = bool_field(body, "logprobs", false);
     const int64_t top = int_field(body, "top_logprobs", 0, 0, kMaxTopLogprobs);
     if (body.contains("top_logprobs") && !body["top_logprobs"].is_null() && !with_logprobs)
       bad("top_logprobs", "top_logprobs needs logprobs: true");
     const int64_t logprobs = with_logprobs ? top : -1;
-    r.logprobs = logprobs;
-    if (!chat_.end_of_turn.empty()) r.stop.push_back(chat_.end_of_turn);  // for a vocabulary that spells it in pieces
+    const std::vector<int64_t> ids = generator_->model().tokenizer->encode_prompt(prompt);
+    std::vector<BatchRequest> requests;
+    for (int64_t j = 0; j < n; ++j) {
+      BatchRequest r = generation_request(body, ids, "messages", new_name ? "max_completion_tokens" : "max_tokens");
+      choice_seed(body, j, r);
+      r.stop_ids = end_of_turn_;
+      r.logprobs = logprobs;
+      if (!chat_.end_of_turn.empty()) r.stop.push_back(chat_.end_of_turn);  // for a vocabulary that spells it in pieces
+      requests.push_back(std::move(r));
+    }
     const std::string id = "chatcmpl-" + std::to_string(ids_++);
-    auto shape = [this, id](bool chunk, json choice) {
+    auto shape = [this, id](bool chunk, json choices) {
       return json{{"id", id},
                   {"object", chunk ? "chat.completion.chunk" : "chat.completion"},
                   {"created", (int64_t)std::time(nullptr)},
                   {"model", name_},
-                  {"choices", json::array({choice})}};
+                  {"choices", std::move(choices)}};
     };
-    // OpenAI's form of the calls in `reply` (message.tool_calls, or a stream's delta.tool_calls).
-    auto calls_json = [id](const ChatReply& reply) {
+    // OpenAI's form of the calls in choice c's `reply` (message.tool_calls, or a stream's delta.tool_calls).
+    auto calls_json = [id](size_t c, const ChatReply& reply) {
       json calls = json::array();
+      const std::string prefix = "call_" + id.substr(id.find('-') + 1) + "_" + (c ? std::to_string(c) + "_" : "");
       for (size_t i = 0; i < reply.tool_calls.size(); ++i)
         calls.push_back(
             {{"index", i},
-             {"id", "call_" + id.substr(id.find('-') + 1) + "_" + std::to_string(i)},
+             {"id", prefix + std::to_string(i)},
              {"type", "function"},
              {"function", {{"name", reply.tool_calls[i].name}, {"arguments", reply.tool_calls[i].arguments.dump()}}}});
       return calls;
     };
     // Streaming with calls to read: text is sent as far as no <tool_call>
     // may begin; the calls, and any text held back that was none, come last.
-    auto streamed = std::make_shared<std::pair<std::string, size_t>>();  // the text so far, the bytes sent
-    std::vector<BatchRequest> requests;
-    requests.push_back(std::move(r));
+    // Each choice's text so far, and the bytes of it sent.
+    auto streamed = std::make_shared<std::vector<std::pair<std::string, size_t>>>(n);
     respond(
         std::move(requests), bool_field(body, "stream", false), res, token,
         [this, shape, read_calls, streamed, calls_json, logprobs](
-            size_t, const std::string& piece, const std::vector<TokenLogprob>& tokens, const json& finish) {
+            size_t c, const std::string& piece, const std::vector<TokenLogprob>& tokens, const json& finish) {
           json delta = json::object();
           json reason = finish;
-          auto& [text, sent] = *streamed;
+          auto& [text, sent] = (*streamed)[c];
           if (!read_calls) {
             if (finish.is_null()) delta = {{"role", "assistant"}, {"content", piece}};
           } else if (finish.is_null()) {
@@ -848,30 +890,36 @@ private:
           } else {
             const ChatReply reply = parse_tool_calls(text);
             if (!reply.tool_calls.empty()) {
-              delta = {{"tool_calls", calls_json(reply)}};
+              delta = {{"tool_calls", calls_json(c, reply)}};
               reason = "tool_calls";
             } else if (sent < text.size()) {
               delta = {{"content", text.substr(sent)}};
             }
           }
           const json lp = logprobs < 0 ? json(nullptr) : chat_logprobs(tokens);
-          return shape(true, {{"index", 0}, {"delta", delta}, {"logprobs", lp}, {"finish_reason", reason}});
+          return shape(true,
+                       json::array({{{"index", c}, {"delta", delta}, {"logprobs", lp}, {"finish_reason", reason}}}));
         },
         [this, shape, read_calls, calls_json, logprobs](const std::vector<BatchResult>& results) {
-          const BatchResult& result = results.at(0);
-          json message = {{"role", "assistant"}, {"content", result.text}};
-          std::string reason = result.finish_reason;
-          if (read_calls) {
-            const ChatReply reply = parse_tool_calls(result.text);
-            if (!reply.tool_calls.empty()) {
-              message["content"] = reply.content.empty() ? json(nullptr) : json(reply.content);
-              message["tool_calls"] = calls_json(reply);
-              reason = "tool_calls";
+          json choices = json::array();
+          for (size_t c = 0; c < results.size(); ++c) {
+            const BatchResult& result = results[c];
+            json message = {{"role", "assistant"}, {"content", result.text}};
+            std::string reason = result.finish_reason;
+            if (read_calls) {
+              const ChatReply reply = parse_tool_calls(result.text);
+              if (!reply.tool_calls.empty()) {
+                message["content"] = reply.content.empty() ? json(nullptr) : json(reply.content);
+                message["tool_calls"] = calls_json(c, reply);
+                reason = "tool_calls";
+              }
             }
+            const json lp = logprobs < 0 ? json(nullptr) : chat_logprobs(result.logprobs);
+            choices.push_back({{"index", c}, {"message", message}, {"logprobs", lp}, {"finish_reason", reason}});
           }
-          const json lp = logprobs < 0 ? json(nullptr) : chat_logprobs(result.logprobs);
-          return shape(false, {{"index", 0}, {"message", message}, {"logprobs", lp}, {"finish_reason", reason}});
-        });
+          return shape(false, choices);
+        },
+        Choices{(size_t)n, {}});
   }
 
   // The request's tools, checked: OpenAI's [{"type": "function", "function":
@@ -935,7 +983,6 @@ private:
   // from, `max_name` the field of the token budget).
   BatchRequest generation_request(const json& body, std::vector<int64_t> prompt, const std::string& what,
                                   const char* max_name) {
-    int_field(body, "n", 1, 1, 1);
     number_field(body, "presence_penalty", 0, 0, 0);
     number_field(body, "frequency_penalty", 0, 0, 0);
     if (body.contains("user") && !body["user"].is_string()) bad("user", "user must be a string");
@@ -974,12 +1021,13 @@ private:
   // object, whole(results) with their usage summed; or server-sent events,
   // chunk(i, piece, tokens, null) per piece of choice i as the choices make
   // them, chunk(i, "", tokens, finish_reason) at each one's end (the last of
-  // these with the usage), then [DONE]. With `echoes` (one per request), a
-  // stream begins each choice with its prompt: chunk(i, echoes[i], the
-  // prompt's tokens where the request scores them, null).
+  // these with the usage), then [DONE]. With echoes, a stream begins each
+  // choice with its prompt: chunk(i, echoes[i], the prompt's tokens where the
+  // request scores them, null).
   void respond(std::vector<BatchRequest> requests, bool stream, httplib::Response& res, const InFlightToken& token,
-               ChunkFn chunk, std::function<json(const std::vector<BatchResult>&)> whole,
-               const std::vector<std::string>& echoes = {}) {
+               ChunkFn chunk, std::function<json(const std::vector<BatchResult>&)> whole, const Choices& choices = {}) {
+    const std::vector<std::string>& echoes = choices.echoes;
+    const size_t per_prompt = choices.per_prompt;
     auto cancel = std::make_shared<std::atomic<bool>>(false);  // one for all: a choice that fails ends the others
     for (BatchRequest& r : requests) r.cancel = cancel;
 
@@ -999,7 +1047,7 @@ private:
       for (const BatchResult& result : results)
         if (result.finish_reason == "error") throw HttpError{500, "", result.error, "server_error"};
       json out = whole(results);
-      out["usage"] = usage(results);
+      out["usage"] = usage(results, per_prompt);
       return send_json(res, 200, out);
     }
 
@@ -1030,14 +1078,16 @@ private:
     submit_all(requests, *cancel);
     res.set_header("Cache-Control", "no-cache");
     struct Progress {
-      std::vector<size_t> sent;  // each choice's tokens sent so far
-      std::vector<BatchResult> results;
+      std::vector<size_t> sent;          // each choice's tokens sent so far
+      std::vector<BatchResult> results;  // each choice's, once it ends
+      size_t ended = 0;
     };
     auto progress = std::make_shared<Progress>();
     progress->sent.resize(n);
+    progress->results.resize(n);
     res.set_chunked_content_provider(
         "text/event-stream",
-        [st, cancel, chunk, token, n, progress](size_t, httplib::DataSink& sink) {
+        [st, cancel, chunk, token, n, per_prompt, progress](size_t, httplib::DataSink& sink) {
           std::deque<StreamEvent> events;
           {
             std::unique_lock<std::mutex> lock(st->mutex);
@@ -1075,15 +1125,15 @@ private:
               const std::vector<TokenLogprob> rest(
                   all.begin() + (ptrdiff_t)std::min(progress->sent[e.choice], all.size()), all.end());
               data = chunk(e.choice, "", rest, e.result->finish_reason);
-              progress->results.push_back(*e.result);
-              if (progress->results.size() == n) data["usage"] = usage(progress->results);
+              progress->results[e.choice] = *e.result;
+              if (++progress->ended == n) data["usage"] = usage(progress->results, per_prompt);
             }
             if (!event(data)) {
               *cancel = true;
               return false;
             }
           }
-          return progress->results.size() == n ? finish() : true;
+          return progress->ended == n ? finish() : true;
         },
         [cancel](bool success) {
           if (!success) *cancel = true;
