@@ -773,6 +773,20 @@ class Slow(unittest.TestCase):
         finally:
             self.assertEqual(s.stop(), 0)
 
+    def test_attention_of_a_long_text_is_a_400_for_a_decoder_too(self):
+        """A decoder's /v1/attention has the translation's bound, checked before the model runs: 451 positions
+        (<bos> and 450 bytes) of this 4-layer, 6-head model are 451^2 x (1 + 24) = 5,085,025 weights with the
+        mean over heads, past 4,194,304."""
+        s = Server(self.model)
+        try:
+            status, body = s.request("POST", "/v1/attention", {"text": "a" * 450})
+            self.assertEqual((status, body["error"]["param"]), (400, "text"), body)
+            self.assertIn("a 451-token text is 5085025 weights", body["error"]["message"])
+            status, a = s.request("POST", "/v1/attention", {"text": "the cat"})
+            self.assertEqual(status, 200, a)
+        finally:
+            self.assertEqual(s.stop(), 0)
+
     def test_sigterm_finishes_the_stream_in_flight(self):
         s = Server(self.model)
         stream = s.client.completions.create(model="wide", prompt="a", max_tokens=300, temperature=0, stream=True,
