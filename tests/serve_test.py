@@ -321,6 +321,21 @@ class Completions(unittest.TestCase):
         self.assertEqual(chunks[-1].choices[0].finish_reason, whole.choices[0].finish_reason)
         self.assertTrue(all(c.choices[0].finish_reason is None for c in chunks[:-1]))
 
+    def test_stream_options_include_usage(self):
+        """stream_options.include_usage (the openai client's stream_options, LangChain's stream_usage): the
+        usage comes in a last event of its own with no choices, and no other event has it."""
+        chunks = list(self.s.client.completions.create(model="small", prompt="the", max_tokens=5, temperature=0,
+                                                       stream=True, stream_options={"include_usage": True},
+                                                       extra_body={"ignore_eos": True}))
+        self.assertEqual((chunks[-1].choices, chunks[-1].usage.completion_tokens), ([], 5))
+        self.assertEqual([c.usage for c in chunks[:-1]], [None] * (len(chunks) - 1))
+        self.assertEqual(chunks[-2].choices[0].finish_reason, "length")
+        for body in [{"stream_options": {"include_usage": True}}, {"stream": True, "stream_options": {"x": True}},
+                     {"stream": True, "stream_options": {"include_usage": 1}}, {"stream": True, "stream_options": 1}]:
+            status, answer = self.s.complete(prompt="a", max_tokens=1, **body)
+            self.assertEqual((status, answer["error"]["param"]), (400, "stream_options"), (body, answer))
+        self.assert_serving()
+
     def test_stop_sequence(self):
         full = self.s.complete(prompt="the", max_tokens=40, temperature=0, ignore_eos=True)[1]["choices"][0]["text"]
         self.assertGreater(len(full), 10)
@@ -550,6 +565,10 @@ class Chat(unittest.TestCase):
             finish = chunk.choices[0].finish_reason or finish
         self.assertEqual(text, r.choices[0].message.content)
         self.assertEqual(finish, r.choices[0].finish_reason)
+        chunks = list(self.s.client.chat.completions.create(model="chat", messages=self.MESSAGES, max_tokens=12,
+                                                            temperature=0, stream=True,
+                                                            stream_options={"include_usage": True}))
+        self.assertEqual((chunks[-1].choices, chunks[-1].usage.total_tokens), ([], r.usage.total_tokens))
 
     def test_n_replies(self):
         """n: reply j samples from seed + j, as that request alone would; the prompt counts once; a stream's

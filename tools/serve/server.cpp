@@ -134,6 +134,20 @@ bool bool_field(const json& body, const char* name, bool fallback) {
   return body[name].get<bool>();
 }
 
+// OpenAI's stream_options ({"include_usage": bool}, with stream only):
+// whether the usage comes in an event of its own.
+bool include_usage_field(const json& body, bool stream) {
+  if (!body.contains("stream_options") || body["stream_options"].is_null()) return false;
+  const json& o = body["stream_options"];
+  if (!stream) bad("stream_options", "stream_options needs stream: true");
+  if (!o.is_object()) bad("stream_options", "stream_options must be an object");
+  for (const auto& [key, value] : o.items())
+    if (key != "include_usage") bad("stream_options", "stream_options: unknown field '" + key + "'");
+  const json v = o.value("include_usage", json(false));
+  if (!v.is_null() && !v.is_boolean()) bad("stream_options", "stream_options.include_usage must be true or false");
+  return v.is_boolean() && v.get<bool>();
+}
+
 // A string, or a list of them (OpenAI's prompt and stop).
 std::vector<std::string> strings_field(const json& body, const char* name, size_t most) {
   if (!body.contains(name) || body[name].is_null()) return {};
@@ -246,6 +260,7 @@ private:
 struct Choices {
   size_t per_prompt = 1;            // n: consecutive generations of one prompt (its tokens counted once in usage)
   std::vector<std::string> echoes;  // empty, or one per generation: its prompt's text, sent first in a stream
+  bool usage_alone = false;         // stream_options.include_usage: a stream's usage in a last event of its own
 };
 
 // What one choice of a streamed answer has to say: a piece of its text, its
@@ -714,9 +729,9 @@ private:
   }
 
   void completions(const httplib::Request& req, httplib::Response& res, const InFlightToken& token) {
-    json body = parse_body(
-        req, {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "min_p", "typical_p", "seed", "stop",
-              "stream", "n", "echo", "logprobs", "presence_penalty", "frequency_penalty", "user", "ignore_eos"});
+    json body = parse_body(req, {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "min_p", "typical_p",
+                                 "seed", "stop", "stream", "stream_options", "n", "echo", "logprobs",
+                                 "presence_penalty", "frequency_penalty", "user", "ignore_eos"});
     if (!generator_) bad("model", "model '" + name_ + "' is " + kind() + "; /v1/completions needs a decoder model");
     check_model_field(body);
     const bool stream = bool_field(body, "stream", false), echo = bool_field(body, "echo", false);
@@ -728,6 +743,7 @@ private:
     std::vector<BatchRequest> requests;
     Choices choices;
     choices.per_prompt = (size_t)n;
+    choices.usage_alone = include_usage_field(body, stream);
     for (size_t i = 0; i < prompts.size(); ++i) {
       for (int64_t j = 0; j < n; ++j) {
         try {
@@ -780,7 +796,7 @@ private:
         parse_body(req, {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
                          "min_p", "typical_p", "seed", "stop", "stream", "n", "presence_penalty", "frequency_penalty",
                          "user", "ignore_eos", "tools", "tool_choice", "parallel_tool_calls", "logprobs",
-                         "top_logprobs"});
+                         "top_logprobs", "stream_options"});
     if (!generator_)
       bad("model", "model '" + name_ + "' is " + kind() + "; /v1/chat/completions needs a decoder model");
     check_model_field(body);
@@ -919,7 +935,7 @@ private:
           }
           return shape(false, choices);
         },
-        Choices{(size_t)n, {}});
+        Choices{(size_t)n, {}, include_usage_field(body, bool_field(body, "stream", false))});
   }
 
   // The request's tools, checked: OpenAI's [{"type": "function", "function":
@@ -1021,13 +1037,15 @@ private:
   // object, whole(results) with their usage summed; or server-sent events,
   // chunk(i, piece, tokens, null) per piece of choice i as the choices make
   // them, chunk(i, "", tokens, finish_reason) at each one's end (the last of
-  // these with the usage), then [DONE]. With echoes, a stream begins each
+  // these with the usage, or with usage_alone that event again with no
+  // choices and the usage), then [DONE]. With echoes, a stream begins each
   // choice with its prompt: chunk(i, echoes[i], the prompt's tokens where the
   // request scores them, null).
   void respond(std::vector<BatchRequest> requests, bool stream, httplib::Response& res, const InFlightToken& token,
                ChunkFn chunk, std::function<json(const std::vector<BatchResult>&)> whole, const Choices& choices = {}) {
     const std::vector<std::string>& echoes = choices.echoes;
     const size_t per_prompt = choices.per_prompt;
+    const bool usage_alone = choices.usage_alone;
     auto cancel = std::make_shared<std::atomic<bool>>(false);  // one for all: a choice that fails ends the others
     for (BatchRequest& r : requests) r.cancel = cancel;
 
@@ -1087,7 +1105,7 @@ private:
     progress->results.resize(n);
     res.set_chunked_content_provider(
         "text/event-stream",
-        [st, cancel, chunk, token, n, per_prompt, progress](size_t, httplib::DataSink& sink) {
+        [st, cancel, chunk, token, n, per_prompt, usage_alone, progress](size_t, httplib::DataSink& sink) {
           std::deque<StreamEvent> events;
           {
             std::unique_lock<std::mutex> lock(st->mutex);
@@ -1126,7 +1144,14 @@ private:
                   all.begin() + (ptrdiff_t)std::min(progress->sent[e.choice], all.size()), all.end());
               data = chunk(e.choice, "", rest, e.result->finish_reason);
               progress->results[e.choice] = *e.result;
-              if (++progress->ended == n) data["usage"] = usage(progress->results, per_prompt);
+              if (++progress->ended == n && usage_alone) {  // OpenAI's form: an event of its own, no choices
+                if (!event(data)) {
+                  *cancel = true;
+                  return false;
+                }
+                data["choices"] = json::array();
+              }
+              if (progress->ended == n) data["usage"] = usage(progress->results, per_prompt);
             }
             if (!event(data)) {
               *cancel = true;
