@@ -311,6 +311,34 @@ class Completions(unittest.TestCase):
         self.assertEqual(r.choices[0].text, cli_generate(self.model, "the", "--max-new-tokens", "25", "--temperature",
                                                          "1.2", "--typical-p", "0.5", "--seed", "6"))
 
+    def test_penalties_and_logit_bias(self):
+        """presence_penalty and frequency_penalty give what qkv generate --presence-penalty --frequency-penalty
+        prints; logit_bias -100 on a byte keeps it out of the text, +100 makes it the whole text."""
+        for temperature in (0, 0.9):
+            r = self.s.client.completions.create(model="small", prompt="the", max_tokens=24, temperature=temperature,
+                                                 seed=9, presence_penalty=0.6, frequency_penalty=1.2)
+            self.assertEqual(r.choices[0].text, cli_generate(
+                self.model, "the", "--max-new-tokens", "24", "--temperature", str(temperature), "--seed", "9",
+                "--presence-penalty", "0.6", "--frequency-penalty", "1.2"))
+            if temperature == 0:
+                greedy = self.s.complete(prompt="the", max_tokens=24, temperature=0)[1]["choices"][0]["text"]
+                self.assertNotEqual(r.choices[0].text, greedy)  # the penalties change what comes out
+        plain = self.s.complete(prompt="the", max_tokens=24, temperature=0, ignore_eos=True)[1]["choices"][0]["text"]
+        self.assertIn(" ", plain)
+        status, r = self.s.complete(prompt="the", max_tokens=24, temperature=0, ignore_eos=True,
+                                    logit_bias={str(4 + ord(" ")): -100})
+        self.assertEqual(status, 200, r)
+        self.assertNotIn(" ", r["choices"][0]["text"])
+        status, r = self.s.complete(prompt="the", max_tokens=5, temperature=0.9, logit_bias={str(4 + ord("z")): 100})
+        self.assertEqual((status, r["choices"][0]["text"]), (200, "zzzzz"), r)
+        for body in [{"presence_penalty": 2.5}, {"frequency_penalty": "1"}, {"logit_bias": []},
+                     {"logit_bias": {"x": 1}}, {"logit_bias": {"260": 1}}, {"logit_bias": {"-1": 1}},
+                     {"logit_bias": {"5": 101}}, {"logit_bias": {"5": "1"}}]:
+            param = next(iter(body))
+            status, answer = self.s.complete(prompt="a", max_tokens=1, **body)
+            self.assertEqual((status, answer["error"]["param"]), (400, param), (body, answer))
+        self.assert_serving()
+
     def test_streaming_gives_the_same_text_in_pieces(self):
         whole = self.s.client.completions.create(model="small", prompt="the cat", max_tokens=30, temperature=0.8,
                                                  seed=3)

@@ -191,6 +191,38 @@ TEST(Batching, TheFoldersRulesActAsInGenerate) {
   EXPECT_EQ(good.result.finish_reason, "length");
 }
 
+// A request's penalties and logit_bias act in the batch as in generate(),
+// each on its own outputs: greedy and sampled texts equal generate()'s with
+// the same options, the greedy ones differ from those without, and a byte
+// biased by -100 never comes out.
+TEST(Batching, PenaltiesAndLogitBiasActAsInGenerate) {
+  LanguageModel m = random_byte_model(kRope);
+  const std::vector<std::string> prompts = {"a", "the cat", "私は", "hello world"};
+  const int64_t banned = 4 + 'e';  // the byte model's id of 'e'
+  auto options = [&](size_t i) {
+    return GenerateOptions{.max_new_tokens = 16,
+                           .temperature = i % 2 ? 0.8f : 0.0f,
+                           .seed = 3 + i,
+                           .presence_penalty = 0.5f,
+                           .frequency_penalty = 1.0f,
+                           .logit_bias = {{banned, -100}}};
+  };
+  BatchGenerator g(m, 3, m.model->config().context, 8);
+  std::vector<Collected> got(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) ASSERT_TRUE(g.submit(request_for(m, prompts[i], options(i), got[i])));
+  run_until_idle(g);
+  int changed = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const std::vector<int64_t> ids = generate(m, prompts[i], options(i));
+    ASSERT_TRUE(got[i].done) << i;
+    EXPECT_EQ(got[i].result.text, replace_invalid_utf8(m.tokenizer->decode(ids))) << "request " << i;
+    EXPECT_EQ(std::count(ids.begin(), ids.end(), banned), 0) << "request " << i;
+    const std::vector<int64_t> plain = generate(m, prompts[i], {.max_new_tokens = 16, .temperature = 0});
+    changed += i % 2 == 0 && plain != ids;
+  }
+  EXPECT_EQ(changed, 2) << "the penalties should change the greedy texts";
+}
+
 TEST(Batching, StopSequencesEndTheTextBeforeThem) {
   // Characters (a random byte model writes invalid UTF-8, shown as U+FFFD, which a stop sequence cannot name).
   LanguageModel m = random_model(std::make_shared<CharTokenizer>(CharTokenizer::build({"abcdefgh ijklmnop"})), kRope);
@@ -234,6 +266,26 @@ TEST(Batching, QueueIsBoundedAndCancelledRequestsFreeTheirSlot) {
   std::string want;
   generate(m, "b", o, [&](const std::string& p) { want += p; });
   EXPECT_EQ(b.result.text, want);
+
+  // A request cancelled while it waits holds no place in the queue, and the
+  // next step ends it without taking a slot (no text).
+  Collected d, e, f;
+  BatchRequest busy = request_for(m, "a", o, d), gone = request_for(m, "b", o, e);
+  auto gone_cancel = std::make_shared<std::atomic<bool>>(false);
+  gone.cancel = gone_cancel;
+  ASSERT_TRUE(g.submit(std::move(busy)));
+  ASSERT_TRUE(g.step());                         // `busy` takes the slot
+  ASSERT_TRUE(g.submit(std::move(gone)));        // waits
+  EXPECT_FALSE(g.submit(request_for(m, "c", o, f)));  // the queue of 1 is full...
+  *gone_cancel = true;
+  ASSERT_TRUE(g.submit(request_for(m, "c", o, f)));  // ...until its one request is cancelled
+  g.step();
+  EXPECT_TRUE(e.done && e.pieces.empty());
+  EXPECT_EQ(e.result.completion_tokens, 0);
+  EXPECT_EQ(e.result.finish_reason, "cancelled");
+  run_until_idle(g);
+  EXPECT_TRUE(d.done && f.done);
+  EXPECT_EQ(f.result.finish_reason, "length");
 
   // Bad requests are errors, never queued.
   BatchRequest too_long = request_for(m, std::string(40, 'x'), o, c);

@@ -180,6 +180,47 @@ TEST(Sampling, TypicalEpsilonAndEtaKeepTheTokensTransformersKeeps) {
     }
 }
 
+// OpenAI's presence and frequency penalties and logit_bias, against the
+// definition written out here: logit[v] - count(v) * f - (count(v) > 0) * p
+// + bias[v], count(v) over the outputs only. The penalties flip a greedy
+// choice, the prompt's ids are not penalized, a bias of -100 bans and one
+// of +100 forces, and values out of range are errors.
+TEST(Sampling, PenaltiesAndLogitBiasActAsOpenAIDefinesThem) {
+  const std::vector<float> logits = {0.5f, 1, 3, 2, -1, 0.25f};
+  const std::vector<int64_t> outputs = {2, 2, 5, 2, 0};
+  const GenerateOptions o{.presence_penalty = 0.75f, .frequency_penalty = -0.5f, .logit_bias = {{4, 1.5f}, {1, -3}}};
+  std::vector<float> got = logits;
+  detail::apply_penalties(o, outputs, got.data(), (int64_t)got.size());
+  for (int64_t v = 0; v < (int64_t)logits.size(); ++v) {
+    const auto count = (float)std::count(outputs.begin(), outputs.end(), v);
+    float want = logits[v] - count * o.frequency_penalty - (count > 0 ? o.presence_penalty : 0.0f);
+    for (const auto& [id, bias] : o.logit_bias) want += id == v ? bias : 0.0f;
+    EXPECT_FLOAT_EQ(got[v], want) << "id " << v;
+  }
+  Tokenizer::Specials specials;
+  specials.never_sampled.clear();
+  Rng rng(1);
+  const int64_t V = (int64_t)logits.size();
+  auto greedy = [&](GenerateOptions g, std::vector<int64_t> prefix, std::vector<int64_t> outs) {
+    g.temperature = 0;
+    return detail::next_token(logits.data(), V, g, specials, rng, {}, prefix, outs);
+  };
+  EXPECT_EQ(greedy({}, {}, {2}), 2);
+  EXPECT_EQ(greedy({.frequency_penalty = 1.5f}, {}, {2}), 3);    // 3 - 1.5 < 2
+  EXPECT_EQ(greedy({.presence_penalty = 1.5f}, {}, {2, 2}), 3);  // once, whatever the count
+  EXPECT_EQ(greedy({.frequency_penalty = 0.4f}, {}, {2}), 2);    // 2.6 still first
+  EXPECT_EQ(greedy({.frequency_penalty = 0.4f}, {}, {2, 2, 2}), 3);
+  EXPECT_EQ(greedy({.frequency_penalty = 2}, {2, 2, 2}, {}), 2);  // the prompt is not penalized
+  EXPECT_EQ(greedy({.logit_bias = {{2, -100}}}, {}, {}), 3);
+  EXPECT_EQ(greedy({.logit_bias = {{4, 100}}}, {}, {}), 4);
+  for (const GenerateOptions& bad :
+       {GenerateOptions{.presence_penalty = 2.5f}, GenerateOptions{.frequency_penalty = -3},
+        GenerateOptions{.logit_bias = {{1, 101}}}, GenerateOptions{.logit_bias = {{-1, 1}}}})
+    EXPECT_THROW(detail::check_options(bad), Error);
+  std::vector<float> row = logits;
+  EXPECT_THROW(detail::apply_penalties({.logit_bias = {{6, 1}}}, {}, row.data(), V), Error);  // past the vocabulary
+}
+
 TEST(Hf, TokenRulesChangeADecodersOutputsAsGenerateDoes) {
   const nlohmann::json e = nlohmann::json::parse(read_file(hf("llama.rules.expected.json")));
   const auto prompts = e["prompts"].get<std::vector<std::string>>();

@@ -97,7 +97,8 @@ public:
   BatchGenerator& operator=(const BatchGenerator&) = delete;
 
   // Queues a request (thread-safe). False, and nothing queued, when the queue
-  // is full or the generator is stopping. A prompt that does not fit the
+  // is full (requests cancelled while waiting do not count: the next step
+  // ends them without a slot) or the generator is stopping. A prompt that does not fit the
   // context, or options out of range, are a qkv::Error.
   bool submit(BatchRequest request);
   // One round on the calling thread: admits waiting requests into free slots

@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "qkv/lm.h"
@@ -163,6 +164,13 @@ struct GenerateOptions {
   // epsilon_cutoff and eta_cutoff, after top-k, top-p, min-p and typical-p.
   float epsilon_cutoff = 0.0f, eta_cutoff = 0.0f;
   uint64_t seed = 1;
+  // OpenAI's penalties, on the logits after the folder's rules: each id the
+  // outputs so far hold (not the prompt, as vLLM) loses frequency_penalty
+  // per occurrence and presence_penalty once. -2 to 2; 0: off.
+  float presence_penalty = 0.0f, frequency_penalty = 0.0f;
+  // OpenAI's logit_bias: added to these ids' logits (-100 to 100: -100 all
+  // but bans one, 100 all but forces it), after the penalties.
+  std::vector<std::pair<int64_t, float>> logit_bias;
   bool truncate_prompt = false;  // keep the prompt's last tokens when it does not fit the context
   bool ignore_eos = false;       // never sample <eos>: exactly max_new_tokens (or up to the context)
 };

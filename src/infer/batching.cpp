@@ -69,6 +69,16 @@ std::string token_text(const Tokenizer& t, const std::vector<int64_t>& ids, size
 // Prompt positions prefilled at once when every position's logits are kept.
 constexpr int64_t kScoreChunk = 256;
 
+bool cancelled(const BatchRequest& r) { return r.cancel && *r.cancel; }
+
+// The end of a request that never took a slot.
+void end_unadmitted(BatchRequest& r, const char* reason) {
+  BatchResult result;
+  result.prompt_tokens = (int64_t)r.prompt.size();
+  result.finish_reason = reason;
+  if (r.on_done) r.on_done(result);
+}
+
 }  // namespace
 
 BatchGenerator::BatchGenerator(LanguageModel model, int64_t slots, int64_t context, int64_t max_waiting)
@@ -92,12 +102,7 @@ BatchGenerator::~BatchGenerator() {
   // Without a thread (step() driven by the caller) requests may remain: each still hears its end.
   for (auto& s : slots_)
     if (s->active) finish(*s, "cancelled");
-  for (BatchRequest& r : waiting_) {
-    BatchResult result;
-    result.prompt_tokens = (int64_t)r.prompt.size();
-    result.finish_reason = "cancelled";
-    if (r.on_done) r.on_done(result);
-  }
+  for (BatchRequest& r : waiting_) end_unadmitted(r, "cancelled");
 }
 
 bool BatchGenerator::submit(BatchRequest r) {
@@ -108,7 +113,9 @@ bool BatchGenerator::submit(BatchRequest r) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     const int64_t free_slots = (int64_t)slots_.size() - active_;  // those admit at the next step
-    if (stopping_ || (int64_t)waiting_.size() >= max_waiting_ + free_slots) return false;
+    // A cancelled request still waiting holds no place: the next step drops it.
+    const auto live = std::count_if(waiting_.begin(), waiting_.end(), [](const BatchRequest& w) { return !cancelled(w); });
+    if (stopping_ || (int64_t)live >= max_waiting_ + free_slots) return false;
     waiting_.push_back(std::move(r));
   }
   wake_.notify_one();
@@ -269,6 +276,19 @@ bool BatchGenerator::step() {
     }
     task();
   }
+  std::vector<BatchRequest> dropped;  // cancelled while waiting: they end without taking a slot
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto it = waiting_.begin(); it != waiting_.end();) {
+      if (!cancelled(*it)) {
+        ++it;
+        continue;
+      }
+      dropped.push_back(std::move(*it));
+      it = waiting_.erase(it);
+    }
+  }
+  for (BatchRequest& r : dropped) end_unadmitted(r, "cancelled");
   for (auto& s : slots_) {  // free slots take waiting requests, oldest first
     if (s->active) continue;
     BatchRequest r;

@@ -195,15 +195,40 @@ void check_options(const GenerateOptions& o) {
                 o.epsilon_cutoff < 1 && o.eta_cutoff >= 0 && o.eta_cutoff < 1,
             "generate: max-new-tokens, top-k and temperature must not be negative, top-p and typical-p in (0, 1], "
             "min-p in [0, 1], epsilon and eta cutoffs in [0, 1)");
+  QKV_CHECK(std::fabs(o.presence_penalty) <= 2 && std::fabs(o.frequency_penalty) <= 2,
+            "generate: presence and frequency penalties must be -2 to 2");
+  for (const auto& [id, bias] : o.logit_bias)
+    QKV_CHECK(id >= 0 && std::fabs(bias) <= 100, "generate: logit_bias takes token ids with biases -100 to 100, got ",
+              id, ": ", bias);
+}
+
+void apply_penalties(const GenerateOptions& o, std::span<const int64_t> outputs, float* scores, int64_t V) {
+  if (o.presence_penalty != 0 || o.frequency_penalty != 0) {
+    thread_local std::vector<int64_t> seen;  // the outputs sorted: each id's run is its count
+    seen.assign(outputs.begin(), outputs.end());
+    std::sort(seen.begin(), seen.end());
+    for (size_t i = 0; i < seen.size();) {
+      size_t j = i;
+      while (j < seen.size() && seen[j] == seen[i]) ++j;
+      if (seen[i] >= 0 && seen[i] < V) scores[seen[i]] -= (float)(j - i) * o.frequency_penalty + o.presence_penalty;
+      i = j;
+    }
+  }
+  for (const auto& [id, bias] : o.logit_bias) {
+    QKV_CHECK(id >= 0 && id < V, "generate: logit_bias names token ", id, ", past the vocabulary of ", V);
+    scores[id] += bias;
+  }
 }
 
 int64_t next_token(const float* logits, int64_t V, const GenerateOptions& o, const Tokenizer::Specials& specials,
                    Rng& rng, const TokenRules& rules, std::span<const int64_t> prefix,
                    std::span<const int64_t> outputs) {
-  if (rules.empty()) return sample_token(logits, V, o, specials, rng);
+  const bool penalized = o.presence_penalty != 0 || o.frequency_penalty != 0 || !o.logit_bias.empty();
+  if (rules.empty() && !penalized) return sample_token(logits, V, o, specials, rng);
   thread_local std::vector<float> scores;  // one vocabulary's row per thread, kept between tokens
   scores.assign(logits, logits + V);
   rules.apply(prefix, outputs, specials.eos, scores.data(), V);
+  apply_penalties(o, outputs, scores.data(), V);
   return sample_token(scores.data(), V, o, specials, rng);
 }
 

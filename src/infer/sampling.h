@@ -27,8 +27,12 @@ void check_options(const GenerateOptions& o);
 int64_t sample_token(const float* logits, int64_t V, const GenerateOptions& o, const Tokenizer::Specials& specials,
                      Rng& rng);
 
+// o's presence and frequency penalties, for the ids in `outputs`, then its
+// logit_bias, on scores[0, V) (an id of logit_bias past V is an error).
+void apply_penalties(const GenerateOptions& o, std::span<const int64_t> outputs, float* scores, int64_t V);
+
 // The token after `prefix` (the prompt's ids) and `outputs`: sample_token on
-// the logits after `rules` (on a copy; the logits are not changed).
+// the logits after `rules`, then o's penalties (on a copy; the logits are not changed).
 int64_t next_token(const float* logits, int64_t V, const GenerateOptions& o, const Tokenizer::Specials& specials,
                    Rng& rng, const TokenRules& rules, std::span<const int64_t> prefix,
                    std::span<const int64_t> outputs);

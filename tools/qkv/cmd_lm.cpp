@@ -121,7 +121,7 @@ int run_generate(GenerateArgs a) {
   return 0;
 }
 
-// --temperature, --top-k, --top-p, --min-p, --typical-p and --seed, as generate and chat take them
+// --temperature, --top-k, --top-p, --min-p, --typical-p, the penalties and --seed, as generate and chat take them
 // (those not given: the folder's generation_config.json, take_folder_sampling).
 void add_sampling_options(CLI::App* sub, GenerateOptions& o) {
   sub->add_option("--temperature", o.temperature,
@@ -139,6 +139,12 @@ void add_sampling_options(CLI::App* sub, GenerateOptions& o) {
                   "Locally typical sampling: the tokens whose surprise is nearest the entropy, this much "
                   "probability of them (1: off)")
       ->capture_default_str()->check(CLI::Range(1e-6, 1.0));
+  sub->add_option("--presence-penalty", o.presence_penalty,
+                  "Subtracted once from the logit of every token already generated (OpenAI's; -2 to 2, 0: off)")
+      ->capture_default_str()->check(CLI::Range(-2.0, 2.0));
+  sub->add_option("--frequency-penalty", o.frequency_penalty,
+                  "Subtracted from a token's logit once per time it was generated (OpenAI's; -2 to 2, 0: off)")
+      ->capture_default_str()->check(CLI::Range(-2.0, 2.0));
   sub->add_option("--seed", o.seed, "Seed of the sampling")->capture_default_str();
 }
 

@@ -731,7 +731,7 @@ private:
   void completions(const httplib::Request& req, httplib::Response& res, const InFlightToken& token) {
     json body = parse_body(req, {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "min_p", "typical_p",
                                  "seed", "stop", "stream", "stream_options", "n", "echo", "logprobs",
-                                 "presence_penalty", "frequency_penalty", "user", "ignore_eos"});
+                                 "presence_penalty", "frequency_penalty", "logit_bias", "user", "ignore_eos"});
     if (!generator_) bad("model", "model '" + name_ + "' is " + kind() + "; /v1/completions needs a decoder model");
     check_model_field(body);
     const bool stream = bool_field(body, "stream", false), echo = bool_field(body, "echo", false);
@@ -796,7 +796,7 @@ private:
         parse_body(req, {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
                          "min_p", "typical_p", "seed", "stop", "stream", "n", "presence_penalty", "frequency_penalty",
                          "user", "ignore_eos", "tools", "tool_choice", "parallel_tool_calls", "logprobs",
-                         "top_logprobs", "stream_options"});
+                         "top_logprobs", "stream_options", "logit_bias"});
     if (!generator_)
       bad("model", "model '" + name_ + "' is " + kind() + "; /v1/chat/completions needs a decoder model");
     check_model_field(body);
@@ -994,13 +994,32 @@ private:
     return out;
   }
 
+  // OpenAI's logit_bias: {"token id": bias}, each id the decoder's, each
+  // bias -100 to 100.
+  std::vector<std::pair<int64_t, float>> logit_bias_field(const json& body) {
+    if (!body.contains("logit_bias") || body["logit_bias"].is_null()) return {};
+    const json& b = body["logit_bias"];
+    if (!b.is_object()) bad("logit_bias", "logit_bias must be an object of token ids (as text) to biases");
+    const int64_t V = generator_->model().model->config().vocab_size;
+    std::vector<std::pair<int64_t, float>> out;
+    for (const auto& [key, value] : b.items()) {
+      const bool digits = !key.empty() && key.size() <= 18 && key.find_first_not_of("0123456789") == std::string::npos;
+      const int64_t id = digits ? std::stoll(key) : -1;
+      if (id < 0 || id >= V)
+        bad("logit_bias",
+            "logit_bias: '" + key + "' is not a token id of this model (0 to " + std::to_string(V - 1) + ")");
+      if (!value.is_number() || !(value.get<double>() >= -100 && value.get<double>() <= 100))
+        bad("logit_bias", "logit_bias['" + key + "'] must be a number from -100 to 100");
+      out.emplace_back(id, (float)value.get<double>());
+    }
+    return out;
+  }
+
   // The generation options both completion endpoints share, checked against
   // the context for `prompt` (its tokens; `what` names the field it came
   // from, `max_name` the field of the token budget).
   BatchRequest generation_request(const json& body, std::vector<int64_t> prompt, const std::string& what,
                                   const char* max_name) {
-    number_field(body, "presence_penalty", 0, 0, 0);
-    number_field(body, "frequency_penalty", 0, 0, 0);
     if (body.contains("user") && !body["user"].is_string()) bad("user", "user must be a string");
     const int64_t C = generator_->context();
     BatchRequest r;
@@ -1022,6 +1041,9 @@ private:
     r.options.typical_p = (float)number_field(body, "typical_p", 1.0, 1e-6, 1);
     r.options.seed = (uint64_t)int_field(body, "seed", (int64_t)(seeds_++ + 1), 0, INT64_MAX);
     r.options.ignore_eos = bool_field(body, "ignore_eos", false);
+    r.options.presence_penalty = (float)number_field(body, "presence_penalty", 0, -2, 2);
+    r.options.frequency_penalty = (float)number_field(body, "frequency_penalty", 0, -2, 2);
+    r.options.logit_bias = logit_bias_field(body);
     r.stop = strings_field(body, "stop", 4);
     for (const std::string& s : r.stop)
       if (s.empty()) bad("stop", "a stop sequence must not be empty");
