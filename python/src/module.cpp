@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
@@ -428,16 +429,21 @@ struct Generator : ModelBase {
   }
 
   GenerateOptions options(int64_t max_new_tokens, float temperature, int64_t top_k, float top_p, float min_p,
-                          float typical_p, uint64_t seed, bool ignore_eos, bool truncate_prompt) const {
+                          float typical_p, float presence_penalty, float frequency_penalty, uint64_t seed,
+                          bool ignore_eos, bool truncate_prompt) const {
     QKV_CHECK(max_new_tokens >= 0, "generate: max_new_tokens must be at least 0, got ", max_new_tokens);
     QKV_CHECK(temperature >= 0, "generate: temperature must be at least 0, got ", temperature);
     QKV_CHECK(top_k >= 0, "generate: top_k must be at least 0, got ", top_k);
     QKV_CHECK(top_p > 0 && top_p <= 1, "generate: top_p must be in (0, 1], got ", top_p);
     QKV_CHECK(min_p >= 0 && min_p <= 1, "generate: min_p must be in [0, 1], got ", min_p);
     QKV_CHECK(typical_p > 0 && typical_p <= 1, "generate: typical_p must be in (0, 1], got ", typical_p);
+    QKV_CHECK(std::fabs(presence_penalty) <= 2, "generate: presence_penalty must be in [-2, 2], got ",
+              presence_penalty);
+    QKV_CHECK(std::fabs(frequency_penalty) <= 2, "generate: frequency_penalty must be in [-2, 2], got ",
+              frequency_penalty);
     return {.max_new_tokens = max_new_tokens, .temperature = temperature, .top_k = top_k, .top_p = top_p,
-            .min_p = min_p, .typical_p = typical_p, .seed = seed, .truncate_prompt = truncate_prompt,
-            .ignore_eos = ignore_eos};
+            .min_p = min_p, .typical_p = typical_p, .seed = seed, .presence_penalty = presence_penalty,
+            .frequency_penalty = frequency_penalty, .truncate_prompt = truncate_prompt, .ignore_eos = ignore_eos};
   }
 
   std::string generate(const std::string& prompt, const GenerateOptions& o) {
@@ -832,36 +838,41 @@ NB_MODULE(_qkv, m) {
   nb::class_<Generator, ModelBase>(m, "LanguageModel", "A decoder-only language model (arch decoder; GPT-2, Llama, "
                                                        "Mistral, Mixtral, Qwen2, Qwen3 folders).")
       .def("generate", [](std::shared_ptr<Generator> g, nb::handle prompt_arg, int64_t max_new_tokens,
-                          float temperature, int64_t top_k, float top_p, float min_p, float typical_p, uint64_t seed,
-                          bool stream, bool ignore_eos, bool truncate_prompt) -> nb::object {
+                          float temperature, int64_t top_k, float top_p, float min_p, float typical_p,
+                          float presence_penalty, float frequency_penalty, uint64_t seed, bool stream, bool ignore_eos,
+                          bool truncate_prompt) -> nb::object {
              const std::string prompt = text_arg(prompt_arg, "generate: prompt");
-             GenerateOptions o = g->options(max_new_tokens, temperature, top_k, top_p, min_p, typical_p, seed,
-                                            ignore_eos, truncate_prompt);
+             GenerateOptions o = g->options(max_new_tokens, temperature, top_k, top_p, min_p, typical_p,
+                                            presence_penalty, frequency_penalty, seed, ignore_eos, truncate_prompt);
              if (stream) return nb::cast(std::make_unique<Stream>(g, prompt, o));
              return nb::cast(g->generate(prompt, o));
            },
            nb::sig("def generate(self, prompt: str | bytes, *, max_new_tokens: int = 100, temperature: float = 1.0, "
-                   "top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, typical_p: float = 1.0, seed: int = 1, "
+                   "top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, typical_p: float = 1.0, "
+                   "presence_penalty: float = 0.0, frequency_penalty: float = 0.0, seed: int = 1, "
                    "stream: bool = False, ignore_eos: bool = False, truncate_prompt: bool = False) "
                    "-> str | GenerateStream"),
            "prompt"_a, nb::kw_only(), "max_new_tokens"_a = 100, "temperature"_a = 1.0f, "top_k"_a = 0,
-           "top_p"_a = 1.0f, "min_p"_a = 0.0f, "typical_p"_a = 1.0f, "seed"_a = 1, "stream"_a = false,
-           "ignore_eos"_a = false, "truncate_prompt"_a = false,
+           "top_p"_a = 1.0f, "min_p"_a = 0.0f, "typical_p"_a = 1.0f, "presence_penalty"_a = 0.0f,
+           "frequency_penalty"_a = 0.0f, "seed"_a = 1, "stream"_a = false, "ignore_eos"_a = false,
+           "truncate_prompt"_a = false,
            "The text that continues `prompt`: sampled at `temperature` (0: greedy) from the top_k / top_p tokens "
            "(and, with min_p, only those at least min_p times as likely as the most likely one; with typical_p, "
-           "locally typical sampling), "
+           "locally typical sampling; OpenAI's presence and frequency penalties on the tokens generated so far), "
            "until <eos> or max_new_tokens. With stream=True, an iterator of the text's pieces as they are made.")
       .def("chat",
            [](Generator& g, nb::handle messages, int64_t max_new_tokens, float temperature, int64_t top_k, float top_p,
-              float min_p, float typical_p, uint64_t seed) {
-             return g.chat(messages,
-                           g.options(max_new_tokens, temperature, top_k, top_p, min_p, typical_p, seed, false, false));
+              float min_p, float typical_p, float presence_penalty, float frequency_penalty, uint64_t seed) {
+             return g.chat(messages, g.options(max_new_tokens, temperature, top_k, top_p, min_p, typical_p,
+                                               presence_penalty, frequency_penalty, seed, false, false));
            },
            nb::sig("def chat(self, messages: list[dict[str, str]], *, max_new_tokens: int = 100, "
                    "temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, "
-                   "typical_p: float = 1.0, seed: int = 1) -> str"),
+                   "typical_p: float = 1.0, presence_penalty: float = 0.0, frequency_penalty: float = 0.0, "
+                   "seed: int = 1) -> str"),
            "messages"_a, nb::kw_only(), "max_new_tokens"_a = 100, "temperature"_a = 1.0f, "top_k"_a = 0,
-           "top_p"_a = 1.0f, "min_p"_a = 0.0f, "typical_p"_a = 1.0f, "seed"_a = 1,
+           "top_p"_a = 1.0f, "min_p"_a = 0.0f, "typical_p"_a = 1.0f, "presence_penalty"_a = 0.0f,
+           "frequency_penalty"_a = 0.0f, "seed"_a = 1,
            "The assistant's answer to `messages` ([{\"role\": ..., \"content\": ...}]): generate on "
            "chat_prompt(messages), up to the chat format's end of turn.")
       .def("chat_prompt", &Generator::chat_prompt,

@@ -72,6 +72,8 @@ def test_bad_values(translator):
         lm.generate("a", min_p=-0.5)
     with pytest.raises(qkv.Error, match="typical_p"):
         lm.generate("a", typical_p=0)
+    with pytest.raises(qkv.Error, match="frequency_penalty"):
+        lm.generate("a", frequency_penalty=2.5)
     with pytest.raises(qkv.Error, match="temperature"):
         lm.generate("a", temperature=-1)
     vit = qkv.load(FOLDERS / "vit")

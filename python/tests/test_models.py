@@ -120,6 +120,11 @@ def test_sampling_is_seeded_as_in_the_cli():
     cli = run_cli("generate", "--model", folder, "--prompt", "the", "--max-new-tokens", 10, "--temperature", 1.3,
                   "--top-k", 0, "--top-p", 1, "--typical-p", 0.6, "--seed", 4, "--ignore-eos")
     assert cli.decode() == "the" + got + "\n"
+    got = model.generate("the", max_new_tokens=10, temperature=0, presence_penalty=-2, frequency_penalty=-1.5)
+    cli = run_cli("generate", "--model", folder, "--prompt", "the", "--max-new-tokens", 10, "--temperature", 0,
+                  "--presence-penalty", -2, "--frequency-penalty", -1.5)
+    assert cli.decode() == "the" + got + "\n"
+    assert got != model.generate("the", max_new_tokens=10, temperature=0)  # the penalties change the greedy text
     # min_p 1 keeps only the most likely token: greedy
     assert model.generate("the", max_new_tokens=10, min_p=1.0, seed=4) == model.generate("the", max_new_tokens=10,
                                                                                           temperature=0)
