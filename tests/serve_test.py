@@ -371,7 +371,8 @@ class Completions(unittest.TestCase):
                                             "--ignore-eos"))
         stop = full[5:8]
         r = self.s.client.completions.create(model="small", prompt="the", max_tokens=40, temperature=0,
-                                             stop=[stop, "never"], extra_body={"ignore_eos": True})
+                                             stop=[stop, "never", "zzz", "qqq", "jjj", "xxx"],  # more than OpenAI's 4
+                                             extra_body={"ignore_eos": True})
         self.assertEqual(r.choices[0].text, full[:full.index(stop)])
         self.assertEqual(r.choices[0].finish_reason, "stop")
         streamed = "".join(c.choices[0].text for c in self.s.client.completions.create(
@@ -448,6 +449,7 @@ class Completions(unittest.TestCase):
             (dict(body={"prompt": "a", "typical_p": 0}), 400, "typical_p"),
             (dict(body={"prompt": "a", "stream": "yes"}), 400, "stream"),
             (dict(body={"prompt": "a", "stop": [""]}), 400, "stop"),
+            (dict(body={"prompt": "a", "stop": [str(i) for i in range(33)]}), 400, "stop"),  # 32 at most
             (dict(body={"prompt": "a", "n": 0}), 400, "n"),
             (dict(body={"prompt": "a", "n": 21}), 400, "n"),  # more than --parallel 4 plus --queue 16
             (dict(body={"prompt": ["a", "b"], "n": 11}), 400, "n"),
@@ -629,8 +631,13 @@ class Chat(unittest.TestCase):
                                                       temperature=0)
         self.assertIsNone(plain.choices[0].logprobs)
         self.assertEqual(plain.choices[0].message.content, r.choices[0].message.content)
+        status, answer = self.s.request("POST", "/v1/chat/completions", {"messages": self.MESSAGES, "max_tokens": 2,
+                                                                         "response_format": {"type": "text"}})
+        self.assertEqual(status, 200, answer)
         for extra, param in [({"top_logprobs": 2}, "top_logprobs"), ({"logprobs": True, "top_logprobs": 21},
-                                                                      "top_logprobs"), ({"logprobs": 1}, "logprobs")]:
+                                                                      "top_logprobs"), ({"logprobs": 1}, "logprobs"),
+                             ({"response_format": {"type": "json_object"}}, "response_format"),
+                             ({"response_format": "text"}, "response_format")]:
             status, answer = self.s.request("POST", "/v1/chat/completions",
                                             {"messages": self.MESSAGES, "max_tokens": 2, **extra})
             self.assertEqual((status, answer["error"]["param"]), (400, param), answer)

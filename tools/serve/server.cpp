@@ -41,6 +41,9 @@ using Clock = std::chrono::steady_clock;
 // The most alternatives a request's logprobs (top_logprobs) may ask for, as OpenAI's chat.
 constexpr int64_t kMaxTopLogprobs = 20;
 
+// The most stop sequences a request may give (each is looked for at every token).
+constexpr size_t kMaxStops = 32;
+
 // A request the server refuses: its status, the field at fault, and why.
 struct HttpError {
   int status;
@@ -796,7 +799,7 @@ private:
         parse_body(req, {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
                          "min_p", "typical_p", "seed", "stop", "stream", "n", "presence_penalty", "frequency_penalty",
                          "user", "ignore_eos", "tools", "tool_choice", "parallel_tool_calls", "logprobs",
-                         "top_logprobs", "stream_options", "logit_bias"});
+                         "top_logprobs", "stream_options", "logit_bias", "response_format"});
     if (!generator_)
       bad("model", "model '" + name_ + "' is " + kind() + "; /v1/chat/completions needs a decoder model");
     check_model_field(body);
@@ -836,6 +839,11 @@ private:
       }
       messages.push_back(std::move(message));
     }
+    // response_format: plain text only (a JSON mode needs constrained sampling, which qkv does not have).
+    if (body.contains("response_format") && !body["response_format"].is_null() &&
+        !(body["response_format"].is_object() && body["response_format"].size() == 1 &&
+          body["response_format"].value("type", json()) == "text"))
+      bad("response_format", "response_format must be {\"type\": \"text\"}: qkv cannot constrain a reply to JSON");
     const json tools = tools_field(body);
     std::string prompt;
     try {
@@ -1044,7 +1052,8 @@ private:
     r.options.presence_penalty = (float)number_field(body, "presence_penalty", 0, -2, 2);
     r.options.frequency_penalty = (float)number_field(body, "frequency_penalty", 0, -2, 2);
     r.options.logit_bias = logit_bias_field(body);
-    r.stop = strings_field(body, "stop", 4);
+    // OpenAI takes 4; lm-evaluation-harness sends a task's `until` strings and the eos text, often more.
+    r.stop = strings_field(body, "stop", kMaxStops);
     for (const std::string& s : r.stop)
       if (s.empty()) bad("stop", "a stop sequence must not be empty");
     return r;
