@@ -56,7 +56,10 @@ httplib::Client* serve(const std::string& name) {
   std::future<int> port = bound->get_future();
   if (port.wait_for(std::chrono::seconds(60)) != std::future_status::ready) fail("serve " + dir + ": not listening");
   auto* client = new httplib::Client("127.0.0.1", port.get());
-  client->set_read_timeout(std::chrono::seconds(20));
+  // Long enough for the slowest request within the server's bounds under the
+  // sanitizers (a translation at a large beam and max_len: scripts/fuzz.sh),
+  // short of libFuzzer's 300-s hang timeout, so a silent server is reported as one.
+  client->set_read_timeout(std::chrono::seconds(240));
   for (int i = 0; i < 3000; ++i) {
     if (auto r = client->Get("/health"); r && r->status == 200) return client;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
