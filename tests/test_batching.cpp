@@ -274,8 +274,8 @@ TEST(Batching, QueueIsBoundedAndCancelledRequestsFreeTheirSlot) {
   auto gone_cancel = std::make_shared<std::atomic<bool>>(false);
   gone.cancel = gone_cancel;
   ASSERT_TRUE(g.submit(std::move(busy)));
-  ASSERT_TRUE(g.step());                         // `busy` takes the slot
-  ASSERT_TRUE(g.submit(std::move(gone)));        // waits
+  ASSERT_TRUE(g.step());                              // `busy` takes the slot
+  ASSERT_TRUE(g.submit(std::move(gone)));             // waits
   EXPECT_FALSE(g.submit(request_for(m, "c", o, f)));  // the queue of 1 is full...
   *gone_cancel = true;
   ASSERT_TRUE(g.submit(request_for(m, "c", o, f)));  // ...until its one request is cancelled

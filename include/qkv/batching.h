@@ -98,8 +98,8 @@ public:
 
   // Queues a request (thread-safe). False, and nothing queued, when the queue
   // is full (requests cancelled while waiting do not count: the next step
-  // ends them without a slot) or the generator is stopping. A prompt that does not fit the
-  // context, or options out of range, are a qkv::Error.
+  // ends them without a slot) or the generator is stopping. A prompt that
+  // does not fit the context, or options out of range, are a qkv::Error.
   bool submit(BatchRequest request);
   // One round on the calling thread: admits waiting requests into free slots
   // (prefill and their first token), then one batched step for every active

@@ -114,7 +114,8 @@ bool BatchGenerator::submit(BatchRequest r) {
     std::lock_guard<std::mutex> lock(mutex_);
     const int64_t free_slots = (int64_t)slots_.size() - active_;  // those admit at the next step
     // A cancelled request still waiting holds no place: the next step drops it.
-    const auto live = std::count_if(waiting_.begin(), waiting_.end(), [](const BatchRequest& w) { return !cancelled(w); });
+    const auto live =
+        std::count_if(waiting_.begin(), waiting_.end(), [](const BatchRequest& w) { return !cancelled(w); });
     if (stopping_ || (int64_t)live >= max_waiting_ + free_slots) return false;
     waiting_.push_back(std::move(r));
   }
