@@ -12,15 +12,14 @@ needs: pip install "lm-eval[api]" torch transformers sentencepiece   (not part o
 """
 import argparse
 import random
-import re
-import subprocess
-import sys
 import time
 
 import torch
 from lm_eval.api.instance import Instance
 from lm_eval.models.huggingface import HFLM
 from lm_eval.models.openai_completions import LocalCompletionsAPI
+
+from bench_serve import serve  # scripts/bench_serve.py: qkv serve on a free port
 
 
 def requests(n, words, seed=0):
@@ -56,21 +55,13 @@ def main():
     timed(hf, pairs[: a.batch])  # warm-up
     theirs, hf_seconds = timed(hf, pairs)
 
-    server = subprocess.Popen([a.qkv, "serve", "--model", a.folder, "--port", "0", "--threads", str(a.threads),
-                               "--parallel", str(a.batch), "--queue", str(4 * a.batch), "--quiet"],
-                              stdout=subprocess.PIPE, text=True)
+    server, host, port = serve(a.qkv, a.folder, a.batch, a.threads)
     try:
-        for line in server.stdout:
-            m = re.match(r"listening on (http://[\d.]+:\d+)", line)
-            if m:
-                break
-        else:
-            sys.exit("qkv serve did not start")
         runs = {}
         # The tokenizer lm-eval finds on the server (/tokenize, a request per text), and the folder's own, local
         # as the hf backend's is.
         for backend in ("remote", "huggingface"):
-            lm = LocalCompletionsAPI(base_url=m.group(1) + "/v1/completions",
+            lm = LocalCompletionsAPI(base_url=f"http://{host}:{port}/v1/completions",
                                      model=a.folder.rstrip("/").split("/")[-1], tokenizer_backend=backend,
                                      tokenizer=a.folder if backend == "huggingface" else None, batch_size=a.batch,
                                      max_length=512)

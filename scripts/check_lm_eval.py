@@ -11,8 +11,6 @@ needs: pip install "lm-eval[api]" torch transformers   (not part of make test)
 Exits non-zero when a log-likelihood differs by more than 1e-3 or the
 greedy flags disagree. No task data is needed: the requests are built here.
 """
-import re
-import subprocess
 import sys
 
 import torch
@@ -20,21 +18,16 @@ from lm_eval.api.instance import Instance
 from lm_eval.models.openai_completions import LocalCompletionsAPI
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
+from bench_serve import serve  # scripts/bench_serve.py: qkv serve on a free port
+
 PAIRS = [("我是中国人", " -> 私は"), ("the cat", " sat on the mat"), ("Transformer", "s attend"), ("a", "b"),
          ("hello", " world"), ("私は", "中国人です"), ("1 2 3", " 4")]
 
 
 def main(qkv, folder):
-    server = subprocess.Popen([qkv, "serve", "--model", folder, "--port", "0", "--threads", "1", "--quiet"],
-                              stdout=subprocess.PIPE, text=True)
+    server, host, port = serve(qkv, folder, parallel=4, threads=1)
     try:
-        for line in server.stdout:
-            m = re.match(r"listening on (http://[\d.]+:\d+)", line)
-            if m:
-                break
-        else:
-            sys.exit("qkv serve did not start")
-        lm = LocalCompletionsAPI(base_url=m.group(1) + "/v1/completions", model=folder.rstrip("/").split("/")[-1],
+        lm = LocalCompletionsAPI(base_url=f"http://{host}:{port}/v1/completions", model=folder.rstrip("/").split("/")[-1],
                                  tokenizer_backend="auto", batch_size=3, max_length=64)
         print("lm-eval tokenizer backend:", lm.tokenizer_backend)  # "remote": qkv's /tokenizer_info and /tokenize
         got = lm.loglikelihood([Instance("loglikelihood", {}, pair, i) for i, pair in enumerate(PAIRS)],
