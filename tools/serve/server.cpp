@@ -417,6 +417,11 @@ private:
            : embedder_.model ? "an encoder (sentence embeddings)" : "a translation model";
   }
 
+  // The 400 of an endpoint the served model cannot answer: `needs` says what it takes.
+  void need(bool served, const std::string& endpoint, const std::string& needs) const {
+    if (!served) bad("model", "model '" + name_ + "' is " + kind() + "; " + endpoint + " " + needs);
+  }
+
   void routes() {
     http_.set_payload_max_length(o_.max_body);
     http_.set_keep_alive_timeout(2);
@@ -489,7 +494,7 @@ private:
     handle("POST", "/detokenize",
            [this](const httplib::Request& req, httplib::Response& res, const InFlightToken&) { detokenize(req, res); });
     handle("GET", "/tokenizer_info", [this](const httplib::Request&, httplib::Response& res, const InFlightToken&) {
-      if (!generator_) bad("model", "model '" + name_ + "' is " + kind() + "; /tokenizer_info serves decoder models");
+      need(generator_ != nullptr, "/tokenizer_info", "serves decoder models");
       send_json(res, 200, tokenizer_info());
     });
     handle("POST", "/v1/completions",
@@ -631,7 +636,7 @@ private:
   // asked for, each token's text.
   void tokenize(const httplib::Request& req, httplib::Response& res) {
     json body = parse_body(req, {"model", "prompt", "add_special_tokens", "return_token_strs"});
-    if (!generator_) bad("model", "model '" + name_ + "' is " + kind() + "; /tokenize serves decoder models");
+    need(generator_ != nullptr, "/tokenize", "serves decoder models");
     check_model_field(body);
     if (!body.contains("prompt") || !body["prompt"].is_string()) bad("prompt", "prompt must be a string");
     const Tokenizer& t = *generator_->model().tokenizer;
@@ -647,7 +652,7 @@ private:
   // /detokenize: the text of token ids, as a completion's text (specials left out).
   void detokenize(const httplib::Request& req, httplib::Response& res) {
     json body = parse_body(req, {"model", "tokens"});
-    if (!generator_) bad("model", "model '" + name_ + "' is " + kind() + "; /detokenize serves decoder models");
+    need(generator_ != nullptr, "/detokenize", "serves decoder models");
     check_model_field(body);
     if (!body.contains("tokens") || !body["tokens"].is_array()) bad("tokens", "tokens must be a list of token ids");
     send_json(res, 200,
@@ -739,7 +744,7 @@ private:
     json body = parse_body(req, {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "min_p", "typical_p",
                                  "seed", "stop", "stream", "stream_options", "n", "echo", "logprobs",
                                  "presence_penalty", "frequency_penalty", "logit_bias", "user", "ignore_eos"});
-    if (!generator_) bad("model", "model '" + name_ + "' is " + kind() + "; /v1/completions needs a decoder model");
+    need(generator_ != nullptr, "/v1/completions", "needs a decoder model");
     check_model_field(body);
     const bool stream = bool_field(body, "stream", false), echo = bool_field(body, "echo", false);
     // logprobs: k of the likeliest tokens at each position (0 to 20), beside the chosen one's.
@@ -804,8 +809,7 @@ private:
                          "min_p", "typical_p", "seed", "stop", "stream", "n", "presence_penalty", "frequency_penalty",
                          "user", "ignore_eos", "tools", "tool_choice", "parallel_tool_calls", "logprobs",
                          "top_logprobs", "stream_options", "logit_bias", "response_format"});
-    if (!generator_)
-      bad("model", "model '" + name_ + "' is " + kind() + "; /v1/chat/completions needs a decoder model");
+    need(generator_ != nullptr, "/v1/chat/completions", "needs a decoder model");
     check_model_field(body);
     if (chat_.format == ChatFormat::None)
       bad("model", "model '" + name_ + "' cannot chat: " + chat_error_ + "; use /v1/completions");
@@ -1226,8 +1230,7 @@ private:
 
   void translate(const httplib::Request& req, httplib::Response& res) {
     json body = parse_body(req, {"model", "text", "beam", "max_len"});
-    if (!translation_.model)
-      bad("model", "model '" + name_ + "' is " + kind() + "; /v1/translate needs a translation model");
+    need(translation_.model != nullptr, "/v1/translate", "needs a translation model");
     check_model_field(body);
     if (!body.contains("text")) bad("text", "text is required");
     const std::vector<std::string> texts = strings_field(body, "text", 256);
@@ -1257,8 +1260,7 @@ private:
   // attention explorer; `qkv translate --attention-map` draws the same).
   void attention(const httplib::Request& req, httplib::Response& res) {
     json body = parse_body(req, {"model", "text", "max_len"});
-    if (!translation_.model && !generator_)
-      bad("model", "model '" + name_ + "' is " + kind() + "; /v1/attention serves text models");
+    need(translation_.model || generator_, "/v1/attention", "serves text models");
     check_model_field(body);
     if (!body.contains("text") || !body["text"].is_string()) bad("text", "text must be a string");
     if (generator_) return self_attention(body["text"].get<std::string>(), res);
@@ -1391,7 +1393,7 @@ private:
   // float32 bytes, little-endian, which the openai client asks for).
   void embeddings(const httplib::Request& req, httplib::Response& res) {
     json body = parse_body(req, {"model", "input", "encoding_format", "dimensions", "user"});
-    if (!embedder_.model) bad("model", "model '" + name_ + "' is " + kind() + "; /v1/embeddings needs an encoder model");
+    need(embedder_.model != nullptr, "/v1/embeddings", "needs an encoder model");
     check_model_field(body);
     if (!body.contains("input")) bad("input", "input is required: a string or a list of up to 2048 strings");
     if (body["input"].is_array() && !body["input"].empty() && !body["input"][0].is_string())
@@ -1448,7 +1450,7 @@ private:
   // most likely classes, with the attention rollout over each image's patches.
   void classify(const httplib::Request& req, httplib::Response& res) {
     json body = parse_body(req, {"model", "image", "top_k"});
-    if (!vit_) bad("model", "model '" + name_ + "' is " + kind() + "; /v1/classify needs a vit model");
+    need(vit_ != nullptr, "/v1/classify", "needs a vit model");
     check_model_field(body);
     if (!body.contains("image")) bad("image", "image is required: a base64 PNG or JPEG, or a list of up to 64");
     const std::vector<std::string> encoded = strings_field(body, "image", 64);
