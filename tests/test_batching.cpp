@@ -496,5 +496,56 @@ TEST(Batching, ALongPromptIsScoredInChunks) {
   EXPECT_LT(worst, 1e-4);
 }
 
+// A NaN among a position's logits (here every position's: the output row of
+// a byte the prompt never holds is NaN) ranks last, and the other tokens'
+// log-probabilities are those of the tokens left, when a prompt is scored as
+// when a token is drawn. (The library's log-softmax, which scores a prompt's
+// rows, would make the whole row NaN.)
+TEST(Batching, ANanLogitRanksLastAndLeavesTheOthersScored) {
+  LanguageModel m = random_byte_model(R"({"d_model": 16, "nhead": 2, "num_layers": 1, "dim_feedforward": 16,
+                                          "context": 32, "tie_output": false})");
+  const int64_t poisoned = m.tokenizer->encode("z").at(0);
+  {
+    NoGradGuard no_grad;
+    m.model->output_proj->weight.slice(0, poisoned, poisoned + 1).fill_(NAN);
+  }
+  const std::string text = "the cat";
+  const std::vector<int64_t> prompt = with_bos(m, text);
+  GenerateOptions o;
+  o.max_new_tokens = 2;
+  Collected got;
+  BatchRequest r = request_for(m, text, o, got);
+  r.logprobs = 3;
+  r.prompt_logprobs = true;
+  BatchGenerator g(m, 1, m.model->config().context, 1);
+  ASSERT_TRUE(g.submit(std::move(r)));
+  run_until_idle(g);
+  ASSERT_TRUE(got.done);
+  ASSERT_EQ(got.result.prompt_logprobs.size(), prompt.size());
+  ASSERT_EQ(got.result.logprobs.size(), 2u);
+  std::vector<int64_t> ids = prompt;
+  for (const TokenLogprob& t : got.result.logprobs) ids.push_back(t.token);
+  NoGradGuard no_grad;
+  const Tensor logits = m.model->forward(Tensor::from_ints(ids, {1, (int64_t)ids.size()})).contiguous();
+  const int64_t V = logits.size(-1);
+  auto check = [&](const TokenLogprob& t, size_t position) {
+    const float* row = logits.data<float>() + position * V;
+    ASSERT_TRUE(std::isnan(row[poisoned]));
+    double max = -INFINITY, sum = 0;
+    for (int64_t v = 0; v < V; ++v)
+      if (v != poisoned) max = std::max(max, (double)row[v]);
+    for (int64_t v = 0; v < V; ++v)
+      if (v != poisoned) sum += std::exp(row[v] - max);
+    EXPECT_NEAR(t.logprob, row[t.token] - max - std::log(sum), 1e-4) << "position " << position;
+    ASSERT_EQ(t.top.size(), 3u);
+    for (const auto& [id, logprob] : t.top) {
+      EXPECT_NE(id, poisoned);
+      EXPECT_NEAR(logprob, row[id] - max - std::log(sum), 1e-4);
+    }
+  };
+  for (size_t i = 1; i < prompt.size(); ++i) check(got.result.prompt_logprobs[i], i - 1);
+  for (size_t j = 0; j < got.result.logprobs.size(); ++j) check(got.result.logprobs[j], prompt.size() - 1 + j);
+}
+
 }  // namespace
 }  // namespace qkv

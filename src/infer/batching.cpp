@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "qkv/ops.h"
 #include "qkv/utf8.h"
 #include "src/infer/sampling.h"
 
@@ -47,6 +48,51 @@ TokenLogprob logprob_of(const float* logits, int64_t V, int64_t token, int64_t k
                     [&](int64_t a, int64_t b) { return key(a) > key(b) || (key(a) == key(b) && a < b); });
   for (int64_t i = 0; i < k; ++i) t.top.emplace_back(ids[i], logits[ids[i]] - log_z);
   return t;
+}
+
+// The k largest of row[0, V) with their ids, largest first (of equal ones
+// the smaller id).
+std::vector<std::pair<int64_t, float>> largest(const float* row, int64_t V, int64_t k) {
+  std::vector<std::pair<int64_t, float>> top;
+  if (k <= 0) return top;
+  top.reserve((size_t)k + 1);
+  for (int64_t v = 0; v < V; ++v) {
+    if ((int64_t)top.size() == k && !(row[v] > top.back().second)) continue;
+    auto at = std::find_if(top.begin(), top.end(), [&](const auto& t) { return row[v] > t.second; });
+    top.insert(at, {v, row[v]});
+    if ((int64_t)top.size() > k) top.pop_back();
+  }
+  return top;
+}
+
+// logprob_of for rows [0, rows) of logits [rows or more, V], row i scoring
+// targets[i], into out[i]. The log-softmax is the library's, over a block of
+// rows at once, vectorized and split between the threads: logprob_of, a row
+// at a time in double precision, took 34 ms of a 300-ms request scoring 8
+// prompts of 109 tokens (lm-20m, vocabulary 4,096). A row holding a NaN or
+// +inf keeps logprob_of's treatment (a NaN ranks last).
+void score_rows(const Tensor& logits, int64_t rows, const int64_t* targets, int64_t k, TokenLogprob* out) {
+  constexpr int64_t kBlock = 64;  // rows per log-softmax: 64 x V floats more at a time
+  const int64_t V = logits.size(-1);
+  const Tensor all = logits.reshape({-1, V});
+  for (int64_t r0 = 0; r0 < rows; r0 += kBlock) {
+    const int64_t n = std::min(kBlock, rows - r0);
+    const Tensor logp = log_softmax(all.slice(0, r0, r0 + n)).contiguous();
+    for (int64_t i = 0; i < n; ++i) {
+      const float* x = all.data<float>() + (r0 + i) * V;
+      const float* y = logp.data<float>() + i * V;
+      bool plain = true;
+      for (int64_t v = 0; v < V; ++v) plain &= (x[v] == x[v]) & (x[v] != INFINITY);
+      TokenLogprob& t = out[r0 + i];
+      if (!plain || std::isnan(y[targets[r0 + i]])) {
+        t = logprob_of(x, V, targets[r0 + i], k);
+        continue;
+      }
+      t.token = targets[r0 + i];
+      t.logprob = y[t.token];
+      t.top = largest(y, V, k);
+    }
+  }
 }
 
 // The bytes token `id` added when the decoded text went from `before` to
@@ -149,10 +195,9 @@ void BatchGenerator::admit(Slot& s, BatchRequest r) {
       const int64_t n = std::min(chunk, P - at);
       const Tensor ids = Tensor::from_ints(std::vector<int64_t>(p.begin() + at, p.begin() + at + n), {1, n});
       logits = model_.model->forward_cached(ids, s.caches, /*last_only=*/!score_prompt).contiguous();
-      const int64_t V = logits.size(-1);
-      for (int64_t i = 0; score_prompt && i < n && at + i + 1 < P; ++i)  // position at + i predicts the next token
-        s.result.prompt_logprobs[at + i + 1] =
-            logprob_of(logits.data<float>() + i * V, V, p[at + i + 1], s.request.logprobs);
+      if (score_prompt)  // position at + i predicts the token at + i + 1
+        score_rows(logits, std::min(n, P - 1 - at), p.data() + at + 1, s.request.logprobs,
+                   s.result.prompt_logprobs.data() + at + 1);
     }
   } catch (const std::exception& e) {
     return finish(s, "error", e.what());
