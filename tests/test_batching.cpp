@@ -82,6 +82,59 @@ TEST_P(RowsStep, EqualsOneSequenceAtATime) {
   EXPECT_THROW(model.forward_cached_rows(Tensor::from_ints(next, {3, 1}), short_rows), Error);
 }
 
+// Three sequences' tokens packed into one pass, twice (the second pass
+// continues each from where its cache stands, as a prompt longer than a
+// pass does): each position's output is the one its sequence gets alone.
+TEST_P(RowsStep, PackedPrefillEqualsEachSequenceAlone) {
+  NoGradGuard no_grad;
+  LanguageModel m = random_byte_model(GetParam());
+  DecoderLM& model = *m.model;
+  const std::vector<std::string> prompts = {"a", "the cat sat", "我是中国人"};
+  std::vector<std::vector<int64_t>> ids;
+  std::vector<std::vector<KVCache>> alone, packed;
+  for (const std::string& p : prompts) {
+    ids.push_back(with_bos(m, p));
+    alone.push_back(model.make_caches(1, model.config().context));
+    packed.push_back(model.make_caches(1, model.config().context));
+    for (KVCache& cache : packed.back()) cache.k.fill_(NAN), cache.v.fill_(NAN);  // unwritten positions are never read
+  }
+  std::vector<std::vector<KVCache>*> rows;
+  for (auto& c : packed) rows.push_back(&c);
+  // Pass 1: the first 1, 4 and 9 tokens; pass 2: the rest (1 of "a"'s 2, 8 of 12, 7 of 16).
+  const std::vector<std::vector<int64_t>> passes = {{1, 4, 9}, {1, 8, 7}};
+  std::vector<int64_t> done(3, 0);
+  for (const std::vector<int64_t>& lengths : passes) {
+    std::vector<int64_t> packed_ids;
+    for (size_t b = 0; b < 3; ++b)
+      packed_ids.insert(packed_ids.end(), ids[b].begin() + done[b], ids[b].begin() + done[b] + lengths[b]);
+    const int64_t N = (int64_t)packed_ids.size();
+    const Tensor logits =
+        model.logits(model.forward_cached_packed(Tensor::from_ints(packed_ids, {1, N}), lengths, rows));
+    ASSERT_EQ(logits.shape(), (Shape{1, N, model.config().vocab_size}));
+    int64_t at = 0;
+    for (size_t b = 0; b < 3; ++b) {
+      const std::vector<int64_t> part(ids[b].begin() + done[b], ids[b].begin() + done[b] + lengths[b]);
+      const Tensor want = model.forward_cached(Tensor::from_ints(part, {1, lengths[b]}), alone[b]).contiguous();
+      EXPECT_EQ(packed[b][0].length, alone[b][0].length);
+      const Tensor got = logits.slice(1, at, at + lengths[b]).contiguous();
+      double worst = 0, scale = 0;
+      for (int64_t i = 0; i < want.numel(); ++i) {
+        worst = std::max(worst, (double)std::fabs(got.data<float>()[i] - want.data<float>()[i]));
+        scale = std::max(scale, (double)std::fabs(want.data<float>()[i]));
+      }
+      // The same sums, but a GEMM over more rows may take another kernel, summing in another order.
+      EXPECT_LE(worst, 1e-5 * std::max(1.0, scale)) << "sequence " << b << " from position " << done[b];
+      at += lengths[b];
+      done[b] += lengths[b];
+    }
+  }
+  for (size_t b = 0; b < 3; ++b) ASSERT_EQ(done[b], (int64_t)ids[b].size());
+  const Tensor two = Tensor::from_ints({5, 6}, {1, 2});
+  EXPECT_THROW(model.forward_cached_packed(two, {1, 2}, {rows[0], rows[1]}), Error);  // lengths sum to 3
+  EXPECT_THROW(model.forward_cached_packed(two, {2, 0}, {rows[0], rows[1]}), Error);  // an empty sequence
+  EXPECT_THROW(model.forward_cached_packed(two, {2}, {rows[0], rows[1]}), Error);     // a length per sequence
+}
+
 INSTANTIATE_TEST_SUITE_P(Batching, RowsStep, ::testing::Values(kRope, kLearned));
 
 struct Collected {
@@ -459,41 +512,74 @@ TEST(Batching, LogprobsAreTheLogSoftmaxOfOneForwardOverTheText) {
   EXPECT_TRUE(other.result.logprobs.empty() && other.result.prompt_logprobs.empty());  // none asked
 }
 
-// A prompt past the 256 positions prefilled at once when scoring goes in
-// chunks: its log-probabilities are still those of one uncached forward, and
-// its tokens' texts join to the decoded prompt.
-TEST(Batching, ALongPromptIsScoredInChunks) {
+// Scored prompts admitted in one step share prefill passes of up to 1,024
+// positions; a longer one goes alone, and its logits are kept 256 positions
+// at a time. Each prompt's log-probabilities are still those of one uncached
+// forward over it, and its tokens' texts join to the decoded prompt. A
+// prompt that is not scored, beside them, still gets generate()'s text.
+TEST(Batching, ScoredPromptsShareAPassAndALongOneIsScoredInChunks) {
   LanguageModel m = random_byte_model(R"({"d_model": 16, "nhead": 2, "num_layers": 1, "dim_feedforward": 16,
-                                          "context": 640, "positions": "rope"})");
+                                          "context": 1200, "positions": "rope"})");
   std::string text;
-  for (int i = 0; i < 40; ++i) text += "the cat 我是 ";  // 600 bytes
-  const std::vector<int64_t> prompt = with_bos(m, text);
-  ASSERT_GT(prompt.size(), 512u);  // three chunks
+  for (int i = 0; i < 75; ++i) text += "the cat 我是 ";  // 1,125 bytes
+  ASSERT_GT(with_bos(m, text).size(), 1024u);
+  // The long one first (a pass of its own, five chunks of logits), then two
+  // short ones that share the next pass.
+  const std::vector<std::string> scored = {text, "the cat", "我是中国人"};
   GenerateOptions o;
   o.max_new_tokens = 0;
-  Collected got;
-  BatchRequest r = request_for(m, text, o, got);
-  r.logprobs = 1;
-  r.prompt_logprobs = true;
-  BatchGenerator g(m, 1, m.model->config().context, 1);
-  ASSERT_TRUE(g.submit(std::move(r)));
-  run_until_idle(g);
-  ASSERT_TRUE(got.done);
-  const std::vector<TokenLogprob>& lp = got.result.prompt_logprobs;
-  ASSERT_EQ(lp.size(), prompt.size());
-  std::string joined;
-  for (const TokenLogprob& t : lp) joined += t.text;
-  EXPECT_EQ(joined, text);
-  NoGradGuard no_grad;
-  const Tensor logits =
-      log_softmax(m.model->forward(Tensor::from_ints(prompt, {1, (int64_t)prompt.size()}))).contiguous();
-  const int64_t V = logits.size(-1);
-  double worst = 0;
-  for (size_t i = 1; i < prompt.size(); ++i) {
-    ASSERT_EQ(lp[i].token, prompt[i]);
-    worst = std::max(worst, (double)std::fabs(lp[i].logprob - logits.data<float>()[(i - 1) * V + prompt[i]]));
+  std::vector<Collected> got(scored.size());
+  GenerateOptions greedy;
+  greedy.max_new_tokens = 4;
+  greedy.ignore_eos = true;
+  Collected beside;
+  BatchGenerator g(m, 4, m.model->config().context, 4);
+  for (size_t i = 0; i < scored.size(); ++i) {
+    BatchRequest r = request_for(m, scored[i], o, got[i]);
+    r.logprobs = 1;
+    r.prompt_logprobs = true;
+    ASSERT_TRUE(g.submit(std::move(r)));
   }
-  EXPECT_LT(worst, 1e-4);
+  ASSERT_TRUE(g.submit(request_for(m, text, greedy, beside)));
+  run_until_idle(g);
+  ASSERT_TRUE(beside.done);
+  std::string streamed;
+  generate(m, text, greedy, [&](const std::string& piece) { streamed += piece; });
+  EXPECT_EQ(beside.result.text, streamed);
+  EXPECT_EQ(beside.result.completion_tokens, 4);
+  NoGradGuard no_grad;
+  for (size_t r = 0; r < scored.size(); ++r) {
+    ASSERT_TRUE(got[r].done);
+    const std::vector<int64_t> prompt = with_bos(m, scored[r]);
+    const std::vector<TokenLogprob>& lp = got[r].result.prompt_logprobs;
+    ASSERT_EQ(lp.size(), prompt.size());
+    std::string joined;
+    for (const TokenLogprob& t : lp) joined += t.text;
+    EXPECT_EQ(joined, scored[r]);
+    const Tensor logits =
+        log_softmax(m.model->forward(Tensor::from_ints(prompt, {1, (int64_t)prompt.size()}))).contiguous();
+    const int64_t V = logits.size(-1);
+    double worst = 0;
+    for (size_t i = 1; i < prompt.size(); ++i) {
+      ASSERT_EQ(lp[i].token, prompt[i]);
+      worst = std::max(worst, (double)std::fabs(lp[i].logprob - logits.data<float>()[(i - 1) * V + prompt[i]]));
+    }
+    EXPECT_LT(worst, 1e-4) << "prompt " << r;
+  }
+}
+
+// A prompt holding an id outside the vocabulary is refused when it is
+// submitted, rather than failing the prefill pass it would share.
+TEST(Batching, APromptOutsideTheVocabularyIsRefused) {
+  LanguageModel m = random_byte_model(kRope);
+  BatchGenerator g(m, 1, m.model->config().context, 1);
+  Collected got;
+  BatchRequest r = request_for(m, "a", GenerateOptions{}, got);
+  r.prompt.push_back(m.model->config().vocab_size);
+  EXPECT_THROW(g.submit(r), Error);
+  r.prompt.back() = -1;
+  EXPECT_THROW(g.submit(r), Error);
+  EXPECT_EQ(g.stats().waiting, 0);
 }
 
 // A NaN among a position's logits (here every position's: the output row of

@@ -4,7 +4,9 @@
 // The generator has a fixed number of slots, each a KV cache of `context`
 // positions for one sequence. A request waits in a bounded queue until a slot
 // is free; it then joins at the next step: its prompt is prefilled into its
-// slot, and from then on every step computes the next token of all active
+// slot (prompts scored with their logprobs together, packed into shared
+// passes: DecoderLM::forward_cached_packed; any other alone, as generate()
+// prefills it), and from then on every step computes the next token of all active
 // sequences with one batched forward pass (DecoderLM::forward_cached_rows:
 // the matrix products once for all rows, attention per row at its own
 // length). A finished or cancelled request leaves at once and frees its slot.
@@ -124,6 +126,16 @@ public:
 private:
   struct Slot;
   void admit(Slot& slot, BatchRequest request);
+  static bool scores_prompt(const Slot& slot);  // it asked for its prompt's logprobs
+  static bool prefilling(const Slot& slot);     // part of its prompt is not in its caches yet
+  // Every admitted prompt into its slot's caches: each prompt not scored in
+  // a forward of its own, the scored ones side by side in passes of up to
+  // kPrefillTokens positions (DecoderLM::forward_cached_packed). Each then
+  // goes to prefilled().
+  void prefill();
+  // A slot's prompt is in its caches: its prompt's logprobs are told, and
+  // its first token drawn from `logits` [1, 1, V], its last position's.
+  void prefilled(Slot& slot, const Tensor& logits);
   // Appends the token sampled for `slot`, emits its text, and finishes it when it is done.
   void draw(Slot& slot, const float* logits, int64_t vocab);
   void accept(Slot& slot, int64_t token);

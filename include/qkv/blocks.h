@@ -109,6 +109,15 @@ public:
   // residual, where defined, is added to out as AttentionCall::residual is.
   AttentionOutput forward_cached_rows(const Tensor& x, const std::vector<KVCache*>& caches,
                                       const Tensor& residual = Tensor());
+  // Several sequences' new positions in one pass (continuous batching's
+  // prefill): x [1, N, D] holds lengths[0] positions of the sequence whose
+  // cache is caches[0] (batch 1), then lengths[1] of caches[1]'s, and so on,
+  // packed without padding, each from its own cache's length on. The
+  // projections run once for all N positions; each sequence's k, v are
+  // appended to its cache and its queries attend to it causally, as
+  // forward_cached does. residual as in forward_cached_rows.
+  AttentionOutput forward_cached_packed(const Tensor& x, const std::vector<int64_t>& lengths,
+                                        const std::vector<KVCache*>& caches, const Tensor& residual = Tensor());
   KVCache make_cache(int64_t batch, int64_t capacity) const;
 
   const MultiheadAttentionOptions& options() const { return options_; }
@@ -233,6 +242,10 @@ public:
   // x [B, 1, D]: the next position of B sequences, each with its own cache
   // (MultiheadAttention::forward_cached_rows).
   Tensor forward_cached_rows(const Tensor& x, const std::vector<KVCache*>& caches);
+  // x [1, N, D]: several sequences' new positions, packed
+  // (MultiheadAttention::forward_cached_packed).
+  Tensor forward_cached_packed(const Tensor& x, const std::vector<int64_t>& lengths,
+                               const std::vector<KVCache*>& caches);
   std::shared_ptr<MultiheadAttention> self_attn;
   std::shared_ptr<FeedForward> mlp;
   std::shared_ptr<Norm> norm1, norm2;

@@ -53,6 +53,17 @@ public:
   // (make_caches(1, ...), each at its own length) -> logits [B, 1, V]. Every
   // matrix product runs once for all rows; attention runs per row.
   Tensor forward_cached_rows(const Tensor& ids, const std::vector<std::vector<KVCache>*>& rows);
+  // Several sequences' new tokens in one pass, each at its own positions
+  // (continuous batching's prefill): ids [1, N] hold lengths[0] tokens of
+  // the sequence whose caches are *rows[0], then lengths[1] of *rows[1]'s,
+  // and so on, packed without padding. Every matrix product runs once over
+  // all N positions (8 prompts of 109 tokens at lm-20m's shape 1.17x faster
+  // than one at a time); attention runs per sequence. Returns the last
+  // layer's output [1, N, D]; logits() of the positions wanted gives theirs.
+  Tensor forward_cached_packed(const Tensor& ids, const std::vector<int64_t>& lengths,
+                               const std::vector<std::vector<KVCache>*>& rows);
+  // The final norm and the output projection: x [..., D] -> logits [..., V].
+  Tensor logits(const Tensor& x);
   // The MoE layers' load-balancing losses of the last forward (undefined without MoE).
   Tensor aux_loss() const;
   const DecoderConfig& config() const { return config_; }
@@ -74,10 +85,9 @@ protected:
 
 private:
   Tensor embed_tokens(const Tensor& ids, int64_t offset);
-  Tensor logits(const Tensor& x);
-  // Whether ids [B, T] run under Bf16AutocastGuard: bfloat16 weights and a
-  // long enough T for bfloat16 attention, or a guard already on.
-  bool bf16_attention(const Tensor& ids) const;
+  // Whether sequences of `length` tokens run under Bf16AutocastGuard:
+  // bfloat16 weights and a length enough for bfloat16 attention, or a guard already on.
+  bool bf16_attention(int64_t length) const;
   DecoderConfig config_;
   TiedHead tied_head_;  // with tie_output
 };

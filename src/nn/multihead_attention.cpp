@@ -206,6 +206,48 @@ AttentionOutput MultiheadAttention::forward_cached_rows(const Tensor& x, const s
   return {project_out(merged, residual), {}};
 }
 
+AttentionOutput MultiheadAttention::forward_cached_packed(const Tensor& x, const std::vector<int64_t>& lengths,
+                                                          const std::vector<KVCache*>& caches, const Tensor& residual) {
+  QKV_CHECK(!options_.cross_attention, "MultiheadAttention: forward_cached_packed is for self-attention");
+  int64_t N = 0;
+  for (int64_t n : lengths) {
+    QKV_CHECK(n >= 1, "MultiheadAttention: a packed sequence needs at least one position, got ", n);
+    N += n;
+  }
+  QKV_CHECK(x.dim() == 3 && x.size(0) == 1 && x.size(1) == N && x.size(-1) == options_.d_model &&
+                lengths.size() == caches.size(),
+            "MultiheadAttention: x must be [1, N, ", options_.d_model, "] with N the sum of the lengths and one cache ",
+            "per sequence, got ", shape_str(x.shape()), ", ", lengths.size(), " lengths summing to ", N, " and ",
+            caches.size(), " caches");
+  std::vector<Tensor> qkv = project_self(x);
+  Tensor q = heads(qkv[0], options_.nhead), k = heads(qkv[1], kv_heads_), v = heads(qkv[2], kv_heads_);
+  std::vector<Tensor> contexts;  // per sequence [1, H, n, Dh]
+  int64_t at = 0;
+  for (size_t b = 0; b < lengths.size(); ++b) {
+    KVCache& cache = *caches[b];
+    const int64_t n = lengths[b], start = cache.length;
+    QKV_CHECK(cache.k.defined() && cache.k.size(0) == 1, "MultiheadAttention: sequence ", b,
+              " needs a cache of batch 1");
+    QKV_CHECK(start + n <= cache.capacity(), "KV cache full: sequence ", b, "'s ", start, " + ", n,
+              " positions exceed its capacity ", cache.capacity());
+    {
+      NoGradGuard no_grad;
+      cache.k.slice(2, start, start + n).copy_(prepare(k.slice(2, at, at + n), k_norm, start));
+      cache.v.slice(2, start, start + n).copy_(v.slice(2, at, at + n));
+    }
+    cache.length = start + n;
+    AttentionCall causal;
+    causal.causal = true;  // bottom-right aligned, as in forward_cached
+    contexts.push_back(scaled_dot_product_attention(prepare(q.slice(2, at, at + n), q_norm, start),
+                                                    cache.k.slice(2, 0, cache.length),
+                                                    cache.v.slice(2, 0, cache.length), attention_options(causal)));
+    at += n;
+  }
+  Tensor ctx = contexts.size() == 1 ? contexts[0] : concat(contexts, 2);  // [1, H, N, Dh]
+  Tensor merged = ctx.permute({0, 2, 1, 3}).reshape({1, N, options_.nhead * head_dim_});
+  return {project_out(merged, residual), {}};
+}
+
 AttentionOutput MultiheadAttention::forward(const Tensor& x, const Tensor& memory, const AttentionCall& call) {
   QKV_CHECK(options_.cross_attention, "MultiheadAttention: a self-attention module takes no memory");
   QKV_CHECK(x.dim() == 3 && x.size(-1) == options_.d_model && memory.dim() == 3 &&

@@ -109,6 +109,13 @@ Tensor TransformerEncoderLayer::forward_cached_rows(const Tensor& x, const std::
   });
 }
 
+Tensor TransformerEncoderLayer::forward_cached_packed(const Tensor& x, const std::vector<int64_t>& lengths,
+                                                      const std::vector<KVCache*>& caches) {
+  return run(x, [&](const Tensor& h, const Tensor& residual) {
+    return self_attn->forward_cached_packed(h, lengths, caches, residual).out;
+  });
+}
+
 Tensor TransformerEncoderLayer::run(const Tensor& x_in,
                                     const std::function<Tensor(const Tensor&, const Tensor&)>& attend) {
   Tensor x = x_in;

@@ -76,13 +76,13 @@ uint64_t DecoderLM::decode_bytes() const {
 // model 207). Shorter sequences and decoding steps keep float32 attention
 // (and skip the walk over the modules for their dtype). A guard already on,
 // as in mixed-precision training, stays on.
-bool DecoderLM::bf16_attention(const Tensor& ids) const {
-  return bf16_autocast() || (ids.size(1) >= kBf16AttentionLength && linear_weight_dtype() == DType::BF16);
+bool DecoderLM::bf16_attention(int64_t length) const {
+  return bf16_autocast() || (length >= kBf16AttentionLength && linear_weight_dtype() == DType::BF16);
 }
 
 Tensor DecoderLM::forward(const Tensor& ids, bool need_weights) {
   QKV_CHECK(ids.dim() == 2, "decoder: ids must be [B, T], got ", shape_str(ids.shape()));
-  Bf16AutocastGuard bf16(bf16_attention(ids));
+  Bf16AutocastGuard bf16(bf16_attention(ids.size(1)));
   Tensor x = embed_tokens(ids, 0);
   for (auto& layer : layers) x = layer->forward(x, {.causal = true, .need_weights = need_weights});
   return logits(x);
@@ -98,7 +98,7 @@ std::vector<KVCache> DecoderLM::make_caches(int64_t batch, int64_t capacity) con
 
 Tensor DecoderLM::forward_cached(const Tensor& ids, std::vector<KVCache>& caches, bool last_only) {
   QKV_CHECK(ids.dim() == 2 && caches.size() == layers.size(), "decoder: ids [B, T] and one cache per layer");
-  Bf16AutocastGuard bf16(bf16_attention(ids));
+  Bf16AutocastGuard bf16(bf16_attention(ids.size(1)));
   Tensor x = embed_tokens(ids, caches[0].length);
   for (size_t i = 0; i < layers.size(); ++i) x = layers[i]->forward_cached(x, caches[i]);
   const int64_t T = x.size(1);
@@ -122,6 +122,32 @@ Tensor DecoderLM::forward_cached_rows(const Tensor& ids, const std::vector<std::
     x = layers[i]->forward_cached_rows(x, caches);
   }
   return logits(x);
+}
+
+Tensor DecoderLM::forward_cached_packed(const Tensor& ids, const std::vector<int64_t>& lengths,
+                                        const std::vector<std::vector<KVCache>*>& rows) {
+  QKV_CHECK(ids.dim() == 2 && ids.size(0) == 1 && lengths.size() == rows.size(),
+            "decoder: ids must be [1, N] with a length and the caches of each sequence, got ", shape_str(ids.shape()),
+            ", ", lengths.size(), " lengths and ", rows.size(), " sequences");
+  std::vector<Tensor> at;  // [1, n, D] per sequence: its tokens at its own positions
+  int64_t offset = 0, longest = 0;
+  for (size_t b = 0; b < rows.size(); ++b) {
+    QKV_CHECK(rows[b]->size() == layers.size(), "decoder: sequence ", b, " needs one cache per layer");
+    QKV_CHECK(lengths[b] >= 1 && offset + lengths[b] <= ids.size(1),
+              "decoder: the lengths must be positive and sum to ", ids.size(1));
+    at.push_back(embed_tokens(ids.slice(1, offset, offset + lengths[b]), rows[b]->front().length));
+    offset += lengths[b];
+    longest = std::max(longest, lengths[b]);
+  }
+  QKV_CHECK(offset == ids.size(1), "decoder: the lengths sum to ", offset, ", not to the ", ids.size(1), " tokens");
+  Bf16AutocastGuard bf16(bf16_attention(longest));  // as for the longest sequence alone
+  Tensor x = at.size() == 1 ? at[0] : concat(at, 1);
+  std::vector<KVCache*> caches(rows.size());
+  for (size_t i = 0; i < layers.size(); ++i) {
+    for (size_t b = 0; b < rows.size(); ++b) caches[b] = &(*rows[b])[i];
+    x = layers[i]->forward_cached_packed(x, lengths, caches);
+  }
+  return x;
 }
 
 Tensor DecoderLM::aux_loss() const {
