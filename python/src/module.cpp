@@ -35,6 +35,7 @@
 
 #include <pthread.h>
 
+#include "qkv/batching.h"
 #include "qkv/chat.h"
 #include "qkv/checkpoint.h"
 #include "qkv/cpu.h"
@@ -461,6 +462,76 @@ struct Generator : ModelBase {
     QKV_CHECK(m.tokenizer, "tokenize: ", path, " has no tokenizer (the model runs on token ids)");
     return m.tokenizer->encode(text_arg(text, "tokenize: text"));
   }
+
+  // One prompt of score(): a text (after <bos> where the model puts one) or
+  // a list of token ids, as given.
+  std::vector<int64_t> score_ids(nb::handle h, const std::string& where) const {
+    if (nb::isinstance<nb::str>(h) || nb::isinstance<nb::bytes>(h)) return m.tokenizer->encode_prompt(text_arg(h, where));
+    if (!nb::isinstance<nb::list>(h) && !nb::isinstance<nb::tuple>(h))
+      throw nb::type_error((where + ": expected str, bytes or a list of token ids, got " +
+                            nb::type_name(h.type()).c_str()).c_str());
+    std::vector<int64_t> ids;
+    const int64_t V = m.model->config().vocab_size;
+    for (nb::handle item : h) {
+      if (!nb::isinstance<nb::int_>(item) || nb::isinstance<nb::bool_>(item))
+        throw nb::type_error((where + ": token ids must be int, got " + nb::type_name(item.type()).c_str()).c_str());
+      const int64_t id = nb::cast<int64_t>(item);
+      QKV_CHECK(id >= 0 && id < V, where, ": token id ", id, " is outside the vocabulary [0, ", V, ")");
+      ids.push_back(id);
+    }
+    return ids;
+  }
+
+  // Each prompt's tokens and their log-probabilities given the tokens before
+  // them, the prompts scored side by side as qkv serve scores an `echo`
+  // request's (BatchGenerator: packed prefill passes).
+  nb::object score(nb::handle prompts_arg) {
+    const bool many = (nb::isinstance<nb::list>(prompts_arg) || nb::isinstance<nb::tuple>(prompts_arg)) &&
+                      nb::len(prompts_arg) > 0 && !nb::isinstance<nb::int_>(prompts_arg[0]);
+    std::vector<std::vector<int64_t>> prompts;
+    if (!many) {
+      prompts.push_back(score_ids(prompts_arg, "score: prompt"));
+    } else {
+      size_t i = 0;
+      for (nb::handle h : prompts_arg) prompts.push_back(score_ids(h, "score: prompt " + std::to_string(++i)));
+    }
+    const int64_t context = m.model->config().context;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const std::string which = many ? " " + std::to_string(i + 1) : "";
+      QKV_CHECK(!prompts[i].empty(), "score: prompt", which, " is empty");
+      QKV_CHECK((int64_t)prompts[i].size() < context, "score: prompt", which, " is ", prompts[i].size(),
+                " tokens; at most ", context - 1, " fit (the context is ", context, ")");
+    }
+    std::vector<BatchResult> results(prompts.size());
+    run([&] {
+      constexpr int64_t kSlots = 8;  // prompts prefilled side by side at most
+      BatchGenerator g(m, std::min<int64_t>(kSlots, (int64_t)prompts.size()), context, (int64_t)prompts.size());
+      for (size_t i = 0; i < prompts.size(); ++i) {
+        BatchRequest r;
+        r.prompt = prompts[i];
+        r.options.max_new_tokens = 0;
+        r.logprobs = 0;
+        r.prompt_logprobs = true;
+        r.on_done = [&results, i](const BatchResult& done) { results[i] = done; };
+        QKV_CHECK(g.submit(std::move(r)), "score: the prompts did not fit the queue");
+      }
+      while (g.step()) check_cancel();
+    });
+    nb::list out;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const BatchResult& r = results[i];
+      QKV_CHECK(r.finish_reason == "length", "score: prompt", many ? " " + std::to_string(i + 1) : "", " failed: ",
+                r.error.empty() ? r.finish_reason : r.error);
+      nb::list logprobs;
+      for (const TokenLogprob& t : r.prompt_logprobs)
+        logprobs.append(std::isnan(t.logprob) ? nb::none() : nb::cast(t.logprob));
+      nb::dict d;
+      d["tokens"] = nb::cast(prompts[i]);
+      d["logprobs"] = logprobs;
+      out.append(d);
+    }
+    return many ? nb::object(out) : nb::object(out[0]);
+  }
 };
 
 // The pieces of a streaming generate, produced by a worker thread and read by
@@ -881,6 +952,14 @@ NB_MODULE(_qkv, m) {
            "runs it (less a leading bos_token, which the tokenizer puts first itself), or a known layout.")
       .def("tokenize", &Generator::tokenize, nb::sig("def tokenize(self, text: str | bytes) -> list[int]"), "text"_a,
            "The token ids of `text`.")
+      .def("score", &Generator::score,
+           nb::sig("def score(self, prompts: str | bytes | list[int] | list[str | bytes | list[int]]) "
+                   "-> dict | list[dict]"),
+           "prompts"_a,
+           "{\"tokens\": ids, \"logprobs\": values} for a prompt: each token's log-probability (natural log) "
+           "given the tokens before it, None for the first. A text is scored after <bos> where the model puts "
+           "one, a list of token ids as given; a list of prompts gives a list, scored side by side as qkv serve "
+           "scores them.")
       .def("__repr__", [](const Generator& g) { return "<qkv.LanguageModel " + g.m.model->summary() + " from " + g.path + ">"; });
 
   nb::class_<Stream>(m, "GenerateStream", "The text of a generate(..., stream=True), piece by piece.")

@@ -37,9 +37,10 @@ def zh_ja(tmp_path_factory):
 
 
 def expected_tensor(path, name):
-    """One F32 tensor of a safetensors file, read with NumPy alone."""
+    """One F32 or I64 tensor of a safetensors file, read with NumPy alone."""
     data = path.read_bytes()
     n = struct.unpack("<Q", data[:8])[0]
     header = json.loads(data[8:8 + n])
     begin, end = header[name]["data_offsets"]
-    return np.frombuffer(data[8 + n + begin:8 + n + end], dtype=np.float32).reshape(header[name]["shape"])
+    dtype = {"F32": np.float32, "I64": np.int64}[header[name]["dtype"]]
+    return np.frombuffer(data[8 + n + begin:8 + n + end], dtype=dtype).reshape(header[name]["shape"])

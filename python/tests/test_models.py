@@ -130,6 +130,41 @@ def test_sampling_is_seeded_as_in_the_cli():
                                                                                           temperature=0)
 
 
+def test_score_gives_the_log_softmax_of_transformers_logits():
+    """score(): each token's log-probability given those before it, against log_softmax of the logits that
+    transformers computed for the llama fixture's prompt (tests/fixtures/hf/llama.expected.*); a text is
+    tokenized as transformers tokenizes it, after <bos>; a list of prompts gives what each gives alone."""
+    folder = HF / "llama"
+    model = qkv.load(folder)
+    expected = json.loads((HF / "llama.expected.json").read_text())
+    logits = expected_tensor(HF / "llama.expected.safetensors", "logits")[0].astype(np.float64)
+    log_softmax = logits - logits.max(-1, keepdims=True)
+    log_softmax -= np.log(np.exp(log_softmax).sum(-1, keepdims=True))
+    ids = expected_tensor(HF / "llama.expected.safetensors", "ids")[0].tolist()  # the ids of those logits
+    want = [log_softmax[i - 1, ids[i]] for i in range(1, len(ids))]
+    got = model.score(ids)
+    assert got["tokens"] == ids and got["logprobs"][0] is None
+    np.testing.assert_allclose(got["logprobs"][1:], want, atol=1e-4)
+    assert model.score(expected["prompt"])["tokens"] == expected["prompt_ids"]
+    prompts = [ids, "the cat", [5, 6, 7], expected["prompt"].encode()]
+    each = model.score(prompts)
+    assert [e["tokens"] for e in each] == [model.score(p)["tokens"] for p in prompts]
+    for together, prompt in zip(each, prompts):
+        alone = model.score(prompt)["logprobs"]
+        assert together["logprobs"][0] is None and alone[0] is None
+        np.testing.assert_allclose(together["logprobs"][1:], alone[1:], atol=1e-5)
+    with pytest.raises(qkv.Error, match="outside the vocabulary"):
+        model.score([1, 2, 10**6])
+    with pytest.raises(qkv.Error, match="prompt 2 is empty"):
+        model.score(["a", []])
+    with pytest.raises(qkv.Error, match="fit \\(the context is"):
+        model.score(list(range(5)) * 10000)
+    with pytest.raises(TypeError, match="expected str, bytes or a list of token ids"):
+        model.score(3)
+    with pytest.raises(TypeError, match="token ids must be int"):
+        model.score([[1, 2.0]])
+
+
 def test_chat_runs_the_folders_template(tmp_path):
     """The qwen2 fixture's chat template (tokenizer_config.json): chat_prompt is the text transformers'
     apply_chat_template renders (tests/fixtures/hf/qwen2.chat.expected.json), chat() is generate() on it up
