@@ -466,7 +466,8 @@ struct Generator : ModelBase {
   // One prompt of score(): a text (after <bos> where the model puts one) or
   // a list of token ids, as given.
   std::vector<int64_t> score_ids(nb::handle h, const std::string& where) const {
-    if (nb::isinstance<nb::str>(h) || nb::isinstance<nb::bytes>(h)) return m.tokenizer->encode_prompt(text_arg(h, where));
+    if (nb::isinstance<nb::str>(h) || nb::isinstance<nb::bytes>(h))
+      return m.tokenizer->encode_prompt(text_arg(h, where));
     if (!nb::isinstance<nb::list>(h) && !nb::isinstance<nb::tuple>(h))
       throw nb::type_error((where + ": expected str, bytes or a list of token ids, got " +
                             nb::type_name(h.type()).c_str()).c_str());
