@@ -147,6 +147,38 @@ class Completions(unittest.TestCase):
             self.assertEqual(r.usage.prompt_tokens, 1 + len(prompt.encode()))  # <bos> and the bytes
             self.assertEqual(r.usage.completion_tokens + r.usage.prompt_tokens, r.usage.total_tokens)
 
+    def test_cache_prompt_prefills_only_what_a_slot_does_not_hold(self):
+        """cache_prompt: a prompt that begins as an earlier one takes that request's slot and prefills only the
+        rest; usage.prompt_tokens_details.cached_tokens counts what it kept, and the completion and its logprobs are
+        those without it (within 1e-4). Without it nothing is kept; not a boolean is a 400."""
+        first = "qkv prefix cache test"
+        status, a = self.s.complete(prompt=first, max_tokens=6, temperature=0, ignore_eos=True, cache_prompt=True)
+        self.assertEqual(status, 200, a)
+        before = self.s.metric("qkv_prompt_tokens_cached_total")
+        ask = dict(prompt=first + " again", max_tokens=5, temperature=0, ignore_eos=True, logprobs=2)
+        status, cached = self.s.complete(cache_prompt=True, **ask)
+        self.assertEqual(status, 200, cached)
+        # <bos>, the bytes of the first prompt, and of the 5 completion tokens the slot holds (the 6th drawn was
+        # never fed) those that " again" begins with
+        held, made, more = 1 + len(first.encode()), a["choices"][0]["text"], b" again"
+        extra = 0
+        while extra < min(5, len(made.encode()), len(more)) and made.encode()[extra] == more[extra]:
+            extra += 1
+        if "\ufffd" not in made:  # (else a replaced byte hides what the slot holds)
+            self.assertEqual(cached["usage"]["prompt_tokens_details"], {"cached_tokens": held + extra})
+        held = cached["usage"]["prompt_tokens_details"]["cached_tokens"]
+        self.assertTrue(1 + len(first.encode()) <= held <= 1 + len(first.encode()) + 5, held)
+        self.assertEqual(self.s.metric("qkv_prompt_tokens_cached_total"), before + held)
+        status, whole = self.s.complete(**ask)
+        self.assertEqual(whole["usage"]["prompt_tokens_details"], {"cached_tokens": 0})
+        self.assertEqual(cached["choices"][0]["text"], whole["choices"][0]["text"])
+        for got, want in zip(cached["choices"][0]["logprobs"]["token_logprobs"],
+                             whole["choices"][0]["logprobs"]["token_logprobs"]):
+            self.assertAlmostEqual(got, want, delta=1e-4)
+        status, answer = self.s.complete(prompt="a", max_tokens=1, cache_prompt="yes")
+        self.assertEqual((status, answer["error"]["param"]), (400, "cache_prompt"), answer)
+        self.assert_serving()
+
     def test_logprobs_score_what_was_generated(self):
         """logprobs: one entry per completion token, its text, value and likeliest alternatives; echo with
         max_tokens 0 scores a prompt, and scoring prompt + completion gives the completion's own numbers

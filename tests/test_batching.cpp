@@ -568,6 +568,68 @@ TEST(Batching, ScoredPromptsShareAPassAndALongOneIsScoredInChunks) {
   }
 }
 
+// reuse_prefix: a prompt that begins as an earlier request's prompt and
+// completion (a chat's next turn) takes that request's slot and prefills
+// only the rest; its log-probabilities are still those of one uncached
+// forward over its text. Without reuse_prefix, or scoring its prompt, it
+// prefills all of it.
+TEST(Batching, APromptReusesTheCachedPositionsItBeginsWith) {
+  LanguageModel m = random_byte_model(kRope);
+  BatchGenerator g(m, 2, m.model->config().context, 2);
+  GenerateOptions o;
+  o.max_new_tokens = 6;
+  o.ignore_eos = true;
+  Collected first;
+  BatchRequest a = request_for(m, "the cat", o, first);
+  a.logprobs = 0;  // for its tokens
+  a.reuse_prefix = true;
+  const std::vector<int64_t> a_prompt = a.prompt;
+  ASSERT_TRUE(g.submit(std::move(a)));
+  run_until_idle(g);
+  ASSERT_TRUE(first.done);
+  ASSERT_EQ(first.result.logprobs.size(), 6u);
+  EXPECT_EQ(first.result.cached_tokens, 0);
+  // The next turn: the first prompt, its 6 tokens, and more. The slot holds
+  // the prompt and 5 of them (the last one drawn was never fed).
+  std::vector<int64_t> next = a_prompt;
+  for (const TokenLogprob& t : first.result.logprobs) next.push_back(t.token);
+  for (int64_t id : m.tokenizer->encode(" sat")) next.push_back(id);
+  auto ask = [&](bool reuse, bool score_prompt) {
+    Collected c;
+    BatchRequest r;
+    r.prompt = next;
+    r.options.max_new_tokens = 4;
+    r.options.ignore_eos = true;
+    r.logprobs = 2;
+    r.prompt_logprobs = score_prompt;
+    r.reuse_prefix = reuse;
+    r.on_done = [&c](const BatchResult& result) { c.result = result, c.done = true; };
+    EXPECT_TRUE(g.submit(std::move(r)));
+    run_until_idle(g);
+    EXPECT_TRUE(c.done);
+    return c.result;
+  };
+  const BatchResult reused = ask(true, false);
+  EXPECT_EQ(reused.cached_tokens, (int64_t)a_prompt.size() + 5);
+  EXPECT_EQ(reused.prompt_tokens, (int64_t)next.size());
+  ASSERT_EQ(reused.logprobs.size(), 4u);
+  std::vector<int64_t> ids = next;
+  for (const TokenLogprob& t : reused.logprobs) ids.push_back(t.token);
+  {
+    NoGradGuard no_grad;
+    const Tensor logp = log_softmax(m.model->forward(Tensor::from_ints(ids, {1, (int64_t)ids.size()}))).contiguous();
+    const int64_t V = logp.size(-1);
+    for (size_t j = 0; j < reused.logprobs.size(); ++j) {
+      const size_t position = next.size() - 1 + j;  // its logits predict token j
+      EXPECT_NEAR(reused.logprobs[j].logprob, logp.data<float>()[position * V + reused.logprobs[j].token], 1e-4);
+    }
+  }
+  // The request just ended left `next` and 3 tokens: the same prompt again keeps all but its last position.
+  EXPECT_EQ(ask(true, false).cached_tokens, (int64_t)next.size() - 1);
+  EXPECT_EQ(ask(false, false).cached_tokens, 0);
+  EXPECT_EQ(ask(true, true).cached_tokens, 0);
+}
+
 // A prompt holding an id outside the vocabulary is refused when it is
 // submitted, rather than failing the prefill pass it would share.
 TEST(Batching, APromptOutsideTheVocabularyIsRefused) {

@@ -44,6 +44,7 @@ struct TokenLogprob {
 struct BatchResult {
   std::string text;  // the completion as emitted, less any stop sequence
   int64_t prompt_tokens = 0, completion_tokens = 0;
+  int64_t cached_tokens = 0;  // prompt positions taken from the slot's caches, not prefilled (reuse_prefix)
   // With BatchRequest::logprobs >= 0: one per completion token (those
   // completion_tokens counts: not <eos> or a stop id; the token whose text
   // completes a stop sequence is included), and with prompt_logprobs one
@@ -82,6 +83,14 @@ struct BatchRequest {
   std::function<void(const BatchResult&)> on_done;
   // Set by the caller (a client gone): the request leaves at the next step.
   std::shared_ptr<std::atomic<bool>> cancel;
+  // The prompt may take a free slot whose caches still hold positions of an
+  // earlier request that begin as the prompt does (its prompt and the tokens
+  // it generated: a chat's history), and prefill only the rest
+  // (BatchResult::cached_tokens). Those positions were computed in another
+  // order (decoding steps, a longer or shorter prefill), so the values can
+  // differ from a prefill of the whole prompt in the last bits, and a token
+  // drawn near a tie can then differ from generate()'s. Not with prompt_logprobs.
+  bool reuse_prefix = false;
 };
 
 struct BatchStats {
@@ -127,6 +136,8 @@ private:
   struct Slot;
   void admit(Slot& slot, BatchRequest request);
   static bool scores_prompt(const Slot& slot);  // it asked for its prompt's logprobs
+  // The positions of `slot`'s caches that `request` keeps (reuse_prefix).
+  static int64_t reused_positions(const Slot& slot, const BatchRequest& request);
   static bool prefilling(const Slot& slot);     // part of its prompt is not in its caches yet
   // Every admitted prompt into its slot's caches: each prompt not scored in
   // a forward of its own, the scored ones side by side in passes of up to

@@ -25,6 +25,9 @@ struct BatchGenerator::Slot {
   TokenLogprob drawn;           // the last token drawn, with request.logprobs, until accept() keeps it
   size_t logprobs_emitted = 0;  // entries of result.logprobs already given to on_text
   BatchResult result;
+  // While the slot is free: the tokens whose positions its caches hold, from
+  // the last request that ended well (stop or length), for reuse_prefix.
+  std::vector<int64_t> history;
 };
 
 namespace {
@@ -186,7 +189,11 @@ void BatchGenerator::admit(Slot& s, BatchRequest r) {
   s.logprobs_emitted = 0;
   s.result = BatchResult{};
   s.result.prompt_tokens = (int64_t)s.request.prompt.size();
-  for (KVCache& c : s.caches) c.length = 0;  // what the last request left is overwritten
+  // What the last request left is overwritten, but for the positions it shares with this prompt.
+  const int64_t kept = reused_positions(s, s.request);
+  for (KVCache& c : s.caches) c.length = kept;
+  s.result.cached_tokens = kept;
+  s.history.clear();
   if (s.request.cancel && *s.request.cancel) return finish(s, "cancelled");
   if (scores_prompt(s)) s.result.prompt_logprobs.resize(s.request.prompt.size());
   if (s.request.options.max_new_tokens == 0 && !scores_prompt(s)) return finish(s, "length");
@@ -194,6 +201,14 @@ void BatchGenerator::admit(Slot& s, BatchRequest r) {
 }
 
 bool BatchGenerator::scores_prompt(const Slot& s) { return s.request.logprobs >= 0 && s.request.prompt_logprobs; }
+
+int64_t BatchGenerator::reused_positions(const Slot& s, const BatchRequest& r) {
+  if (!r.reuse_prefix || (r.logprobs >= 0 && r.prompt_logprobs)) return 0;
+  // The last prompt position is always run again: its logits draw the first token.
+  const size_t most = std::min(s.history.size(), r.prompt.size() - 1);
+  return std::mismatch(r.prompt.begin(), r.prompt.begin() + (ptrdiff_t)most, s.history.begin()).first -
+         r.prompt.begin();
+}
 
 bool BatchGenerator::prefilling(const Slot& s) {
   return s.active && s.pending < 0 && s.caches.front().length < (int64_t)s.request.prompt.size();
@@ -207,9 +222,11 @@ void BatchGenerator::prefill() {
   for (auto& s : slots_) {
     if (!prefilling(*s) || scores_prompt(*s)) continue;
     const std::vector<int64_t>& p = s->request.prompt;
+    const int64_t kept = s->caches.front().length;  // reuse_prefix's positions
     Tensor logits;
     try {
-      logits = model_.model->forward_cached(Tensor::from_ints(p, {1, (int64_t)p.size()}), s->caches, true);
+      const std::vector<int64_t> rest(p.begin() + kept, p.end());
+      logits = model_.model->forward_cached(Tensor::from_ints(rest, {1, (int64_t)rest.size()}), s->caches, true);
     } catch (const std::exception& e) {
       finish(*s, "error", e.what());
       continue;
@@ -349,6 +366,13 @@ void BatchGenerator::accept(Slot& s, int64_t token) {
 }
 
 void BatchGenerator::finish(Slot& s, const std::string& reason, const std::string& error) {
+  if (reason == "stop" || reason == "length") {  // the caches hold the prompt, then the tokens fed back
+    const size_t held = (size_t)s.caches.front().length, P = s.request.prompt.size();
+    s.history.assign(s.request.prompt.begin(), s.request.prompt.begin() + (ptrdiff_t)std::min(held, P));
+    if (held > P)
+      s.history.insert(s.history.end(), s.tokens.begin(),
+                       s.tokens.begin() + (ptrdiff_t)std::min(held - P, s.tokens.size()));
+  }
   s.result.finish_reason = reason;
   s.result.error = error;
   s.active = false;
@@ -395,17 +419,23 @@ bool BatchGenerator::step() {
     }
   }
   for (BatchRequest& r : dropped) end_unadmitted(r, "cancelled");
-  for (auto& s : slots_) {  // free slots take waiting requests, oldest first
-    if (s->active) continue;
+  for (;;) {  // free slots take waiting requests, oldest first
+    Slot* slot = nullptr;
     BatchRequest r;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (waiting_.empty()) break;
+      // The free slot that keeps the most of its prompt (reuse_prefix), else the first.
+      int64_t best = -1;
+      for (auto& s : slots_)
+        if (!s->active && reused_positions(*s, waiting_.front()) > best)
+          slot = s.get(), best = reused_positions(*s, waiting_.front());
+      if (!slot) break;
       r = std::move(waiting_.front());
       waiting_.pop_front();
       ++active_;
     }
-    admit(*s, std::move(r));
+    admit(*slot, std::move(r));
   }
   prefill();
   std::vector<Slot*> rows;

@@ -33,6 +33,9 @@ Run add_serve(CLI::App& app) {
   sub->add_option("--max-body", a->options.max_body, "Largest request body in bytes; larger is a 413")
       ->capture_default_str()->check(CLI::Range(1024, 1 << 30));
   sub->add_flag("--quiet", a->options.quiet, "No line per request on stderr");
+  sub->add_flag("--cache-prompt", a->options.cache_prompt,
+                "Completions and chat: a prompt that begins as an earlier request's prompt and completion (a chat's "
+                "next turn) takes its slot and prefills only the rest (a request's cache_prompt field overrides it)");
   add_dtype_option(sub, a->dtype);
   sub->add_option("--threads", a->options.threads, "Threads for the model (0: all cores)");
   return [a] {

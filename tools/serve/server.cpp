@@ -198,6 +198,7 @@ public:
   void generation(const BatchResult& r) {
     std::lock_guard<std::mutex> lock(mutex_);
     prompt_tokens_ += r.prompt_tokens;
+    cached_tokens_ += r.cached_tokens;
     completion_tokens_ += r.completion_tokens;
     ++finished_[r.finish_reason];
   }
@@ -210,9 +211,12 @@ public:
     for (auto& [key, n] : requests_)
       line("qkv_requests_total{endpoint=\"" + key.first + "\",code=\"" + std::to_string(key.second) + "\"} " +
            std::to_string(n));
-    line("# HELP qkv_prompt_tokens_total Prompt tokens prefilled (with <bos>).");
+    line("# HELP qkv_prompt_tokens_total Prompt tokens (with <bos>), those taken from a slot's caches included.");
     line("# TYPE qkv_prompt_tokens_total counter");
     line("qkv_prompt_tokens_total " + std::to_string(prompt_tokens_));
+    line("# HELP qkv_prompt_tokens_cached_total Prompt tokens taken from a slot's caches instead (cache_prompt).");
+    line("# TYPE qkv_prompt_tokens_cached_total counter");
+    line("qkv_prompt_tokens_cached_total " + std::to_string(cached_tokens_));
     line("# HELP qkv_completion_tokens_total Tokens generated.");
     line("# TYPE qkv_completion_tokens_total counter");
     line("qkv_completion_tokens_total " + std::to_string(completion_tokens_));
@@ -253,7 +257,7 @@ private:
   mutable std::mutex mutex_;
   std::map<std::pair<std::string, int>, int64_t> requests_;
   std::map<std::string, int64_t> finished_;
-  int64_t prompt_tokens_ = 0, completion_tokens_ = 0;
+  int64_t prompt_tokens_ = 0, cached_tokens_ = 0, completion_tokens_ = 0;
   int64_t buckets_[std::size(kBounds)] = {};
   double sum_ = 0;
   int64_t count_ = 0;
@@ -605,10 +609,15 @@ private:
   // The tokens of `results`, each prompt's counted once (results[i] is of
   // prompt i / per_prompt).
   static json usage(const std::vector<BatchResult>& results, size_t per_prompt) {
-    int64_t prompt = 0, completion = 0;
-    for (size_t i = 0; i < results.size(); ++i)
-      prompt += i % per_prompt == 0 ? results[i].prompt_tokens : 0, completion += results[i].completion_tokens;
-    return {{"prompt_tokens", prompt}, {"completion_tokens", completion}, {"total_tokens", prompt + completion}};
+    int64_t prompt = 0, cached = 0, completion = 0;
+    for (size_t i = 0; i < results.size(); ++i) {
+      if (i % per_prompt == 0) prompt += results[i].prompt_tokens, cached += results[i].cached_tokens;
+      completion += results[i].completion_tokens;
+    }
+    return {{"prompt_tokens", prompt},
+            {"completion_tokens", completion},
+            {"total_tokens", prompt + completion},
+            {"prompt_tokens_details", {{"cached_tokens", cached}}}};
   }
 
   // The decoder's token ids in `list` (JSON integers), each below its
@@ -743,7 +752,8 @@ private:
   void completions(const httplib::Request& req, httplib::Response& res, const InFlightToken& token) {
     json body = parse_body(req, {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "min_p", "typical_p",
                                  "seed", "stop", "stream", "stream_options", "n", "echo", "logprobs",
-                                 "presence_penalty", "frequency_penalty", "logit_bias", "user", "ignore_eos"});
+                                 "presence_penalty", "frequency_penalty", "logit_bias", "user", "ignore_eos",
+                                 "cache_prompt"});
     need(generator_ != nullptr, "/v1/completions", "needs a decoder model");
     check_model_field(body);
     const bool stream = bool_field(body, "stream", false), echo = bool_field(body, "echo", false);
@@ -808,7 +818,7 @@ private:
         parse_body(req, {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
                          "min_p", "typical_p", "seed", "stop", "stream", "n", "presence_penalty", "frequency_penalty",
                          "user", "ignore_eos", "tools", "tool_choice", "parallel_tool_calls", "logprobs",
-                         "top_logprobs", "stream_options", "logit_bias", "response_format"});
+                         "top_logprobs", "stream_options", "logit_bias", "response_format", "cache_prompt"});
     need(generator_ != nullptr, "/v1/chat/completions", "needs a decoder model");
     check_model_field(body);
     if (chat_.format == ChatFormat::None)
@@ -1060,6 +1070,7 @@ private:
     r.options.presence_penalty = (float)number_field(body, "presence_penalty", 0, -2, 2);
     r.options.frequency_penalty = (float)number_field(body, "frequency_penalty", 0, -2, 2);
     r.options.logit_bias = logit_bias_field(body);
+    r.reuse_prefix = bool_field(body, "cache_prompt", o_.cache_prompt);
     // OpenAI takes 4; lm-evaluation-harness sends a task's `until` strings and the eos text, often more.
     r.stop = strings_field(body, "stop", kMaxStops);
     for (const std::string& s : r.stop)

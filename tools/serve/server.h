@@ -37,6 +37,10 @@ struct ServerOptions {
   size_t max_body = 1 << 20;  // bytes; a larger body is a 413
   int threads = 0;        // OpenMP threads for the model; 0: all cores
   bool quiet = false;     // no line per request on stderr
+  // completions and chat: a prompt may start from the positions a slot still
+  // caches from an earlier request (BatchRequest::reuse_prefix); a request's
+  // cache_prompt field overrides it.
+  bool cache_prompt = false;
   std::function<void(int port)> listening;  // called once bound, with the port (the fuzz harness's port 0)
 };
 
