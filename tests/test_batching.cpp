@@ -630,6 +630,37 @@ TEST(Batching, APromptReusesTheCachedPositionsItBeginsWith) {
   EXPECT_EQ(ask(true, true).cached_tokens, 0);
 }
 
+// Which free slot a prompt takes: the one whose positions it keeps most of
+// and overwrites least of. Another conversation beside a first takes the
+// empty slot, not the first's (whose <bos> it shares), so the first's next
+// turn still finds its history.
+TEST(Batching, ANewConversationLeavesAnotherSlotsHistory) {
+  LanguageModel m = random_byte_model(kRope);
+  BatchGenerator g(m, 2, m.model->config().context, 2);
+  GenerateOptions o;
+  o.max_new_tokens = 3;
+  o.ignore_eos = true;
+  auto run = [&](const std::string& text) {
+    Collected c;
+    BatchRequest r = request_for(m, text, o, c);
+    r.reuse_prefix = true;
+    EXPECT_TRUE(g.submit(std::move(r)));
+    run_until_idle(g);
+    EXPECT_TRUE(c.done);
+    return c.result;
+  };
+  EXPECT_EQ(run("the cat sat on the mat").cached_tokens, 0);
+  EXPECT_EQ(run("我是中国人").cached_tokens, 0);  // the empty slot (else 1: the first's <bos>)
+  // Each next turn keeps its first turn's <bos> and bytes (and a generated
+  // byte more, where the model's first one happens to be the next byte here).
+  auto kept_about = [](int64_t got, const std::string& first) {
+    const int64_t want = 1 + (int64_t)first.size();
+    EXPECT_TRUE(got >= want && got <= want + 2) << got << " for " << want;
+  };
+  kept_about(run("the cat sat on the mat, then").cached_tokens, "the cat sat on the mat");
+  kept_about(run("我是中国人です").cached_tokens, "我是中国人");
+}
+
 // A prompt holding an id outside the vocabulary is refused when it is
 // submitted, rather than failing the prefill pass it would share.
 TEST(Batching, APromptOutsideTheVocabularyIsRefused) {

@@ -5,6 +5,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 
 #include "qkv/ops.h"
@@ -425,11 +426,15 @@ bool BatchGenerator::step() {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (waiting_.empty()) break;
-      // The free slot that keeps the most of its prompt (reuse_prefix), else the first.
-      int64_t best = -1;
-      for (auto& s : slots_)
-        if (!s->active && reused_positions(*s, waiting_.front()) > best)
-          slot = s.get(), best = reused_positions(*s, waiting_.front());
+      // The free slot whose positions the prompt keeps most of and overwrites
+      // least of (reuse_prefix): kept minus lost. A new conversation takes an
+      // empty slot rather than the <bos> of one that holds another's history.
+      int64_t best = INT64_MIN;
+      for (auto& s : slots_) {
+        if (s->active) continue;
+        const int64_t kept = reused_positions(*s, waiting_.front()), lost = (int64_t)s->history.size() - kept;
+        if (kept - lost > best) slot = s.get(), best = kept - lost;
+      }
       if (!slot) break;
       r = std::move(waiting_.front());
       waiting_.pop_front();
