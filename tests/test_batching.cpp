@@ -661,6 +661,39 @@ TEST(Batching, ANewConversationLeavesAnotherSlotsHistory) {
   kept_about(run("我是中国人です").cached_tokens, "我是中国人");
 }
 
+// The same prompt admitted three times in one step (a request's `n`
+// choices) is prefilled once: the other two copy its positions and its
+// logits, and each samples with its own seed what generate() gives it.
+TEST(Batching, ThePromptOfSeveralChoicesIsPrefilledOnce) {
+  LanguageModel m = random_byte_model(kRope);
+  BatchGenerator g(m, 4, m.model->config().context, 4);
+  const std::string prompt = "the cat sat";
+  std::vector<GenerateOptions> options(3);
+  std::vector<Collected> got(4);
+  for (size_t i = 0; i < 3; ++i) {
+    options[i].max_new_tokens = 8;
+    options[i].temperature = 0.9f;
+    options[i].seed = 5 + i;
+    options[i].ignore_eos = true;
+    ASSERT_TRUE(g.submit(request_for(m, prompt, options[i], got[i])));
+  }
+  ASSERT_TRUE(g.submit(request_for(m, "我是", options[0], got[3])));
+  run_until_idle(g);
+  const int64_t P = (int64_t)with_bos(m, prompt).size();
+  int copies = 0;
+  for (size_t i = 0; i < 3; ++i) {
+    ASSERT_TRUE(got[i].done);
+    std::string streamed;
+    generate(m, prompt, options[i], [&](const std::string& piece) { streamed += piece; });
+    EXPECT_EQ(got[i].result.text, streamed) << "choice " << i;
+    EXPECT_TRUE(got[i].result.cached_tokens == 0 || got[i].result.cached_tokens == P);
+    copies += got[i].result.cached_tokens == P;
+  }
+  EXPECT_EQ(copies, 2);
+  EXPECT_EQ(got[3].result.cached_tokens, 0);
+  EXPECT_NE(got[0].result.text, got[1].result.text);  // sampled apart
+}
+
 // A prompt holding an id outside the vocabulary is refused when it is
 // submitted, rather than failing the prefill pass it would share.
 TEST(Batching, APromptOutsideTheVocabularyIsRefused) {

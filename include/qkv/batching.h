@@ -44,7 +44,10 @@ struct TokenLogprob {
 struct BatchResult {
   std::string text;  // the completion as emitted, less any stop sequence
   int64_t prompt_tokens = 0, completion_tokens = 0;
-  int64_t cached_tokens = 0;  // prompt positions taken from the slot's caches, not prefilled (reuse_prefix)
+  // Prompt positions not prefilled but taken from the slot's caches
+  // (reuse_prefix), or copied from another slot that prefilled the same
+  // prompt in the same step (the choices of one request).
+  int64_t cached_tokens = 0;
   // With BatchRequest::logprobs >= 0: one per completion token (those
   // completion_tokens counts: not <eos> or a stop id; the token whose text
   // completes a stop sequence is included), and with prompt_logprobs one

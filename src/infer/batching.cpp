@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <map>
 
 #include "qkv/ops.h"
 #include "qkv/utf8.h"
@@ -219,20 +220,39 @@ void BatchGenerator::prefill() {
   // A prompt not scored goes alone, in one forward over all of it (the last
   // position's logits only), as generate() runs it: its products then take
   // the kernels, and sum in the order, they take there, and its completion
-  // is generate()'s whatever shares the step.
+  // is generate()'s whatever shares the step. The same prompt admitted
+  // again in the step (the choices of one request: `n`) is prefilled once:
+  // the others copy its positions and draw from its logits, the same values
+  // a prefill of their own would give.
+  std::map<std::vector<int64_t>, std::pair<Slot*, Tensor>> whole;  // prompt -> its slot here, its last logits
   for (auto& s : slots_) {
     if (!prefilling(*s) || scores_prompt(*s)) continue;
     const std::vector<int64_t>& p = s->request.prompt;
     const int64_t kept = s->caches.front().length;  // reuse_prefix's positions
+    if (auto same = whole.find(p); kept == 0 && same != whole.end()) {
+      const std::vector<KVCache>& from = same->second.first->caches;
+      const int64_t P = (int64_t)p.size();
+      for (size_t i = 0; i < from.size(); ++i) {
+        NoGradGuard no_grad;
+        s->caches[i].k.slice(2, 0, P).copy_(from[i].k.slice(2, 0, P));
+        s->caches[i].v.slice(2, 0, P).copy_(from[i].v.slice(2, 0, P));
+        s->caches[i].length = P;
+      }
+      s->result.cached_tokens = P;
+      prefilled(*s, same->second.second);
+      continue;
+    }
     Tensor logits;
     try {
       const std::vector<int64_t> rest(p.begin() + kept, p.end());
-      logits = model_.model->forward_cached(Tensor::from_ints(rest, {1, (int64_t)rest.size()}), s->caches, true);
+      logits = model_.model->forward_cached(Tensor::from_ints(rest, {1, (int64_t)rest.size()}), s->caches, true)
+                   .contiguous();
     } catch (const std::exception& e) {
       finish(*s, "error", e.what());
       continue;
     }
-    prefilled(*s, logits.contiguous());
+    if (kept == 0) whole.emplace(p, std::make_pair(s.get(), logits));
+    prefilled(*s, logits);
   }
   // Scored prompts go together, whole, in passes of up to kPrefillTokens
   // positions (a longer prompt alone): a pass's matrix products run once

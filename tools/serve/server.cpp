@@ -607,11 +607,18 @@ private:
   }
 
   // The tokens of `results`, each prompt's counted once (results[i] is of
-  // prompt i / per_prompt).
+  // prompt i / per_prompt); a prompt's cached tokens are those none of its
+  // choices prefilled (one prefills, the others copy it: BatchResult::cached_tokens).
   static json usage(const std::vector<BatchResult>& results, size_t per_prompt) {
     int64_t prompt = 0, cached = 0, completion = 0;
     for (size_t i = 0; i < results.size(); ++i) {
-      if (i % per_prompt == 0) prompt += results[i].prompt_tokens, cached += results[i].cached_tokens;
+      if (i % per_prompt == 0) {
+        prompt += results[i].prompt_tokens;
+        int64_t least = results[i].cached_tokens;
+        for (size_t j = i; j < std::min(results.size(), i + per_prompt); ++j)
+          least = std::min(least, results[j].cached_tokens);
+        cached += least;
+      }
       completion += results[i].completion_tokens;
     }
     return {{"prompt_tokens", prompt},
