@@ -214,7 +214,8 @@ public:
     line("# HELP qkv_prompt_tokens_total Prompt tokens (with <bos>), those taken from a slot's caches included.");
     line("# TYPE qkv_prompt_tokens_total counter");
     line("qkv_prompt_tokens_total " + std::to_string(prompt_tokens_));
-    line("# HELP qkv_prompt_tokens_cached_total Prompt tokens taken from a slot's caches instead (cache_prompt).");
+    line("# HELP qkv_prompt_tokens_cached_total Prompt tokens not prefilled: kept in a slot's caches (cache_prompt) "
+         "or copied from another choice's prefill (n).");
     line("# TYPE qkv_prompt_tokens_cached_total counter");
     line("qkv_prompt_tokens_cached_total " + std::to_string(cached_tokens_));
     line("# HELP qkv_completion_tokens_total Tokens generated.");
