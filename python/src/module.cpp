@@ -487,6 +487,7 @@ struct Generator : ModelBase {
   // them, the prompts scored side by side as qkv serve scores an `echo`
   // request's (BatchGenerator: packed prefill passes).
   nb::object score(nb::handle prompts_arg) {
+    QKV_CHECK(m.tokenizer, "score: ", path, " has no tokenizer (the model runs on token ids)");
     const bool many = (nb::isinstance<nb::list>(prompts_arg) || nb::isinstance<nb::tuple>(prompts_arg)) &&
                       nb::len(prompts_arg) > 0 && !nb::isinstance<nb::int_>(prompts_arg[0]);
     std::vector<std::vector<int64_t>> prompts;
