@@ -131,6 +131,10 @@ private:
   // The projections of self-attention, [B,T,H*Dh] and [B,T,Hkv*Dh] twice, before the heads are split.
   std::vector<Tensor> project_self(const Tensor& x) const;
   Tensor prepare(const Tensor& heads, const std::shared_ptr<RMSNorm>& norm, int64_t offset) const;
+  // k (its heads before k_norm and RoPE, which this applies) and v
+  // [batch, Hkv, n, Dh] written at cache positions length .. length+n-1;
+  // the length moves past them. The caller checks the capacity.
+  void append(KVCache& cache, const Tensor& k, const Tensor& v) const;
   AttentionOptions attention_options(const AttentionCall& call);
   MultiheadAttentionOptions options_;
   int64_t head_dim_, kv_heads_;

@@ -145,6 +145,14 @@ AttentionOutput MultiheadAttention::forward(const Tensor& x, const AttentionCall
   return attend(q, k, heads(qkv[2], kv_heads_), call);
 }
 
+void MultiheadAttention::append(KVCache& cache, const Tensor& k, const Tensor& v) const {
+  const int64_t start = cache.length, n = k.size(2);
+  NoGradGuard no_grad;  // the cache holds values, not history
+  cache.k.slice(2, start, start + n).copy_(prepare(k, k_norm, start));
+  cache.v.slice(2, start, start + n).copy_(v);
+  cache.length = start + n;
+}
+
 KVCache MultiheadAttention::make_cache(int64_t batch, int64_t capacity) const {
   QKV_CHECK(!options_.cross_attention, "MultiheadAttention: a KV cache is for self-attention");
   // Uninitialized: a position is written before it is read (nothing reads
@@ -165,12 +173,7 @@ AttentionOutput MultiheadAttention::forward_cached(const Tensor& x, KVCache& cac
             cache.capacity());
   std::vector<Tensor> qkv = project_self(x);
   Tensor q = prepare(heads(qkv[0], options_.nhead), q_norm, start);
-  {
-    NoGradGuard no_grad;  // the cache holds values, not history
-    cache.k.slice(2, start, start + t_new).copy_(prepare(heads(qkv[1], kv_heads_), k_norm, start));
-    cache.v.slice(2, start, start + t_new).copy_(heads(qkv[2], kv_heads_));
-  }
-  cache.length = start + t_new;
+  append(cache, heads(qkv[1], kv_heads_), heads(qkv[2], kv_heads_));
   AttentionCall c = call;
   c.causal = true;  // bottom-right aligned: new query i sees cached keys up to start + i
   return attend(q, cache.k.slice(2, 0, cache.length), cache.v.slice(2, 0, cache.length), c);
@@ -191,12 +194,7 @@ AttentionOutput MultiheadAttention::forward_cached_rows(const Tensor& x, const s
     const int64_t start = cache.length;
     QKV_CHECK(cache.k.defined() && cache.k.size(0) == 1, "MultiheadAttention: row ", b, " needs a cache of batch 1");
     QKV_CHECK(start < cache.capacity(), "KV cache full: row ", b, " is at its capacity ", cache.capacity());
-    {
-      NoGradGuard no_grad;
-      cache.k.slice(2, start, start + 1).copy_(prepare(k.slice(0, b, b + 1), k_norm, start));
-      cache.v.slice(2, start, start + 1).copy_(v.slice(0, b, b + 1));
-    }
-    cache.length = start + 1;
+    append(cache, k.slice(0, b, b + 1), v.slice(0, b, b + 1));
     qs.push_back(prepare(q.slice(0, b, b + 1), q_norm, start));
     keys.push_back(cache.k.slice(2, 0, cache.length));
     values.push_back(cache.v.slice(2, 0, cache.length));
@@ -230,12 +228,7 @@ AttentionOutput MultiheadAttention::forward_cached_packed(const Tensor& x, const
               " needs a cache of batch 1");
     QKV_CHECK(start + n <= cache.capacity(), "KV cache full: sequence ", b, "'s ", start, " + ", n,
               " positions exceed its capacity ", cache.capacity());
-    {
-      NoGradGuard no_grad;
-      cache.k.slice(2, start, start + n).copy_(prepare(k.slice(2, at, at + n), k_norm, start));
-      cache.v.slice(2, start, start + n).copy_(v.slice(2, at, at + n));
-    }
-    cache.length = start + n;
+    append(cache, k.slice(2, at, at + n), v.slice(2, at, at + n));
     AttentionCall causal;
     causal.causal = true;  // bottom-right aligned, as in forward_cached
     contexts.push_back(scaled_dot_product_attention(prepare(q.slice(2, at, at + n), q_norm, start),
