@@ -34,6 +34,22 @@ struct BatchGenerator::Slot {
 
 namespace {
 
+// The k largest of row[0, V) with their ids, largest first (of equal ones
+// the smaller id; a NaN ranks as -inf), in one pass.
+std::vector<std::pair<int64_t, float>> largest(const float* row, int64_t V, int64_t k) {
+  std::vector<std::pair<int64_t, float>> top;
+  if (k <= 0) return top;
+  top.reserve((size_t)k + 1);
+  for (int64_t v = 0; v < V; ++v) {
+    const float key = row[v] == row[v] ? row[v] : -INFINITY;
+    if ((int64_t)top.size() == k && !(key > top.back().second)) continue;
+    auto at = std::find_if(top.begin(), top.end(), [&](const auto& t) { return key > t.second; });
+    top.insert(at, {v, key});
+    if ((int64_t)top.size() > k) top.pop_back();
+  }
+  return top;
+}
+
 // log_softmax(logits)[token], and the k likeliest ids with theirs (a NaN
 // logit ranks last).
 TokenLogprob logprob_of(const float* logits, int64_t V, int64_t token, int64_t k) {
@@ -46,28 +62,8 @@ TokenLogprob logprob_of(const float* logits, int64_t V, int64_t token, int64_t k
   TokenLogprob t;
   t.token = token;
   t.logprob = logits[token] - log_z;
-  k = std::min(k, V);
-  std::vector<int64_t> ids(V);
-  for (int64_t i = 0; i < V; ++i) ids[i] = i;
-  std::partial_sort(ids.begin(), ids.begin() + k, ids.end(),
-                    [&](int64_t a, int64_t b) { return key(a) > key(b) || (key(a) == key(b) && a < b); });
-  for (int64_t i = 0; i < k; ++i) t.top.emplace_back(ids[i], logits[ids[i]] - log_z);
+  for (const auto& [id, ignored] : largest(logits, V, k)) t.top.emplace_back(id, logits[id] - log_z);
   return t;
-}
-
-// The k largest of row[0, V) with their ids, largest first (of equal ones
-// the smaller id).
-std::vector<std::pair<int64_t, float>> largest(const float* row, int64_t V, int64_t k) {
-  std::vector<std::pair<int64_t, float>> top;
-  if (k <= 0) return top;
-  top.reserve((size_t)k + 1);
-  for (int64_t v = 0; v < V; ++v) {
-    if ((int64_t)top.size() == k && !(row[v] > top.back().second)) continue;
-    auto at = std::find_if(top.begin(), top.end(), [&](const auto& t) { return row[v] > t.second; });
-    top.insert(at, {v, row[v]});
-    if ((int64_t)top.size() > k) top.pop_back();
-  }
-  return top;
 }
 
 // logprob_of for rows [0, rows) of logits [rows or more, V], row i scoring
