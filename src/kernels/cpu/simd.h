@@ -179,6 +179,39 @@ inline void vstore_first(float* p, Vec v, int64_t n) {
 }
 #endif
 
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)  // (this level's Vec is __m256)
+// r[i] <- column i of the 8 x 8 block whose rows were r[0..7]: pairs of rows
+// interleaved, then pairs of pairs, then the 128-bit halves swapped across.
+inline void transpose8(__m256* r) {
+  __m256 t[8];
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  __m256 u[8];
+  for (int i = 0; i < 8; i += 4) {
+    u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+    u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xee);
+    u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+    u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xee);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
+    r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
+  }
+}
+
+// transpose_block16's twin for 8 x 8: `rows` rows of `depth` floats at b
+// (rows past them read as zeros) become min(8, depth) rows of 8 at out.
+[[gnu::always_inline]] inline void transpose_block8(const float* b, int64_t ldb, int64_t rows, int64_t depth,
+                                                    float* out, int64_t ldo) {
+  __m256 r[8];
+  for (int i = 0; i < 8; ++i) r[i] = i < rows ? vload_first(b + i * ldb, std::min<int64_t>(depth, 8)) : vzero();
+  transpose8(r);
+  for (int64_t i = 0; i < std::min<int64_t>(8, depth); ++i) _mm256_storeu_ps(out + i * ldo, r[i]);
+}
+#endif
+
 #if defined(__AVX2__)
 inline float hsum(__m256 v) {
   alignas(32) float t[8];
