@@ -119,6 +119,11 @@ struct GemmBf16Args {
   // of its own read dy from memory again (3% of a bf16 ViT training step).
   // The order of the additions is fixed by m and k alone, not by the threads.
   float* a_sums = nullptr;
+  // Nothing will be differentiated through C (a Linear's bfloat16 weight in
+  // inference): on a CPU without AVX512-BF16, up to 64 rows of A against a B
+  // given as it lies (b, not transposed) then take gemm's register tiles,
+  // each row summed alike whatever the rows beside it (GemmArgs::inference).
+  bool inference = false;
 };
 
 // The float16-weight GEMM: C[M,N] = alpha * A W^T + beta * C + bias, with W

@@ -166,7 +166,7 @@ Tensor linear_half(const Tensor& x, const Tensor& weight, const Tensor& bias, co
   if (m > 0 && out_features > 0) {
     if (weight.dtype() == DType::BF16) {
       GemmBf16Args g;
-      g.m = m, g.n = out_features, g.k = in;
+      g.m = m, g.n = out_features, g.k = in, g.inference = true;  // (a BF16 weight has no gradient)
       if (x.dtype() == DType::BF16)
         g.a = x2.data<uint16_t>();
       else

@@ -62,6 +62,28 @@ inline void lane_sums(const Vec* acc, float* sums) {
   for (int j = 0; j < NR; ++j) sums[j] = hsum(acc[j]);
 }
 
+// A vector of W from p: float32 as it lies, or bfloat16 widened (a shift
+// left by 16 bits: exact), so a bfloat16 weight is read in half the bytes and
+// each output is the same chain of float32 FMAs as over its widened copy.
+inline Vec wload(const float* p) { return vload(p); }
+inline Vec wload_first(const float* p, int64_t n) { return vload_first(p, n); }
+#if defined(__AVX512F__)
+inline Vec wload(const uint16_t* p) {  // (the maskz forms: GCC 12 warns on the plain ones)
+  const __m512i u = _mm512_maskz_cvtepu16_epi32(kAll, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(kAll, u, 16));
+}
+#else
+inline Vec wload(const uint16_t* p) {
+  const __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
+}
+#endif
+inline Vec wload_first(const uint16_t* p, int64_t n) {  // n < kLanes: a row's last values, zeros after
+  alignas(64) uint16_t lanes[kLanes] = {};
+  for (int64_t i = 0; i < n; ++i) lanes[i] = p[i];
+  return wload(lanes);
+}
+
 // C's NR <= 4 outputs of a row of a tile, NR sums at columns 0, cs, 2 cs, ...
 // from c: alpha sum (+ beta c) + bias, the four lanes at once. Output by
 // output (gemm.cpp's `store`) the epilogue took a quarter of a tile's time
@@ -99,12 +121,13 @@ struct Prefetch {
 // (avx512) or hsum as the column's group of 4 is whole or not (fixed by n
 // alone: the callers give NR < 4 only to the last group).
 //
+// W is b (float32, or bfloat16: wload), its rows g.ldb apart; g.b is not read.
 // Under the sanitizers, the rows of A and W and the outputs it reads and
 // writes are checked first (range_checked.h), not its loads one by one.
-template <int MR, int NR>
-void tile(const GemmArgs& g, int64_t i0, int64_t j0, Prefetch pf, int64_t cs) {
+template <int MR, int NR, class T>
+void tile(const GemmArgs& g, const T* b, int64_t i0, int64_t j0, Prefetch pf, int64_t cs) {
   check_rows(Access::Read, g.a + i0 * g.lda, MR, g.k, g.lda);
-  check_rows(Access::Read, g.b + j0 * g.ldb, NR, g.k, g.ldb * cs);
+  check_rows(Access::Read, b + j0 * g.ldb, NR, g.k, g.ldb * cs);
   for (int i = 0; i < MR; ++i) {
     if (g.beta != 0.0f) check_rows(Access::Read, g.c + (i0 + i) * g.ldc + j0, NR, 1, cs);
     check_rows(Access::Write, g.c + (i0 + i) * g.ldc + j0, NR, 1, cs);
@@ -116,7 +139,7 @@ void tile(const GemmArgs& g, int64_t i0, int64_t j0, Prefetch pf, int64_t cs) {
 #pragma GCC unroll 4
     for (int j = 0; j < NR; ++j) acc[i][j] = vzero();
   const float* a = g.a + i0 * g.lda;
-  const float* w = g.b + j0 * g.ldb;
+  const T* w = b + j0 * g.ldb;
   const int64_t lda = g.lda, ldb = g.ldb * cs, k = g.k;
   int64_t p = 0;
   const int64_t steps = std::max<int64_t>(1, k / kLanes);
@@ -125,7 +148,7 @@ void tile(const GemmArgs& g, int64_t i0, int64_t j0, Prefetch pf, int64_t cs) {
     for (int64_t l = 0; l < per_step && pf.lines > 0; ++l, --pf.lines, pf.at += 64) _mm_prefetch(pf.at, _MM_HINT_T1);
     Vec wv[NR];
 #pragma GCC unroll 4
-    for (int j = 0; j < NR; ++j) wv[j] = vload(w + j * ldb + p);
+    for (int j = 0; j < NR; ++j) wv[j] = wload(w + j * ldb + p);
 #pragma GCC unroll 4
     for (int i = 0; i < MR; ++i) {
       const Vec av = vload(a + i * lda + p);
@@ -136,7 +159,7 @@ void tile(const GemmArgs& g, int64_t i0, int64_t j0, Prefetch pf, int64_t cs) {
   if (p < k) {
     Vec wv[NR];
 #pragma GCC unroll 4
-    for (int j = 0; j < NR; ++j) wv[j] = vload_first(w + j * ldb + p, k - p);
+    for (int j = 0; j < NR; ++j) wv[j] = wload_first(w + j * ldb + p, k - p);
 #pragma GCC unroll 4
     for (int i = 0; i < MR; ++i) {
       const Vec av = vload_first(a + i * lda + p, k - p);
@@ -152,23 +175,24 @@ void tile(const GemmArgs& g, int64_t i0, int64_t j0, Prefetch pf, int64_t cs) {
 }
 
 // The tile of MR rows for the last 1 to 4 columns.
-template <int MR>
-void tile_cols(const GemmArgs& g, int64_t i0, int64_t j0, int64_t cols, Prefetch pf, int64_t cs) {
+template <int MR, class T>
+void tile_cols(const GemmArgs& g, const T* b, int64_t i0, int64_t j0, int64_t cols, Prefetch pf, int64_t cs) {
   switch (cols) {
-    case 1: return tile<MR, 1>(g, i0, j0, pf, cs);
-    case 2: return tile<MR, 2>(g, i0, j0, pf, cs);
-    case 3: return tile<MR, 3>(g, i0, j0, pf, cs);
-    default: return tile<MR, 4>(g, i0, j0, pf, cs);
+    case 1: return tile<MR, 1>(g, b, i0, j0, pf, cs);
+    case 2: return tile<MR, 2>(g, b, i0, j0, pf, cs);
+    case 3: return tile<MR, 3>(g, b, i0, j0, pf, cs);
+    default: return tile<MR, 4>(g, b, i0, j0, pf, cs);
   }
 }
 
 // The tile of the last 1 to MR rows (kTileRows at most: no tile taller than
 // the level's registers hold is compiled).
-template <int MR = kTileRows>
-void tile_rows(const GemmArgs& g, int64_t i0, int64_t j0, int64_t rows, int64_t cols, Prefetch pf, int64_t cs = 1) {
+template <int MR = kTileRows, class T>
+void tile_rows(const GemmArgs& g, const T* b, int64_t i0, int64_t j0, int64_t rows, int64_t cols, Prefetch pf,
+               int64_t cs = 1) {
   if constexpr (MR > 1)
-    if (rows < MR) return tile_rows<MR - 1>(g, i0, j0, rows, cols, pf, cs);
-  tile_cols<MR>(g, i0, j0, cols, pf, cs);
+    if (rows < MR) return tile_rows<MR - 1>(g, b, i0, j0, rows, cols, pf, cs);
+  tile_cols<MR>(g, b, i0, j0, cols, pf, cs);
 }
 
 // Columns [j0, j1) of C, all its rows: W in blocks of kTiledBlockBytes, each
@@ -184,15 +208,17 @@ void tile_rows(const GemmArgs& g, int64_t i0, int64_t j0, int64_t rows, int64_t 
 // L2 again for every 4 rows of A (32 greedy rows: 8 times), about as many
 // bytes per multiply-add as L2 delivers. The order of the tiles changes no
 // output's sum.
-void tiled_cols(const GemmArgs& g, int64_t j0, int64_t j1) {
-  const int64_t block = std::max<int64_t>(4, kTiledBlockBytes / (4 * g.k) / 4 * 4);  // whole tiles of 4 rows
+template <class T>
+void tiled_cols(const GemmArgs& g, const T* b, int64_t j0, int64_t j1) {
+  const int64_t row_bytes = (int64_t)sizeof(T) * g.k;
+  const int64_t block = std::max<int64_t>(4, kTiledBlockBytes / row_bytes / 4 * 4);  // whole tiles of 4 rows
   const int64_t chunk = std::max<int64_t>(kTileRows, kTiledChunkBytes / (4 * g.k) / kTileRows * kTileRows);
   for (int64_t jb = j0; jb < j1; jb += block) {
     const int64_t je = std::min(j1, jb + block);
     // The next block's rows of W, [je, next), fetched in equal shares by this block's tiles.
     const int64_t next = std::min(j1, je + block);
-    const char* pf_begin = reinterpret_cast<const char*>(g.b + je * g.ldb);
-    const char* pf_end = next > je ? reinterpret_cast<const char*>(g.b + (next - 1) * g.ldb + g.k) : pf_begin;
+    const char* pf_begin = reinterpret_cast<const char*>(b + je * g.ldb);
+    const char* pf_end = next > je ? reinterpret_cast<const char*>(b + (next - 1) * g.ldb + g.k) : pf_begin;
     const int64_t pf_lines = (pf_end - pf_begin + 63) / 64;
     const int64_t tiles = ((g.m + kTileRows - 1) / kTileRows) * ((je - jb + 3) / 4);
     const int64_t share = (pf_lines + tiles - 1) / tiles;
@@ -203,7 +229,7 @@ void tiled_cols(const GemmArgs& g, int64_t j0, int64_t j1) {
           const int64_t rows = std::min<int64_t>(kTileRows, g.m - i);
           const int64_t cols = std::min<int64_t>(4, je - j);
           const Prefetch pf{pf_begin + t * share * 64, std::max<int64_t>(0, std::min(share, pf_lines - t * share))};
-          tile_rows(g, i, j, rows, cols, pf);
+          tile_rows(g, b, i, j, rows, cols, pf);
         }
   }
 }
@@ -219,30 +245,36 @@ void tiled_cols(const GemmArgs& g, int64_t j0, int64_t j1) {
 // 2026-12-05). The outputs are the same bits either way: every tile here has
 // 4 columns, and the columns left over are the last group, as in tiled_cols.
 // Software prefetches ahead in each stream gained nothing measurable.
-void tiled_strided(const GemmArgs& g, int64_t j0, int64_t j1) {
+template <class T>
+void tiled_strided(const GemmArgs& g, const T* b, int64_t j0, int64_t j1) {
   side_by_side<4>(
-      j0, j1, [&](int64_t j, int64_t q) { tile_rows(g, 0, j, g.m, 4, Prefetch{}, q); },
-      [&](int64_t begin, int64_t end) { tiled_cols(g, begin, end); });
+      j0, j1, [&](int64_t j, int64_t q) { tile_rows(g, b, 0, j, g.m, 4, Prefetch{}, q); },
+      [&](int64_t begin, int64_t end) { tiled_cols(g, b, begin, end); });
 }
 
-void sweep(const GemmArgs& g, int64_t j0, int64_t j1) {
+template <class T>
+void sweep(const GemmArgs& g, const T* b, int64_t j0, int64_t j1) {
   if (g.m <= kTileRows)
-    tiled_strided(g, j0, j1);
+    tiled_strided(g, b, j0, j1);
   else
-    tiled_cols(g, j0, j1);
+    tiled_cols(g, b, j0, j1);
 }
 
-}  // namespace
-
-void gemm_tiled(const GemmArgs& g) {
-  if (g.m * g.n * g.k < (1 << 18) || omp_get_max_threads() == 1 || omp_in_parallel()) return sweep(g, 0, g.n);
+template <class T>
+void tiled(const GemmArgs& g, const T* b) {
+  if (g.m * g.n * g.k < (1 << 18) || omp_get_max_threads() == 1 || omp_in_parallel()) return sweep(g, b, 0, g.n);
 #pragma omp parallel
   {
     const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
     // Whole groups of 4 columns per thread.
     const int64_t groups = (g.n + 3) / 4;
-    sweep(g, std::min(g.n, 4 * (groups * t / threads)), std::min(g.n, 4 * (groups * (t + 1) / threads)));
+    sweep(g, b, std::min(g.n, 4 * (groups * t / threads)), std::min(g.n, 4 * (groups * (t + 1) / threads)));
   }
 }
+
+}  // namespace
+
+void gemm_tiled(const GemmArgs& g) { tiled(g, g.b); }
+void gemm_tiled_bf16(const GemmArgs& g, const uint16_t* b) { tiled(g, b); }
 #endif
 }  // namespace qkv::cpu::QKV_CPU_NS

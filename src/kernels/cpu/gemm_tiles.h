@@ -31,5 +31,11 @@ constexpr int64_t kMaxTiledRows = 64;
 // C = alpha A W^T + beta C + bias for A [m, k] and W = g.b [n, k] (trans_b,
 // not trans_a), m <= kMaxTiledRows: W's rows split between the threads.
 void gemm_tiled(const GemmArgs& g);
+
+// The same with W bfloat16 (raw bits) at b, row stride g.ldb (g.b is not
+// read): each value widened as it is loaded, so every output gets the bits
+// gemm_tiled gives over W's float32 copy, from half the bytes (gemm_bf16 on
+// the levels without AVX512-BF16, in inference).
+void gemm_tiled_bf16(const GemmArgs& g, const uint16_t* b);
 #endif
 }  // namespace qkv::cpu::QKV_CPU_NS

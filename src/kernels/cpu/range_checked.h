@@ -30,19 +30,22 @@ namespace qkv::cpu::QKV_CPU_NS {
 
 enum class Access { Read, Write };
 
-// Rows [0, rows) of `width` floats each, `ld` floats apart, from p.
+// Rows [0, rows) of `width` elements each (floats, or bfloat16 as raw
+// bits), `ld` elements apart, from p.
 #ifdef QKV_ASAN_RANGES
-[[gnu::noinline]] inline void check_rows(Access access, const float* p, int64_t rows, int64_t width, int64_t ld) {
+template <class T>
+[[gnu::noinline]] void check_rows(Access access, const T* p, int64_t rows, int64_t width, int64_t ld) {
   if (width <= 0) return;
   for (int64_t r = 0; r < rows; ++r) {
-    void* row = const_cast<float*>(p + r * ld);
-    if (void* bad = __asan_region_is_poisoned(row, sizeof(float) * width))
+    void* row = const_cast<T*>(p + r * ld);
+    if (void* bad = __asan_region_is_poisoned(row, sizeof(T) * width))
       __asan_report_error(__builtin_return_address(0), __builtin_frame_address(0), __builtin_frame_address(0), bad,
-                          access == Access::Write, sizeof(float) * width);
+                          access == Access::Write, sizeof(T) * width);
   }
 }
 #else
-inline void check_rows(Access, const float*, int64_t, int64_t, int64_t) {}
+template <class T>
+inline void check_rows(Access, const T*, int64_t, int64_t, int64_t) {}
 #endif
 
 }  // namespace qkv::cpu::QKV_CPU_NS
