@@ -159,8 +159,8 @@ void through_float32_c(const GemmBf16Args& g, F&& f) {
 // each output is the float32 gemm's over the widened copies, row by row
 // whatever the rows beside it, and B is read once in bfloat16. The widened
 // path copied B to float32 and read the copy again: decoding the lm-20m and
-// lm-100m shapes with bfloat16 weights ran at 0.32x and 0.20x of float32 on
-// an AVX2-only Zen 3.
+// lm-100m shapes with bfloat16 weights ran at 0.2-0.6x of float32 on an
+// AVX2-only Zen 3, and at 1.8-2.1x through the tiles (docs/benchmarks.md).
 bool tiles_fit(const GemmBf16Args& g) {
   return g.inference && g.b && !g.b_transposed && !g.b_f32 && g.m <= kMaxTiledRows && g.k >= 16 && !g.a_sums &&
          !g.act_out;
