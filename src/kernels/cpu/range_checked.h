@@ -31,21 +31,29 @@ namespace qkv::cpu::QKV_CPU_NS {
 enum class Access { Read, Write };
 
 // Rows [0, rows) of `width` elements each (floats, or bfloat16 as raw
-// bits), `ld` elements apart, from p.
+// bits), `ld` elements apart, from p. (Overloads, not a template: a template
+// instance's name begins with its return type, outside the variant's
+// namespace to scripts/check_kernel_variants.sh.)
 #ifdef QKV_ASAN_RANGES
-template <class T>
-[[gnu::noinline]] void check_rows(Access access, const T* p, int64_t rows, int64_t width, int64_t ld) {
-  if (width <= 0) return;
+[[gnu::noinline]] inline void check_bytes(Access access, const void* p, int64_t rows, int64_t bytes, int64_t ld_bytes,
+                                          void* caller) {
+  if (bytes <= 0) return;
   for (int64_t r = 0; r < rows; ++r) {
-    void* row = const_cast<T*>(p + r * ld);
-    if (void* bad = __asan_region_is_poisoned(row, sizeof(T) * width))
-      __asan_report_error(__builtin_return_address(0), __builtin_frame_address(0), __builtin_frame_address(0), bad,
-                          access == Access::Write, sizeof(T) * width);
+    void* row = const_cast<char*>(static_cast<const char*>(p) + r * ld_bytes);
+    if (void* bad = __asan_region_is_poisoned(row, bytes))
+      __asan_report_error(caller, __builtin_frame_address(0), __builtin_frame_address(0), bad,
+                          access == Access::Write, bytes);
   }
 }
+[[gnu::noinline]] inline void check_rows(Access access, const float* p, int64_t rows, int64_t width, int64_t ld) {
+  check_bytes(access, p, rows, sizeof(float) * width, sizeof(float) * ld, __builtin_return_address(0));
+}
+[[gnu::noinline]] inline void check_rows(Access access, const uint16_t* p, int64_t rows, int64_t width, int64_t ld) {
+  check_bytes(access, p, rows, sizeof(uint16_t) * width, sizeof(uint16_t) * ld, __builtin_return_address(0));
+}
 #else
-template <class T>
-inline void check_rows(Access, const T*, int64_t, int64_t, int64_t) {}
+inline void check_rows(Access, const float*, int64_t, int64_t, int64_t) {}
+inline void check_rows(Access, const uint16_t*, int64_t, int64_t, int64_t) {}
 #endif
 
 }  // namespace qkv::cpu::QKV_CPU_NS
