@@ -445,11 +445,13 @@ TEST(Kernels, GemmBf16ActivatesCAsItStoresIt) {
 
 // The float16-weight GEMM on every level against the reference, on ragged
 // shapes (k past the vector width, tails), strided rows, alpha, beta, bias,
-// k = 0, up to 4 rows (streamed) and more (widened). A stays float32, so the
+// k = 0, up to 4 rows (streamed, or tiles from k 16 on the avx2 and avx512
+// levels), up to 64 (tiles there) and more (widened). A stays float32, so the
 // bound is the float32 dot product's (gemm_close) on the widened weight.
-// Dropping the last k of the streamed path's scalar tail failed every
-// streamed case whose k leaves a tail on that level (2 x 17 x 65 on all
-// three, 4 x 300 x 1000 on generic and avx512).
+// When every level streamed up to 4 rows with vector loops, dropping the
+// last k of the scalar tail failed every streamed case whose k left a tail
+// on that level (2 x 17 x 65 on all three, 4 x 300 x 1000 on generic and
+// avx512).
 TEST(Kernels, GemmF16MatchesTheReference) {
   omp_set_num_threads(2);
   Rng rng(9);
@@ -494,10 +496,59 @@ TEST(Kernels, GemmF16SaysHowItRuns) {
   EXPECT_STREQ(ref::table().gemm_f16_path(), "reference (float64 sums)");
   EXPECT_STREQ(cpu::kernels(CpuIsa::Generic).gemm_f16_path(),
                "plain widening (rows streamed up to 4), the float32 GEMM on widened copies above");
-  if (isa_supported(CpuIsa::Avx2)) {
-    EXPECT_STREQ(cpu::kernels(CpuIsa::Avx2).gemm_f16_path(),
-                 "F16C widening in registers (rows streamed up to 4), the float32 GEMM on widened copies above");
+  for (CpuIsa isa : {CpuIsa::Avx2, CpuIsa::Avx512}) {
+    if (!isa_supported(isa)) continue;
+    EXPECT_STREQ(cpu::kernels(isa).gemm_f16_path(),
+                 "register tiles widening W with F16C for 1 to 64 rows (k >= 16), the float32 GEMM on widened "
+                 "copies above");
   }
+}
+
+// Up to 64 rows against a float16 weight, the avx2 and avx512 levels give
+// each output the bits of their float32 register tiles over the weight's
+// float32 copy (F16C widens exactly), and a row alone gets the bits it got
+// beside the others: a stream's tokens do not depend on the streams beside
+// it. k 100 leaves a tail after the last whole vector on both levels, n 39
+// a last group of 3 columns; 1 row takes the strided sweep, 7 and 64 the
+// blocked one.
+TEST(Kernels, F16WeightTilesGiveTheFloat32TilesBits) {
+  omp_set_num_threads(2);
+  Rng rng(37);
+  const int64_t n = 39, k = 100, m_max = 64;
+  Tensor a = Tensor::randn({m_max, k}, rng), wide = Tensor::zeros({n, k}), bias = Tensor::randn({n}, rng);
+  std::vector<uint16_t> b(n * k);
+  for (size_t i = 0; i < b.size(); ++i) {
+    b[i] = float_to_half(rng.next_normal());
+    wide.data<float>()[i] = half_to_float(b[i]);
+  }
+  int levels_run = 0;
+  for (const Kernels* level : levels()) {
+    if (std::string(level->gemm_f16_path()).rfind("register tiles", 0) != 0) continue;
+    ++levels_run;
+    for (int64_t m : {1, 7, 64}) {
+      Tensor c = Tensor::zeros({m, n}), expect = Tensor::zeros({m, n});
+      GemmF16Args g;
+      g.m = m, g.n = n, g.k = k, g.a = a.data<float>(), g.lda = k, g.b = b.data(), g.ldb = k;
+      g.c = c.data<float>(), g.ldc = n, g.bias = bias.data<float>();
+      level->gemm_f16(g);
+      GemmArgs f;
+      f.trans_b = true, f.inference = true, f.m = m, f.n = n, f.k = k;
+      f.a = a.data<float>(), f.lda = k, f.b = wide.data<float>(), f.ldb = k;
+      f.c = expect.data<float>(), f.ldc = n, f.bias = bias.data<float>();
+      level->gemm(f);
+      EXPECT_EQ(0, std::memcmp(c.data<float>(), expect.data<float>(), sizeof(float) * m * n))
+          << level->name << " " << m;
+      for (int64_t i = 0; i < m; i += 3) {  // row i alone
+        Tensor alone = Tensor::zeros({1, n});
+        GemmF16Args h = g;
+        h.m = 1, h.a = a.data<float>() + i * k, h.c = alone.data<float>();
+        level->gemm_f16(h);
+        EXPECT_EQ(0, std::memcmp(alone.data<float>(), c.data<float>() + i * n, sizeof(float) * n))
+            << level->name << " row " << i << " of " << m;
+      }
+    }
+  }
+  if (levels_run == 0) GTEST_SKIP() << "no level this CPU runs has the register tiles";
 }
 
 // A B packed once (gemm_bf16_pack_b, what a Linear keeps for its BF16

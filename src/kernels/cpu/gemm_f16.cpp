@@ -2,17 +2,22 @@
 // beta * C + bias, W [n, k] IEEE half as raw bits, A float32 as it is (not
 // rounded: a half weight meets float32 activations).
 //
-// Two ways, on every level:
+// Three ways:
 //
-//   streamed   up to 4 rows of A (decoding), where the product is bound by
-//              reading W once: each row of W read in place, widened in
-//              registers (F16C's VCVTPH2PS on the avx2 and avx512 levels;
-//              the generic level widens in plain code) and multiplied into
-//              float32 sums.
+//   tiles      on the avx2 and avx512 levels, 1 to kMaxTiledRows (64) rows
+//              of A (decoding steps, a batch of streams), k >= 16: gemm's
+//              register tiles (gemm_tiles.cpp) read W in place, widening it
+//              with F16C's VCVTPH2PS as they load it. Each output is the
+//              float32 tiles' over W's widened copy, so a row's bits do not
+//              depend on the rows beside it, and W is read once, in half the
+//              bytes of float32.
+//   streamed   elsewhere (the generic level; k < 16) up to 4 rows of A:
+//              each row of W read in place, widened in plain code and
+//              multiplied into float32 sums.
 //   widened    more rows (prefill, batches): W copied to float32 (exact) in
 //              panels, and this level's float32 GEMM (float_copies.h).
 //
-// Both sum the same float32 products; they differ only in the order of
+// All sum the same float32 products; they differ only in the order of
 // their roundings (the reference twin, ref/gemm.cpp, sums in double).
 #include <omp.h>
 
@@ -20,6 +25,7 @@
 
 #include "qkv/dtype.h"
 #include "src/kernels/cpu/float_copies.h"
+#include "src/kernels/cpu/gemm_tiles.h"
 #include "src/kernels/cpu/simd.h"
 #include "src/kernels/kernels.h"
 
@@ -48,38 +54,14 @@ inline void widen_row(const uint16_t* h, int64_t k, float* out) {
 }
 
 // Rows j, j + stride, ..., j + (NR-1) stride of W against the M rows of A: a
-// dot product per pair, each row of W read once for all M; an output's sum is
-// one accumulator over k in order, whatever NR.
+// dot product per pair, each row of W read once for all M, in plain code (on
+// the avx2 and avx512 levels only k < 16 comes here: the tiles take the rest).
 template <int M, int NR>
 void gemv_rows(const GemmF16Args& g, int64_t j, int64_t stride) {
   const uint16_t* w[NR];
   for (int r = 0; r < NR; ++r) w[r] = g.b + (j + r * stride) * g.ldb;
   float sums[M][NR] = {};
-  int64_t p = 0;
-#if defined(__AVX512F__)
-  __m512 acc[M][NR];
-  for (auto& a : acc)
-    for (auto& v : a) v = _mm512_setzero_ps();
-  for (; p + 16 <= g.k; p += 16)
-    for (int r = 0; r < NR; ++r) {
-      const __m512 wv = _mm512_maskz_cvtph_ps(0xffff, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[r] + p)));
-      for (int i = 0; i < M; ++i) acc[i][r] = _mm512_fmadd_ps(_mm512_loadu_ps(g.a + i * g.lda + p), wv, acc[i][r]);
-    }
-  for (int i = 0; i < M; ++i)
-    for (int r = 0; r < NR; ++r) sums[i][r] = hsum(acc[i][r]);
-#elif defined(__AVX2__)
-  __m256 acc[M][NR];
-  for (auto& a : acc)
-    for (auto& v : a) v = _mm256_setzero_ps();
-  for (; p + 8 <= g.k; p += 8)
-    for (int r = 0; r < NR; ++r) {
-      const __m256 wv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w[r] + p)));
-      for (int i = 0; i < M; ++i) acc[i][r] = _mm256_fmadd_ps(_mm256_loadu_ps(g.a + i * g.lda + p), wv, acc[i][r]);
-    }
-  for (int i = 0; i < M; ++i)
-    for (int r = 0; r < NR; ++r) sums[i][r] = hsum(acc[i][r]);
-#endif
-  for (; p < g.k; ++p)
+  for (int64_t p = 0; p < g.k; ++p)
     for (int r = 0; r < NR; ++r) {
       const float wp = half_to_float(w[r][p]);
       for (int i = 0; i < M; ++i) sums[i][r] += g.a[i * g.lda + p] * wp;
@@ -125,18 +107,38 @@ void widened(const GemmF16Args& g) {
       [&](int64_t j, float* out) { widen_row(g.b + j * g.ldb, g.k, out); });
 }
 
+#ifdef QKV_HAVE_TILES
+// Up to kMaxTiledRows rows, the register tiles. Above 4 rows the widened
+// path copied all of W to float32 and read the copy again on every call:
+// `qkv bench streams` with float16 weights took 11.65 ms a step at 8 rows
+// where float32 weights took 9.08 (AVX2-only Zen 3, 2026-12-07).
+bool tiles_fit(const GemmF16Args& g) { return g.m <= kMaxTiledRows && g.k >= 16; }
+
+void tiled(const GemmF16Args& g) {
+  GemmArgs f;
+  f.trans_b = true, f.inference = true;
+  f.m = g.m, f.n = g.n, f.k = g.k, f.alpha = g.alpha, f.beta = g.beta, f.bias = g.bias;
+  f.a = g.a, f.lda = g.lda, f.ldb = g.ldb, f.c = g.c, f.ldc = g.ldc;
+  gemm_tiled_f16(f, g.b);
+}
+#else
+bool tiles_fit(const GemmF16Args&) { return false; }
+void tiled(const GemmF16Args&) {}
+#endif
+
 }  // namespace
 
 void gemm_f16(const GemmF16Args& g) {
   if (g.m == 0 || g.n == 0) return;
   if (g.k == 0) return scale_only(g);
+  if (tiles_fit(g)) return tiled(g);
   if (g.m <= kMaxGemvRows) return gemv(g);
   widened(g);
 }
 
 const char* gemm_f16_path() {
-#if defined(__AVX2__) || defined(__AVX512F__)
-  return "F16C widening in registers (rows streamed up to 4), the float32 GEMM on widened copies above";
+#ifdef QKV_HAVE_TILES
+  return "register tiles widening W with F16C for 1 to 64 rows (k >= 16), the float32 GEMM on widened copies above";
 #else
   return "plain widening (rows streamed up to 4), the float32 GEMM on widened copies above";
 #endif

@@ -10,6 +10,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "src/kernels/cpu/range_checked.h"
 #include "src/kernels/cpu/simd.h"
@@ -25,6 +26,8 @@ namespace {
 constexpr int64_t kTiledBlockBytes = 128 << 10;
 // A's rows that sweep one group of W's rows while it is in L1, in bytes (tiled_cols).
 constexpr int64_t kTiledChunkBytes = 16 << 10;
+// Up to this many rows of A, tiled_strided; above, tiled_cols.
+constexpr int64_t kStridedRows = 8;
 
 // Rows of A per tile (the level's vectors, Vec and kLanes, are simd.h's): 4 x
 // 4 accumulators, 4 vectors of W and one of A fit avx512's 32 registers; on
@@ -62,26 +65,49 @@ inline void lane_sums(const Vec* acc, float* sums) {
   for (int j = 0; j < NR; ++j) sums[j] = hsum(acc[j]);
 }
 
-// A vector of W from p: float32 as it lies, or bfloat16 widened (a shift
-// left by 16 bits: exact), so a bfloat16 weight is read in half the bytes and
-// each output is the same chain of float32 FMAs as over its widened copy.
-inline Vec wload(const float* p) { return vload(p); }
-inline Vec wload_first(const float* p, int64_t n) { return vload_first(p, n); }
+// The formats W may have, each with the element type a row holds and how a
+// vector of W is loaded as float32: as it lies, or 16-bit values widened
+// (exactly), so that a 16-bit weight is read in half the bytes and each
+// output is the same chain of float32 FMAs as over its widened copy.
+struct F32Weight {  // float32
+  using Elem = float;
+  static Vec load(const float* p) { return vload(p); }
+};
+struct Bf16Weight {  // bfloat16 bits: a zero-extend and a shift left by 16
+  using Elem = uint16_t;
 #if defined(__AVX512F__)
-inline Vec wload(const uint16_t* p) {  // (the maskz forms: GCC 12 warns on the plain ones)
-  const __m512i u = _mm512_maskz_cvtepu16_epi32(kAll, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(kAll, u, 16));
-}
+  static Vec load(const uint16_t* p) {  // (the maskz forms: GCC 12 warns on the plain ones)
+    const __m512i u = _mm512_maskz_cvtepu16_epi32(kAll, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(kAll, u, 16));
+  }
 #else
-inline Vec wload(const uint16_t* p) {
-  const __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
-}
+  static Vec load(const uint16_t* p) {
+    const __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
+  }
 #endif
-inline Vec wload_first(const uint16_t* p, int64_t n) {  // n < kLanes: a row's last values, zeros after
-  alignas(64) uint16_t lanes[kLanes] = {};
-  for (int64_t i = 0; i < n; ++i) lanes[i] = p[i];
-  return wload(lanes);
+};
+struct F16Weight {  // IEEE half bits: F16C's VCVTPH2PS (the avx2 and avx512 levels both have it)
+  using Elem = uint16_t;
+#if defined(__AVX512F__)
+  static Vec load(const uint16_t* p) {
+    return _mm512_maskz_cvtph_ps(kAll, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+#else
+  static Vec load(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+#endif
+};
+
+// A row's last n < kLanes values of W as a vector, zeros after.
+template <class W>
+inline Vec load_first(const typename W::Elem* p, int64_t n) {
+  if constexpr (std::is_same_v<W, F32Weight>) {
+    return vload_first(p, n);
+  } else {
+    alignas(64) uint16_t lanes[kLanes] = {};
+    for (int64_t i = 0; i < n; ++i) lanes[i] = p[i];
+    return W::load(lanes);
+  }
 }
 
 // C's NR <= 4 outputs of a row of a tile, NR sums at columns 0, cs, 2 cs, ...
@@ -121,11 +147,12 @@ struct Prefetch {
 // (avx512) or hsum as the column's group of 4 is whole or not (fixed by n
 // alone: the callers give NR < 4 only to the last group).
 //
-// W is b (float32, or bfloat16: wload), its rows g.ldb apart; g.b is not read.
+// W is b, in format W (F32Weight, Bf16Weight, F16Weight), its rows g.ldb
+// apart; g.b is not read.
 // Under the sanitizers, the rows of A and W and the outputs it reads and
 // writes are checked first (range_checked.h), not its loads one by one.
-template <int MR, int NR, class T>
-void tile(const GemmArgs& g, const T* b, int64_t i0, int64_t j0, Prefetch pf, int64_t cs) {
+template <int MR, int NR, class W>
+void tile(const GemmArgs& g, const typename W::Elem* b, int64_t i0, int64_t j0, Prefetch pf, int64_t cs) {
   check_rows(Access::Read, g.a + i0 * g.lda, MR, g.k, g.lda);
   check_rows(Access::Read, b + j0 * g.ldb, NR, g.k, g.ldb * cs);
   for (int i = 0; i < MR; ++i) {
@@ -139,7 +166,7 @@ void tile(const GemmArgs& g, const T* b, int64_t i0, int64_t j0, Prefetch pf, in
 #pragma GCC unroll 4
     for (int j = 0; j < NR; ++j) acc[i][j] = vzero();
   const float* a = g.a + i0 * g.lda;
-  const T* w = b + j0 * g.ldb;
+  const typename W::Elem* w = b + j0 * g.ldb;
   const int64_t lda = g.lda, ldb = g.ldb * cs, k = g.k;
   int64_t p = 0;
   const int64_t steps = std::max<int64_t>(1, k / kLanes);
@@ -148,7 +175,7 @@ void tile(const GemmArgs& g, const T* b, int64_t i0, int64_t j0, Prefetch pf, in
     for (int64_t l = 0; l < per_step && pf.lines > 0; ++l, --pf.lines, pf.at += 64) _mm_prefetch(pf.at, _MM_HINT_T1);
     Vec wv[NR];
 #pragma GCC unroll 4
-    for (int j = 0; j < NR; ++j) wv[j] = wload(w + j * ldb + p);
+    for (int j = 0; j < NR; ++j) wv[j] = W::load(w + j * ldb + p);
 #pragma GCC unroll 4
     for (int i = 0; i < MR; ++i) {
       const Vec av = vload(a + i * lda + p);
@@ -159,7 +186,7 @@ void tile(const GemmArgs& g, const T* b, int64_t i0, int64_t j0, Prefetch pf, in
   if (p < k) {
     Vec wv[NR];
 #pragma GCC unroll 4
-    for (int j = 0; j < NR; ++j) wv[j] = wload_first(w + j * ldb + p, k - p);
+    for (int j = 0; j < NR; ++j) wv[j] = load_first<W>(w + j * ldb + p, k - p);
 #pragma GCC unroll 4
     for (int i = 0; i < MR; ++i) {
       const Vec av = vload_first(a + i * lda + p, k - p);
@@ -175,24 +202,25 @@ void tile(const GemmArgs& g, const T* b, int64_t i0, int64_t j0, Prefetch pf, in
 }
 
 // The tile of MR rows for the last 1 to 4 columns.
-template <int MR, class T>
-void tile_cols(const GemmArgs& g, const T* b, int64_t i0, int64_t j0, int64_t cols, Prefetch pf, int64_t cs) {
+template <int MR, class W>
+void tile_cols(const GemmArgs& g, const typename W::Elem* b, int64_t i0, int64_t j0, int64_t cols, Prefetch pf,
+               int64_t cs) {
   switch (cols) {
-    case 1: return tile<MR, 1>(g, b, i0, j0, pf, cs);
-    case 2: return tile<MR, 2>(g, b, i0, j0, pf, cs);
-    case 3: return tile<MR, 3>(g, b, i0, j0, pf, cs);
-    default: return tile<MR, 4>(g, b, i0, j0, pf, cs);
+    case 1: return tile<MR, 1, W>(g, b, i0, j0, pf, cs);
+    case 2: return tile<MR, 2, W>(g, b, i0, j0, pf, cs);
+    case 3: return tile<MR, 3, W>(g, b, i0, j0, pf, cs);
+    default: return tile<MR, 4, W>(g, b, i0, j0, pf, cs);
   }
 }
 
 // The tile of the last 1 to MR rows (kTileRows at most: no tile taller than
 // the level's registers hold is compiled).
-template <int MR = kTileRows, class T>
-void tile_rows(const GemmArgs& g, const T* b, int64_t i0, int64_t j0, int64_t rows, int64_t cols, Prefetch pf,
-               int64_t cs = 1) {
+template <class W, int MR = kTileRows>
+void tile_rows(const GemmArgs& g, const typename W::Elem* b, int64_t i0, int64_t j0, int64_t rows, int64_t cols,
+               Prefetch pf, int64_t cs = 1) {
   if constexpr (MR > 1)
-    if (rows < MR) return tile_rows<MR - 1>(g, b, i0, j0, rows, cols, pf, cs);
-  tile_cols<MR>(g, b, i0, j0, cols, pf, cs);
+    if (rows < MR) return tile_rows<W, MR - 1>(g, b, i0, j0, rows, cols, pf, cs);
+  tile_cols<MR, W>(g, b, i0, j0, cols, pf, cs);
 }
 
 // Columns [j0, j1) of C, all its rows: W in blocks of kTiledBlockBytes, each
@@ -208,9 +236,9 @@ void tile_rows(const GemmArgs& g, const T* b, int64_t i0, int64_t j0, int64_t ro
 // L2 again for every 4 rows of A (32 greedy rows: 8 times), about as many
 // bytes per multiply-add as L2 delivers. The order of the tiles changes no
 // output's sum.
-template <class T>
-void tiled_cols(const GemmArgs& g, const T* b, int64_t j0, int64_t j1) {
-  const int64_t row_bytes = (int64_t)sizeof(T) * g.k;
+template <class W>
+void tiled_cols(const GemmArgs& g, const typename W::Elem* b, int64_t j0, int64_t j1) {
+  const int64_t row_bytes = (int64_t)sizeof(typename W::Elem) * g.k;
   const int64_t block = std::max<int64_t>(4, kTiledBlockBytes / row_bytes / 4 * 4);  // whole tiles of 4 rows
   const int64_t chunk = std::max<int64_t>(kTileRows, kTiledChunkBytes / (4 * g.k) / kTileRows * kTileRows);
   for (int64_t jb = j0; jb < j1; jb += block) {
@@ -229,52 +257,63 @@ void tiled_cols(const GemmArgs& g, const T* b, int64_t j0, int64_t j1) {
           const int64_t rows = std::min<int64_t>(kTileRows, g.m - i);
           const int64_t cols = std::min<int64_t>(4, je - j);
           const Prefetch pf{pf_begin + t * share * 64, std::max<int64_t>(0, std::min(share, pf_lines - t * share))};
-          tile_rows(g, b, i, j, rows, cols, pf);
+          tile_rows<W>(g, b, i, j, rows, cols, pf);
         }
   }
 }
 
-// Columns [j0, j1) of C when all of A's rows fit one tile (a decoding step,
-// a few streams): the range in four quarters, each tile taking one column of
-// each, so the core reads four long streams of W at once where tiled_cols
-// reads one (four rows a few KiB apart, then the next four). With one row
+// Columns [j0, j1) of C for up to kStridedRows rows of A (a decoding step, a
+// few streams): the range in four quarters, each group of tiles taking one
+// column of each, so the core reads four long streams of W at once where
+// tiled_cols reads one (four rows a few KiB apart, then the next four); the
+// group's tiles, one per kTileRows rows of A, find those four rows in L1. With one row
 // W comes from memory 10% faster: lm-100m's Llama folder stepped at
 // 13.9-14.3 ms against 15.7-16.3 (`qkv bench streams --rows 1`; the same
 // weights read at 28 GB/s, where one 2-thread sequential read of 400 MB
 // runs at 25 and eight streams a thread at 30; Intel Xeon with AMX,
 // 2026-12-05). The outputs are the same bits either way: every tile here has
 // 4 columns, and the columns left over are the last group, as in tiled_cols.
-// Software prefetches ahead in each stream gained nothing measurable.
-template <class T>
-void tiled_strided(const GemmArgs& g, const T* b, int64_t j0, int64_t j1) {
+// Software prefetches ahead in each stream gained nothing measurable. Up to
+// 2 rows on the avx2 level (its tiles' height) both ways were close; with 3
+// to 5 rows tiled_cols took 1.2-1.6x as long (`qkv bench streams --threads
+// 1` on lm-20m's Llama folder, float16 weights: 3 rows 4.6-5.5 ms a step
+// against 3.7-4.1 here, float32 weights 8.0-10.9 against 6.3-7.2; from 8
+// rows on the two were within the noise; AVX2-only Zen 3, 2026-12-07).
+template <class W>
+void tiled_strided(const GemmArgs& g, const typename W::Elem* b, int64_t j0, int64_t j1) {
   side_by_side<4>(
-      j0, j1, [&](int64_t j, int64_t q) { tile_rows(g, b, 0, j, g.m, 4, Prefetch{}, q); },
-      [&](int64_t begin, int64_t end) { tiled_cols(g, b, begin, end); });
+      j0, j1,
+      [&](int64_t j, int64_t q) {
+        for (int64_t i = 0; i < g.m; i += kTileRows)
+          tile_rows<W>(g, b, i, j, std::min<int64_t>(kTileRows, g.m - i), 4, Prefetch{}, q);
+      },
+      [&](int64_t begin, int64_t end) { tiled_cols<W>(g, b, begin, end); });
 }
 
-template <class T>
-void sweep(const GemmArgs& g, const T* b, int64_t j0, int64_t j1) {
-  if (g.m <= kTileRows)
-    tiled_strided(g, b, j0, j1);
+template <class W>
+void sweep(const GemmArgs& g, const typename W::Elem* b, int64_t j0, int64_t j1) {
+  if (g.m <= kStridedRows)
+    tiled_strided<W>(g, b, j0, j1);
   else
-    tiled_cols(g, b, j0, j1);
+    tiled_cols<W>(g, b, j0, j1);
 }
 
-template <class T>
-void tiled(const GemmArgs& g, const T* b) {
-  if (g.m * g.n * g.k < (1 << 18) || omp_get_max_threads() == 1 || omp_in_parallel()) return sweep(g, b, 0, g.n);
+template <class W>
+void tiled(const GemmArgs& g, const typename W::Elem* b) {
+  if (g.m * g.n * g.k < (1 << 18) || omp_get_max_threads() == 1 || omp_in_parallel()) return sweep<W>(g, b, 0, g.n);
 #pragma omp parallel
   {
     const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
     // Whole groups of 4 columns per thread.
     const int64_t groups = (g.n + 3) / 4;
-    sweep(g, b, std::min(g.n, 4 * (groups * t / threads)), std::min(g.n, 4 * (groups * (t + 1) / threads)));
+    sweep<W>(g, b, std::min(g.n, 4 * (groups * t / threads)), std::min(g.n, 4 * (groups * (t + 1) / threads)));
   }
 }
 
 }  // namespace
 
-void gemm_tiled(const GemmArgs& g) { tiled(g, g.b); }
-void gemm_tiled_bf16(const GemmArgs& g, const uint16_t* b) { tiled(g, b); }
+void gemm_tiled(const GemmArgs& g) { tiled<F32Weight>(g, g.b); }
+void gemm_tiled_bf16(const GemmArgs& g, const uint16_t* b) { tiled<Bf16Weight>(g, b); }
+void gemm_tiled_f16(const GemmArgs& g, const uint16_t* b) { tiled<F16Weight>(g, b); }
 #endif
 }  // namespace qkv::cpu::QKV_CPU_NS

@@ -37,5 +37,9 @@ void gemm_tiled(const GemmArgs& g);
 // gemm_tiled gives over W's float32 copy, from half the bytes (gemm_bf16 on
 // the levels without AVX512-BF16, in inference).
 void gemm_tiled_bf16(const GemmArgs& g, const uint16_t* b);
+
+// The same with W IEEE float16 (raw bits) at b, widened by F16C as it is
+// loaded (gemm_f16).
+void gemm_tiled_f16(const GemmArgs& g, const uint16_t* b);
 #endif
 }  // namespace qkv::cpu::QKV_CPU_NS
