@@ -787,6 +787,7 @@ TEST(Kernels, GemmInt8MatchesTheReference) {
     if (cpu::avx512::amx_int8_usable()) paths.push_back({"avx512 AMX-INT8", &cpu::avx512::gemm_int8_amx});
     if (cpu::avx512::avx512_vnni_usable()) paths.push_back({"avx512 VNNI", &cpu::avx512::gemm_int8_vnni});
     paths.push_back({"avx512 dequantized", &cpu::avx512::gemm_int8_dequantized});
+    paths.push_back({"avx512 pair sums", &cpu::avx512::gemm_int8_pairs});
   }
   struct Case {
     int64_t m, n, k, pad;
@@ -890,10 +891,70 @@ TEST(Kernels, GemmInt8SaysHowItRuns) {
   EXPECT_STREQ(ref::table().gemm_int8_path(), "reference (float64 sums)");
   EXPECT_STREQ(cpu::kernels(CpuIsa::Generic).gemm_int8_path(),
                "int32 loops for up to 4 rows, the float32 GEMM on dequantized weights above");
-  if (isa_supported(CpuIsa::Avx512) && cpu::avx512::avx512_vnni_usable()) {
+  const char* pairs = "AVX2 pair sums (VPMADDUBSW) for up to 64 rows, the float32 GEMM on dequantized weights above";
+  if (isa_supported(CpuIsa::Avx2)) EXPECT_STREQ(cpu::kernels(CpuIsa::Avx2).gemm_int8_path(), pairs);
+  if (isa_supported(CpuIsa::Avx512)) {
     EXPECT_STREQ(cpu::kernels(CpuIsa::Avx512).gemm_int8_path(),
                  cpu::avx512::amx_int8_usable() ? "AMX-INT8 tiles from 24 rows (AVX512-VNNI below)"
-                                                : "AVX512-VNNI (rows streamed up to 4, register-blocked tiles above)");
+                 : cpu::avx512::avx512_vnni_usable()
+                     ? "AVX512-VNNI (rows streamed up to 4, register-blocked tiles above)"
+                     : pairs);
+  }
+}
+
+// The pair sums (AVX2 without VNNI): a row of A alone gets the bits it got
+// beside up to 63 others, so a stream's tokens do not depend on the streams
+// beside it (k 100: a last block of 4 values; n 39: 9 groups of four rows of
+// W and 3 left over). And the largest pair VPMADDUBSW can meet, 127 x 127
+// twice, does not saturate its int16 sum: A all -1 and W all 1 quantize to
+// -127 and 127 everywhere, and every output is -k.
+TEST(Kernels, Int8PairSumsGiveARowItsOwnBits) {
+  omp_set_num_threads(2);
+  using Path = std::pair<std::string, void (*)(const GemmInt8Args&)>;
+  std::vector<Path> paths;
+  if (isa_supported(CpuIsa::Avx2)) paths.push_back({"avx2", cpu::kernels(CpuIsa::Avx2).gemm_int8});
+  if (isa_supported(CpuIsa::Avx512)) paths.push_back({"avx512 pair sums", &cpu::avx512::gemm_int8_pairs});
+  if (paths.empty()) GTEST_SKIP() << "no AVX2 on this CPU";
+  Rng rng(41);
+  const int64_t n = 39, k = 100, kb = 4, m_max = 64;
+  Tensor a = Tensor::randn({m_max, k}, rng), w = Tensor::randn({n, k}, rng), bias = Tensor::randn({n}, rng);
+  std::vector<int8_t> q(n * k);
+  std::vector<float> scales(n * kb);
+  auto quantize_w = [&] {
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t b = 0; b < kb; ++b) {
+        const int64_t p0 = b * 32, len = std::min<int64_t>(32, k - p0);
+        scales[j * kb + b] = int8_block_scale(w.data<float>() + j * k + p0, len);
+        int8_quantize(w.data<float>() + j * k + p0, len, scales[j * kb + b], q.data() + j * k + p0);
+      }
+  };
+  quantize_w();
+  GemmInt8Args g;
+  g.n = n, g.k = k, g.b = q.data(), g.ldb = k, g.scales = scales.data(), g.ld_scale = kb;
+  g.ldc = n, g.bias = bias.data<float>();
+  for (const auto& [name, gemm_int8] : paths)
+    for (int64_t m : {1, 7, 64}) {
+      Tensor c = Tensor::zeros({m, n});
+      g.m = m, g.a = a.data<float>(), g.lda = k, g.c = c.data<float>();
+      gemm_int8(g);
+      for (int64_t i = 0; i < m; i += 3) {
+        Tensor alone = Tensor::zeros({1, n});
+        GemmInt8Args h = g;
+        h.m = 1, h.a = a.data<float>() + i * k, h.c = alone.data<float>();
+        gemm_int8(h);
+        EXPECT_EQ(0, std::memcmp(alone.data<float>(), c.data<float>() + i * n, sizeof(float) * n))
+            << name << " row " << i << " of " << m;
+      }
+    }
+  std::fill_n(a.data<float>(), a.numel(), -1.0f);
+  std::fill_n(w.data<float>(), w.numel(), 1.0f);
+  quantize_w();
+  ASSERT_EQ(q[0], 127);
+  for (const auto& [name, gemm_int8] : paths) {
+    Tensor c = Tensor::zeros({m_max, n});
+    g.m = m_max, g.a = a.data<float>(), g.c = c.data<float>(), g.bias = nullptr;
+    gemm_int8(g);
+    for (int64_t i = 0; i < c.numel(); ++i) ASSERT_NEAR(c.data<float>()[i], -(float)k, 1e-4 * k) << name << " " << i;
   }
 }
 

@@ -406,13 +406,15 @@ void gemm_bf16_avx512_bf16(const GemmBf16Args& g);
 void gemm_bf16_widened(const GemmBf16Args& g);
 // gemm_int8's paths: AMX-INT8 tiles (from 24 rows; AVX512-VNNI's below),
 // AVX512-VNNI integer dot products (rows of A streamed up to 4,
-// register-blocked tiles above), and float32 BLAS on dequantized copies
-// (any m).
+// register-blocked tiles above), float32 BLAS on dequantized copies
+// (any m), and what the avx512 level runs without VNNI: AVX2's pair sums up
+// to 64 rows, dequantized above.
 bool amx_int8_usable();
 void gemm_int8_amx(const GemmInt8Args& g);
 bool avx512_vnni_usable();
 void gemm_int8_vnni(const GemmInt8Args& g);
 void gemm_int8_dequantized(const GemmInt8Args& g);
+void gemm_int8_pairs(const GemmInt8Args& g);
 }  // namespace avx512
 
 }  // namespace cpu

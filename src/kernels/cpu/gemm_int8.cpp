@@ -2,7 +2,7 @@
 // + bias, W [n, k] as int8 values with one float32 scale per row per block of
 // 32 along k, A float32, quantized the same way as it is read.
 //
-// Three ways:
+// The ways:
 //
 //   integer dot products  up to 4 rows of A (decoding), where the product is
 //                         bound by reading W once. Each block's sum of int8
@@ -13,8 +13,12 @@
 //                         of 16 int32 lanes: 64 weights, two blocks, per
 //                         instruction. It wants one operand unsigned, so A
 //                         goes in as |q| and its signs move onto W (W never
-//                         holds -128, whose negation would not fit). Without
-//                         VNNI, the same sums in plain loops.
+//                         holds -128, whose negation would not fit). On the
+//                         generic level, the same sums in plain loops.
+//   pair sums             up to 64 rows of A with AVX2 and no VNNI (Zen 3,
+//                         Haswell to Skylake): the same integer block sums
+//                         from VPMADDUBSW's pairs of u8 x s8 products, W read
+//                         once in place (below).
 //   AMX-INT8 tiles        24 rows and more (prefill) where the CPU has
 //                         AMX-INT8 (Sapphire Rapids and later): the same
 //                         integer block sums as tile products, scaled by
@@ -22,7 +26,8 @@
 //   VNNI tiles            more rows (prefill, batches) with AVX512-VNNI: the
 //                         same integer block sums, A offset to unsigned, W
 //                         packed in panels, tiles of C in registers (below).
-//   dequantized           more rows without VNNI: A and W turned back
+//   dequantized           more rows without VNNI (above 64 with AVX2, above
+//                         4 on the generic level): A and W turned back
 //                         into float32 (q times scale), W in panels, and this
 //                         level's float32 gemm multiplies them.
 //
@@ -42,7 +47,7 @@
 #include "src/kernels/cpu/simd.h"
 #include "src/kernels/kernels.h"
 
-#if defined(__AVX512F__)
+#if defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -51,8 +56,10 @@ namespace {
 
 constexpr int64_t kBlock = kInt8Block;
 
-// Rows of A up to which the integer path runs.
+// Rows of A up to which the integer path runs (VNNI, plain loops).
 constexpr int64_t kMaxGemvRows = 4;
+// Rows of A up to which the pair sums run (AVX2 without VNNI).
+[[maybe_unused]] constexpr int64_t kMaxPairRows = 64;
 // Rows of A from which AMX tiles run (a block of them is 32 rows). GFLOP/s
 // on the Intel Xeon (family 6 model 167), AMX against the VNNI tiles: 16 x
 // 512 x 1408 378 / 442, 24 x 512 x 1536 518 / 492, 32 x 256 x 1024 524 / 393.
@@ -140,8 +147,9 @@ void split_rows(const GemmInt8Args& g, Body&& body) {
   }
 }
 
-// The integer path in plain loops (what the compiler makes of them at this level).
-void integer_rows(const GemmInt8Args& g, const QuantizedA& qa, int64_t j0, int64_t j1) {
+// The integer path in plain loops (what the compiler makes of them at this
+// level): the generic level's.
+[[maybe_unused]] void integer_rows(const GemmInt8Args& g, const QuantizedA& qa, int64_t j0, int64_t j1) {
   for (int64_t j = j0; j < j1; ++j) {
     const int8_t* w = g.b + j * g.ldb;
     const float* s = g.scales + j * g.ld_scale;
@@ -177,7 +185,7 @@ void with_quantized_a(const GemmInt8Args& g, Body&& body, int64_t row_multiple =
   body(qa);
 }
 
-void integer(const GemmInt8Args& g) {
+[[maybe_unused]] void integer(const GemmInt8Args& g) {
   with_quantized_a(g, [&](const QuantizedA& qa) {
     split_rows(g, [&](int64_t j0, int64_t j1) { integer_rows(g, qa, j0, j1); });
   });
@@ -203,6 +211,91 @@ void dequantized(const GemmInt8Args& g) {
         [&](int64_t j, float* out) { dequantize_row(g.b + j * g.ldb, g.scales + j * g.ld_scale, g.k, out); });
   });
 }
+
+#if defined(__AVX2__)
+
+// --- AVX2 without VNNI: pair sums (VPMADDUBSW) ---
+//
+// One block of 32 k is one 256-bit vector of each side. VPSIGNB makes |a|
+// and w with a's sign (0 where a is 0); VPMADDUBSW multiplies them into 16
+// int16 sums of two products, at most 2 x 127 x 127 = 32,258, so nothing
+// saturates (neither side holds -128); VPMADDWD by ones adds pairs of those
+// into 8 int32 lanes, exactly. Those lanes become float32 (exact: far below
+// 2^24) and go into 8 float32 accumulators times the product of the block's
+// two scales. An output's sum is its blocks in order, in one accumulator,
+// its lanes added at the end: the same whatever the rows beside it.
+
+// W's block at w, len <= 32 values: a whole vector, or the row's last
+// values with zeros after (never read past the row).
+inline __m256i w_block(const int8_t* w, int64_t len) {
+  if (len == kBlock) return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
+  alignas(32) int8_t lanes[kBlock] = {};
+  std::memcpy(lanes, w, len);
+  return _mm256_load_si256(reinterpret_cast<const __m256i*>(lanes));
+}
+
+// Rows [i0, i0 + MR) of A against rows j, j + stride, ..., j + (NR-1)
+// stride of W. A's rows are zero past k (with_quantized_a), so a last
+// partial block reads them whole.
+template <int MR, int NR>
+void pairs_tile(const GemmInt8Args& g, const QuantizedA& qa, int64_t i0, int64_t j, int64_t stride) {
+  const int8_t* w[NR];
+  const float* s[NR];
+  for (int r = 0; r < NR; ++r) w[r] = g.b + (j + r * stride) * g.ldb, s[r] = g.scales + (j + r * stride) * g.ld_scale;
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[MR][NR];
+  for (auto& a : acc)
+    for (auto& v : a) v = _mm256_setzero_ps();
+  for (int64_t b = 0; b < qa.kb; ++b) {
+    const int64_t p0 = b * kBlock, len = std::min(kBlock, g.k - p0);
+    __m256i wv[NR];
+    for (int r = 0; r < NR; ++r) wv[r] = w_block(w[r] + p0, len);
+    for (int i = 0; i < MR; ++i) {
+      const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qa.q + (i0 + i) * qa.stride + p0));
+      const __m256i magnitude = _mm256_sign_epi8(av, av);
+      const float da = qa.d[(i0 + i) * qa.kb + b];
+      for (int r = 0; r < NR; ++r) {
+        const __m256i sum = _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(wv[r], av)), ones);
+        acc[i][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_set1_ps(da * s[r][b]), acc[i][r]);
+      }
+    }
+  }
+  for (int r = 0; r < NR; ++r)
+    for (int i = 0; i < MR; ++i) finish(g, i0 + i, j + r * stride, hsum(acc[i][r]));
+}
+
+// All of A's rows against rows j, j + stride, ... (NR) of W: two rows of A
+// a tile (8 accumulators, 4 vectors of W and a few more fill the 16
+// registers), the NR rows of W staying in L1 from one tile to the next.
+template <int NR>
+void pairs_rows(const GemmInt8Args& g, const QuantizedA& qa, int64_t j, int64_t stride) {
+  int64_t i = 0;
+  for (; i + 2 <= g.m; i += 2) pairs_tile<2, NR>(g, qa, i, j, stride);
+  if (i < g.m) pairs_tile<1, NR>(g, qa, i, j, stride);
+}
+
+// Rows [j0, j1) of W: in four quarters read side by side (four streams from
+// memory at once), the rows left over one at a time.
+void pairs_range(const GemmInt8Args& g, const QuantizedA& qa, int64_t j0, int64_t j1) {
+  side_by_side<4>(
+      j0, j1, [&](int64_t j, int64_t q) { pairs_rows<4>(g, qa, j, q); },
+      [&](int64_t begin, int64_t end) {
+        for (int64_t j = begin; j < end; ++j) pairs_rows<1>(g, qa, j, 0);
+      });
+}
+
+void pairs(const GemmInt8Args& g) {
+  with_quantized_a(
+      g, [&](const QuantizedA& qa) { split_rows(g, [&](int64_t j0, int64_t j1) { pairs_range(g, qa, j0, j1); }); });
+}
+
+// Without VNNI: the pair sums up to kMaxPairRows rows, dequantized above.
+void without_vnni(const GemmInt8Args& g) {
+  if (g.m > kMaxPairRows) return dequantized(g);
+  pairs(g);
+}
+
+#endif  // __AVX2__
 
 #if defined(__AVX512F__)
 
@@ -615,6 +708,12 @@ void gemm_int8_dequantized(const GemmInt8Args& g) {
   dequantized(g);
 }
 
+void gemm_int8_pairs(const GemmInt8Args& g) {
+  if (g.m == 0 || g.n == 0) return;
+  if (g.k == 0) return scale_only(g);
+  without_vnni(g);
+}
+
 #endif
 
 void gemm_int8(const GemmInt8Args& g) {
@@ -624,8 +723,12 @@ void gemm_int8(const GemmInt8Args& g) {
   if (amx_int8_usable()) return gemm_int8_amx(g);
   if (avx512_vnni_usable()) return gemm_int8_vnni(g);
 #endif
+#if defined(__AVX2__)
+  return without_vnni(g);
+#else
   if (g.m > kMaxGemvRows) return dequantized(g);
   integer(g);
+#endif
 }
 
 const char* gemm_int8_path() {
@@ -633,7 +736,11 @@ const char* gemm_int8_path() {
   if (amx_int8_usable()) return "AMX-INT8 tiles from 24 rows (AVX512-VNNI below)";
   if (avx512_vnni_usable()) return "AVX512-VNNI (rows streamed up to 4, register-blocked tiles above)";
 #endif
+#if defined(__AVX2__)
+  return "AVX2 pair sums (VPMADDUBSW) for up to 64 rows, the float32 GEMM on dequantized weights above";
+#else
   return "int32 loops for up to 4 rows, the float32 GEMM on dequantized weights above";
+#endif
 }
 
 }  // namespace qkv::cpu::QKV_CPU_NS
