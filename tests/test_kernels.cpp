@@ -9,6 +9,7 @@
 #include <cmath>
 #include <bit>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <utility>
 
@@ -443,6 +444,34 @@ TEST(Kernels, GemmBf16ActivatesCAsItStoresIt) {
   }
 }
 
+// For 1, 7 and 64 rows: run(m, i, c), a product of the m rows of A from row
+// i on against a weight whose float32 copy is w32 [n, k], with bias, into c
+// [m, n], gives the bits of the level's float32 register tiles over a32 [64,
+// k] and w32, and each row alone the bits it got beside the others. With k
+// 100 a tail of 4 values follows the last whole vector on both levels, and
+// n 39 leaves a last group of 3 columns; 1 and 7 rows take the four-stream
+// sweep (7: tiles of 4 or 2 rows and a shorter last one), 64 the blocked one.
+void expect_float32_tiles_bits(const Kernels& level, const Tensor& a32, const Tensor& w32, const Tensor& bias,
+                               const std::function<void(int64_t, int64_t, float*)>& run) {
+  const int64_t n = w32.size(0), k = w32.size(1);
+  for (int64_t m : {1, 7, 64}) {
+    Tensor c = Tensor::zeros({m, n}), expect = Tensor::zeros({m, n});
+    run(m, 0, c.data<float>());
+    GemmArgs f;
+    f.trans_b = true, f.inference = true, f.m = m, f.n = n, f.k = k;
+    f.a = a32.data<float>(), f.lda = k, f.b = w32.data<float>(), f.ldb = k;
+    f.c = expect.data<float>(), f.ldc = n, f.bias = bias.data<float>();
+    level.gemm(f);
+    EXPECT_EQ(0, std::memcmp(c.data<float>(), expect.data<float>(), sizeof(float) * m * n)) << level.name << " " << m;
+    for (int64_t i = 0; i < m; i += 3) {
+      Tensor alone = Tensor::zeros({1, n});
+      run(1, i, alone.data<float>());
+      EXPECT_EQ(0, std::memcmp(alone.data<float>(), c.data<float>() + i * n, sizeof(float) * n))
+          << level.name << " row " << i << " of " << m;
+    }
+  }
+}
+
 // The float16-weight GEMM on every level against the reference, on ragged
 // shapes (k past the vector width, tails), strided rows, alpha, beta, bias,
 // k = 0, up to 4 rows (streamed, or tiles from k 16 on the avx2 and avx512
@@ -507,15 +536,13 @@ TEST(Kernels, GemmF16SaysHowItRuns) {
 // Up to 64 rows against a float16 weight, the avx2 and avx512 levels give
 // each output the bits of their float32 register tiles over the weight's
 // float32 copy (F16C widens exactly), and a row alone gets the bits it got
-// beside the others: a stream's tokens do not depend on the streams beside
-// it. k 100 leaves a tail after the last whole vector on both levels, n 39
-// a last group of 3 columns; 1 row takes the strided sweep, 7 and 64 the
-// blocked one.
+// beside the others (expect_float32_tiles_bits): a stream's tokens do not
+// depend on the streams beside it.
 TEST(Kernels, F16WeightTilesGiveTheFloat32TilesBits) {
   omp_set_num_threads(2);
   Rng rng(37);
-  const int64_t n = 39, k = 100, m_max = 64;
-  Tensor a = Tensor::randn({m_max, k}, rng), wide = Tensor::zeros({n, k}), bias = Tensor::randn({n}, rng);
+  const int64_t n = 39, k = 100;
+  Tensor a = Tensor::randn({64, k}, rng), wide = Tensor::zeros({n, k}), bias = Tensor::randn({n}, rng);
   std::vector<uint16_t> b(n * k);
   for (size_t i = 0; i < b.size(); ++i) {
     b[i] = float_to_half(rng.next_normal());
@@ -525,28 +552,12 @@ TEST(Kernels, F16WeightTilesGiveTheFloat32TilesBits) {
   for (const Kernels* level : levels()) {
     if (std::string(level->gemm_f16_path()).rfind("register tiles", 0) != 0) continue;
     ++levels_run;
-    for (int64_t m : {1, 7, 64}) {
-      Tensor c = Tensor::zeros({m, n}), expect = Tensor::zeros({m, n});
+    expect_float32_tiles_bits(*level, a, wide, bias, [&](int64_t m, int64_t i, float* c) {
       GemmF16Args g;
-      g.m = m, g.n = n, g.k = k, g.a = a.data<float>(), g.lda = k, g.b = b.data(), g.ldb = k;
-      g.c = c.data<float>(), g.ldc = n, g.bias = bias.data<float>();
+      g.m = m, g.n = n, g.k = k, g.a = a.data<float>() + i * k, g.lda = k, g.b = b.data(), g.ldb = k;
+      g.c = c, g.ldc = n, g.bias = bias.data<float>();
       level->gemm_f16(g);
-      GemmArgs f;
-      f.trans_b = true, f.inference = true, f.m = m, f.n = n, f.k = k;
-      f.a = a.data<float>(), f.lda = k, f.b = wide.data<float>(), f.ldb = k;
-      f.c = expect.data<float>(), f.ldc = n, f.bias = bias.data<float>();
-      level->gemm(f);
-      EXPECT_EQ(0, std::memcmp(c.data<float>(), expect.data<float>(), sizeof(float) * m * n))
-          << level->name << " " << m;
-      for (int64_t i = 0; i < m; i += 3) {  // row i alone
-        Tensor alone = Tensor::zeros({1, n});
-        GemmF16Args h = g;
-        h.m = 1, h.a = a.data<float>() + i * k, h.c = alone.data<float>();
-        level->gemm_f16(h);
-        EXPECT_EQ(0, std::memcmp(alone.data<float>(), c.data<float>() + i * n, sizeof(float) * n))
-            << level->name << " row " << i << " of " << m;
-      }
-    }
+    });
   }
   if (levels_run == 0) GTEST_SKIP() << "no level this CPU runs has the register tiles";
 }
@@ -722,41 +733,24 @@ TEST(Kernels, GemmBf16SaysHowItRuns) {
 // gemm's register tiles, widened as they load it: each output must be the
 // very bits of the float32 tiles over the widened copy, and a row's the
 // same alone as among 7 or 64 (a stream's output whatever is decoded beside
-// it). k 100 leaves a tail of 4 values on both levels; n 39 a last group
-// of 3 columns. Widening with a shift of 15 instead of 16 on avx2 failed
-// it, and GemmBf16MatchesTheReference.
+// it; expect_float32_tiles_bits). Widening with a shift of 15 instead of 16
+// on avx2 failed it, and GemmBf16MatchesTheReference.
 TEST(Kernels, Bf16WeightTilesGiveTheFloat32TilesBits) {
   omp_set_num_threads(2);
   Rng rng(31);
-  const int64_t n = 39, k = 100, m_max = 64;
-  const Bf16Operands ops(Bf16Case{m_max, n, k, 0, 1, 0, true}, k, rng);
+  const int64_t n = 39, k = 100;
+  const Bf16Operands ops(Bf16Case{64, n, k, 0, 1, 0, true}, k, rng);
   Tensor bias = Tensor::randn({n}, rng);
   int levels_run = 0;
   for (const Kernels* level : levels()) {
     if (std::string(level->gemm_bf16_path()).rfind("register tiles", 0) != 0) continue;
     ++levels_run;
-    for (int64_t m : {1, 7, 64}) {
-      Tensor c = Tensor::zeros({m, n}), expect = Tensor::zeros({m, n});
+    expect_float32_tiles_bits(*level, ops.a32, ops.b32, bias, [&](int64_t m, int64_t i, float* c) {
       GemmBf16Args g;
-      g.m = m, g.n = n, g.k = k, g.a = ops.a.data(), g.lda = k, g.b = ops.b.data(), g.ldb = k;
-      g.c = c.data<float>(), g.ldc = n, g.bias = bias.data<float>(), g.inference = true;
+      g.m = m, g.n = n, g.k = k, g.a = ops.a.data() + i * k, g.lda = k, g.b = ops.b.data(), g.ldb = k;
+      g.c = c, g.ldc = n, g.bias = bias.data<float>(), g.inference = true;
       level->gemm_bf16(g);
-      GemmArgs f;
-      f.trans_b = true, f.inference = true, f.m = m, f.n = n, f.k = k;
-      f.a = ops.a32.data<float>(), f.lda = k, f.b = ops.b32.data<float>(), f.ldb = k;
-      f.c = expect.data<float>(), f.ldc = n, f.bias = bias.data<float>();
-      level->gemm(f);
-      EXPECT_EQ(0, std::memcmp(c.data<float>(), expect.data<float>(), sizeof(float) * m * n))
-          << level->name << " " << m;
-      for (int64_t i = 0; i < m; i += 3) {  // row i alone
-        Tensor alone = Tensor::zeros({1, n});
-        GemmBf16Args h = g;
-        h.m = 1, h.a = ops.a.data() + i * k, h.c = alone.data<float>();
-        level->gemm_bf16(h);
-        EXPECT_EQ(0, std::memcmp(alone.data<float>(), c.data<float>() + i * n, sizeof(float) * n))
-            << level->name << " row " << i << " of " << m;
-      }
-    }
+    });
   }
   if (levels_run == 0) GTEST_SKIP() << "every level this CPU runs has AVX512-BF16, or no tiles";
 }
