@@ -236,29 +236,49 @@ inline __m256i w_block(const int8_t* w, int64_t len) {
 
 // Rows [i0, i0 + MR) of A against rows j, j + stride, ..., j + (NR-1)
 // stride of W. A's rows are zero past k (with_quantized_a), so a last
-// partial block reads them whole.
+// partial block reads them whole; W's is copied (w_block), after the loop
+// over the whole blocks.
 template <int MR, int NR>
 void pairs_tile(const GemmInt8Args& g, const QuantizedA& qa, int64_t i0, int64_t j, int64_t stride) {
   const int8_t* w[NR];
   const float* s[NR];
   for (int r = 0; r < NR; ++r) w[r] = g.b + (j + r * stride) * g.ldb, s[r] = g.scales + (j + r * stride) * g.ld_scale;
+  const int8_t* a[MR];
+  const float* d[MR];
+  for (int i = 0; i < MR; ++i) a[i] = qa.q + (i0 + i) * qa.stride, d[i] = qa.d + (i0 + i) * qa.kb;
   const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc[MR][NR];
-  for (auto& a : acc)
-    for (auto& v : a) v = _mm256_setzero_ps();
-  for (int64_t b = 0; b < qa.kb; ++b) {
-    const int64_t p0 = b * kBlock, len = std::min(kBlock, g.k - p0);
-    __m256i wv[NR];
-    for (int r = 0; r < NR; ++r) wv[r] = w_block(w[r] + p0, len);
+  for (auto& row : acc)
+    for (auto& v : row) v = _mm256_setzero_ps();
+  // Block b of every pair, wv(r) giving W's vector, each loaded as it is
+  // used. (With all NR loaded first, or as here, GCC keeps the accumulators
+  // in registers but also stores some of them on every block; the two ran
+  // at the same speed within the noise.)
+  auto block = [&](int64_t b, auto&& wv) __attribute__((always_inline)) {
+    __m256i av[MR], magnitude[MR];
+    __m256 da[MR];
     for (int i = 0; i < MR; ++i) {
-      const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qa.q + (i0 + i) * qa.stride + p0));
-      const __m256i magnitude = _mm256_sign_epi8(av, av);
-      const float da = qa.d[(i0 + i) * qa.kb + b];
-      for (int r = 0; r < NR; ++r) {
-        const __m256i sum = _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(wv[r], av)), ones);
-        acc[i][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_set1_ps(da * s[r][b]), acc[i][r]);
+      av[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[i] + b * kBlock));
+      magnitude[i] = _mm256_sign_epi8(av[i], av[i]);
+      da[i] = _mm256_broadcast_ss(d[i] + b);
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) {
+      const __m256i w_r = wv(r);
+      const __m256 ws = _mm256_broadcast_ss(s[r] + b);
+#pragma GCC unroll 2
+      for (int i = 0; i < MR; ++i) {
+        const __m256i sum = _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude[i], _mm256_sign_epi8(w_r, av[i])), ones);
+        acc[i][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(da[i], ws), acc[i][r]);
       }
     }
+  };
+  const int64_t whole = g.k / kBlock;
+  for (int64_t b = 0; b < whole; ++b)
+    block(b, [&](int r) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[r] + b * kBlock)); });
+  if (whole < qa.kb) {
+    const int64_t p0 = whole * kBlock;
+    block(whole, [&](int r) { return w_block(w[r] + p0, g.k - p0); });
   }
   for (int r = 0; r < NR; ++r)
     for (int i = 0; i < MR; ++i) finish(g, i0 + i, j + r * stride, hsum(acc[i][r]));

@@ -273,12 +273,13 @@ void tiled_cols(const GemmArgs& g, const typename W::Elem* b, int64_t j0, int64_
 // runs at 25 and eight streams a thread at 30; Intel Xeon with AMX,
 // 2026-12-05). The outputs are the same bits either way: every tile here has
 // 4 columns, and the columns left over are the last group, as in tiled_cols.
-// Software prefetches ahead in each stream gained nothing measurable. Up to
-// 2 rows on the avx2 level (its tiles' height) both ways were close; with 3
-// to 5 rows tiled_cols took 1.2-1.6x as long (`qkv bench streams --threads
-// 1` on lm-20m's Llama folder, float16 weights: 3 rows 4.6-5.5 ms a step
-// against 3.7-4.1 here, float32 weights 8.0-10.9 against 6.3-7.2; from 8
-// rows on the two were within the noise; AVX2-only Zen 3, 2026-12-07).
+// Software prefetches ahead in each stream gained nothing measurable. This
+// sweep took only as many rows as one tile (2 on the avx2 level) until
+// 2026-12-07; with 3 to 8 rows tiled_cols took 1.2-1.7x as long (`qkv bench
+// streams` on lm-20m's Llama folder, float32 weights, two threads, three
+// runs of each build interleaved: 3 rows 5.3-6.3 ms a step against 3.8-4.2
+// here, 4 rows 5.8-7.1 against 4.1-4.8, 8 rows 8.1-8.5 against 5.6-6.6;
+// AVX2-only Zen 3). Whether it gains above 8 rows is not measured.
 template <class W>
 void tiled_strided(const GemmArgs& g, const typename W::Elem* b, int64_t j0, int64_t j1) {
   side_by_side<4>(
