@@ -57,7 +57,7 @@ namespace {
 constexpr int64_t kBlock = kInt8Block;
 
 // Rows of A up to which the integer path runs (VNNI, plain loops).
-constexpr int64_t kMaxGemvRows = 4;
+[[maybe_unused]] constexpr int64_t kMaxGemvRows = 4;  // (not read on the avx2 level)
 // Rows of A up to which the pair sums run (AVX2 without VNNI).
 [[maybe_unused]] constexpr int64_t kMaxPairRows = 64;
 // Rows of A from which AMX tiles run (a block of them is 32 rows). GFLOP/s
@@ -285,7 +285,7 @@ void pairs_tile(const GemmInt8Args& g, const QuantizedA& qa, int64_t i0, int64_t
 }
 
 // All of A's rows against rows j, j + stride, ... (NR) of W: two rows of A
-// a tile (8 accumulators, 4 vectors of W and a few more fill the 16
+// a tile (its 8 accumulators and A's vectors take most of the 16
 // registers), the NR rows of W staying in L1 from one tile to the next.
 template <int NR>
 void pairs_rows(const GemmInt8Args& g, const QuantizedA& qa, int64_t j, int64_t stride) {
