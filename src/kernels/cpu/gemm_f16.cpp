@@ -121,9 +121,6 @@ void tiled(const GemmF16Args& g) {
   f.a = g.a, f.lda = g.lda, f.ldb = g.ldb, f.c = g.c, f.ldc = g.ldc;
   gemm_tiled_f16(f, g.b);
 }
-#else
-bool tiles_fit(const GemmF16Args&) { return false; }
-void tiled(const GemmF16Args&) {}
 #endif
 
 }  // namespace
@@ -131,7 +128,9 @@ void tiled(const GemmF16Args&) {}
 void gemm_f16(const GemmF16Args& g) {
   if (g.m == 0 || g.n == 0) return;
   if (g.k == 0) return scale_only(g);
+#ifdef QKV_HAVE_TILES
   if (tiles_fit(g)) return tiled(g);
+#endif
   if (g.m <= kMaxGemvRows) return gemv(g);
   widened(g);
 }

@@ -225,10 +225,9 @@ void dequantized(const GemmInt8Args& g) {
 // two scales. An output's sum is its blocks in order, in one accumulator,
 // its lanes added at the end: the same whatever the rows beside it.
 
-// W's block at w, len <= 32 values: a whole vector, or the row's last
-// values with zeros after (never read past the row).
-inline __m256i w_block(const int8_t* w, int64_t len) {
-  if (len == kBlock) return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
+// W's last block at w, len < 32 values: the row's last values with zeros
+// after (never read past the row).
+inline __m256i w_last_block(const int8_t* w, int64_t len) {
   alignas(32) int8_t lanes[kBlock] = {};
   std::memcpy(lanes, w, len);
   return _mm256_load_si256(reinterpret_cast<const __m256i*>(lanes));
@@ -236,7 +235,7 @@ inline __m256i w_block(const int8_t* w, int64_t len) {
 
 // Rows [i0, i0 + MR) of A against rows j, j + stride, ..., j + (NR-1)
 // stride of W. A's rows are zero past k (with_quantized_a), so a last
-// partial block reads them whole; W's is copied (w_block), after the loop
+// partial block reads them whole; W's is copied (w_last_block), after the loop
 // over the whole blocks.
 template <int MR, int NR>
 void pairs_tile(const GemmInt8Args& g, const QuantizedA& qa, int64_t i0, int64_t j, int64_t stride) {
@@ -278,7 +277,7 @@ void pairs_tile(const GemmInt8Args& g, const QuantizedA& qa, int64_t i0, int64_t
     block(b, [&](int r) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[r] + b * kBlock)); });
   if (whole < qa.kb) {
     const int64_t p0 = whole * kBlock;
-    block(whole, [&](int r) { return w_block(w[r] + p0, g.k - p0); });
+    block(whole, [&](int r) { return w_last_block(w[r] + p0, g.k - p0); });
   }
   for (int r = 0; r < NR; ++r)
     for (int i = 0; i < MR; ++i) finish(g, i0 + i, j + r * stride, hsum(acc[i][r]));

@@ -266,8 +266,8 @@ void tiled_cols(const GemmArgs& g, const typename W::Elem* b, int64_t j0, int64_
 // few streams): the range in four quarters, each group of tiles taking one
 // column of each, so the core reads four long streams of W at once where
 // tiled_cols reads one (four rows a few KiB apart, then the next four); the
-// group's tiles, one per kTileRows rows of A, find those four rows in L1. With one row
-// W comes from memory 10% faster: lm-100m's Llama folder stepped at
+// group's tiles, one per kTileRows rows of A, find those four rows in L1.
+// With one row W comes from memory 10% faster: lm-100m's Llama folder stepped at
 // 13.9-14.3 ms against 15.7-16.3 (`qkv bench streams --rows 1`; the same
 // weights read at 28 GB/s, where one 2-thread sequential read of 400 MB
 // runs at 25 and eight streams a thread at 30; Intel Xeon with AMX,
